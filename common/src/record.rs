@@ -1,0 +1,437 @@
+//! Record encoding, shared by the ring and the capture file.
+//!
+//! Every record starts with an 8-byte preamble, then a kind-specific body. All integers are
+//! little-endian (the agent writes native order; mprof supports x86-64 and aarch64 Linux only).
+//!
+//! ```text
+//!  0        4      6      8
+//!  +--------+------+------+---------------- ... ---+
+//!  | len:u32|kind  | aux  | body (len - 8 bytes)    |
+//!  +--------+------+------+---------------- ... ---+
+//! ```
+//! `len` counts the whole record including the preamble. In the ring, records are padded to a
+//! multiple of 8 (the padding is part of `len`); readers must ignore trailing bytes of a body.
+//!
+//! Kinds are only ever appended, never renumbered, so old captures keep loading. A reader skips
+//! kinds it does not know.
+//!
+//! | kind | name    | aux       | body                                                        |
+//! |------|---------|-----------|-------------------------------------------------------------|
+//! | 0    | PAD     | -         | nothing (ring filler at the wrap point)                     |
+//! | 1    | ALLOC   | nframes   | tid u32, flags u32, addr u64, size u64, time_ns u64, frames |
+//! | 2    | FREE    | -         | addr u64                                                    |
+//! | 3    | CODE    | -         | code u64, firstline u32, filename_len u16, name_len u16,    |
+//! |      |         |           | filename bytes, name bytes (UTF-8)                          |
+//! | 4    | THREAD  | -         | tid u32, name_len u32, name bytes                           |
+//! | 5    | RSS     | -         | time_ns u64, rss_bytes u64                                  |
+//! | 6    | END     | reason    | time_ns u64                                                 |
+//! | 7    | META    | -         | UTF-8 text, `key=value` lines                               |
+//! | 8    | STATS   | -         | samples u64, dropped u64                                    |
+//!
+//! A frame in ALLOC is 16 bytes: code u64 (the code object's address, announced by a CODE
+//! record before its first use), line u32, pad u32. Frames are innermost first.
+//! `time_ns` is CLOCK_MONOTONIC in nanoseconds.
+
+use std::fmt;
+
+/// Size of the preamble that starts every record.
+pub const PREAMBLE: usize = 8;
+/// Size of the fixed part of an ALLOC body.
+pub const ALLOC_FIXED: usize = 32;
+/// Size of one frame in an ALLOC record.
+pub const FRAME_SIZE: usize = 16;
+/// Size of the fixed part of a CODE body.
+pub const CODE_FIXED: usize = 16;
+/// Largest record a reader accepts; anything larger is corruption.
+pub const MAX_RECORD: usize = 1 << 24;
+
+pub const KIND_PAD: u16 = 0;
+pub const KIND_ALLOC: u16 = 1;
+pub const KIND_FREE: u16 = 2;
+pub const KIND_CODE: u16 = 3;
+pub const KIND_THREAD: u16 = 4;
+pub const KIND_RSS: u16 = 5;
+pub const KIND_END: u16 = 6;
+pub const KIND_META: u16 = 7;
+pub const KIND_STATS: u16 = 8;
+
+/// ALLOC flag: the stack was cut at `max_depth`.
+pub const ALLOC_TRUNCATED: u32 = 1;
+
+/// Why the agent stopped sampling (the `aux` of an END record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u16)]
+pub enum EndReason {
+    /// The interpreter started finalizing: the program is done.
+    Finalizing = 1,
+    /// The reader asked the agent to stop (detach).
+    Detached = 2,
+    /// The reader stopped answering; the agent switched itself off.
+    ReaderGone = 3,
+}
+
+impl EndReason {
+    pub fn from_u16(v: u16) -> Option<EndReason> {
+        match v {
+            1 => Some(EndReason::Finalizing),
+            2 => Some(EndReason::Detached),
+            3 => Some(EndReason::ReaderGone),
+            _ => None,
+        }
+    }
+}
+
+/// One frame of a sampled stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Frame {
+    pub code: u64,
+    pub line: u32,
+}
+
+/// A decoded record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    Alloc {
+        tid: u32,
+        flags: u32,
+        addr: u64,
+        size: u64,
+        time_ns: u64,
+        frames: Vec<Frame>,
+    },
+    Free {
+        addr: u64,
+    },
+    Code {
+        code: u64,
+        firstline: u32,
+        filename: String,
+        name: String,
+    },
+    Thread {
+        tid: u32,
+        name: String,
+    },
+    Rss {
+        time_ns: u64,
+        rss_bytes: u64,
+    },
+    End {
+        reason: u16,
+        time_ns: u64,
+    },
+    Meta {
+        text: String,
+    },
+    Stats {
+        samples: u64,
+        dropped: u64,
+    },
+    /// A kind this reader does not know (written by a newer mprof): skipped.
+    Unknown {
+        kind: u16,
+    },
+}
+
+/// Why a record could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Fewer bytes than the preamble or the declared length: a truncated tail.
+    Truncated { needed: usize, have: usize },
+    /// A length or field that cannot be right.
+    Corrupt(String),
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecodeError::Truncated { needed, have } => {
+                write!(f, "truncated record: needs {needed} bytes, {have} left")
+            }
+            DecodeError::Corrupt(why) => write!(f, "corrupt record: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+/// Reads the preamble at the start of `buf`: `(len, kind, aux)`.
+pub fn preamble(buf: &[u8]) -> Result<(usize, u16, u16), DecodeError> {
+    if buf.len() < PREAMBLE {
+        return Err(DecodeError::Truncated {
+            needed: PREAMBLE,
+            have: buf.len(),
+        });
+    }
+    let len = u32_at(buf, 0) as usize;
+    if !(PREAMBLE..=MAX_RECORD).contains(&len) {
+        return Err(DecodeError::Corrupt(format!("record length {len}")));
+    }
+    Ok((len, u16_at(buf, 4), u16_at(buf, 6)))
+}
+
+/// Decodes the record at the start of `buf`; returns it and the number of bytes it used.
+pub fn decode(buf: &[u8]) -> Result<(Record, usize), DecodeError> {
+    let (len, kind, aux) = preamble(buf)?;
+    if buf.len() < len {
+        return Err(DecodeError::Truncated {
+            needed: len,
+            have: buf.len(),
+        });
+    }
+    let body = &buf[PREAMBLE..len];
+    let need = |n: usize| -> Result<(), DecodeError> {
+        if body.len() < n {
+            Err(DecodeError::Corrupt(format!(
+                "kind {kind} body is {} bytes, needs {n}",
+                body.len()
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let record = match kind {
+        KIND_ALLOC => {
+            let nframes = aux as usize;
+            need(ALLOC_FIXED + nframes * FRAME_SIZE)?;
+            let frames = (0..nframes)
+                .map(|i| {
+                    let at = ALLOC_FIXED + i * FRAME_SIZE;
+                    Frame {
+                        code: u64_at(body, at),
+                        line: u32_at(body, at + 8),
+                    }
+                })
+                .collect();
+            Record::Alloc {
+                tid: u32_at(body, 0),
+                flags: u32_at(body, 4),
+                addr: u64_at(body, 8),
+                size: u64_at(body, 16),
+                time_ns: u64_at(body, 24),
+                frames,
+            }
+        }
+        KIND_FREE => {
+            need(8)?;
+            Record::Free {
+                addr: u64_at(body, 0),
+            }
+        }
+        KIND_CODE => {
+            need(CODE_FIXED)?;
+            let flen = u16_at(body, 12) as usize;
+            let nlen = u16_at(body, 14) as usize;
+            need(CODE_FIXED + flen + nlen)?;
+            let f = &body[CODE_FIXED..CODE_FIXED + flen];
+            let n = &body[CODE_FIXED + flen..CODE_FIXED + flen + nlen];
+            Record::Code {
+                code: u64_at(body, 0),
+                firstline: u32_at(body, 8),
+                filename: text(f),
+                name: text(n),
+            }
+        }
+        KIND_THREAD => {
+            need(8)?;
+            let nlen = u32_at(body, 4) as usize;
+            need(8 + nlen)?;
+            Record::Thread {
+                tid: u32_at(body, 0),
+                name: text(&body[8..8 + nlen]),
+            }
+        }
+        KIND_RSS => {
+            need(16)?;
+            Record::Rss {
+                time_ns: u64_at(body, 0),
+                rss_bytes: u64_at(body, 8),
+            }
+        }
+        KIND_END => {
+            need(8)?;
+            Record::End {
+                reason: aux,
+                time_ns: u64_at(body, 0),
+            }
+        }
+        KIND_META => Record::Meta {
+            text: text(body.split(|&c| c == 0).next().unwrap_or(&[])),
+        },
+        KIND_STATS => {
+            need(16)?;
+            Record::Stats {
+                samples: u64_at(body, 0),
+                dropped: u64_at(body, 8),
+            }
+        }
+        other => Record::Unknown { kind: other },
+    };
+    Ok((record, len))
+}
+
+/// Encodes a record (used by the CLI for the records it adds, and by tests).
+pub fn encode(record: &Record) -> Vec<u8> {
+    let mut body = Vec::new();
+    let mut aux = 0u16;
+    let kind = match record {
+        Record::Alloc {
+            tid,
+            flags,
+            addr,
+            size,
+            time_ns,
+            frames,
+        } => {
+            aux = frames.len() as u16;
+            body.extend_from_slice(&tid.to_le_bytes());
+            body.extend_from_slice(&flags.to_le_bytes());
+            body.extend_from_slice(&addr.to_le_bytes());
+            body.extend_from_slice(&size.to_le_bytes());
+            body.extend_from_slice(&time_ns.to_le_bytes());
+            for f in frames {
+                body.extend_from_slice(&f.code.to_le_bytes());
+                body.extend_from_slice(&f.line.to_le_bytes());
+                body.extend_from_slice(&0u32.to_le_bytes());
+            }
+            KIND_ALLOC
+        }
+        Record::Free { addr } => {
+            body.extend_from_slice(&addr.to_le_bytes());
+            KIND_FREE
+        }
+        Record::Code {
+            code,
+            firstline,
+            filename,
+            name,
+        } => {
+            body.extend_from_slice(&code.to_le_bytes());
+            body.extend_from_slice(&firstline.to_le_bytes());
+            body.extend_from_slice(&(filename.len() as u16).to_le_bytes());
+            body.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            body.extend_from_slice(filename.as_bytes());
+            body.extend_from_slice(name.as_bytes());
+            KIND_CODE
+        }
+        Record::Thread { tid, name } => {
+            body.extend_from_slice(&tid.to_le_bytes());
+            body.extend_from_slice(&(name.len() as u32).to_le_bytes());
+            body.extend_from_slice(name.as_bytes());
+            KIND_THREAD
+        }
+        Record::Rss { time_ns, rss_bytes } => {
+            body.extend_from_slice(&time_ns.to_le_bytes());
+            body.extend_from_slice(&rss_bytes.to_le_bytes());
+            KIND_RSS
+        }
+        Record::End { reason, time_ns } => {
+            aux = *reason;
+            body.extend_from_slice(&time_ns.to_le_bytes());
+            KIND_END
+        }
+        Record::Meta { text } => {
+            body.extend_from_slice(text.as_bytes());
+            KIND_META
+        }
+        Record::Stats { samples, dropped } => {
+            body.extend_from_slice(&samples.to_le_bytes());
+            body.extend_from_slice(&dropped.to_le_bytes());
+            KIND_STATS
+        }
+        Record::Unknown { kind } => *kind,
+    };
+    let len = PREAMBLE + body.len();
+    let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+    out.extend_from_slice(&kind.to_le_bytes());
+    out.extend_from_slice(&aux.to_le_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip(r: Record) {
+        let bytes = encode(&r);
+        let (back, used) = decode(&bytes).unwrap();
+        assert_eq!(back, r);
+        assert_eq!(used, bytes.len());
+    }
+
+    #[test]
+    fn every_kind_round_trips() {
+        roundtrip(Record::Alloc {
+            tid: 7,
+            flags: ALLOC_TRUNCATED,
+            addr: 0xdead_beef,
+            size: 1234,
+            time_ns: 99,
+            frames: vec![Frame { code: 1, line: 2 }, Frame { code: 3, line: 4 }],
+        });
+        roundtrip(Record::Free { addr: 42 });
+        roundtrip(Record::Code {
+            code: 5,
+            firstline: 10,
+            filename: "a.py".into(),
+            name: "f".into(),
+        });
+        roundtrip(Record::Thread {
+            tid: 3,
+            name: "worker".into(),
+        });
+        roundtrip(Record::Rss {
+            time_ns: 1,
+            rss_bytes: 2,
+        });
+        roundtrip(Record::End {
+            reason: EndReason::Detached as u16,
+            time_ns: 3,
+        });
+        roundtrip(Record::Meta {
+            text: "pid=1\n".into(),
+        });
+        roundtrip(Record::Stats {
+            samples: 1,
+            dropped: 2,
+        });
+    }
+
+    #[test]
+    fn truncated_and_corrupt_input_is_an_error_not_a_panic() {
+        let bytes = encode(&Record::Free { addr: 1 });
+        for cut in 0..bytes.len() {
+            assert!(matches!(
+                decode(&bytes[..cut]),
+                Err(DecodeError::Truncated { .. })
+            ));
+        }
+        let mut bad = bytes.clone();
+        bad[0..4].copy_from_slice(&3u32.to_le_bytes());
+        assert!(matches!(decode(&bad), Err(DecodeError::Corrupt(_))));
+        let mut short_alloc = encode(&Record::Free { addr: 1 });
+        short_alloc[4] = KIND_ALLOC as u8;
+        assert!(matches!(decode(&short_alloc), Err(DecodeError::Corrupt(_))));
+    }
+
+    #[test]
+    fn unknown_kinds_are_skipped() {
+        let bytes = encode(&Record::Unknown { kind: 999 });
+        assert_eq!(decode(&bytes).unwrap().0, Record::Unknown { kind: 999 });
+    }
+}

@@ -1,0 +1,190 @@
+//! Which blocks were sampled, so that their frees are recorded.
+//!
+//! Every free in the target asks "was this block sampled?". The common answer, "no", costs one
+//! multiply and one byte load from `FILTER`, a table of counters indexed by a hash of the
+//! address that is only ever written under the agent lock (a counting filter: a zero counter
+//! proves the address was not sampled). Only a non-zero counter takes the lock and asks the exact
+//! set, an open-addressing hash table in memory mapped straight from the kernel.
+
+use crate::sys::{map_anon, munmap};
+use std::sync::atomic::{AtomicU8, Ordering};
+
+const FILTER_BITS: u32 = 20;
+const FILTER_LEN: usize = 1 << FILTER_BITS;
+/// A counter that reached this value stays there (it can no longer be decremented exactly).
+const STUCK: u8 = u8::MAX;
+
+static FILTER: [AtomicU8; FILTER_LEN] = [const { AtomicU8::new(0) }; FILTER_LEN];
+
+#[inline(always)]
+fn slot(addr: usize) -> usize {
+    ((addr as u64 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - FILTER_BITS)) as usize
+}
+
+/// The free path's question: false proves `addr` was not sampled.
+#[inline(always)]
+pub fn maybe_sampled(addr: usize) -> bool {
+    FILTER[slot(addr)].load(Ordering::Relaxed) != 0
+}
+
+const EMPTY: usize = 0;
+const TOMBSTONE: usize = 1;
+
+/// The exact set of sampled addresses. Use only under the agent lock.
+pub struct AddrSet {
+    table: *mut usize,
+    cap: usize,
+    used: usize, // live entries + tombstones
+    live: usize,
+}
+
+unsafe impl Send for AddrSet {}
+
+impl AddrSet {
+    pub const fn new() -> AddrSet {
+        AddrSet {
+            table: std::ptr::null_mut(),
+            cap: 0,
+            used: 0,
+            live: 0,
+        }
+    }
+
+    fn home(&self, addr: usize) -> usize {
+        (addr as u64 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) as usize >> 7 & (self.cap - 1)
+    }
+
+    fn entry(&self, i: usize) -> *mut usize {
+        unsafe { self.table.add(i) }
+    }
+
+    /// Adds `addr`; returns false when memory for the table could not be had.
+    pub fn insert(&mut self, addr: usize) -> bool {
+        if (self.used + 1) * 2 > self.cap && !self.grow() {
+            return false;
+        }
+        let mut i = self.home(addr);
+        loop {
+            let e = unsafe { *self.entry(i) };
+            if e == EMPTY || e == TOMBSTONE {
+                if e == EMPTY {
+                    self.used += 1;
+                }
+                unsafe { *self.entry(i) = addr };
+                self.live += 1;
+                let c = &FILTER[slot(addr)];
+                let v = c.load(Ordering::Relaxed);
+                if v != STUCK {
+                    c.store(v + 1, Ordering::Relaxed);
+                }
+                return true;
+            }
+            if e == addr {
+                return true;
+            }
+            i = (i + 1) & (self.cap - 1);
+        }
+    }
+
+    /// Removes `addr`; returns whether it was there.
+    pub fn remove(&mut self, addr: usize) -> bool {
+        if self.cap == 0 {
+            return false;
+        }
+        let mut i = self.home(addr);
+        loop {
+            let e = unsafe { *self.entry(i) };
+            if e == EMPTY {
+                return false;
+            }
+            if e == addr {
+                unsafe { *self.entry(i) = TOMBSTONE };
+                self.live -= 1;
+                let c = &FILTER[slot(addr)];
+                let v = c.load(Ordering::Relaxed);
+                if v != STUCK && v != 0 {
+                    c.store(v - 1, Ordering::Relaxed);
+                }
+                return true;
+            }
+            i = (i + 1) & (self.cap - 1);
+        }
+    }
+
+    fn grow(&mut self) -> bool {
+        let new_cap = if self.live * 4 < self.cap {
+            self.cap.max(1024) // mostly tombstones: rebuild at the same size
+        } else {
+            (self.cap * 2).max(1024)
+        };
+        let table = map_anon(new_cap * std::mem::size_of::<usize>()) as *mut usize;
+        if table.is_null() {
+            return false;
+        }
+        let (old, old_cap) = (self.table, self.cap);
+        *self = AddrSet {
+            table,
+            cap: new_cap,
+            used: 0,
+            live: 0,
+        };
+        for i in 0..old_cap {
+            let e = unsafe { *old.add(i) };
+            if e != EMPTY && e != TOMBSTONE {
+                self.reinsert(e);
+            }
+        }
+        if !old.is_null() {
+            unsafe { munmap(old.cast(), old_cap * std::mem::size_of::<usize>()) };
+        }
+        true
+    }
+
+    fn reinsert(&mut self, addr: usize) {
+        let mut i = self.home(addr);
+        while unsafe { *self.entry(i) } != EMPTY {
+            i = (i + 1) & (self.cap - 1);
+        }
+        unsafe { *self.entry(i) = addr };
+        self.used += 1;
+        self.live += 1;
+    }
+
+    /// Forgets every address and zeroes the filter, so that frees take the fast path again.
+    pub fn clear(&mut self) {
+        if !self.table.is_null() {
+            unsafe { munmap(self.table.cast(), self.cap * std::mem::size_of::<usize>()) };
+        }
+        *self = AddrSet::new();
+        for c in FILTER.iter() {
+            if c.load(Ordering::Relaxed) != 0 {
+                c.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn insert_remove_and_filter_agree() {
+        let mut s = AddrSet::new();
+        let addrs: Vec<usize> = (1..20_000).map(|i| 0x7f00_0000_0000 + i * 48).collect();
+        for &a in &addrs {
+            assert!(s.insert(a));
+            assert!(maybe_sampled(a));
+        }
+        for &a in addrs.iter().step_by(2) {
+            assert!(s.remove(a));
+            assert!(!s.remove(a));
+        }
+        for &a in addrs.iter().skip(1).step_by(2) {
+            assert!(maybe_sampled(a), "a live address always passes the filter");
+            assert!(s.remove(a));
+        }
+        s.clear();
+        assert!(addrs.iter().all(|&a| !maybe_sampled(a)));
+    }
+}

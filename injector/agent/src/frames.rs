@@ -1,0 +1,168 @@
+//! Walks the allocating thread's own Python frames with plain loads: no GIL, no allocation, no
+//! call that could create a frame object. Offsets come from the generated layout table.
+
+use crate::python::Api;
+use mprof_common::layout::{PyLayout, ABSENT};
+use mprof_common::record::Frame;
+use std::ffi::c_void;
+
+/// Deepest stack the agent ever records.
+pub const MAX_FRAMES: usize = 256;
+
+unsafe fn read<T: Copy>(base: *const c_void, off: u16) -> T {
+    std::ptr::read_unaligned((base as *const u8).add(off as usize) as *const T)
+}
+
+/// The innermost frame of the thread whose state is `tstate`.
+unsafe fn top_frame(l: &PyLayout, tstate: *const c_void) -> *const c_void {
+    let f: *const c_void = read(tstate, l.tstate_frame);
+    if l.cframe_current_frame == ABSENT || f.is_null() {
+        f
+    } else {
+        read(f, l.cframe_current_frame)
+    }
+}
+
+/// The frame's code object and byte offset of its current instruction, or None for a frame that
+/// must be skipped (owned by the C stack, not started, or not running a code object).
+unsafe fn code_and_offset(api: &Api, l: &PyLayout, f: *const c_void) -> Option<(*mut c_void, i32)> {
+    let code: *mut c_void = read(f, l.frame_code);
+    if code.is_null() {
+        return None;
+    }
+    if l.frame_owner == ABSENT {
+        // 3.8–3.10: PyFrameObject with an int f_lasti (in code units from 3.10).
+        let lasti: i32 = read(f, l.frame_instr);
+        let offset = if lasti < 0 || l.minor < 10 {
+            lasti
+        } else {
+            lasti * 2
+        };
+        return Some((code, offset));
+    }
+    let owner: u8 = read(f, l.frame_owner);
+    if l.owner_cstack != ABSENT && owner as u16 == l.owner_cstack {
+        return None;
+    }
+    if l.minor >= 13 {
+        let ty: *mut c_void = read(code, 8);
+        if ty != api.code_type {
+            return None;
+        }
+    }
+    let instr: usize = read(f, l.frame_instr);
+    let start = code as usize + l.code_adaptive as usize;
+    let first_traceable: i32 = read(code, l.code_firsttraceable);
+    let incomplete = instr < start + first_traceable as usize * 2;
+    if owner as u16 != l.owner_generator && incomplete {
+        return None;
+    }
+    Some((code, instr as isize as i32 - start as i32))
+}
+
+/// Fills `out` with the calling thread's Python frames, innermost first. Returns how many and
+/// whether the stack was deeper than `max`.
+///
+/// # Safety
+/// `tstate` must be the calling thread's own thread state (its frames cannot change under us).
+pub unsafe fn walk(
+    api: &Api,
+    l: &PyLayout,
+    tstate: *const c_void,
+    out: &mut [Frame],
+    max: usize,
+) -> (usize, bool) {
+    let max = max.min(out.len());
+    let mut n = 0;
+    let mut f = top_frame(l, tstate);
+    let mut guard = 0;
+    while !f.is_null() && guard < 100_000 {
+        guard += 1;
+        if let Some((code, offset)) = code_and_offset(api, l, f) {
+            if n == max {
+                return (n, true);
+            }
+            let line = if offset < 0 {
+                read::<i32>(code, l.code_firstlineno)
+            } else {
+                (api.addr2line)(code, offset)
+            };
+            out[n] = Frame {
+                code: code as u64,
+                line: line.max(0) as u32,
+            };
+            n += 1;
+        }
+        f = read(f, l.frame_back);
+    }
+    (n, false)
+}
+
+/// What identifies a code object's announcement: its address and the strings it names. If an
+/// address is reused by another code object, one of these differs and it is announced again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct CodeKey {
+    pub code: usize,
+    pub name: usize,
+    pub filename: usize,
+}
+
+/// Reads the key of a code object.
+///
+/// # Safety
+/// `code` must be a live code object.
+pub unsafe fn code_key(l: &PyLayout, code: *const c_void) -> CodeKey {
+    let name_off = if l.code_qualname != ABSENT {
+        l.code_qualname
+    } else {
+        l.code_name
+    };
+    CodeKey {
+        code: code as usize,
+        name: read(code, name_off),
+        filename: read(code, l.code_filename),
+    }
+}
+
+/// The first line of a code object.
+///
+/// # Safety
+/// `code` must be a live code object.
+pub unsafe fn first_line(l: &PyLayout, code: *const c_void) -> u32 {
+    read::<i32>(code, l.code_firstlineno).max(0) as u32
+}
+
+/// Copies a `str` object's text into `buf` as UTF-8 (cut at the buffer's end); returns the
+/// length. Reads the compact representations directly: nothing is allocated or cached.
+///
+/// # Safety
+/// `s` must be null or a live `str` object.
+pub unsafe fn read_str(l: &PyLayout, s: *const c_void, buf: &mut [u8]) -> usize {
+    if s.is_null() {
+        return 0;
+    }
+    let state: u32 = read(s, l.unicode_state);
+    let kind = (state >> 2) & 7;
+    let compact = state & (1 << 5) != 0;
+    let ascii = state & (1 << 6) != 0;
+    if !compact {
+        buf[0] = b'?';
+        return 1;
+    }
+    let len: isize = read(s, l.unicode_length);
+    let data = (s as *const u8).add(if ascii { l.ascii_size } else { l.compact_size } as usize);
+    let mut n = 0;
+    for i in 0..len.max(0) as usize {
+        let c = match kind {
+            1 => *data.add(i) as u32,
+            2 => std::ptr::read_unaligned((data as *const u16).add(i)) as u32,
+            _ => std::ptr::read_unaligned((data as *const u32).add(i)),
+        };
+        let ch = char::from_u32(c).unwrap_or('\u{fffd}');
+        if n + ch.len_utf8() > buf.len() {
+            break;
+        }
+        n += ch.encode_utf8(&mut buf[n..]).len();
+    }
+    n
+}

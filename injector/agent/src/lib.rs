@@ -1,0 +1,244 @@
+//! The mprof agent: a small library loaded into a CPython process (by `LD_PRELOAD` for
+//! `mprof record`, by ptrace for `mprof attach`). It hooks the interpreter's allocators, samples
+//! allocations, and streams the samples into a shared-memory ring that mprof drains.
+//!
+//! It links nothing but libc, finds CPython's symbols with `dlsym`, never calls into Python on
+//! the hot path, and is never unloaded.
+
+mod addrset;
+mod frames;
+mod hooks;
+mod lock;
+mod python;
+mod sampler;
+mod session;
+mod sys;
+
+use mprof_common::record::EndReason;
+use mprof_common::ring::{RingHeader, STATE_FAILED, STATE_STOP_REQUESTED, STATE_WAITING};
+use session::{StartError, SHARED};
+use std::ffi::{c_char, c_int, CStr};
+use std::sync::atomic::Ordering;
+use std::sync::Once;
+use std::time::Duration;
+
+/// Environment variable naming the inherited ring file descriptor (record mode).
+const ENV_RING_FD: &CStr = c"MPROF_RING_FD";
+/// Environment variable naming the inherited agent-image descriptor (record mode).
+const ENV_AGENT_FD: &CStr = c"MPROF_AGENT_FD";
+/// The `LD_PRELOAD` the user had before mprof prepended the agent ("" if none).
+const ENV_SAVED_PRELOAD: &CStr = c"MPROF_SAVED_LD_PRELOAD";
+
+/// How long the reader may stay silent before the agent switches itself off.
+const READER_TIMEOUT_NS: u64 = 1_500_000_000;
+
+fn env_fd(name: &CStr) -> Option<c_int> {
+    let v = unsafe { sys::getenv(name.as_ptr()) };
+    if v.is_null() {
+        return None;
+    }
+    unsafe { CStr::from_ptr(v) }.to_str().ok()?.parse().ok()
+}
+
+/// Removes mprof's variables from the environment so that the program and its children see the
+/// environment they would have had without mprof.
+fn restore_environment() {
+    unsafe {
+        let saved = sys::getenv(ENV_SAVED_PRELOAD.as_ptr());
+        if saved.is_null() || *saved == 0 {
+            sys::unsetenv(c"LD_PRELOAD".as_ptr());
+        } else {
+            sys::setenv(c"LD_PRELOAD".as_ptr(), saved as *const c_char, 1);
+        }
+        for name in [ENV_SAVED_PRELOAD, ENV_RING_FD, ENV_AGENT_FD] {
+            sys::unsetenv(name.as_ptr());
+        }
+    }
+}
+
+/// Maps the ring behind `fd`.
+fn map_ring(fd: c_int) -> Option<(*mut u8, usize)> {
+    let len = unsafe { sys::lseek(fd, 0, sys::SEEK_END) };
+    if len <= 0 {
+        return None;
+    }
+    let p = unsafe {
+        sys::mmap(
+            std::ptr::null_mut(),
+            len as usize,
+            sys::PROT_READ | sys::PROT_WRITE,
+            sys::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    (p != sys::MAP_FAILED).then_some((p as *mut u8, len as usize))
+}
+
+fn write_message(h: &RingHeader, text: &str) {
+    let h = h as *const RingHeader as *mut RingHeader;
+    let bytes = text.as_bytes();
+    let n = bytes.len().min(255);
+    unsafe {
+        let dst = std::ptr::addr_of_mut!((*h).message) as *mut u8;
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, n);
+        *dst.add(n) = 0;
+    }
+}
+
+/// Claims the ring at `base` for this process and starts sampling. Returns 0 on success.
+unsafe fn claim_and_start(base: *mut u8, len: usize) -> c_int {
+    let h = &*(base as *const RingHeader);
+    let pid = sys::getpid() as u32;
+    if h.agent_pid
+        .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed)
+        .is_err()
+    {
+        sys::munmap(base.cast(), len);
+        return 3; // another process (our parent, say) took it first
+    }
+    if let Some(api) = python::api() {
+        let v = api.version.to_bytes();
+        let hm = h as *const RingHeader as *mut RingHeader;
+        let n = v.len().min(63);
+        let dst = std::ptr::addr_of_mut!((*hm).py_version) as *mut u8;
+        std::ptr::copy_nonoverlapping(v.as_ptr(), dst, n);
+    }
+    match session::start(base, len) {
+        Ok(()) => {
+            register_fork_handlers();
+            spawn_watchdog();
+            0
+        }
+        Err(e) => {
+            let text = match e {
+                StartError::NotPython => "not a CPython interpreter".to_string(),
+                StartError::Unsupported(a, b) => {
+                    let ((a0, b0), (a1, b1)) = mprof_common::layout::supported_range();
+                    format!("Python {a}.{b} is not supported (mprof supports {a0}.{b0} to {a1}.{b1})")
+                }
+                StartError::BadRing(why) => why.to_string(),
+                StartError::Busy => "a profiling session is already running".to_string(),
+            };
+            write_message(h, &text);
+            h.state.store(STATE_FAILED, Ordering::Release);
+            if !matches!(e, StartError::Busy) {
+                sys::munmap(base.cast(), len);
+            }
+            1
+        }
+    }
+}
+
+/// Record mode: runs when the dynamic loader loads the agent through `LD_PRELOAD`, before
+/// `main`, so the hooks are in place before the interpreter runs a line of Python.
+extern "C" fn preload_init() {
+    let Some(ring_fd) = env_fd(ENV_RING_FD) else {
+        return;
+    };
+    if python::api().is_none() {
+        // A shell or launcher on the way to Python: leave the environment for its children.
+        return;
+    }
+    let agent_fd = env_fd(ENV_AGENT_FD);
+    restore_environment();
+    let mapped = map_ring(ring_fd);
+    unsafe {
+        sys::close(ring_fd);
+        if let Some(fd) = agent_fd {
+            sys::close(fd);
+        }
+    }
+    if let Some((base, len)) = mapped {
+        let h = unsafe { &*(base as *const RingHeader) };
+        if h.state.load(Ordering::Acquire) == STATE_WAITING {
+            unsafe { claim_and_start(base, len) };
+        } else {
+            unsafe { sys::munmap(base.cast(), len) };
+        }
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static PRELOAD_INIT: extern "C" fn() = preload_init;
+
+/// Attach mode: maps the ring behind `fd` (a descriptor of this process) and starts sampling.
+/// Returns 0 on success; the ring's header says why otherwise. The caller closes `fd`.
+///
+/// # Safety
+/// `fd` must be a descriptor of a ring made by mprof.
+#[no_mangle]
+pub unsafe extern "C" fn mprof_agent_start(fd: c_int) -> c_int {
+    match map_ring(fd) {
+        Some((base, len)) => claim_and_start(base, len),
+        None => 2,
+    }
+}
+
+/// Watches the ring header: stops on the reader's request, or when the reader stops answering.
+fn spawn_watchdog() {
+    let _ = std::thread::Builder::new()
+        .name("mprof-agent".into())
+        .stack_size(64 * 1024)
+        .spawn(|| loop {
+            std::thread::sleep(Duration::from_millis(50));
+            let reason = {
+                let mut shared = SHARED.lock();
+                let Some(reason) = shared.stop_reason(READER_TIMEOUT_NS) else {
+                    if !shared.running() {
+                        return;
+                    }
+                    continue;
+                };
+                session::stop_locked(&mut shared, reason);
+                reason
+            };
+            if reason != EndReason::Finalizing {
+                if let Some(api) = python::api() {
+                    unsafe { hooks::uninstall(api) };
+                }
+            }
+            return;
+        });
+}
+
+static FORK_HANDLERS: Once = Once::new();
+
+extern "C" fn before_fork() {
+    SHARED.raw_lock();
+}
+
+extern "C" fn after_fork_parent() {
+    unsafe { SHARED.raw_unlock() };
+}
+
+/// The child of a fork shares the ring's memory but is not the profiled process: it stops
+/// sampling without writing anything.
+extern "C" fn after_fork_child() {
+    session::ENABLED.store(false, Ordering::Release);
+    sampler::EPOCH.fetch_add(1, Ordering::Relaxed);
+    unsafe {
+        SHARED.raw_unlock();
+    }
+    SHARED.lock().forget_in_child();
+}
+
+fn register_fork_handlers() {
+    FORK_HANDLERS.call_once(|| unsafe {
+        sys::pthread_atfork(
+            Some(before_fork),
+            Some(after_fork_parent),
+            Some(after_fork_child),
+        );
+    });
+}
+
+// Used by `stop_reason`.
+pub(crate) fn reader_stopped(h: &RingHeader, timeout_ns: u64) -> Option<EndReason> {
+    if h.state.load(Ordering::Acquire) == STATE_STOP_REQUESTED {
+        return Some(EndReason::Detached);
+    }
+    let beat = h.reader_heartbeat_ns.load(Ordering::Acquire);
+    (beat != 0 && sys::now_ns().saturating_sub(beat) > timeout_ns).then_some(EndReason::ReaderGone)
+}

@@ -1,0 +1,76 @@
+//! A spin lock for the agent's slow path. It never sleeps in the kernel on a futex the target
+//! could be holding, and it is only taken when a sample or a sampled free is recorded.
+
+use crate::sys::sched_yield;
+use std::cell::UnsafeCell;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub struct SpinLock<T> {
+    locked: AtomicBool,
+    value: UnsafeCell<T>,
+}
+
+unsafe impl<T: Send> Sync for SpinLock<T> {}
+
+pub struct Guard<'a, T> {
+    lock: &'a SpinLock<T>,
+}
+
+impl<T> SpinLock<T> {
+    pub const fn new(value: T) -> SpinLock<T> {
+        SpinLock {
+            locked: AtomicBool::new(false),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    pub fn lock(&self) -> Guard<'_, T> {
+        let mut spins = 0u32;
+        while self
+            .locked
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            spins += 1;
+            if spins > 64 {
+                unsafe { sched_yield() };
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        Guard { lock: self }
+    }
+
+    /// Takes the lock before `fork()` so that the child never inherits it held.
+    pub fn raw_lock(&self) {
+        std::mem::forget(self.lock());
+    }
+
+    /// Releases a lock taken with `raw_lock`.
+    ///
+    /// # Safety
+    /// Only after `raw_lock` on the same thread (or in the child of a fork made after it).
+    pub unsafe fn raw_unlock(&self) {
+        self.locked.store(false, Ordering::Release);
+    }
+}
+
+impl<T> Deref for Guard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T> DerefMut for Guard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+
+impl<T> Drop for Guard<'_, T> {
+    fn drop(&mut self) {
+        self.lock.locked.store(false, Ordering::Release);
+    }
+}

@@ -1,0 +1,99 @@
+//! The CPython entry points the agent uses, found with `dlsym` at run time so that one agent
+//! serves every version, shared or static libpython alike. None of them allocates.
+
+use crate::sys::{dlsym, RTLD_DEFAULT};
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::OnceLock;
+
+/// `PyMemAllocatorEx`, identical in 3.8–3.13.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Allocator {
+    pub ctx: *mut c_void,
+    pub malloc: unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void,
+    pub calloc: unsafe extern "C" fn(*mut c_void, usize, usize) -> *mut c_void,
+    pub realloc: unsafe extern "C" fn(*mut c_void, *mut c_void, usize) -> *mut c_void,
+    pub free: unsafe extern "C" fn(*mut c_void, *mut c_void),
+}
+
+unsafe impl Send for Allocator {}
+unsafe impl Sync for Allocator {}
+
+pub struct Api {
+    pub major: u8,
+    pub minor: u8,
+    pub version: &'static CStr,
+    pub get_allocator: unsafe extern "C" fn(c_int, *mut Allocator),
+    pub set_allocator: unsafe extern "C" fn(c_int, *const Allocator),
+    pub this_thread_state: unsafe extern "C" fn() -> *mut c_void,
+    pub addr2line: unsafe extern "C" fn(*mut c_void, c_int) -> c_int,
+    pub is_initialized: unsafe extern "C" fn() -> c_int,
+    pub is_finalizing: Option<unsafe extern "C" fn() -> c_int>,
+    /// `&PyCode_Type`, to check 3.13's `f_executable`.
+    pub code_type: *mut c_void,
+}
+
+unsafe impl Send for Api {}
+unsafe impl Sync for Api {}
+
+static API: OnceLock<Option<Api>> = OnceLock::new();
+
+fn sym(name: &CStr) -> *mut c_void {
+    unsafe { dlsym(RTLD_DEFAULT, name.as_ptr()) }
+}
+
+macro_rules! func {
+    ($name:literal) => {{
+        let p = sym($name);
+        if p.is_null() {
+            return None;
+        }
+        unsafe { std::mem::transmute::<*mut c_void, _>(p) }
+    }};
+}
+
+/// Parses "3.11.7 (main, ...)" into (3, 11).
+pub fn parse_version(v: &[u8]) -> Option<(u8, u8)> {
+    let text = std::str::from_utf8(v).ok()?;
+    let mut parts = text.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+fn resolve() -> Option<Api> {
+    let get_version: unsafe extern "C" fn() -> *const c_char = func!(c"Py_GetVersion");
+    let version = unsafe { CStr::from_ptr(get_version()) };
+    let (major, minor) = parse_version(version.to_bytes())?;
+    let finalizing = {
+        let p = sym(c"Py_IsFinalizing");
+        let p = if p.is_null() {
+            sym(c"_Py_IsFinalizing")
+        } else {
+            p
+        };
+        (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, _>(p) })
+    };
+    Some(Api {
+        major,
+        minor,
+        version,
+        get_allocator: func!(c"PyMem_GetAllocator"),
+        set_allocator: func!(c"PyMem_SetAllocator"),
+        this_thread_state: func!(c"PyGILState_GetThisThreadState"),
+        addr2line: func!(c"PyCode_Addr2Line"),
+        is_initialized: func!(c"Py_IsInitialized"),
+        is_finalizing: finalizing,
+        code_type: sym(c"PyCode_Type"),
+    })
+}
+
+/// The interpreter's API, or None when this process is not a CPython interpreter.
+pub fn api() -> Option<&'static Api> {
+    API.get_or_init(resolve).as_ref()
+}
+
+/// Whether the interpreter has started shutting down (the program itself is done).
+pub fn finalizing(api: &Api) -> bool {
+    api.is_finalizing.is_some_and(|f| unsafe { f() } != 0)
+}

@@ -1,0 +1,85 @@
+//! The few libc functions and constants the agent needs, declared by hand so the agent builds
+//! with a bare `rustc` and no crates.
+
+use std::ffi::{c_char, c_int, c_long, c_void};
+
+pub const RTLD_DEFAULT: *mut c_void = std::ptr::null_mut();
+pub const PROT_READ: c_int = 1;
+pub const PROT_WRITE: c_int = 2;
+pub const MAP_SHARED: c_int = 1;
+pub const MAP_PRIVATE: c_int = 2;
+pub const MAP_ANONYMOUS: c_int = 0x20;
+pub const MAP_FAILED: *mut c_void = !0usize as *mut c_void;
+pub const CLOCK_MONOTONIC: c_int = 1;
+pub const SEEK_END: c_int = 2;
+#[cfg(target_arch = "x86_64")]
+pub const SYS_GETTID: c_long = 186;
+#[cfg(target_arch = "aarch64")]
+pub const SYS_GETTID: c_long = 178;
+
+#[repr(C)]
+pub struct Timespec {
+    pub tv_sec: i64,
+    pub tv_nsec: i64,
+}
+
+extern "C" {
+    pub fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
+    pub fn mmap(
+        addr: *mut c_void,
+        len: usize,
+        prot: c_int,
+        flags: c_int,
+        fd: c_int,
+        off: i64,
+    ) -> *mut c_void;
+    pub fn munmap(addr: *mut c_void, len: usize) -> c_int;
+    pub fn getpid() -> c_int;
+    pub fn syscall(n: c_long, ...) -> c_long;
+    pub fn clock_gettime(clock: c_int, ts: *mut Timespec) -> c_int;
+    pub fn getenv(name: *const c_char) -> *mut c_char;
+    pub fn setenv(name: *const c_char, value: *const c_char, overwrite: c_int) -> c_int;
+    pub fn unsetenv(name: *const c_char) -> c_int;
+    pub fn close(fd: c_int) -> c_int;
+    pub fn lseek(fd: c_int, off: i64, whence: c_int) -> i64;
+    pub fn sched_yield() -> c_int;
+    pub fn pthread_atfork(
+        prepare: Option<extern "C" fn()>,
+        parent: Option<extern "C" fn()>,
+        child: Option<extern "C" fn()>,
+    ) -> c_int;
+}
+
+/// CLOCK_MONOTONIC in nanoseconds.
+pub fn now_ns() -> u64 {
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { clock_gettime(CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The calling thread's kernel id.
+pub fn gettid() -> u32 {
+    unsafe { syscall(SYS_GETTID) as u32 }
+}
+
+/// Anonymous private memory straight from the kernel: never from malloc, so never from a hook.
+pub fn map_anon(len: usize) -> *mut u8 {
+    let p = unsafe {
+        mmap(
+            std::ptr::null_mut(),
+            len,
+            PROT_READ | PROT_WRITE,
+            MAP_PRIVATE | MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == MAP_FAILED {
+        std::ptr::null_mut()
+    } else {
+        p as *mut u8
+    }
+}

@@ -1,0 +1,162 @@
+//! The capture file (`.mprof`): what `record` and `attach` write and every view reads.
+//!
+//! ```text
+//!  0         8        12       16
+//!  +---------+--------+--------+------------------------------------- ... ---+
+//!  | MPROFCAP| ver:u32|flags:u32| records, back to back (see mprof_common::record)
+//!  +---------+--------+--------+------------------------------------- ... ---+
+//! ```
+//! Records are written as they arrive, so a run that dies leaves a file that reads up to the
+//! last flushed record. A truncated or corrupt tail is skipped with a warning. New record kinds
+//! are only ever added, so a reader accepts every older format version.
+
+use anyhow::{bail, Context, Result};
+use mprof_common::record::{self, DecodeError, Record};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+/// Magic bytes at the start of every capture file.
+pub const MAGIC: &[u8; 8] = b"MPROFCAP";
+/// The format version this build writes.
+pub const FORMAT_VERSION: u32 = 1;
+const FILE_HEADER: usize = 16;
+
+/// Writes a capture file as records arrive.
+pub struct CaptureWriter {
+    out: BufWriter<File>,
+}
+
+impl CaptureWriter {
+    /// Creates (or truncates) `path` and writes the file header.
+    pub fn create(path: &Path) -> Result<CaptureWriter> {
+        let file = File::create(path)
+            .with_context(|| format!("cannot write capture file {}", path.display()))?;
+        let mut out = BufWriter::with_capacity(1 << 20, file);
+        out.write_all(MAGIC)?;
+        out.write_all(&FORMAT_VERSION.to_le_bytes())?;
+        out.write_all(&0u32.to_le_bytes())?;
+        out.flush()?;
+        Ok(CaptureWriter { out })
+    }
+
+    /// Appends one already-encoded record (as it came out of the ring).
+    pub fn write_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        self.out.write_all(bytes).context("writing capture file")
+    }
+
+    /// Appends one record.
+    pub fn write(&mut self, record: &Record) -> Result<()> {
+        self.write_raw(&record::encode(record))
+    }
+
+    /// Pushes buffered records to the file, so a crash from here on loses nothing before it.
+    pub fn flush(&mut self) -> Result<()> {
+        self.out.flush().context("writing capture file")
+    }
+}
+
+/// A capture file read into memory.
+pub struct Capture {
+    pub records: Vec<Record>,
+    /// Why reading stopped early, if it did (a truncated or corrupt tail).
+    pub warning: Option<String>,
+}
+
+/// Reads a whole capture file. A file that is not a capture is an error; a damaged tail is a
+/// warning in the result.
+pub fn read(path: &Path) -> Result<Capture> {
+    let bytes =
+        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    parse(&bytes).with_context(|| format!("{} is not a usable mprof capture", path.display()))
+}
+
+/// Parses the bytes of a capture file.
+pub fn parse(bytes: &[u8]) -> Result<Capture> {
+    if bytes.len() < FILE_HEADER || &bytes[..8] != MAGIC {
+        bail!("missing the MPROFCAP header");
+    }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+    if version == 0 {
+        bail!("format version 0 is invalid");
+    }
+    let mut warning = (version > FORMAT_VERSION).then(|| {
+        format!(
+            "written by a newer mprof (format {version}, this one reads {FORMAT_VERSION}); \
+             unknown records are skipped"
+        )
+    });
+    let mut records = Vec::new();
+    let mut at = FILE_HEADER;
+    while at < bytes.len() {
+        match record::decode(&bytes[at..]) {
+            Ok((Record::Unknown { .. }, used)) => at += used,
+            Ok((r, used)) => {
+                records.push(r);
+                at += used;
+            }
+            Err(e) => {
+                let what = match e {
+                    DecodeError::Truncated { .. } => "ends with a truncated record",
+                    DecodeError::Corrupt(_) => "has a corrupt record",
+                };
+                warning = Some(format!(
+                    "capture {what} at byte {at} ({e}); the last {} bytes were skipped",
+                    bytes.len() - at
+                ));
+                break;
+            }
+        }
+    }
+    Ok(Capture { records, warning })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_file() -> Vec<u8> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.mprof");
+        let mut w = CaptureWriter::create(&path).unwrap();
+        w.write(&Record::Meta {
+            text: "pid=1\n".into(),
+        })
+        .unwrap();
+        w.write(&Record::Free { addr: 7 }).unwrap();
+        w.flush().unwrap();
+        std::fs::read(&path).unwrap()
+    }
+
+    #[test]
+    fn a_written_file_reads_back() {
+        let c = parse(&sample_file()).unwrap();
+        assert_eq!(c.records.len(), 2);
+        assert!(c.warning.is_none());
+    }
+
+    #[test]
+    fn every_truncation_point_reads_or_warns_never_panics() {
+        let bytes = sample_file();
+        for cut in 0..bytes.len() {
+            match parse(&bytes[..cut]) {
+                Ok(c) => assert!(cut >= FILE_HEADER && c.records.len() <= 2),
+                Err(_) => assert!(cut < FILE_HEADER),
+            }
+        }
+        let c = parse(&bytes[..bytes.len() - 3]).unwrap();
+        assert_eq!(c.records.len(), 1);
+        assert!(c.warning.unwrap().contains("truncated"));
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        assert!(parse(b"hello world, not a capture").is_err());
+        let mut bytes = sample_file();
+        bytes[FILE_HEADER] = 1; // record length 1: corrupt
+        bytes[FILE_HEADER + 1..FILE_HEADER + 4].fill(0);
+        let c = parse(&bytes).unwrap();
+        assert!(c.records.is_empty());
+        assert!(c.warning.unwrap().contains("corrupt"));
+    }
+}

@@ -1,0 +1,117 @@
+//! mprof: a low-overhead sampling memory profiler for CPython.
+
+mod capture;
+mod flamegraph;
+mod profile;
+mod record;
+mod report;
+mod session;
+mod signals;
+mod units;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use profile::View;
+use report::By;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Where a CPython program allocates memory: sampled, cheap enough for production.
+#[derive(Parser)]
+#[command(name = "mprof", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Sampling settings shared by `record` and `attach`.
+#[derive(clap::Args, Clone)]
+pub struct SamplingArgs {
+    /// Mean bytes allocated between two samples (`512KiB`, `1MiB`, plain bytes); 1 records
+    /// every allocation.
+    #[arg(long, default_value = "512KiB", value_parser = units::parse_size)]
+    pub rate: u64,
+    /// Deepest Python stack recorded, innermost frames kept.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub max_depth: u32,
+    /// Seed for the sampling random numbers, for repeatable runs (0 picks one).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a Python command and profile it from the first line of its main script.
+    Record {
+        /// Capture file to write.
+        #[arg(short, long, default_value = "mprof.out.mprof")]
+        output: PathBuf,
+        #[command(flatten)]
+        sampling: SamplingArgs,
+        /// Print no summary at the end.
+        #[arg(short, long)]
+        quiet: bool,
+        /// The command, e.g. `python app.py`.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
+    /// Show the top allocation sites of a capture.
+    Report {
+        /// Capture file.
+        file: PathBuf,
+        /// Which bytes to count.
+        #[arg(long, value_enum, default_value = "allocated")]
+        view: View,
+        /// How to group.
+        #[arg(long, value_enum, default_value = "line")]
+        by: By,
+        /// How many rows (0 = all).
+        #[arg(long, default_value_t = 20)]
+        top: usize,
+        /// Print JSON (schema in the README).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a flamegraph SVG of a capture.
+    Flamegraph {
+        /// Capture file.
+        file: PathBuf,
+        /// SVG file to write.
+        #[arg(short, long, default_value = "mprof-flamegraph.svg")]
+        output: PathBuf,
+        /// Which bytes to count.
+        #[arg(long, value_enum, default_value = "allocated")]
+        view: View,
+    },
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Record {
+            output,
+            sampling,
+            quiet,
+            command,
+        } => record::run(&command, &output, &sampling, quiet),
+        Command::Report {
+            file,
+            view,
+            by,
+            top,
+            json,
+        } => report::run(&file, view, by, top, json).map(|()| ExitCode::SUCCESS),
+        Command::Flamegraph { file, output, view } => {
+            flamegraph::run(&file, &output, view).map(|()| ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("mprof: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

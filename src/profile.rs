@@ -1,0 +1,879 @@
+//! Aggregation: a capture's records turned into estimated bytes per stack, for every view.
+//!
+//! Stacks are interned in a trie (outermost frame at the root), so a stack is one node id and
+//! shared prefixes are stored once. Per stack the profile keeps three estimates (see [`View`]):
+//! bytes allocated over the whole capture, bytes still live at its end, and bytes live at the
+//! moment the whole estimated live heap was highest.
+//!
+//! # Estimating bytes
+//! A block of `s` bytes is sampled with probability `p = 1 − exp(−s/rate)`, so each sample stands
+//! for `w = s/p` bytes and `1/p` allocations (a Horvitz–Thompson estimator, unbiased). Its
+//! contribution to the variance of a sum is `(1 − p)·w²`, also unbiased; a standard error is the
+//! square root of the summed contributions. With `rate <= 1` every allocation is recorded and
+//! the figures are exact (`p = 1`). A zero-byte block holds no memory and stands for 0 bytes.
+//!
+//! # Replaying the records
+//! Records are applied in file order. A `Free` of an address that is not live is ignored (most
+//! frees are of unsampled blocks); a realloc arrives as `Free(old)`, `Alloc(new)`. An `Alloc` at
+//! an address that is already live replaces the old block (its `Free` was lost). A `Code` record
+//! applies to the allocations after it, so a reused code address gets its new meaning. Frames
+//! whose code was never announced are `<unknown>`; an allocation with no frames at all is
+//! attributed to the pseudo-frame `<no Python frame>`.
+
+use anyhow::Result;
+use mprof_common::record::{Frame, Record};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::path::Path;
+
+/// Which bytes a view counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum View {
+    /// Every byte allocated during the capture, freed or not.
+    Allocated,
+    /// Bytes still live when the capture ended.
+    Live,
+    /// Bytes live at the moment the whole live heap was highest.
+    Peak,
+}
+
+impl View {
+    /// All views, in the order reports list them.
+    pub const ALL: [View; 3] = [View::Allocated, View::Live, View::Peak];
+
+    /// The name used on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            View::Allocated => "allocated",
+            View::Live => "live",
+            View::Peak => "peak",
+        }
+    }
+}
+
+/// File name of the pseudo-frame for allocations made while no Python code ran.
+pub const NO_PYTHON_FRAME: &str = "<no Python frame>";
+/// File and function name of a frame whose code object was never announced.
+pub const UNKNOWN: &str = "<unknown>";
+
+/// An estimate of bytes (and allocations) from a set of samples.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Estimate {
+    /// Estimated bytes.
+    pub bytes: f64,
+    /// Estimated number of allocations.
+    pub count: f64,
+    /// Estimated variance of `bytes`.
+    pub variance: f64,
+    /// How many samples the estimate rests on.
+    pub samples: u64,
+}
+
+impl Estimate {
+    /// Standard error of `bytes`.
+    pub fn stderr(&self) -> f64 {
+        self.variance.sqrt()
+    }
+
+    fn add(&mut self, s: &Sample) {
+        self.bytes += s.bytes;
+        self.count += s.count;
+        self.variance += s.variance;
+        self.samples += 1;
+    }
+
+    /// Adds another estimate (of disjoint samples) to this one.
+    pub fn merge(&mut self, other: &Estimate) {
+        self.bytes += other.bytes;
+        self.count += other.count;
+        self.variance += other.variance;
+        self.samples += other.samples;
+    }
+}
+
+/// The figures of one stack, one estimate per view.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Figures {
+    pub allocated: Estimate,
+    pub live: Estimate,
+    pub peak: Estimate,
+}
+
+impl Figures {
+    /// The estimate for one view.
+    pub fn get(&self, view: View) -> &Estimate {
+        match view {
+            View::Allocated => &self.allocated,
+            View::Live => &self.live,
+            View::Peak => &self.peak,
+        }
+    }
+
+    /// Adds another set of figures (of disjoint samples) to this one.
+    pub fn merge(&mut self, other: &Figures) {
+        self.allocated.merge(&other.allocated);
+        self.live.merge(&other.live);
+        self.peak.merge(&other.peak);
+    }
+}
+
+/// A stack: a node of the trie, named by its innermost frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackId(u32);
+
+/// One resolved frame of a stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Location<'a> {
+    pub file: &'a str,
+    pub function: &'a str,
+    /// The line running in this frame (0 for the pseudo-frame).
+    pub line: u32,
+    /// The first line of the function.
+    pub firstline: u32,
+}
+
+impl fmt::Display for Location<'_> {
+    /// `function (file:line)`; the pseudo-frames (`<unknown>`, `<no Python frame>`) show their
+    /// name alone, with the line when there is one.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.file == self.function, self.line) {
+            (true, 0) => write!(f, "{}", self.function),
+            (true, line) => write!(f, "{}:{line}", self.function),
+            (false, line) => write!(f, "{} ({}:{line})", self.function, self.file),
+        }
+    }
+}
+
+/// A capture, aggregated.
+pub struct Profile {
+    /// Merged `key=value` pairs of the capture's Meta records (later records win).
+    pub meta: BTreeMap<String, String>,
+    /// Mean bytes between samples (the last rate announced; 1 when the capture has none).
+    pub rate: u64,
+    /// Whether a Meta record gave the rate.
+    pub rate_known: bool,
+    /// Alloc records in the capture.
+    pub samples: u64,
+    /// Records the agent dropped because the ring was full (from the last Stats record).
+    pub dropped: u64,
+    /// Seconds from the first timed record to the peak, if there was a peak.
+    pub peak_seconds: Option<f64>,
+    /// The highest RSS reading, if the capture has any.
+    pub max_rss: Option<u64>,
+    totals: Figures,
+    names: Names,
+    /// Figures per trie node; only nodes that end a sampled stack have samples.
+    figures: Vec<Figures>,
+}
+
+/// Per-sample figures.
+struct Sample {
+    bytes: f64,
+    count: f64,
+    variance: f64,
+}
+
+impl Sample {
+    fn new(size: u64, rate: u64) -> Sample {
+        if size == 0 {
+            return Sample {
+                bytes: 0.0,
+                count: 1.0,
+                variance: 0.0,
+            };
+        }
+        if rate <= 1 {
+            return Sample {
+                bytes: size as f64,
+                count: 1.0,
+                variance: 0.0,
+            };
+        }
+        let s = size as f64;
+        let x = s / rate as f64;
+        let p = -(-x).exp_m1();
+        let w = s / p;
+        Sample {
+            bytes: w,
+            count: 1.0 / p,
+            variance: (-x).exp() * w * w,
+        }
+    }
+}
+
+/// A fast hasher for integer keys and frame slices (addresses are not attacker-chosen).
+#[derive(Default, Clone, Copy)]
+struct FastHasher(u64);
+
+impl FastHasher {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    fn mix(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::K);
+    }
+}
+
+impl Hasher for FastHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.mix(u64::from_le_bytes(word));
+        }
+    }
+    fn write_u8(&mut self, n: u8) {
+        self.mix(n.into());
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.mix(n.into());
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.mix(n);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.mix(n as u64);
+    }
+    fn finish(&self) -> u64 {
+        // The multiply leaves its best bits at the top; hash tables index with the bottom ones.
+        self.0.rotate_left(26)
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+
+/// Interned strings, code objects, frames and the stack trie.
+#[derive(Default)]
+struct Names {
+    strings: Vec<String>,
+    string_ids: HashMap<String, u32>,
+    /// (file, name, firstline) string ids.
+    codes: Vec<(u32, u32, u32)>,
+    code_ids: FastMap<(u32, u32, u32), u32>,
+    /// (code id, line).
+    frames: Vec<(u32, u32)>,
+    frame_ids: FastMap<(u32, u32), u32>,
+    /// Trie nodes: (parent node, frame id). Node 0 is the root and no stack.
+    nodes: Vec<(u32, u32)>,
+    node_ids: FastMap<(u32, u32), u32>,
+}
+
+impl Names {
+    fn new() -> Names {
+        let mut names = Names::default();
+        names.nodes.push((0, u32::MAX));
+        names
+    }
+
+    fn string(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.string_ids.get(s) {
+            return id;
+        }
+        let id = self.strings.len() as u32;
+        self.strings.push(s.to_owned());
+        self.string_ids.insert(s.to_owned(), id);
+        id
+    }
+
+    fn code(&mut self, file: &str, name: &str, firstline: u32) -> u32 {
+        let key = (self.string(file), self.string(name), firstline);
+        let next = self.codes.len() as u32;
+        let id = *self.code_ids.entry(key).or_insert(next);
+        if id == next {
+            self.codes.push(key);
+        }
+        id
+    }
+
+    fn frame(&mut self, code: u32, line: u32) -> u32 {
+        let next = self.frames.len() as u32;
+        let id = *self.frame_ids.entry((code, line)).or_insert(next);
+        if id == next {
+            self.frames.push((code, line));
+        }
+        id
+    }
+
+    /// The trie node for `frame` called from `parent`.
+    fn child(&mut self, parent: u32, frame: u32) -> u32 {
+        let next = self.nodes.len() as u32;
+        let id = *self.node_ids.entry((parent, frame)).or_insert(next);
+        if id == next {
+            self.nodes.push((parent, frame));
+        }
+        id
+    }
+
+    fn location(&self, frame: u32) -> Location<'_> {
+        let (code, line) = self.frames[frame as usize];
+        let (file, name, firstline) = self.codes[code as usize];
+        Location {
+            file: &self.strings[file as usize],
+            function: &self.strings[name as usize],
+            line,
+            firstline,
+        }
+    }
+}
+
+/// Turns raw frames (code addresses) into stacks, following the Code records seen so far.
+struct StackResolver {
+    names: Names,
+    code_at: FastMap<u64, u32>,
+    unknown_code: u32,
+    empty_stack: u32,
+    /// Raw frames → stack, valid until an address changes meaning.
+    cache: FastMap<Vec<Frame>, u32>,
+    cache_has_unknown: bool,
+}
+
+impl StackResolver {
+    fn new() -> StackResolver {
+        let mut names = Names::new();
+        let unknown_code = names.code(UNKNOWN, UNKNOWN, 0);
+        let no_python = names.code(NO_PYTHON_FRAME, NO_PYTHON_FRAME, 0);
+        let frame = names.frame(no_python, 0);
+        let empty_stack = names.child(0, frame);
+        StackResolver {
+            names,
+            code_at: FastMap::default(),
+            unknown_code,
+            empty_stack,
+            cache: FastMap::default(),
+            cache_has_unknown: false,
+        }
+    }
+
+    fn announce(&mut self, addr: u64, file: &str, name: &str, firstline: u32) {
+        let code = self.names.code(file, name, firstline);
+        match self.code_at.insert(addr, code) {
+            Some(old) if old == code => {}
+            Some(_) => self.cache.clear(),
+            None if self.cache_has_unknown => {
+                self.cache.clear();
+                self.cache_has_unknown = false;
+            }
+            None => {}
+        }
+    }
+
+    fn stack(&mut self, frames: &[Frame]) -> u32 {
+        if frames.is_empty() {
+            return self.empty_stack;
+        }
+        if let Some(&node) = self.cache.get(frames) {
+            return node;
+        }
+        let mut node = 0;
+        for f in frames.iter().rev() {
+            let code = match self.code_at.get(&f.code) {
+                Some(&code) => code,
+                None => {
+                    self.cache_has_unknown = true;
+                    self.unknown_code
+                }
+            };
+            let frame = self.names.frame(code, f.line);
+            node = self.names.child(node, frame);
+        }
+        self.cache.insert(frames.to_vec(), node);
+        node
+    }
+}
+
+/// The `rate` of a Meta record's text, if it has one.
+fn meta_rate(text: &str) -> Option<u64> {
+    meta_pairs(text)
+        .filter(|(k, _)| *k == "rate")
+        .filter_map(|(_, v)| v.trim().parse().ok())
+        .last()
+}
+
+fn meta_pairs(text: &str) -> impl Iterator<Item = (&str, &str)> {
+    text.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim(), v.trim()))
+}
+
+/// A live sampled block.
+#[derive(Clone, Copy)]
+struct Block {
+    stack: u32,
+    size: u64,
+    rate: u64,
+}
+
+impl Profile {
+    /// Reads and aggregates a capture file; prints its warnings (damaged tail, no rate) to
+    /// stderr as `mprof: warning: ...` lines.
+    pub fn load(path: &Path) -> Result<Profile> {
+        let capture = crate::capture::read(path)?;
+        if let Some(w) = &capture.warning {
+            eprintln!("mprof: warning: {w}");
+        }
+        let profile = Profile::from_records(&capture.records);
+        if !profile.rate_known && profile.samples > 0 {
+            eprintln!(
+                "mprof: warning: the capture does not say its sampling rate; \
+                 assuming every allocation was recorded"
+            );
+        }
+        Ok(profile)
+    }
+
+    /// Aggregates decoded records, in file order.
+    pub fn from_records(records: &[Record]) -> Profile {
+        let first_rate = records.iter().find_map(|r| match r {
+            Record::Meta { text } => meta_rate(text),
+            _ => None,
+        });
+        let mut p = Profile {
+            meta: BTreeMap::new(),
+            rate: first_rate.unwrap_or(1),
+            rate_known: first_rate.is_some(),
+            samples: 0,
+            dropped: 0,
+            peak_seconds: None,
+            max_rss: None,
+            totals: Figures::default(),
+            names: Names::new(),
+            figures: Vec::new(),
+        };
+        let mut resolver = StackResolver::new();
+        let mut live: FastMap<u64, Block> = FastMap::default();
+        let mut stacks: Vec<u32> = Vec::new();
+        let mut live_bytes = 0.0f64;
+        let mut peak: Option<(usize, f64)> = None;
+        let mut first_ns = None;
+        let mut peak_ns = 0;
+        let mut allocated: Vec<Figures> = Vec::new();
+        for (i, record) in records.iter().enumerate() {
+            match record {
+                Record::Meta { text } => p.apply_meta(text),
+                Record::Code {
+                    code,
+                    firstline,
+                    filename,
+                    name,
+                } => resolver.announce(*code, filename, name, *firstline),
+                Record::Alloc {
+                    addr,
+                    size,
+                    frames,
+                    time_ns,
+                    ..
+                } => {
+                    first_ns.get_or_insert(*time_ns);
+                    let stack = resolver.stack(frames);
+                    stacks.push(stack);
+                    p.samples += 1;
+                    let sample = Sample::new(*size, p.rate);
+                    let block = Block {
+                        stack,
+                        size: *size,
+                        rate: p.rate,
+                    };
+                    if allocated.len() <= stack as usize {
+                        allocated.resize(stack as usize + 1, Figures::default());
+                    }
+                    allocated[stack as usize].allocated.add(&sample);
+                    if let Some(old) = live.insert(*addr, block) {
+                        live_bytes -= Sample::new(old.size, old.rate).bytes;
+                    }
+                    live_bytes += sample.bytes;
+                    if peak.is_none_or(|(_, best)| live_bytes > best) {
+                        peak = Some((i, live_bytes));
+                        peak_ns = *time_ns;
+                    }
+                }
+                Record::Free { addr } => {
+                    if let Some(old) = live.remove(addr) {
+                        live_bytes -= Sample::new(old.size, old.rate).bytes;
+                    }
+                }
+                Record::Stats { dropped, .. } => p.dropped = *dropped,
+                Record::Rss { time_ns, rss_bytes } => {
+                    first_ns.get_or_insert(*time_ns);
+                    p.max_rss = p.max_rss.max(Some(*rss_bytes));
+                }
+                Record::End { time_ns, .. } => {
+                    first_ns.get_or_insert(*time_ns);
+                }
+                Record::Thread { .. } | Record::Unknown { .. } => {}
+            }
+        }
+        p.names = std::mem::take(&mut resolver.names);
+        allocated.resize(p.names.nodes.len(), Figures::default());
+        p.figures = allocated;
+        for block in live.values() {
+            p.figures[block.stack as usize]
+                .live
+                .add(&Sample::new(block.size, block.rate));
+        }
+        if let Some((end, _)) = peak {
+            p.peak_seconds = first_ns.map(|t0| peak_ns.saturating_sub(t0) as f64 / 1e9);
+            for block in live_at(&records[..=end], &stacks, first_rate.unwrap_or(1)).values() {
+                p.figures[block.stack as usize]
+                    .peak
+                    .add(&Sample::new(block.size, block.rate));
+            }
+        }
+        for f in &p.figures {
+            p.totals.merge(f);
+        }
+        p
+    }
+
+    fn apply_meta(&mut self, text: &str) {
+        for (key, value) in meta_pairs(text) {
+            self.meta.insert(key.to_owned(), value.to_owned());
+        }
+        if let Some(rate) = meta_rate(text) {
+            self.rate = rate;
+        }
+    }
+
+    /// Stacks with at least one sample, in a fixed order (first sampled first).
+    pub fn stacks(&self) -> impl Iterator<Item = (StackId, &Figures)> + '_ {
+        self.figures
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.allocated.samples > 0)
+            .map(|(i, f)| (StackId(i as u32), f))
+    }
+
+    /// The frames of a stack, innermost first.
+    pub fn frames(&self, stack: StackId) -> impl Iterator<Item = Location<'_>> + '_ {
+        let mut node = stack.0;
+        std::iter::from_fn(move || {
+            if node == 0 {
+                return None;
+            }
+            let (parent, frame) = self.names.nodes[node as usize];
+            node = parent;
+            Some(self.names.location(frame))
+        })
+    }
+
+    /// The innermost frame of a stack.
+    pub fn innermost(&self, stack: StackId) -> Location<'_> {
+        let (_, frame) = self.names.nodes[stack.0 as usize];
+        self.names.location(frame)
+    }
+
+    /// Totals over all stacks, per view.
+    pub fn totals(&self) -> &Figures {
+        &self.totals
+    }
+}
+
+/// The sampled blocks live after the last of `records`, replayed with the stacks found for the
+/// allocations in the first pass (`stacks`, one per Alloc, in order).
+fn live_at(records: &[Record], stacks: &[u32], first_rate: u64) -> FastMap<u64, Block> {
+    let mut live: FastMap<u64, Block> = FastMap::default();
+    let mut rate = first_rate;
+    let mut allocs = stacks.iter();
+    for record in records {
+        match record {
+            Record::Meta { text } => rate = meta_rate(text).unwrap_or(rate),
+            Record::Alloc { addr, size, .. } => {
+                let stack = *allocs.next().expect("one stack per Alloc");
+                live.insert(
+                    *addr,
+                    Block {
+                        stack,
+                        size: *size,
+                        rate,
+                    },
+                );
+            }
+            Record::Free { addr } => {
+                live.remove(addr);
+            }
+            _ => {}
+        }
+    }
+    live
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(code: u64, file: &str, name: &str, firstline: u32) -> Record {
+        Record::Code {
+            code,
+            firstline,
+            filename: file.into(),
+            name: name.into(),
+        }
+    }
+
+    fn alloc(addr: u64, size: u64, frames: &[(u64, u32)]) -> Record {
+        Record::Alloc {
+            tid: 1,
+            flags: 0,
+            addr,
+            size,
+            time_ns: addr,
+            frames: frames
+                .iter()
+                .map(|&(code, line)| Frame { code, line })
+                .collect(),
+        }
+    }
+
+    fn meta(text: &str) -> Record {
+        Record::Meta { text: text.into() }
+    }
+
+    /// (function, line of the innermost frame) → figures, for easy assertions.
+    fn by_innermost(p: &Profile) -> BTreeMap<(String, u32), Figures> {
+        let mut out: BTreeMap<(String, u32), Figures> = BTreeMap::new();
+        for (id, f) in p.stacks() {
+            let loc = p.innermost(id);
+            out.entry((loc.function.to_owned(), loc.line))
+                .or_default()
+                .merge(f);
+        }
+        out
+    }
+
+    #[test]
+    fn rate_one_is_exact() {
+        let p = Profile::from_records(&[
+            meta("rate=1\n"),
+            code(0x10, "a.py", "f", 1),
+            alloc(100, 1000, &[(0x10, 2)]),
+            alloc(200, 24, &[(0x10, 3)]),
+            Record::Free { addr: 100 },
+        ]);
+        let t = p.totals();
+        assert_eq!(t.allocated.bytes, 1024.0);
+        assert_eq!(t.allocated.count, 2.0);
+        assert_eq!(t.allocated.stderr(), 0.0);
+        assert_eq!(t.live.bytes, 24.0);
+        assert_eq!(t.peak.bytes, 1024.0);
+        assert_eq!(p.samples, 2);
+        assert!(p.rate_known);
+    }
+
+    #[test]
+    fn sampled_weights_follow_the_inclusion_probability() {
+        let rate = 1000u64;
+        let p = Profile::from_records(&[
+            meta(&format!("rate={rate}")),
+            code(0x10, "a.py", "f", 1),
+            alloc(100, 500, &[(0x10, 2)]),
+        ]);
+        let prob = 1.0 - (-0.5f64).exp();
+        let w = 500.0 / prob;
+        let t = p.totals();
+        assert!((t.allocated.bytes - w).abs() < 1e-9);
+        assert!((t.allocated.count - 1.0 / prob).abs() < 1e-12);
+        assert!((t.allocated.variance - (1.0 - prob) * w * w).abs() < 1e-6);
+        // A block far larger than the rate is certain to be sampled: it stands for itself.
+        let big = Sample::new(1 << 30, rate);
+        assert_eq!(big.bytes, (1u64 << 30) as f64);
+        assert_eq!(big.variance, 0.0);
+    }
+
+    #[test]
+    fn estimator_is_unbiased_over_many_simulated_samplings() {
+        // Simulate Poisson sampling of a known heap with a small deterministic RNG and check
+        // the estimate lands within a few standard errors of the truth.
+        let rate = 4096u64;
+        let mut state = 0x1234_5678_9abc_def0u64;
+        let mut uniform = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let mut records = vec![meta(&format!("rate={rate}")), code(1, "a.py", "f", 1)];
+        let mut truth = 0u64;
+        for i in 0..200_000u64 {
+            let size = 16 + (i * 37) % 2000;
+            truth += size;
+            if uniform() < 1.0 - (-(size as f64) / rate as f64).exp() {
+                records.push(alloc(i + 1, size, &[(1, 1)]));
+            }
+        }
+        let t = Profile::from_records(&records).totals().allocated;
+        let err = (t.bytes - truth as f64).abs();
+        assert!(err < 4.0 * t.stderr(), "err {err} stderr {}", t.stderr());
+        assert!(t.stderr() / t.bytes < 0.01);
+    }
+
+    #[test]
+    fn realloc_moves_the_block_and_unknown_frees_are_ignored() {
+        let p = Profile::from_records(&[
+            meta("rate=1"),
+            code(0x10, "a.py", "f", 1),
+            alloc(100, 100, &[(0x10, 2)]),
+            Record::Free { addr: 999 },
+            Record::Free { addr: 100 },
+            alloc(300, 400, &[(0x10, 5)]),
+        ]);
+        let rows = by_innermost(&p);
+        assert_eq!(rows[&("f".into(), 2)].allocated.bytes, 100.0);
+        assert_eq!(rows[&("f".into(), 2)].live.bytes, 0.0);
+        assert_eq!(rows[&("f".into(), 5)].live.bytes, 400.0);
+        assert_eq!(p.totals().allocated.bytes, 500.0);
+        assert_eq!(p.totals().live.bytes, 400.0);
+        assert_eq!(p.totals().peak.bytes, 400.0);
+    }
+
+    #[test]
+    fn an_alloc_at_a_live_address_replaces_the_old_block() {
+        let p = Profile::from_records(&[
+            meta("rate=1"),
+            alloc(100, 100, &[]),
+            alloc(100, 30, &[]),
+        ]);
+        assert_eq!(p.totals().allocated.bytes, 130.0);
+        assert_eq!(p.totals().live.bytes, 30.0);
+        assert_eq!(p.totals().peak.bytes, 100.0);
+    }
+
+    #[test]
+    fn code_address_reuse_applies_to_later_allocations_only() {
+        let p = Profile::from_records(&[
+            meta("rate=1"),
+            code(0x10, "a.py", "old", 1),
+            alloc(1, 10, &[(0x10, 2)]),
+            code(0x10, "b.py", "new", 7),
+            alloc(2, 20, &[(0x10, 2)]),
+        ]);
+        let rows = by_innermost(&p);
+        assert_eq!(rows[&("old".into(), 2)].allocated.bytes, 10.0);
+        assert_eq!(rows[&("new".into(), 2)].allocated.bytes, 20.0);
+        let new = p
+            .stacks()
+            .map(|(id, _)| p.innermost(id))
+            .find(|l| l.function == "new")
+            .unwrap();
+        assert_eq!((new.file, new.firstline), ("b.py", 7));
+    }
+
+    #[test]
+    fn unannounced_code_is_unknown_until_announced() {
+        let p = Profile::from_records(&[
+            meta("rate=1"),
+            alloc(1, 10, &[(0x20, 3)]),
+            code(0x20, "a.py", "g", 1),
+            alloc(2, 20, &[(0x20, 3)]),
+        ]);
+        let rows = by_innermost(&p);
+        assert_eq!(rows[&(UNKNOWN.into(), 3)].allocated.bytes, 10.0);
+        assert_eq!(rows[&("g".into(), 3)].allocated.bytes, 20.0);
+    }
+
+    #[test]
+    fn empty_stacks_get_the_pseudo_frame() {
+        let p = Profile::from_records(&[meta("rate=1"), alloc(1, 64, &[])]);
+        let (id, f) = p.stacks().next().unwrap();
+        assert_eq!(p.innermost(id).file, NO_PYTHON_FRAME);
+        assert_eq!(p.frames(id).count(), 1);
+        assert_eq!(f.allocated.bytes, 64.0);
+    }
+
+    #[test]
+    fn stacks_are_interned_and_listed_innermost_first() {
+        let p = Profile::from_records(&[
+            meta("rate=1"),
+            code(1, "m.py", "<module>", 1),
+            code(2, "m.py", "main", 10),
+            code(3, "m.py", "leaf", 20),
+            alloc(1, 8, &[(3, 21), (2, 11), (1, 30)]),
+            alloc(2, 8, &[(3, 21), (2, 11), (1, 30)]),
+            alloc(3, 8, &[(2, 12), (1, 30)]),
+        ]);
+        assert_eq!(p.stacks().count(), 2);
+        let (id, f) = p.stacks().next().unwrap();
+        assert_eq!(f.allocated.samples, 2);
+        let names: Vec<_> = p.frames(id).map(|l| (l.function, l.line)).collect();
+        assert_eq!(names, [("leaf", 21), ("main", 11), ("<module>", 30)]);
+    }
+
+    #[test]
+    fn peak_is_the_per_stack_live_heap_at_the_highest_total() {
+        // a: 100 live, then b: 300 live (total 400 = peak), free b, c: 250 (total 350).
+        let p = Profile::from_records(&[
+            meta("rate=1"),
+            code(1, "a.py", "f", 1),
+            alloc(1, 100, &[(1, 2)]),
+            alloc(2, 300, &[(1, 3)]),
+            Record::Free { addr: 2 },
+            alloc(3, 250, &[(1, 4)]),
+        ]);
+        let rows = by_innermost(&p);
+        assert_eq!(rows[&("f".into(), 2)].peak.bytes, 100.0);
+        assert_eq!(rows[&("f".into(), 3)].peak.bytes, 300.0);
+        assert_eq!(rows[&("f".into(), 4)].peak.bytes, 0.0);
+        assert_eq!(rows[&("f".into(), 4)].live.bytes, 250.0);
+        assert_eq!(p.totals().peak.bytes, 400.0);
+        assert_eq!(p.totals().peak.samples, 2);
+        assert_eq!(p.totals().live.bytes, 350.0);
+        assert_eq!(p.peak_seconds, Some(1e-9)); // time_ns = addr in these records
+    }
+
+    #[test]
+    fn the_first_peak_wins_a_tie() {
+        let p = Profile::from_records(&[
+            meta("rate=1"),
+            code(1, "a.py", "f", 1),
+            alloc(1, 100, &[(1, 2)]),
+            Record::Free { addr: 1 },
+            alloc(2, 100, &[(1, 3)]),
+        ]);
+        let rows = by_innermost(&p);
+        assert_eq!(rows[&("f".into(), 2)].peak.bytes, 100.0);
+        assert_eq!(rows[&("f".into(), 3)].peak.bytes, 0.0);
+    }
+
+    #[test]
+    fn meta_is_merged_and_rate_changes_apply_forward() {
+        let p = Profile::from_records(&[
+            meta("mode=record\nrate=1\npid=42"),
+            alloc(1, 100, &[]),
+            meta("rate=1000\npython=3.12.1"),
+            alloc(2, 100, &[]),
+            Record::Stats {
+                samples: 2,
+                dropped: 3,
+            },
+            Record::Stats {
+                samples: 2,
+                dropped: 5,
+            },
+        ]);
+        assert_eq!(p.rate, 1000);
+        assert_eq!(p.meta["pid"], "42");
+        assert_eq!(p.meta["python"], "3.12.1");
+        assert_eq!(p.dropped, 5);
+        let sampled = Sample::new(100, 1000).bytes;
+        assert!((p.totals().allocated.bytes - (100.0 + sampled)).abs() < 1e-9);
+        assert!((p.totals().peak.bytes - (100.0 + sampled)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_capture_without_rate_or_records_is_fine() {
+        let p = Profile::from_records(&[alloc(1, 10, &[])]);
+        assert!(!p.rate_known);
+        assert_eq!(p.rate, 1);
+        assert_eq!(p.totals().allocated.bytes, 10.0);
+        let empty = Profile::from_records(&[]);
+        assert_eq!(empty.samples, 0);
+        assert_eq!(empty.stacks().count(), 0);
+        assert_eq!(empty.totals().peak.bytes, 0.0);
+        assert_eq!(empty.peak_seconds, None);
+    }
+
+    #[test]
+    fn zero_byte_blocks_stand_for_nothing() {
+        let p = Profile::from_records(&[meta("rate=4096"), alloc(1, 0, &[])]);
+        assert_eq!(p.totals().allocated.bytes, 0.0);
+        assert_eq!(p.totals().allocated.samples, 1);
+        assert!(p.totals().allocated.bytes.is_finite());
+    }
+}

@@ -1,0 +1,128 @@
+//! `mprof record`: run a command with the agent preloaded and profile it from its first line.
+
+use crate::capture::CaptureWriter;
+use crate::profile::Profile;
+use crate::session::{Reader, RingMem};
+use crate::{report, signals, SamplingArgs};
+use anyhow::{bail, Context, Result};
+use mprof_common::record::Record;
+use mprof_common::ring::{STATE_FAILED, STATE_WAITING};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, ExitStatus};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// Finds `program` the way `execvp` would, so that a missing command is reported before
+/// anything starts.
+fn resolve(program: &str) -> Result<PathBuf> {
+    let candidate = Path::new(program);
+    if program.contains('/') {
+        if candidate.is_file() {
+            return Ok(candidate.to_path_buf());
+        }
+        bail!("command not found: {program}");
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+        .with_context(|| format!("command not found: {program}"))
+}
+
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}
+
+fn spawn(command: &[String], ring: &RingMem, agent: &std::os::fd::OwnedFd) -> Result<Child> {
+    resolve(&command[0])?;
+    let saved = std::env::var("LD_PRELOAD").unwrap_or_default();
+    let ours = mprof_injector::agent::inherited_path(agent);
+    let preload = if saved.is_empty() {
+        ours
+    } else {
+        format!("{ours}:{saved}")
+    };
+    Command::new(&command[0])
+        .args(&command[1..])
+        .env("LD_PRELOAD", preload)
+        .env("MPROF_SAVED_LD_PRELOAD", saved)
+        .env("MPROF_RING_FD", ring.fd().as_raw_fd().to_string())
+        .env("MPROF_AGENT_FD", agent.as_raw_fd().to_string())
+        .spawn()
+        .with_context(|| format!("cannot run {}", command[0]))
+}
+
+/// The exit code mprof returns for a child's exit status: its code, or 128+N for signal N.
+fn exit_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(sig)) => (128 + sig) as u8,
+        _ => 1,
+    }
+}
+
+/// Runs `command` under the profiler; returns the child's exit status as mprof's.
+pub fn run(command: &[String], output: &Path, sampling: &SamplingArgs, quiet: bool) -> Result<ExitCode> {
+    let mut capture = CaptureWriter::create(output)?;
+    let ring = RingMem::create(sampling, true)?;
+    let agent = mprof_injector::agent::agent_memfd()?;
+    signals::install();
+    let mut child = spawn(command, &ring, &agent)?;
+    drop(agent);
+    let pid = child.id();
+    capture.write(&Record::Meta {
+        text: format!(
+            "mode=record\ncommand={}\npid={pid}\nrate={}\nmax_depth={}\nseed={}\nstart_unix_ms={}\n",
+            command.join(" "),
+            sampling.rate,
+            sampling.max_depth,
+            sampling.seed,
+            unix_ms()
+        ),
+    })?;
+    let mut reader = Reader::new(ring.ring(), capture, pid);
+    let mut announced_version = false;
+    let status = loop {
+        let moved = reader.pump()?;
+        if !announced_version && !ring.python_version().is_empty() {
+            announced_version = true;
+            reader.capture.write(&Record::Meta {
+                text: format!("python={}\n", ring.python_version()),
+            })?;
+        }
+        if let Some(sig) = signals::take_forward() {
+            unsafe { libc::kill(pid as i32, sig) };
+        }
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if moved == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    // Whatever the agent published before the child ended is still in the ring.
+    while reader.pump()? > 0 {}
+    reader.finish()?;
+    let state = ring.header().state.load(Ordering::Acquire);
+    if state == STATE_FAILED {
+        bail!("the agent could not start in {}: {}", command[0], ring.message());
+    }
+    if state == STATE_WAITING {
+        bail!(
+            "{} did not start a Python interpreter (the mprof agent was never loaded); \
+             mprof profiles CPython 3.8 to 3.13",
+            command[0]
+        );
+    }
+    if !quiet {
+        let profile = Profile::load(output)?;
+        eprintln!("{}", report::summary(&profile));
+        eprintln!("mprof: capture written to {}", output.display());
+    }
+    Ok(ExitCode::from(exit_code(status)))
+}

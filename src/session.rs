@@ -1,0 +1,230 @@
+//! The CLI's end of a profiling session: it owns the shared-memory ring, drains it into the
+//! capture file, keeps the heartbeat the agent watches, and adds what the target should not pay
+//! for (RSS readings from /proc, thread names).
+
+use crate::capture::CaptureWriter;
+use crate::SamplingArgs;
+use anyhow::{Context, Result};
+use mprof_common::record::{self, Record, KIND_ALLOC};
+use mprof_common::ring::{self, Ring, RingHeader};
+use std::collections::HashSet;
+use std::ffi::CStr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Default size of the ring's data area.
+pub const RING_DATA_SIZE: usize = 64 << 20;
+
+/// A ring in an anonymous memory file, mapped here.
+pub struct RingMem {
+    fd: OwnedFd,
+    base: *mut u8,
+    len: usize,
+}
+
+impl RingMem {
+    /// Makes a ring configured for `sampling`. The memory file is inheritable (no CLOEXEC) when
+    /// `inheritable` is set, so that a child can map it.
+    pub fn create(sampling: &SamplingArgs, inheritable: bool) -> Result<RingMem> {
+        let len = ring::region_size(RING_DATA_SIZE);
+        let fd = mprof_injector::agent::memfd_with("mprof-ring", &[], !inheritable)?;
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("sizing the ring");
+        }
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error()).context("mapping the ring");
+        }
+        let base = base as *mut u8;
+        unsafe {
+            Ring::init(
+                base,
+                RING_DATA_SIZE,
+                sampling.rate,
+                sampling.seed,
+                sampling.max_depth,
+                0,
+            )
+        };
+        Ok(RingMem { fd, base, len })
+    }
+
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    pub fn ring(&self) -> Ring {
+        unsafe { Ring::attach(self.base, self.len) }.expect("a ring we made ourselves")
+    }
+
+    pub fn header(&self) -> &RingHeader {
+        unsafe { &*(self.base as *const RingHeader) }
+    }
+
+    /// The agent's message, if it wrote one.
+    pub fn message(&self) -> String {
+        c_text(&self.header().message)
+    }
+
+    /// The interpreter's version string as the agent read it.
+    pub fn python_version(&self) -> String {
+        c_text(&self.header().py_version)
+    }
+}
+
+impl Drop for RingMem {
+    fn drop(&mut self) {
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+fn c_text(bytes: &[u8]) -> String {
+    CStr::from_bytes_until_nul(bytes)
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// CLOCK_MONOTONIC in nanoseconds, the clock the agent uses too.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Resident set size of `pid` in bytes, from /proc/PID/statm.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    let pages: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64)
+}
+
+/// Drains a ring into a capture file.
+pub struct Reader {
+    ring: Ring,
+    pub capture: CaptureWriter,
+    pid: u32,
+    tids: HashSet<u32>,
+    last_rss: Option<Instant>,
+    last_flush: Instant,
+    saw_end: bool,
+}
+
+impl Reader {
+    pub fn new(ring: Ring, capture: CaptureWriter, pid: u32) -> Reader {
+        let r = Reader {
+            ring,
+            capture,
+            pid,
+            tids: HashSet::new(),
+            last_rss: None,
+            last_flush: Instant::now(),
+            saw_end: false,
+        };
+        r.heartbeat();
+        r
+    }
+
+    /// Tells the agent the reader is alive.
+    pub fn heartbeat(&self) {
+        self.ring
+            .header()
+            .reader_heartbeat_ns
+            .store(monotonic_ns(), Ordering::Release);
+    }
+
+    /// Whether the agent's END record has been read.
+    pub fn saw_end(&self) -> bool {
+        self.saw_end
+    }
+
+    /// Moves whatever the agent published into the capture; returns the bytes moved.
+    pub fn pump(&mut self) -> Result<usize> {
+        self.heartbeat();
+        let mut new_tids = Vec::new();
+        let mut result = Ok(());
+        let mut saw_end = false;
+        let capture = &mut self.capture;
+        let tids = &mut self.tids;
+        let moved = self
+            .ring
+            .drain(|bytes| {
+                if result.is_err() {
+                    return;
+                }
+                if let Ok((kind_len, kind, _)) = record::preamble(bytes) {
+                    let _ = kind_len;
+                    if kind == KIND_ALLOC && bytes.len() >= 12 {
+                        let tid = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+                        if tids.insert(tid) {
+                            new_tids.push(tid);
+                        }
+                    }
+                    saw_end |= kind == record::KIND_END;
+                }
+                result = capture.write_raw(bytes);
+            })
+            .map_err(|e| anyhow::anyhow!("the agent's ring is damaged: {e}"))?;
+        result?;
+        self.saw_end |= saw_end;
+        for tid in new_tids {
+            self.write_thread_name(tid)?;
+        }
+        self.tick()?;
+        Ok(moved)
+    }
+
+    fn write_thread_name(&mut self, tid: u32) -> Result<()> {
+        let comm = std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", self.pid))
+            .unwrap_or_default();
+        let mut name = comm.trim().to_string();
+        if tid == self.pid {
+            name = format!("main ({name})");
+        }
+        self.capture.write(&Record::Thread { tid, name })
+    }
+
+    /// RSS every 100 ms, flush every 200 ms.
+    fn tick(&mut self) -> Result<()> {
+        let now = Instant::now();
+        if self
+            .last_rss
+            .map_or(true, |t| now - t >= Duration::from_millis(100))
+        {
+            self.last_rss = Some(now);
+            if let Some(rss) = rss_bytes(self.pid) {
+                self.capture.write(&Record::Rss {
+                    time_ns: monotonic_ns(),
+                    rss_bytes: rss,
+                })?;
+            }
+        }
+        if now - self.last_flush >= Duration::from_millis(200) {
+            self.last_flush = now;
+            self.capture.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the final counters and flushes.
+    pub fn finish(&mut self) -> Result<()> {
+        let h = self.ring.header();
+        self.capture.write(&Record::Stats {
+            samples: h.samples.load(Ordering::Relaxed),
+            dropped: h.dropped.load(Ordering::Relaxed),
+        })?;
+        self.capture.flush()
+    }
+}
