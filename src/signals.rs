@@ -23,7 +23,7 @@ pub fn install() {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
         unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_signal as usize;
+            action.sa_sigaction = on_signal as *const () as usize;
             action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
             libc::sigemptyset(&mut action.sa_mask);
             libc::sigaction(sig, &action, std::ptr::null_mut());

@@ -3,7 +3,6 @@
 
 use crate::python::Api;
 use mprof_common::layout::{PyLayout, ABSENT};
-use mprof_common::record::Frame;
 use std::ffi::c_void;
 
 /// Deepest stack the agent ever records.
@@ -60,6 +59,13 @@ unsafe fn code_and_offset(api: &Api, l: &PyLayout, f: *const c_void) -> Option<(
     Some((code, instr as isize as i32 - start as i32))
 }
 
+/// A frame as the walk finds it: its code object and the byte offset of its instruction.
+#[derive(Clone, Copy)]
+pub struct RawFrame {
+    pub code: *mut c_void,
+    pub offset: i32,
+}
+
 /// Fills `out` with the calling thread's Python frames, innermost first. Returns how many and
 /// whether the stack was deeper than `max`.
 ///
@@ -69,7 +75,7 @@ pub unsafe fn walk(
     api: &Api,
     l: &PyLayout,
     tstate: *const c_void,
-    out: &mut [Frame],
+    out: &mut [std::mem::MaybeUninit<RawFrame>],
     max: usize,
 ) -> (usize, bool) {
     let max = max.min(out.len());
@@ -82,20 +88,25 @@ pub unsafe fn walk(
             if n == max {
                 return (n, true);
             }
-            let line = if offset < 0 {
-                read::<i32>(code, l.code_firstlineno)
-            } else {
-                (api.addr2line)(code, offset)
-            };
-            out[n] = Frame {
-                code: code as u64,
-                line: line.max(0) as u32,
-            };
+            out[n].write(RawFrame { code, offset });
             n += 1;
         }
         f = read(f, l.frame_back);
     }
     (n, false)
+}
+
+/// The source line of an instruction. Allocation-free, but scans the line table: callers cache.
+///
+/// # Safety
+/// `code` must be a live code object.
+pub unsafe fn line_of(api: &Api, l: &PyLayout, code: *mut c_void, offset: i32) -> u32 {
+    let line = if offset < 0 {
+        read::<i32>(code, l.code_firstlineno)
+    } else {
+        (api.addr2line)(code, offset)
+    };
+    line.max(0) as u32
 }
 
 /// What identifies a code object's announcement: its address and the strings it names. If an

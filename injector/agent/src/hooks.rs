@@ -10,7 +10,8 @@
 
 use crate::addrset::maybe_sampled;
 use crate::python::{Allocator, Api};
-use crate::sampler::THREAD;
+use crate::sampler::{GIL_COUNTDOWN, THREAD};
+use std::sync::atomic::Ordering;
 use crate::session;
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
@@ -29,9 +30,9 @@ unsafe impl Sync for Prev {}
 static PREV: Prev = Prev(UnsafeCell::new([None; 3]));
 
 #[inline(always)]
-fn prev(domain: usize) -> Allocator {
+fn prev(domain: usize) -> &'static Allocator {
     // Installed before the hooks could ever run.
-    unsafe { (*PREV.0.get())[domain].unwrap_unchecked() }
+    unsafe { (*PREV.0.get())[domain].as_ref().unwrap_unchecked() }
 }
 
 /// Calls `f` with the thread marked busy, so allocations it makes are not sampled again.
@@ -50,37 +51,57 @@ fn passes_to_raw(domain: usize, size: usize) -> bool {
     domain != RAW && size > SMALL_MAX
 }
 
+/// The fast path of every allocation: counts the bytes down; false when the countdown ran out
+/// (or the thread is busy in the agent, for RAW) and the slow path must decide.
 #[inline(always)]
-unsafe fn alloc_common<const D: usize>(
-    size: usize,
-    call: impl FnOnce() -> *mut c_void,
-) -> *mut c_void {
-    let fast = THREAD.with(|t| {
-        if t.busy.get() {
-            return true;
-        }
-        let c = t.countdown.get() - size as i64;
-        if c > 0 {
+fn count_down<const D: usize>(size: usize) -> bool {
+    if D == RAW {
+        return THREAD.with(|t| {
+            if t.busy.get() {
+                return true;
+            }
+            let c = t.countdown.get() - size as i64;
             t.countdown.set(c);
-            true
-        } else {
-            false
-        }
-    });
-    if fast {
-        if passes_to_raw(D, size) {
-            nested(call)
-        } else {
-            call()
-        }
+            c > 0
+        });
+    }
+    let c = GIL_COUNTDOWN.load(Ordering::Relaxed) - size as i64;
+    GIL_COUNTDOWN.store(c, Ordering::Relaxed);
+    c > 0
+}
+
+/// Runs an allocator call on the fast path, guarded when pymalloc will pass it to RAW.
+#[inline(always)]
+fn through<const D: usize>(size: usize, call: impl FnOnce() -> *mut c_void) -> *mut c_void {
+    if passes_to_raw(D, size) {
+        nested(call)
     } else {
-        session::sampled_alloc(size, call)
+        call()
+    }
+}
+
+#[inline(always)]
+fn free_check(ptr: *mut c_void) {
+    if !ptr.is_null() && maybe_sampled(ptr as usize) {
+        // Recorded before the block is released: once released, its address can be sampled
+        // again by another thread, and that record must come after this one.
+        session::sampled_free(ptr as usize);
     }
 }
 
 unsafe extern "C" fn hook_malloc<const D: usize>(_ctx: *mut c_void, size: usize) -> *mut c_void {
+    if count_down::<D>(size) {
+        let p = prev(D);
+        return through::<D>(size, || (p.malloc)(p.ctx, size));
+    }
+    slow_malloc::<D>(size)
+}
+
+#[cold]
+#[inline(never)]
+unsafe fn slow_malloc<const D: usize>(size: usize) -> *mut c_void {
     let p = prev(D);
-    alloc_common::<D>(size, || (p.malloc)(p.ctx, size))
+    session::sampled_alloc(D, size, || (p.malloc)(p.ctx, size))
 }
 
 unsafe extern "C" fn hook_calloc<const D: usize>(
@@ -88,8 +109,12 @@ unsafe extern "C" fn hook_calloc<const D: usize>(
     nelem: usize,
     elsize: usize,
 ) -> *mut c_void {
+    let size = nelem.saturating_mul(elsize);
     let p = prev(D);
-    alloc_common::<D>(nelem.saturating_mul(elsize), || (p.calloc)(p.ctx, nelem, elsize))
+    if count_down::<D>(size) {
+        return through::<D>(size, || (p.calloc)(p.ctx, nelem, elsize));
+    }
+    session::sampled_alloc(D, size, || (p.calloc)(p.ctx, nelem, elsize))
 }
 
 unsafe extern "C" fn hook_realloc<const D: usize>(
@@ -97,10 +122,8 @@ unsafe extern "C" fn hook_realloc<const D: usize>(
     ptr: *mut c_void,
     size: usize,
 ) -> *mut c_void {
+    free_check(ptr);
     let p = prev(D);
-    if !ptr.is_null() && maybe_sampled(ptr as usize) {
-        session::sampled_free(ptr as usize);
-    }
     // A realloc may move a block between pymalloc and the RAW domain whatever its size.
     let call = || {
         if D == RAW {
@@ -109,16 +132,15 @@ unsafe extern "C" fn hook_realloc<const D: usize>(
             nested(|| (p.realloc)(p.ctx, ptr, size))
         }
     };
-    alloc_common::<RAW>(size, call)
+    if count_down::<D>(size) {
+        return call();
+    }
+    session::sampled_alloc(D, size, call)
 }
 
 unsafe extern "C" fn hook_free<const D: usize>(_ctx: *mut c_void, ptr: *mut c_void) {
+    free_check(ptr);
     let p = prev(D);
-    if !ptr.is_null() && maybe_sampled(ptr as usize) {
-        // Recorded before the block is released: once released, its address can be sampled
-        // again by another thread, and that record must come after this one.
-        session::sampled_free(ptr as usize);
-    }
     (p.free)(p.ctx, ptr)
 }
 

@@ -217,7 +217,7 @@ extern "C" fn after_fork_parent() {
 /// sampling without writing anything.
 extern "C" fn after_fork_child() {
     session::ENABLED.store(false, Ordering::Release);
-    sampler::EPOCH.fetch_add(1, Ordering::Relaxed);
+    sampler::idle();
     unsafe {
         SHARED.raw_unlock();
     }

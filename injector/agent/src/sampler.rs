@@ -1,27 +1,35 @@
-//! Per-thread sampling state: a byte countdown drawn from an exponential distribution whose mean
-//! is the sampling rate (as tcmalloc and Go's heap profiler do). An allocation of `s` bytes is
-//! sampled when it takes the countdown to zero or below, i.e. with probability `1 − exp(−s/rate)`.
+//! Sampling state: byte countdowns drawn from an exponential distribution whose mean is the
+//! sampling rate (as tcmalloc and Go's heap profiler do). An allocation of `s` bytes is sampled
+//! when it takes a countdown to zero or below, i.e. with probability `1 − exp(−s/rate)`.
+//!
+//! The MEM and OBJ domains are only ever called with the GIL held, so they share one countdown
+//! that needs no thread-local lookup: their fast path is a load, a subtraction, a compare and a
+//! store. The RAW domain may be called without the GIL, so each thread has its own countdown.
+//! Because the exponential distribution is memoryless, both give every byte the same chance.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
-/// Countdown of a thread that saw sampling switched off: it comes back to the slow path only
-/// after this many bytes, to notice a new session.
+/// Countdown while sampling is off: the slow path is visited once per this many bytes, to notice
+/// a new session.
 pub const IDLE_COUNTDOWN: i64 = 64 << 20;
 
-/// Bumped at every session start and stop; a thread whose epoch differs re-draws its countdown.
+/// Bumped at every session start and stop; a RAW countdown whose epoch differs is re-drawn.
 pub static EPOCH: AtomicU32 = AtomicU32::new(0);
+/// The countdown of the MEM and OBJ domains (GIL held). Relaxed loads and stores only: plain
+/// moves on the hot path.
+pub static GIL_COUNTDOWN: AtomicI64 = AtomicI64::new(IDLE_COUNTDOWN);
 static RATE: AtomicU64 = AtomicU64::new(512 * 1024);
-static SEED: AtomicU64 = AtomicU64::new(0);
-static NEXT_THREAD: AtomicU64 = AtomicU64::new(0);
+static RNG: AtomicU64 = AtomicU64::new(0x9E37_79B9_7F4A_7C15);
 
+/// Per-thread state: the RAW countdown and the reentrancy guard.
 pub struct ThreadState {
-    /// Bytes left before the next sample.
+    /// Bytes left before the next RAW sample.
     pub countdown: Cell<i64>,
-    /// Set while the agent works on this thread: nested allocations pass straight through.
+    /// Set while the agent or a nested allocator call works on this thread: allocations made
+    /// meanwhile pass straight through.
     pub busy: Cell<bool>,
     pub epoch: Cell<u32>,
-    rng: Cell<u64>,
     pub tid: Cell<u32>,
 }
 
@@ -31,17 +39,9 @@ thread_local! {
             countdown: Cell::new(0),
             busy: Cell::new(false),
             epoch: Cell::new(u32::MAX),
-            rng: Cell::new(0),
             tid: Cell::new(0),
         }
     };
-}
-
-/// Sets the rate and seed of a new session.
-pub fn configure(rate: u64, seed: u64) {
-    RATE.store(rate.max(1), Ordering::Relaxed);
-    SEED.store(seed, Ordering::Relaxed);
-    NEXT_THREAD.store(0, Ordering::Relaxed);
 }
 
 fn splitmix(mut z: u64) -> u64 {
@@ -51,39 +51,47 @@ fn splitmix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-impl ThreadState {
-    /// Starts this thread's random sequence for the current session. With a fixed seed, the
-    /// n-th thread to allocate gets the same sequence in every run.
-    pub fn reseed(&self, epoch: u32) {
-        let seed = SEED.load(Ordering::Relaxed);
-        let ordinal = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
-        let base = if seed != 0 {
-            seed
-        } else {
-            crate::sys::now_ns() ^ (self as *const _ as u64)
-        };
-        self.rng.set(splitmix(base ^ splitmix(ordinal)) | 1);
-        self.epoch.set(epoch);
-    }
+/// Sets the rate and seed of a new session (0 = seed from the clock) and arms the countdowns.
+pub fn configure(rate: u64, seed: u64) {
+    RATE.store(rate.max(1), Ordering::Relaxed);
+    let seed = if seed != 0 {
+        seed
+    } else {
+        crate::sys::now_ns() ^ (crate::sys::gettid() as u64) << 32
+    };
+    RNG.store(splitmix(seed) | 1, Ordering::Relaxed);
+    EPOCH.fetch_add(1, Ordering::Relaxed);
+    GIL_COUNTDOWN.store(draw(), Ordering::Relaxed);
+}
 
-    fn next_u64(&self) -> u64 {
-        // xorshift64*
-        let mut x = self.rng.get();
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng.set(x);
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
+/// Switches the countdowns to idle.
+pub fn idle() {
+    EPOCH.fetch_add(1, Ordering::Relaxed);
+    GIL_COUNTDOWN.store(IDLE_COUNTDOWN, Ordering::Relaxed);
+}
 
-    /// Bytes until the next sample: Exp(rate), or 0 at rate 1 (record everything).
-    pub fn draw(&self) -> i64 {
-        let rate = RATE.load(Ordering::Relaxed);
-        if rate <= 1 {
-            return 0;
+fn next_u64() -> u64 {
+    // xorshift64*, shared by all threads; a CAS keeps concurrent draws distinct.
+    let mut x = RNG.load(Ordering::Relaxed);
+    loop {
+        let mut y = x;
+        y ^= y >> 12;
+        y ^= y << 25;
+        y ^= y >> 27;
+        match RNG.compare_exchange_weak(x, y, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return y.wrapping_mul(0x2545_F491_4F6C_DD1D),
+            Err(now) => x = now,
         }
-        // u in (0, 1]; -ln(u) * rate is exponential with mean `rate`.
-        let u = ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64;
-        (-u.ln() * rate as f64).ceil().min(i64::MAX as f64 / 2.0) as i64
     }
+}
+
+/// Bytes until the next sample: Exp(rate), or 0 at rate 1 (record everything).
+pub fn draw() -> i64 {
+    let rate = RATE.load(Ordering::Relaxed);
+    if rate <= 1 {
+        return 0;
+    }
+    // u in (0, 1]; -ln(u) * rate is exponential with mean `rate`.
+    let u = ((next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64;
+    (-u.ln() * rate as f64).ceil().min(i64::MAX as f64 / 2.0) as i64
 }

@@ -5,10 +5,10 @@
 //! the set of sampled addresses and the table of announced code objects see one writer at a time.
 
 use crate::addrset::AddrSet;
-use crate::frames::{self, CodeKey, MAX_FRAMES};
+use crate::frames::{self, CodeKey, RawFrame, MAX_FRAMES};
 use crate::lock::SpinLock;
 use crate::python::{self, Api};
-use crate::sampler::{self, ThreadState, EPOCH, IDLE_COUNTDOWN, THREAD};
+use crate::sampler::{self, ThreadState, EPOCH, GIL_COUNTDOWN, IDLE_COUNTDOWN, THREAD};
 use crate::sys::{self, now_ns};
 use mprof_common::layout::{self, PyLayout};
 use mprof_common::record::{
@@ -17,12 +17,24 @@ use mprof_common::record::{
 };
 use mprof_common::ring::{Ring, RingHeader, STATE_ACTIVE, STATE_STOPPED};
 use std::ffi::c_void;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Whether a session is running. Read by the slow path only.
 pub static ENABLED: AtomicBool = AtomicBool::new(false);
 
 const CODE_CACHE: usize = 1 << 14;
+const LINE_CACHE: usize = 1 << 14;
+
+/// A remembered line: the code object (with its name, so a reused address does not match),
+/// the instruction offset, and its line.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct LineEntry {
+    code: usize,
+    name: usize,
+    offset: i32,
+    line: u32,
+}
 
 pub struct Shared {
     ring: Option<(Ring, *mut u8, usize)>,
@@ -30,6 +42,7 @@ pub struct Shared {
     max_depth: usize,
     set: AddrSet,
     codes: [Option<CodeKey>; CODE_CACHE],
+    lines: [Option<LineEntry>; LINE_CACHE],
 }
 
 unsafe impl Send for Shared {}
@@ -40,39 +53,52 @@ pub static SHARED: SpinLock<Shared> = SpinLock::new(Shared {
     max_depth: 0,
     set: AddrSet::new(),
     codes: [None; CODE_CACHE],
+    lines: [None; LINE_CACHE],
 });
 
 /// Slow path of an allocation whose countdown ran out: allocate, then record the sample.
-pub unsafe fn sampled_alloc(size: usize, call: impl FnOnce() -> *mut c_void) -> *mut c_void {
+#[cold]
+#[inline(never)]
+pub unsafe fn sampled_alloc(
+    domain: usize,
+    size: usize,
+    call: impl FnOnce() -> *mut c_void,
+) -> *mut c_void {
     THREAD.with(|t| {
-        t.busy.set(true);
-        let sample = decide(t, size);
+        let was_busy = t.busy.replace(true);
+        let sample = !was_busy && decide(domain, t, size);
         let ptr = call();
         if sample && !ptr.is_null() {
             record_alloc(t, ptr as usize, size);
         }
-        t.busy.set(false);
+        t.busy.set(was_busy);
         ptr
     })
 }
 
-/// Whether this allocation is sampled; draws the next countdown.
-fn decide(t: &ThreadState, size: usize) -> bool {
-    if !ENABLED.load(Ordering::Acquire) {
+/// Whether this allocation, whose countdown ran out, is sampled; re-arms the countdown.
+fn decide(domain: usize, t: &ThreadState, size: usize) -> bool {
+    let enabled = ENABLED.load(Ordering::Acquire);
+    if domain != crate::hooks::RAW {
+        let next = if enabled { sampler::draw() } else { IDLE_COUNTDOWN };
+        GIL_COUNTDOWN.store(next, Ordering::Relaxed);
+        return enabled;
+    }
+    if !enabled {
         t.countdown.set(IDLE_COUNTDOWN);
         return false;
     }
     let epoch = EPOCH.load(Ordering::Relaxed);
     if t.epoch.get() != epoch {
-        // First allocation of this thread in this session: start its countdown here.
-        t.reseed(epoch);
-        let c = t.draw() - size as i64;
+        // First RAW allocation of this thread in this session: its countdown starts here.
+        t.epoch.set(epoch);
+        let c = sampler::draw() - size as i64;
         if c > 0 {
             t.countdown.set(c);
             return false;
         }
     }
-    t.countdown.set(t.draw());
+    t.countdown.set(sampler::draw());
     true
 }
 
@@ -84,7 +110,9 @@ fn tid(t: &ThreadState) -> u32 {
 }
 
 unsafe fn record_alloc(t: &ThreadState, addr: usize, size: usize) {
-    let mut frames = [Frame { code: 0, line: 0 }; MAX_FRAMES];
+    // Uninitialised: zeroing 8 KiB per sample cost more than the walk itself.
+    let mut raw = [const { MaybeUninit::<RawFrame>::uninit() }; MAX_FRAMES];
+    let mut frames = [const { MaybeUninit::<Frame>::uninit() }; MAX_FRAMES];
     let mut shared = SHARED.lock();
     let Some(api) = python::api() else { return };
     let (Some((ring, _, _)), Some(layout)) = (shared.ring, shared.layout) else {
@@ -97,9 +125,14 @@ unsafe fn record_alloc(t: &ThreadState, addr: usize, size: usize) {
         stop_locked(&mut shared, EndReason::Finalizing);
         return;
     }
-    let (n, truncated) = walk_this_thread(api, layout, &mut frames, shared.max_depth);
-    for f in &frames[..n] {
-        announce(&mut shared, ring, api, layout, f.code as *const c_void);
+    let (n, truncated) = walk_this_thread(api, layout, &mut raw, shared.max_depth);
+    for (f, out) in raw[..n].iter().zip(frames.iter_mut()) {
+        let f = f.assume_init();
+        let key = announce(&mut shared, ring, layout, f.code);
+        out.write(Frame {
+            code: f.code as u64,
+            line: shared.line(api, layout, key, f),
+        });
     }
     let body = ALLOC_FIXED + n * FRAME_SIZE;
     let tid = tid(t);
@@ -111,6 +144,7 @@ unsafe fn record_alloc(t: &ThreadState, addr: usize, size: usize) {
         b[16..24].copy_from_slice(&(size as u64).to_le_bytes());
         b[24..32].copy_from_slice(&now_ns().to_le_bytes());
         for (i, f) in frames[..n].iter().enumerate() {
+            let f = unsafe { f.assume_init() };
             let at = ALLOC_FIXED + i * FRAME_SIZE;
             b[at..at + 8].copy_from_slice(&f.code.to_le_bytes());
             b[at + 8..at + 12].copy_from_slice(&f.line.to_le_bytes());
@@ -126,7 +160,7 @@ unsafe fn record_alloc(t: &ThreadState, addr: usize, size: usize) {
 unsafe fn walk_this_thread(
     api: &Api,
     layout: &PyLayout,
-    out: &mut [Frame],
+    out: &mut [MaybeUninit<RawFrame>],
     max_depth: usize,
 ) -> (usize, bool) {
     if (api.is_initialized)() == 0 {
@@ -140,13 +174,12 @@ unsafe fn walk_this_thread(
 }
 
 /// Writes a CODE record for `code` unless the same code object was announced already.
-unsafe fn announce(shared: &mut Shared, ring: Ring, api: &Api, l: &PyLayout, code: *const c_void) {
+unsafe fn announce(shared: &mut Shared, ring: Ring, l: &PyLayout, code: *mut c_void) -> CodeKey {
     let key = frames::code_key(l, code);
     let slot = (key.code >> 4).wrapping_mul(0x9E37_79B9) % CODE_CACHE;
     if shared.codes[slot] == Some(key) {
-        return;
+        return key;
     }
-    let _ = api;
     let mut filename = [0u8; 1024];
     let mut name = [0u8; 512];
     let flen = frames::read_str(l, key.filename as *const c_void, &mut filename);
@@ -163,6 +196,7 @@ unsafe fn announce(shared: &mut Shared, ring: Ring, api: &Api, l: &PyLayout, cod
     if written {
         shared.codes[slot] = Some(key);
     }
+    key
 }
 
 /// Slow path of a free whose address passed the filter: record it if it was sampled.
@@ -215,8 +249,8 @@ pub unsafe fn start(base: *mut u8, len: usize) -> Result<(), StartError> {
         shared.layout = Some(layout);
         shared.max_depth = (h.max_depth as usize).clamp(1, MAX_FRAMES);
         shared.codes = [None; CODE_CACHE];
+        shared.lines = [None; LINE_CACHE];
         sampler::configure(h.rate, h.seed);
-        EPOCH.fetch_add(1, Ordering::Relaxed);
         ENABLED.store(true, Ordering::Release);
     }
     crate::hooks::install(api);
@@ -228,7 +262,7 @@ pub unsafe fn start(base: *mut u8, len: usize) -> Result<(), StartError> {
 /// Ends the session: no more records, the address set is dropped, the ring is unmapped.
 pub fn stop_locked(shared: &mut Shared, reason: EndReason) {
     ENABLED.store(false, Ordering::Release);
-    EPOCH.fetch_add(1, Ordering::Relaxed);
+    sampler::idle();
     if let Some((ring, base, len)) = shared.ring.take() {
         ring.try_write(KIND_END, reason as u16, 8, |b| {
             b[..8].copy_from_slice(&now_ns().to_le_bytes())
@@ -241,6 +275,26 @@ pub fn stop_locked(shared: &mut Shared, reason: EndReason) {
 
 
 impl Shared {
+    /// The line of a frame, through a direct-mapped cache: scanning line tables is the most
+    /// expensive part of a sample.
+    unsafe fn line(&mut self, api: &Api, l: &PyLayout, key: CodeKey, f: RawFrame) -> u32 {
+        let h = (key.code as u64 >> 4 ^ (f.offset as u64) << 20).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let slot = (h >> 40) as usize % LINE_CACHE;
+        if let Some(e) = self.lines[slot] {
+            if e.code == key.code && e.name == key.name && e.offset == f.offset {
+                return e.line;
+            }
+        }
+        let line = frames::line_of(api, l, f.code, f.offset);
+        self.lines[slot] = Some(LineEntry {
+            code: key.code,
+            name: key.name,
+            offset: f.offset,
+            line,
+        });
+        line
+    }
+
     /// Whether the session should end now, and why.
     pub fn stop_reason(&self, timeout_ns: u64) -> Option<EndReason> {
         let (ring, _, _) = self.ring.as_ref()?;
