@@ -1,5 +1,6 @@
 //! mprof: a low-overhead sampling memory profiler for CPython.
 
+mod attach;
 mod capture;
 mod flamegraph;
 mod profile;
@@ -55,6 +56,23 @@ enum Command {
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
     },
+    /// Attach to a running CPython process, sample it, then detach and leave it running.
+    Attach {
+        /// Process id of the target.
+        #[arg(long)]
+        pid: u32,
+        /// Stop after this many seconds (default: until Ctrl-C or SIGTERM).
+        #[arg(long)]
+        duration: Option<f64>,
+        /// Capture file to write.
+        #[arg(short, long, default_value = "mprof.out.mprof")]
+        output: PathBuf,
+        #[command(flatten)]
+        sampling: SamplingArgs,
+        /// Print no summary at the end.
+        #[arg(short, long)]
+        quiet: bool,
+    },
     /// Show the top allocation sites of a capture.
     Report {
         /// Capture file.
@@ -93,6 +111,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
             quiet,
             command,
         } => record::run(&command, &output, &sampling, quiet),
+        Command::Attach {
+            pid,
+            duration,
+            output,
+            sampling,
+            quiet,
+        } => attach::run(pid, duration, &output, &sampling, quiet),
         Command::Report {
             file,
             view,
