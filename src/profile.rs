@@ -406,11 +406,15 @@ impl Profile {
     /// Reads and aggregates a capture file; prints its warnings (damaged tail, no rate) to
     /// stderr as `mprof: warning: ...` lines.
     pub fn load(path: &Path) -> Result<Profile> {
+        let t0 = std::time::Instant::now();
         let capture = crate::capture::read(path)?;
+        eprintln!("TIMING read {:?}", t0.elapsed());
         if let Some(w) = &capture.warning {
             eprintln!("mprof: warning: {w}");
         }
+        let t0 = std::time::Instant::now();
         let profile = Profile::from_records(&capture.records);
+        eprintln!("TIMING aggregate {:?}", t0.elapsed());
         if !profile.rate_known && profile.samples > 0 {
             eprintln!(
                 "mprof: warning: the capture does not say its sampling rate; \
@@ -725,11 +729,7 @@ mod tests {
 
     #[test]
     fn an_alloc_at_a_live_address_replaces_the_old_block() {
-        let p = Profile::from_records(&[
-            meta("rate=1"),
-            alloc(100, 100, &[]),
-            alloc(100, 30, &[]),
-        ]);
+        let p = Profile::from_records(&[meta("rate=1"), alloc(100, 100, &[]), alloc(100, 30, &[])]);
         assert_eq!(p.totals().allocated.bytes, 130.0);
         assert_eq!(p.totals().live.bytes, 30.0);
         assert_eq!(p.totals().peak.bytes, 100.0);

@@ -78,7 +78,7 @@ pub fn run(command: &[String], output: &Path, sampling: &SamplingArgs, quiet: bo
     capture.write(&Record::Meta {
         text: format!(
             "mode=record\ncommand={}\npid={pid}\nrate={}\nmax_depth={}\nseed={}\nstart_unix_ms={}\n",
-            command.join(" "),
+            command.join(" ").replace('\n', "\\n"),
             sampling.rate,
             sampling.max_depth,
             sampling.seed,

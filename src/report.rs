@@ -132,7 +132,10 @@ pub fn run(path: &Path, view: View, by: By, top: usize, json: bool) -> Result<()
         text_report(&p, view, by, top)
     };
     let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(out.as_bytes()).and_then(|()| stdout.flush()) {
+    match stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
         // `mprof report x | head` is not an error.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => Ok(other?),
@@ -197,7 +200,7 @@ pub fn text_report(p: &Profile, view: View, by: By, top: usize) -> String {
     if p.dropped > 0 {
         let _ = writeln!(
             out,
-            "warning: the agent dropped {} records (its buffer was full): figures are low",
+            "warning: the agent dropped {} records (its buffer was full); the figures miss them",
             p.dropped
         );
     }
@@ -377,7 +380,8 @@ fn json_report(p: &Profile, view: View, by: By, top: usize) -> JsonReport<'_> {
     }
 }
 
-/// The few lines `mprof record` prints at the end: samples, totals and the top five sites.
+/// The few lines `mprof record` prints at the end: samples, totals and the top five sites
+/// (no newline after the last line).
 pub fn summary(p: &Profile) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -388,7 +392,7 @@ pub fn summary(p: &Profile) -> String {
         rate_text(p)
     );
     if p.samples == 0 {
-        let _ = writeln!(out, "mprof: no allocation was sampled");
+        let _ = write!(out, "mprof: no allocation was sampled");
         return out;
     }
     let t = p.totals();
@@ -398,13 +402,13 @@ pub fn summary(p: &Profile) -> String {
         plus_minus(t.allocated.bytes, t.allocated.stderr()),
         plus_minus(t.peak.bytes, t.peak.stderr())
     );
-    let _ = writeln!(out, "mprof: top allocation sites:");
+    let _ = write!(out, "mprof: top allocation sites:");
     for row in rows(p, View::Allocated, By::Line).iter().take(5) {
         let e = &row.figures.allocated;
         let share = 100.0 * e.bytes / t.allocated.bytes.max(f64::MIN_POSITIVE);
-        let _ = writeln!(
+        let _ = write!(
             out,
-            "  {:>11} {:>6}  {}",
+            "\n  {:>11} {:>6}  {}",
             human_bytes(e.bytes),
             format!("{share:.1}%"),
             row.label()
@@ -511,9 +515,20 @@ mod tests {
             addr,
             size: 64,
             time_ns: 0,
-            frames: vec![Frame { code, line }, Frame { code: 1, line: caller }],
+            frames: vec![
+                Frame { code, line },
+                Frame {
+                    code: 1,
+                    line: caller,
+                },
+            ],
         };
-        recs.extend([alloc(1, 3, 9, 2), alloc(2, 2, 20, 3), alloc(3, 2, 15, 4), alloc(4, 2, 15, 1)]);
+        recs.extend([
+            alloc(1, 3, 9, 2),
+            alloc(2, 2, 20, 3),
+            alloc(3, 2, 15, 4),
+            alloc(4, 2, 15, 1),
+        ]);
         let p = Profile::from_records(&recs);
         let order: Vec<_> = rows(&p, View::Allocated, By::Stack)
             .iter()
@@ -521,7 +536,12 @@ mod tests {
             .collect();
         assert_eq!(
             order,
-            [("build", 15, 1), ("build", 15, 4), ("build", 20, 3), ("other", 9, 2)]
+            [
+                ("build", 15, 1),
+                ("build", 15, 4),
+                ("build", 20, 3),
+                ("other", 9, 2)
+            ]
         );
     }
 
@@ -556,7 +576,10 @@ mod tests {
         let p = Profile::from_records(&records());
         let s = summary(&p);
         assert!(s.lines().count() <= 8, "{s}");
-        assert!(s.contains("allocated 500 B ± 0 B, peak live heap 500 B ± 0 B"), "{s}");
+        assert!(
+            s.contains("allocated 500 B ± 0 B, peak live heap 500 B ± 0 B"),
+            "{s}"
+        );
         assert!(s.contains("build (app.py:11)"));
         let empty = summary(&Profile::from_records(&[]));
         assert!(empty.contains("no allocation was sampled"));

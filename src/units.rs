@@ -52,7 +52,11 @@ fn scaled(number: &str, multiplier: u64) -> Result<u64, String> {
     if whole.is_empty() && fraction.is_empty() {
         return Err("expected a number".into());
     }
-    if !whole.bytes().chain(fraction.bytes()).all(|c| c.is_ascii_digit()) {
+    if !whole
+        .bytes()
+        .chain(fraction.bytes())
+        .all(|c| c.is_ascii_digit())
+    {
         return Err("not a number".into());
     }
     if fraction.len() > 18 {
@@ -157,7 +161,9 @@ mod tests {
         assert!(parse_size("0").unwrap_err().contains("at least 1 byte"));
         assert!(parse_size("-5").unwrap_err().contains("negative"));
         assert!(parse_size("1ZiB").unwrap_err().contains("unknown unit"));
-        assert!(parse_size("99999999999TiB").unwrap_err().contains("too large"));
+        assert!(parse_size("99999999999TiB")
+            .unwrap_err()
+            .contains("too large"));
         assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
     }
 

@@ -1,0 +1,459 @@
+#!/usr/bin/env python3
+"""Overhead of mprof next to no profiler and tracemalloc, measured side by side.
+
+    python3 benches/overhead.py [--python PATH] [--runs N] [--mprof PATH] [--markdown]
+
+Workloads (benches/workloads/):
+  alloc    an allocation-heavy pure-Python job (parse log lines into objects,
+           group, render JSON); its own time.perf_counter() around the work,
+           so start-up is excluded, plus the wall time of the whole command
+  tornado  a tornado HTTP server under the profiler, driven by an unprofiled
+           keep-alive client on 127.0.0.1; throughput in requests/s
+
+Configurations: none (plain python), mprof (default rate), mprof --rate 1,
+tracemalloc (python -X tracemalloc=1), and memray when it is importable.
+
+Runs are interleaved (each round runs every configuration once, in a rotated
+order) so that a noisy machine hurts every configuration alike. The table
+gives the median and the best run, the ratio of medians against none (for
+throughput: none's requests/s over the configuration's, so that above 1 means
+slower either way) and the peak RSS (VmHWM) of the profiled Python process.
+
+Standard library only. The tornado workload needs tornado in the interpreter
+under test: python -m pip install -r benches/requirements.txt
+"""
+
+import argparse
+import glob
+import os
+import queue
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WORKLOADS = os.path.join(HERE, "workloads")
+REQUIREMENTS = os.path.relpath(os.path.join(HERE, "requirements.txt"))
+
+# Process groups still running, killed on any exit of the driver.
+LIVE_GROUPS = set()
+
+
+class Config:
+    """One way of running the target: a command prefix and maybe a capture file."""
+
+    def __init__(self, name, prefix_fn, writes_capture):
+        self.name = name
+        self.prefix_fn = prefix_fn
+        self.writes_capture = writes_capture
+
+    def command(self, python, capture, script_args):
+        return self.prefix_fn(python, capture) + script_args
+
+
+def make_configs(mprof, with_memray):
+    configs = [
+        Config("none", lambda py, cap: [py], False),
+        Config("mprof", lambda py, cap: [mprof, "record", "-q", "-o", cap, "--", py], True),
+        Config("mprof --rate 1", lambda py, cap: [mprof, "record", "-q", "--rate", "1", "-o", cap, "--", py], True),
+        Config("tracemalloc=1", lambda py, cap: [py, "-X", "tracemalloc=1"], False),
+    ]
+    if with_memray:
+        configs.append(Config("memray", lambda py, cap: [py, "-m", "memray", "run", "-q", "-f", "-o", cap], True))
+    return configs
+
+
+class Result:
+    """One run of one configuration on one workload."""
+
+    def __init__(self, value=None, wall=None, rss_kib=None, capture_bytes=None, error=None):
+        self.value = value  # seconds (alloc) or requests/s (tornado)
+        self.wall = wall
+        self.rss_kib = rss_kib
+        self.capture_bytes = capture_bytes
+        self.error = error
+
+
+def parse_bench_line(text):
+    """The key=value pairs of the last `BENCH ...` line in text, as strings."""
+    found = None
+    for line in text.splitlines():
+        if line.startswith("BENCH "):
+            found = line
+    if found is None:
+        return None
+    return dict(pair.split("=", 1) for pair in found.split()[1:])
+
+
+def start_group(cmd, **kwargs):
+    """Popen in a new session, remembered so that it is killed if the driver dies."""
+    proc = subprocess.Popen(cmd, start_new_session=True, **kwargs)
+    LIVE_GROUPS.add(proc.pid)
+    return proc
+
+
+def kill_group(proc):
+    """SIGKILL the process group of proc (the profiler and its target) and reap it."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    else:
+        # The leader is gone; make sure nothing it started lingers.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    LIVE_GROUPS.discard(proc.pid)
+
+
+def kill_all_groups():
+    for pgid in list(LIVE_GROUPS):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    LIVE_GROUPS.clear()
+
+
+def capture_size(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return None
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def tail(text, lines=8):
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def run_alloc(config, args, capture, env):
+    script = [os.path.join(WORKLOADS, "alloc_heavy.py")]
+    cmd = config.command(args.python, capture, script)
+    start = time.perf_counter()
+    proc = start_group(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        out, err = proc.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        return Result(error="timed out after %ds" % args.timeout)
+    finally:
+        kill_group(proc)
+    wall = time.perf_counter() - start
+    size = capture_size(capture)
+    fields = parse_bench_line(out.decode(errors="replace"))
+    if proc.returncode != 0 or fields is None:
+        return Result(error="exit %s: %s" % (proc.returncode, tail(err.decode(errors="replace"))))
+    return Result(float(fields["elapsed_s"]), wall, int(fields["vmhwm_kib"]), size)
+
+
+def line_reader(stream, lines):
+    for line in iter(stream.readline, b""):
+        lines.put(line.decode(errors="replace"))
+    lines.put(None)
+
+
+def run_tornado(config, args, capture, env):
+    script = [os.path.join(WORKLOADS, "tornado_server.py"), "--max-seconds", str(args.timeout)]
+    errfile = tempfile.TemporaryFile()
+    server = start_group(config.command(args.python, capture, script), stdout=subprocess.PIPE, stderr=errfile, env=env)
+    try:
+        result = drive_server(server, errfile, args, env)
+    finally:
+        kill_group(server)
+        errfile.close()
+    result.capture_bytes = capture_size(capture)
+    return result
+
+
+def drive_server(server, errfile, args, env):
+    """Wait for the server's port, run the client against it, stop the server, collect its VmHWM."""
+    lines = queue.Queue()
+    threading.Thread(target=line_reader, args=(server.stdout, lines), daemon=True).start()
+    seen = []
+    port = wait_for_port(lines, seen, deadline=time.monotonic() + 60)
+    if port is None:
+        return Result(error="server printed no PORT line: %s" % server_error(server, errfile))
+    client_cmd = [
+        args.python,
+        os.path.join(WORKLOADS, "tornado_client.py"),
+        str(port),
+        "--requests", str(args.requests),
+        "--connections", str(args.connections),
+        "--max-seconds", str(args.timeout),
+    ]
+    try:
+        client = subprocess.run(client_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=args.timeout + 30, env=env)
+    except subprocess.TimeoutExpired:
+        return Result(error="client timed out")
+    fields = parse_bench_line(client.stdout.decode(errors="replace"))
+    if client.returncode != 0 or fields is None:
+        return Result(error="client failed: %s" % tail(client.stderr.decode(errors="replace")))
+    stop_server(server, port)
+    seen.extend(drain(lines, deadline=time.monotonic() + 5))
+    server_fields = parse_bench_line("".join(seen))
+    rss = int(server_fields["vmhwm_kib"]) if server_fields else None
+    return Result(float(fields["rps"]), None, rss, None)
+
+
+def wait_for_port(lines, seen, deadline):
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            return None
+        if line is None:
+            return None
+        seen.append(line)
+        match = re.match(r"PORT (\d+)", line)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def drain(lines, deadline):
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            return
+        if line is None:
+            return
+        yield line
+
+
+def stop_server(server, port, grace=60):
+    """Ask the server to stop, then wait for it (and its profiler) to exit; kill after grace seconds."""
+    try:
+        urllib.request.urlopen("http://127.0.0.1:%d/shutdown" % port, timeout=10).read()
+    except OSError:
+        pass
+    try:
+        server.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        print("  server did not exit within %ds; killing it" % grace, file=sys.stderr)
+        kill_group(server)
+
+
+def server_error(server, errfile):
+    kill_group(server)
+    errfile.seek(0)
+    return tail(errfile.read().decode(errors="replace")) or "exit %s" % server.returncode
+
+
+def run_one(workload, config, args, tmpdir, env):
+    capture = os.path.join(tmpdir, "capture.out")
+    if workload == "alloc":
+        return run_alloc(config, args, capture, env)
+    return run_tornado(config, args, capture, env)
+
+
+# ---------------------------------------------------------------------------
+# Table
+
+
+def fmt_bytes(count):
+    if count is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return ("%d %s" % (count, unit)) if unit == "B" else ("%.1f %s" % (count, unit))
+        count /= 1024.0
+
+
+def summarise(workload, config, results, baseline):
+    """One table row: a list of cells."""
+    good = [r for r in results if r.error is None]
+    failed = len(results) - len(good)
+    if not good:
+        return [workload, config.name, "failed", "", "", "", "", "", ""]
+    values = [r.value for r in good]
+    med = statistics.median(values)
+    if workload == "alloc":
+        best = min(values)
+        cells = ["%.3f s" % med, "%.3f s" % best]
+    else:
+        best = max(values)
+        cells = ["%.0f req/s" % med, "%.0f req/s" % best]
+    if baseline:
+        ratio = med / baseline if workload == "alloc" else baseline / med
+        cells += ["%.2fx" % ratio, "%+.1f%%" % ((ratio - 1) * 100)]
+    else:
+        cells += ["-", "-"]
+    walls = [r.wall for r in good if r.wall is not None]
+    cells.append("%.2f s" % statistics.median(walls) if walls else "-")
+    rss = [r.rss_kib for r in good if r.rss_kib]
+    cells.append(fmt_bytes(statistics.median(rss) * 1024) if rss else "-")
+    sizes = [r.capture_bytes for r in good if r.capture_bytes is not None]
+    cells.append(fmt_bytes(statistics.median(sizes)) if sizes else "-")
+    name = config.name + (" (%d failed)" % failed if failed else "")
+    return [workload, name] + cells
+
+
+HEADERS = ["workload", "configuration", "median", "best", "ratio vs none", "overhead", "wall (median)", "peak RSS", "capture"]
+
+
+def baseline_of(workload, results):
+    good = [r.value for r in results if r.error is None]
+    return statistics.median(good) if good else None
+
+
+def print_table(rows, markdown):
+    if markdown:
+        print("| " + " | ".join(HEADERS) + " |")
+        print("|" + "|".join("---" if i < 2 else "---:" for i in range(len(HEADERS))) + "|")
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+        return
+    widths = [max(len(str(r[i])) for r in [HEADERS] + rows) for i in range(len(HEADERS))]
+    for n, row in enumerate([HEADERS] + rows):
+        print("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def ratio_of(workload, results, baseline):
+    good = [r.value for r in results if r.error is None]
+    if not good or not baseline:
+        return None
+    med = statistics.median(good)
+    return med / baseline if workload == "alloc" else baseline / med
+
+
+def print_targets(workloads, configs, table):
+    """The issue's targets: default rate <= 5% overhead; --rate 1 faster than tracemalloc=1."""
+    print()
+    for workload in workloads:
+        base = baseline_of(workload, table[workload]["none"])
+        default = ratio_of(workload, table[workload]["mprof"], base)
+        every = ratio_of(workload, table[workload]["mprof --rate 1"], base)
+        tm = ratio_of(workload, table[workload]["tracemalloc=1"], base)
+        if default is not None:
+            verdict = "met" if default <= 1.05 else "MISSED by %.1f points" % ((default - 1.05) * 100)
+            print("target [%s] mprof default rate <= 5%% overhead: %+.1f%% -> %s" % (workload, (default - 1) * 100, verdict))
+        if every is not None and tm is not None:
+            verdict = "met" if every < tm else "MISSED"
+            print("target [%s] mprof --rate 1 faster than tracemalloc=1: %.2fx vs %.2fx -> %s" % (workload, every, tm, verdict))
+
+
+# ---------------------------------------------------------------------------
+# Set-up
+
+
+def default_python():
+    candidates = glob.glob(os.path.expanduser("~/.pyenv/versions/3.11.*/bin/python3"))
+    candidates.sort(key=lambda p: [int(x) for x in re.findall(r"3\.11\.(\d+)", p)[:1]] or [0])
+    return candidates[-1] if candidates else None
+
+
+def importable(python, module):
+    return subprocess.run([python, "-c", "import " + module], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+
+
+def describe(cmd):
+    try:
+        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30).stdout.decode().strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
+    parser.add_argument("--python", default=default_python(), help="interpreter under test (default: the newest ~/.pyenv/versions/3.11.*)")
+    parser.add_argument("--mprof", default=os.path.join(ROOT, "target", "release", "mprof"), help="mprof binary (default: target/release/mprof)")
+    parser.add_argument("--runs", type=int, default=5, help="runs per configuration and workload (default 5)")
+    parser.add_argument("--workloads", default="alloc,tornado", help="comma-separated subset of alloc,tornado")
+    parser.add_argument("--requests", type=int, default=10000, help="timed requests per tornado run (default 10000)")
+    parser.add_argument("--connections", type=int, default=8, help="keep-alive connections of the tornado client (default 8)")
+    parser.add_argument("--no-memray", action="store_true", help="leave memray out even if it is importable")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds before one run is given up and killed (default 300)")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    args = parser.parse_args()
+    if not args.python or not os.path.exists(args.python):
+        parser.error("no Python interpreter found; pass --python PATH (default looks for ~/.pyenv/versions/3.11.*/bin/python3)")
+    if not os.access(args.mprof, os.X_OK):
+        parser.error("%s not found: run `cargo build --release` first, or pass --mprof PATH" % args.mprof)
+    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    for workload in args.workloads:
+        if workload not in ("alloc", "tornado"):
+            parser.error("unknown workload %r (choose from alloc, tornado)" % workload)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    return args
+
+
+def main():
+    args = parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    workloads = list(args.workloads)
+    if "tornado" in workloads and not importable(args.python, "tornado"):
+        print("skipping the tornado workload: tornado is not installed for %s\n"
+              "  install it with: %s -m pip install -r %s" % (args.python, args.python, REQUIREMENTS), file=sys.stderr)
+        workloads.remove("tornado")
+    with_memray = not args.no_memray and importable(args.python, "memray")
+    if not with_memray and not args.no_memray:
+        print("memray is not importable for %s: leaving it out" % args.python, file=sys.stderr)
+    if not workloads:
+        sys.exit("nothing to run")
+    configs = make_configs(os.path.abspath(args.mprof), with_memray)
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
+
+    header = [
+        "python: %s (%s)" % (args.python, describe([args.python, "-c", "import sys; print(sys.version.split()[0])"])),
+        "mprof: %s (%s)" % (args.mprof, describe([args.mprof, "--version"])),
+        "runs: %d per configuration, interleaved; tornado: %d requests over %d connections" % (args.runs, args.requests, args.connections),
+        "machine: %d CPUs, load average at start %.2f" % (os.cpu_count() or 0, os.getloadavg()[0]),
+    ]
+    table = {w: {c.name: [] for c in configs} for w in workloads}
+    try:
+        with tempfile.TemporaryDirectory(prefix="mprof-bench-") as tmpdir:
+            for run in range(args.runs):
+                for workload in workloads:
+                    shift = run % len(configs)
+                    for config in configs[shift:] + configs[:shift]:
+                        result = run_one(workload, config, args, tmpdir, env)
+                        table[workload][config.name].append(result)
+                        report_progress(run, args.runs, workload, config, result)
+    finally:
+        kill_all_groups()
+    header.append("load average at end %.2f" % os.getloadavg()[0])
+
+    rows = []
+    for workload in workloads:
+        base = baseline_of(workload, table[workload]["none"])
+        for config in configs:
+            rows.append(summarise(workload, config, table[workload][config.name], base))
+    print()
+    for line in header:
+        print(line)
+    print()
+    print_table(rows, args.markdown)
+    print_targets(workloads, configs, table)
+
+
+def report_progress(run, runs, workload, config, result):
+    if result.error is not None:
+        what = "FAILED: " + result.error
+    elif workload == "alloc":
+        what = "%.3f s (wall %.2f s)" % (result.value, result.wall)
+    else:
+        what = "%.0f req/s" % result.value
+    print("[%d/%d] %-7s %-15s %s" % (run + 1, runs, workload, config.name, what), file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()
