@@ -14,7 +14,10 @@ fn rustc(args: &[&str]) {
         .args(args)
         .status()
         .unwrap_or_else(|e| panic!("cannot run {rustc}: {e}"));
-    assert!(status.success(), "building the agent failed: {rustc} {args:?}");
+    assert!(
+        status.success(),
+        "building the agent failed: {rustc} {args:?}"
+    );
 }
 
 fn main() {
@@ -27,14 +30,33 @@ fn main() {
     }
     let out_s = out.to_str().unwrap();
     let common_rlib = out.join("libmprof_common.rlib");
-    let opt = ["-C", "opt-level=3", "-C", "panic=abort", "-C", "debuginfo=1"];
-    let mut args = vec!["--edition=2021", "--crate-type=rlib", "--crate-name=mprof_common"];
+    let opt = [
+        "-C",
+        "opt-level=3",
+        "-C",
+        "panic=abort",
+        "-C",
+        "debuginfo=1",
+    ];
+    let mut args = vec![
+        "--edition=2021",
+        "--crate-type=rlib",
+        "--crate-name=mprof_common",
+    ];
     args.extend(opt);
-    args.extend(["-o", common_rlib.to_str().unwrap(), common.to_str().unwrap()]);
+    args.extend([
+        "-o",
+        common_rlib.to_str().unwrap(),
+        common.to_str().unwrap(),
+    ]);
     rustc(&args);
     let extern_arg = format!("mprof_common={}", common_rlib.display());
     let so = out.join("libmprof_agent.so");
-    let mut args = vec!["--edition=2021", "--crate-type=cdylib", "--crate-name=mprof_agent"];
+    let mut args = vec![
+        "--edition=2021",
+        "--crate-type=cdylib",
+        "--crate-name=mprof_agent",
+    ];
     args.extend(opt);
     args.extend([
         "-C",

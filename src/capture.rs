@@ -66,8 +66,7 @@ pub struct Capture {
 /// Reads a whole capture file. A file that is not a capture is an error; a damaged tail is a
 /// warning in the result.
 pub fn read(path: &Path) -> Result<Capture> {
-    let bytes =
-        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     parse(&bytes).with_context(|| format!("{} is not a usable mprof capture", path.display()))
 }
 

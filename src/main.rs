@@ -30,7 +30,7 @@ struct Cli {
 pub struct SamplingArgs {
     /// Mean bytes allocated between two samples (`512KiB`, `1MiB`, plain bytes); 1 records
     /// every allocation.
-    #[arg(long, default_value = "512KiB", value_parser = units::parse_size)]
+    #[arg(long, default_value = "128KiB", value_parser = units::parse_size)]
     pub rate: u64,
     /// Deepest Python stack recorded, innermost frames kept.
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=256))]

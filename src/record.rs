@@ -67,7 +67,12 @@ fn exit_code(status: ExitStatus) -> u8 {
 }
 
 /// Runs `command` under the profiler; returns the child's exit status as mprof's.
-pub fn run(command: &[String], output: &Path, sampling: &SamplingArgs, quiet: bool) -> Result<ExitCode> {
+pub fn run(
+    command: &[String],
+    output: &Path,
+    sampling: &SamplingArgs,
+    quiet: bool,
+) -> Result<ExitCode> {
     let mut capture = CaptureWriter::create(output)?;
     let ring = RingMem::create(sampling, true)?;
     let agent = mprof_injector::agent::agent_memfd()?;
@@ -110,7 +115,11 @@ pub fn run(command: &[String], output: &Path, sampling: &SamplingArgs, quiet: bo
     reader.finish()?;
     let state = ring.header().state.load(Ordering::Acquire);
     if state == STATE_FAILED {
-        bail!("the agent could not start in {}: {}", command[0], ring.message());
+        bail!(
+            "the agent could not start in {}: {}",
+            command[0],
+            ring.message()
+        );
     }
     if state == STATE_WAITING {
         bail!(

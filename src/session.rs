@@ -119,7 +119,6 @@ pub struct Reader {
     tids: HashSet<u32>,
     last_rss: Option<Instant>,
     last_flush: Instant,
-    saw_end: bool,
 }
 
 impl Reader {
@@ -131,7 +130,6 @@ impl Reader {
             tids: HashSet::new(),
             last_rss: None,
             last_flush: Instant::now(),
-            saw_end: false,
         };
         r.heartbeat();
         r
@@ -145,17 +143,11 @@ impl Reader {
             .store(monotonic_ns(), Ordering::Release);
     }
 
-    /// Whether the agent's END record has been read.
-    pub fn saw_end(&self) -> bool {
-        self.saw_end
-    }
-
     /// Moves whatever the agent published into the capture; returns the bytes moved.
     pub fn pump(&mut self) -> Result<usize> {
         self.heartbeat();
         let mut new_tids = Vec::new();
         let mut result = Ok(());
-        let mut saw_end = false;
         let capture = &mut self.capture;
         let tids = &mut self.tids;
         let moved = self
@@ -164,21 +156,18 @@ impl Reader {
                 if result.is_err() {
                     return;
                 }
-                if let Ok((kind_len, kind, _)) = record::preamble(bytes) {
-                    let _ = kind_len;
+                if let Ok((_, kind, _)) = record::preamble(bytes) {
                     if kind == KIND_ALLOC && bytes.len() >= 12 {
                         let tid = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
                         if tids.insert(tid) {
                             new_tids.push(tid);
                         }
                     }
-                    saw_end |= kind == record::KIND_END;
                 }
                 result = capture.write_raw(bytes);
             })
             .map_err(|e| anyhow::anyhow!("the agent's ring is damaged: {e}"))?;
         result?;
-        self.saw_end |= saw_end;
         for tid in new_tids {
             self.write_thread_name(tid)?;
         }
@@ -201,7 +190,7 @@ impl Reader {
         let now = Instant::now();
         if self
             .last_rss
-            .map_or(true, |t| now - t >= Duration::from_millis(100))
+            .is_none_or(|t| now - t >= Duration::from_millis(100))
         {
             self.last_rss = Some(now);
             if let Some(rss) = rss_bytes(self.pid) {

@@ -7,10 +7,8 @@
 use std::sync::atomic::{AtomicI32, Ordering};
 
 static PENDING: AtomicI32 = AtomicI32::new(0);
-static SEEN: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    SEEN.store(sig, Ordering::Relaxed);
     let code = unsafe { (*info).si_code };
     // SI_USER (0), SI_QUEUE (-1), SI_TKILL (-6): sent by a process, to mprof only.
     if code <= 0 {
@@ -34,14 +32,6 @@ pub fn install() {
 /// A signal sent to mprof alone that should be passed on to the child, if one came.
 pub fn take_forward() -> Option<i32> {
     match PENDING.swap(0, Ordering::Relaxed) {
-        0 => None,
-        sig => Some(sig),
-    }
-}
-
-/// The last signal mprof received, however it was sent.
-pub fn last_seen() -> Option<i32> {
-    match SEEN.load(Ordering::Relaxed) {
         0 => None,
         sig => Some(sig),
     }

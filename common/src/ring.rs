@@ -36,7 +36,6 @@ pub const STATE_STOPPED: u32 = 3;
 /// `state`: the agent could not start; `message` says why.
 pub const STATE_FAILED: u32 = 4;
 
-
 /// The header at the start of the shared-memory region.
 #[repr(C)]
 pub struct RingHeader {
@@ -188,8 +187,7 @@ impl Ring {
                 h.dropped.fetch_add(1, Ordering::Relaxed);
                 return false;
             }
-            if h
-                .head
+            if h.head
                 .compare_exchange_weak(head, head + pad + len, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
@@ -235,7 +233,11 @@ impl Ring {
             if len == 0 {
                 break;
             }
-            if len < PREAMBLE as u64 || len % 8 != 0 || pos + len > size || tail + len > head {
+            if len < PREAMBLE as u64
+                || !len.is_multiple_of(8)
+                || pos + len > size
+                || tail + len > head
+            {
                 return Err(format!("corrupt ring record length {len} at {tail}"));
             }
             let bytes = unsafe {
@@ -275,7 +277,9 @@ mod tests {
     }
 
     fn write_free(ring: &Ring, addr: u64) -> bool {
-        ring.try_write(KIND_FREE, 0, 8, |b| b[..8].copy_from_slice(&addr.to_le_bytes()))
+        ring.try_write(KIND_FREE, 0, 8, |b| {
+            b[..8].copy_from_slice(&addr.to_le_bytes())
+        })
     }
 
     #[test]
@@ -358,7 +362,7 @@ mod tests {
                             panic!("bad record")
                         };
                         let (t, i) = ((addr >> 32) as usize, addr & 0xffff_ffff);
-                        assert!(last[t].map_or(true, |l| l < i), "per-thread order kept");
+                        assert!(last[t].is_none_or(|l| l < i), "per-thread order kept");
                         last[t] = Some(i);
                         n += 1;
                     })

@@ -55,7 +55,10 @@ pub fn pythons() -> Vec<Python> {
                 label: format!("pyenv 3.{minor}"),
                 path,
             }),
-            None => eprintln!("SKIPPED pyenv 3.{minor}: not installed under {}", pyenv_root().display()),
+            None => eprintln!(
+                "SKIPPED pyenv 3.{minor}: not installed under {}",
+                pyenv_root().display()
+            ),
         }
     }
     let debian = Path::new("/usr/bin/python3");
@@ -73,7 +76,9 @@ pub fn pythons() -> Vec<Python> {
 
 /// A test's Python script.
 pub fn script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/py")
+        .join(name)
 }
 
 /// Kills the child when dropped, so a failing test leaves nothing running.
@@ -144,12 +149,19 @@ pub fn report_json(capture: &Path, args: &[&str]) -> serde_json::Value {
 }
 
 /// The location objects of a `--by function` report, by function name.
-pub fn by_function(report: &serde_json::Value) -> std::collections::HashMap<String, serde_json::Value> {
+pub fn by_function(
+    report: &serde_json::Value,
+) -> std::collections::HashMap<String, serde_json::Value> {
     report["locations"]
         .as_array()
         .expect("locations array")
         .iter()
-        .map(|l| (l["function"].as_str().unwrap_or_default().to_string(), l.clone()))
+        .map(|l| {
+            (
+                l["function"].as_str().unwrap_or_default().to_string(),
+                l.clone(),
+            )
+        })
         .collect()
 }
 

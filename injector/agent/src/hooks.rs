@@ -11,10 +11,10 @@
 use crate::addrset::maybe_sampled;
 use crate::python::{Allocator, Api};
 use crate::sampler::{GIL_COUNTDOWN, THREAD};
-use std::sync::atomic::Ordering;
 use crate::session;
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
+use std::sync::atomic::Ordering;
 
 pub const RAW: usize = 0;
 pub const MEM: usize = 1;

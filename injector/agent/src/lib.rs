@@ -115,7 +115,9 @@ unsafe fn claim_and_start(base: *mut u8, len: usize) -> c_int {
                 StartError::NotPython => "not a CPython interpreter".to_string(),
                 StartError::Unsupported(a, b) => {
                     let ((a0, b0), (a1, b1)) = mprof_common::layout::supported_range();
-                    format!("Python {a}.{b} is not supported (mprof supports {a0}.{b0} to {a1}.{b1})")
+                    format!(
+                        "Python {a}.{b} is not supported (mprof supports {a0}.{b0} to {a1}.{b1})"
+                    )
                 }
                 StartError::BadRing(why) => why.to_string(),
                 StartError::Busy => "a profiling session is already running".to_string(),

@@ -23,12 +23,12 @@ pub struct Api {
     pub major: u8,
     pub minor: u8,
     pub version: &'static CStr,
-    pub get_allocator: unsafe extern "C" fn(c_int, *mut Allocator),
-    pub set_allocator: unsafe extern "C" fn(c_int, *const Allocator),
-    pub this_thread_state: unsafe extern "C" fn() -> *mut c_void,
-    pub addr2line: unsafe extern "C" fn(*mut c_void, c_int) -> c_int,
-    pub is_initialized: unsafe extern "C" fn() -> c_int,
-    pub is_finalizing: Option<unsafe extern "C" fn() -> c_int>,
+    pub get_allocator: GetAllocator,
+    pub set_allocator: SetAllocator,
+    pub this_thread_state: NoArgPtr,
+    pub addr2line: Addr2Line,
+    pub is_initialized: NoArgInt,
+    pub is_finalizing: Option<NoArgInt>,
     /// `&PyCode_Type`, to check 3.13's `f_executable`.
     pub code_type: *mut c_void,
 }
@@ -42,15 +42,23 @@ fn sym(name: &CStr) -> *mut c_void {
     unsafe { dlsym(RTLD_DEFAULT, name.as_ptr()) }
 }
 
+/// Looks up a function by name, as a function pointer of type `$ty`; returns None from the
+/// enclosing function if the symbol is missing.
 macro_rules! func {
-    ($name:literal) => {{
+    ($name:literal as $ty:ty) => {{
         let p = sym($name);
         if p.is_null() {
             return None;
         }
-        unsafe { std::mem::transmute::<*mut c_void, _>(p) }
+        unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
     }};
 }
+
+type GetAllocator = unsafe extern "C" fn(c_int, *mut Allocator);
+type SetAllocator = unsafe extern "C" fn(c_int, *const Allocator);
+type NoArgPtr = unsafe extern "C" fn() -> *mut c_void;
+type Addr2Line = unsafe extern "C" fn(*mut c_void, c_int) -> c_int;
+type NoArgInt = unsafe extern "C" fn() -> c_int;
 
 /// Parses "3.11.7 (main, ...)" into (3, 11).
 pub fn parse_version(v: &[u8]) -> Option<(u8, u8)> {
@@ -62,7 +70,7 @@ pub fn parse_version(v: &[u8]) -> Option<(u8, u8)> {
 }
 
 fn resolve() -> Option<Api> {
-    let get_version: unsafe extern "C" fn() -> *const c_char = func!(c"Py_GetVersion");
+    let get_version = func!(c"Py_GetVersion" as unsafe extern "C" fn() -> *const c_char);
     let version = unsafe { CStr::from_ptr(get_version()) };
     let (major, minor) = parse_version(version.to_bytes())?;
     let finalizing = {
@@ -72,17 +80,17 @@ fn resolve() -> Option<Api> {
         } else {
             p
         };
-        (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, _>(p) })
+        (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, NoArgInt>(p) })
     };
     Some(Api {
         major,
         minor,
         version,
-        get_allocator: func!(c"PyMem_GetAllocator"),
-        set_allocator: func!(c"PyMem_SetAllocator"),
-        this_thread_state: func!(c"PyGILState_GetThisThreadState"),
-        addr2line: func!(c"PyCode_Addr2Line"),
-        is_initialized: func!(c"Py_IsInitialized"),
+        get_allocator: func!(c"PyMem_GetAllocator" as GetAllocator),
+        set_allocator: func!(c"PyMem_SetAllocator" as SetAllocator),
+        this_thread_state: func!(c"PyGILState_GetThisThreadState" as NoArgPtr),
+        addr2line: func!(c"PyCode_Addr2Line" as Addr2Line),
+        is_initialized: func!(c"Py_IsInitialized" as NoArgInt),
         is_finalizing: finalizing,
         code_type: sym(c"PyCode_Type"),
     })

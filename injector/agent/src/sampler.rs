@@ -19,7 +19,7 @@ pub static EPOCH: AtomicU32 = AtomicU32::new(0);
 /// The countdown of the MEM and OBJ domains (GIL held). Relaxed loads and stores only: plain
 /// moves on the hot path.
 pub static GIL_COUNTDOWN: AtomicI64 = AtomicI64::new(IDLE_COUNTDOWN);
-static RATE: AtomicU64 = AtomicU64::new(512 * 1024);
+static RATE: AtomicU64 = AtomicU64::new(128 * 1024);
 static RNG: AtomicU64 = AtomicU64::new(0x9E37_79B9_7F4A_7C15);
 
 /// Per-thread state: the RAW countdown and the reentrancy guard.

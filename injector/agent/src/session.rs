@@ -12,8 +12,8 @@ use crate::sampler::{self, ThreadState, EPOCH, GIL_COUNTDOWN, IDLE_COUNTDOWN, TH
 use crate::sys::{self, now_ns};
 use mprof_common::layout::{self, PyLayout};
 use mprof_common::record::{
-    EndReason, Frame, ALLOC_FIXED, ALLOC_TRUNCATED, CODE_FIXED, FRAME_SIZE, KIND_ALLOC,
-    KIND_CODE, KIND_END, KIND_FREE,
+    EndReason, Frame, ALLOC_FIXED, ALLOC_TRUNCATED, CODE_FIXED, FRAME_SIZE, KIND_ALLOC, KIND_CODE,
+    KIND_END, KIND_FREE,
 };
 use mprof_common::ring::{Ring, RingHeader, STATE_ACTIVE, STATE_STOPPED};
 use std::ffi::c_void;
@@ -80,7 +80,11 @@ pub unsafe fn sampled_alloc(
 fn decide(domain: usize, t: &ThreadState, size: usize) -> bool {
     let enabled = ENABLED.load(Ordering::Acquire);
     if domain != crate::hooks::RAW {
-        let next = if enabled { sampler::draw() } else { IDLE_COUNTDOWN };
+        let next = if enabled {
+            sampler::draw()
+        } else {
+            IDLE_COUNTDOWN
+        };
         GIL_COUNTDOWN.store(next, Ordering::Relaxed);
         return enabled;
     }
@@ -273,12 +277,12 @@ pub fn stop_locked(shared: &mut Shared, reason: EndReason) {
     shared.set.clear();
 }
 
-
 impl Shared {
     /// The line of a frame, through a direct-mapped cache: scanning line tables is the most
     /// expensive part of a sample.
     unsafe fn line(&mut self, api: &Api, l: &PyLayout, key: CodeKey, f: RawFrame) -> u32 {
-        let h = (key.code as u64 >> 4 ^ (f.offset as u64) << 20).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let h =
+            (key.code as u64 >> 4 ^ (f.offset as u64) << 20).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let slot = (h >> 40) as usize % LINE_CACHE;
         if let Some(e) = self.lines[slot] {
             if e.code == key.code && e.name == key.name && e.offset == f.offset {
