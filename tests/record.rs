@@ -471,3 +471,39 @@ fn truncated_and_corrupt_captures() {
         "cannot read",
     );
 }
+
+/// A forked child does not write into the parent's profile; a subprocess sees the environment
+/// it would have had without mprof (its own `LD_PRELOAD` kept); tracemalloc works on top of the
+/// agent.
+#[test]
+fn fork_subprocess_and_tracemalloc_are_unharmed() {
+    for py in pythons() {
+        let dir = tempfile::tempdir().unwrap();
+        let capture = dir.path().join("c.mprof");
+        let result = dir.path().join("result.json");
+        let out = run_with_timeout(
+            mprof()
+                .args(["record", "-q", "--rate", "1", "-o"])
+                .arg(&capture)
+                .arg("--")
+                .arg(&py.path)
+                .arg(script("children.py"))
+                .arg(&result)
+                .env("LD_PRELOAD", "")
+                .env("MPROF_TEST_MARKER", "kept"),
+            LIMIT,
+        );
+        assert!(out.status.success(), "{}: {}", py.label, String::from_utf8_lossy(&out.stderr));
+        let r: Value = serde_json::from_str(&std::fs::read_to_string(&result).unwrap()).unwrap();
+        assert_eq!(r["child_status"], 7, "{}", py.label);
+        let env = r["child_env"].as_object().unwrap();
+        assert_eq!(env["MPROF_TEST_MARKER"], "kept");
+        for name in ["MPROF_RING_FD", "MPROF_AGENT_FD", "MPROF_SAVED_LD_PRELOAD", "LD_PRELOAD"] {
+            assert!(!env.contains_key(name), "{}: {name} leaked: {env:?}", py.label);
+        }
+        assert!(r["tracemalloc_current"].as_f64().unwrap() >= 100_000.0, "{}", py.label);
+        let got = by_function(&report_json(&capture, &["--view", "live", "--by", "function", "--top", "0"]));
+        assert!(num(&got["parent_alloc"], "live_bytes") >= 50.0 * 100_000.0, "{}", py.label);
+        assert!(!got.contains_key("child_alloc"), "{}: the child's samples leaked in", py.label);
+    }
+}
