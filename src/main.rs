@@ -94,7 +94,7 @@ enum Command {
     Flamegraph {
         /// Capture file.
         file: PathBuf,
-        /// SVG file to write.
+        /// SVG file to write (a name ending in `.folded` writes the folded stacks instead).
         #[arg(short, long, default_value = "mprof-flamegraph.svg")]
         output: PathBuf,
         /// Which bytes to count.

@@ -18,10 +18,12 @@
 //! an address that is already live replaces the old block (its `Free` was lost). A `Code` record
 //! applies to the allocations after it, so a reused code address gets its new meaning. Frames
 //! whose code was never announced are `<unknown>`; an allocation with no frames at all is
-//! attributed to the pseudo-frame `<no Python frame>`.
+//! attributed to the pseudo-frame `<no Python frame>`. A stack the agent cut at `max_depth`
+//! gets the pseudo-frame `<truncated stack>` as its outermost frame, so it does not pass for a
+//! whole stack.
 
 use anyhow::Result;
-use mprof_common::record::{Frame, Record};
+use mprof_common::record::{Frame, Record, ALLOC_TRUNCATED};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -56,6 +58,8 @@ impl View {
 pub const NO_PYTHON_FRAME: &str = "<no Python frame>";
 /// File and function name of a frame whose code object was never announced.
 pub const UNKNOWN: &str = "<unknown>";
+/// The outermost pseudo-frame of stacks the agent cut at `max_depth`.
+pub const TRUNCATED: &str = "<truncated stack>";
 
 /// An estimate of bytes (and allocations) from a set of samples.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -321,8 +325,11 @@ struct StackResolver {
     code_at: FastMap<u64, u32>,
     unknown_code: u32,
     empty_stack: u32,
-    /// Raw frames → stack, valid until an address changes meaning.
-    cache: FastMap<Vec<Frame>, u32>,
+    /// The pseudo-frame node under which stacks cut at `max_depth` start.
+    truncated_root: u32,
+    /// Raw frames → stack, for whole and for truncated stacks; valid until an address changes
+    /// meaning.
+    cache: [FastMap<Vec<Frame>, u32>; 2],
     cache_has_unknown: bool,
 }
 
@@ -333,37 +340,44 @@ impl StackResolver {
         let no_python = names.code(NO_PYTHON_FRAME, NO_PYTHON_FRAME, 0);
         let frame = names.frame(no_python, 0);
         let empty_stack = names.child(0, frame);
+        let truncated = names.code(TRUNCATED, TRUNCATED, 0);
+        let frame = names.frame(truncated, 0);
+        let truncated_root = names.child(0, frame);
         StackResolver {
             names,
             code_at: FastMap::default(),
             unknown_code,
             empty_stack,
-            cache: FastMap::default(),
+            truncated_root,
+            cache: Default::default(),
             cache_has_unknown: false,
         }
+    }
+
+    fn clear_cache(&mut self) {
+        self.cache.iter_mut().for_each(FastMap::clear);
+        self.cache_has_unknown = false;
     }
 
     fn announce(&mut self, addr: u64, file: &str, name: &str, firstline: u32) {
         let code = self.names.code(file, name, firstline);
         match self.code_at.insert(addr, code) {
             Some(old) if old == code => {}
-            Some(_) => self.cache.clear(),
-            None if self.cache_has_unknown => {
-                self.cache.clear();
-                self.cache_has_unknown = false;
-            }
+            Some(_) => self.clear_cache(),
+            None if self.cache_has_unknown => self.clear_cache(),
             None => {}
         }
     }
 
-    fn stack(&mut self, frames: &[Frame]) -> u32 {
+    /// The stack of `frames` (innermost first); `truncated` when the agent cut it.
+    fn stack(&mut self, frames: &[Frame], truncated: bool) -> u32 {
         if frames.is_empty() {
             return self.empty_stack;
         }
-        if let Some(&node) = self.cache.get(frames) {
+        if let Some(&node) = self.cache[truncated as usize].get(frames) {
             return node;
         }
-        let mut node = 0;
+        let mut node = if truncated { self.truncated_root } else { 0 };
         for f in frames.iter().rev() {
             let code = match self.code_at.get(&f.code) {
                 Some(&code) => code,
@@ -375,7 +389,7 @@ impl StackResolver {
             let frame = self.names.frame(code, f.line);
             node = self.names.child(node, frame);
         }
-        self.cache.insert(frames.to_vec(), node);
+        self.cache[truncated as usize].insert(frames.to_vec(), node);
         node
     }
 }
@@ -406,15 +420,11 @@ impl Profile {
     /// Reads and aggregates a capture file; prints its warnings (damaged tail, no rate) to
     /// stderr as `mprof: warning: ...` lines.
     pub fn load(path: &Path) -> Result<Profile> {
-        let t0 = std::time::Instant::now();
         let capture = crate::capture::read(path)?;
-        eprintln!("TIMING read {:?}", t0.elapsed());
         if let Some(w) = &capture.warning {
             eprintln!("mprof: warning: {w}");
         }
-        let t0 = std::time::Instant::now();
         let profile = Profile::from_records(&capture.records);
-        eprintln!("TIMING aggregate {:?}", t0.elapsed());
         if !profile.rate_known && profile.samples > 0 {
             eprintln!(
                 "mprof: warning: the capture does not say its sampling rate; \
@@ -464,10 +474,11 @@ impl Profile {
                     size,
                     frames,
                     time_ns,
+                    flags,
                     ..
                 } => {
                     first_ns.get_or_insert(*time_ns);
-                    let stack = resolver.stack(frames);
+                    let stack = resolver.stack(frames, flags & ALLOC_TRUNCATED != 0);
                     stacks.push(stack);
                     p.samples += 1;
                     let sample = Sample::new(*size, p.rate);
@@ -778,6 +789,25 @@ mod tests {
     }
 
     #[test]
+    fn truncated_stacks_start_at_a_pseudo_frame() {
+        let mut cut = alloc(2, 8, &[(1, 5)]);
+        if let Record::Alloc { flags, .. } = &mut cut {
+            *flags = ALLOC_TRUNCATED;
+        }
+        let p = Profile::from_records(&[
+            meta("rate=1"),
+            code(1, "a.py", "f", 1),
+            alloc(1, 8, &[(1, 5)]),
+            cut,
+        ]);
+        let stacks: Vec<Vec<_>> = p
+            .stacks()
+            .map(|(id, _)| p.frames(id).map(|l| l.to_string()).collect())
+            .collect();
+        assert_eq!(stacks, [vec!["f (a.py:5)"], vec!["f (a.py:5)", TRUNCATED]]);
+    }
+
+    #[test]
     fn stacks_are_interned_and_listed_innermost_first() {
         let p = Profile::from_records(&[
             meta("rate=1"),
@@ -867,6 +897,49 @@ mod tests {
         assert_eq!(empty.stacks().count(), 0);
         assert_eq!(empty.totals().peak.bytes, 0.0);
         assert_eq!(empty.peak_seconds, None);
+    }
+
+    #[test]
+    fn random_record_streams_keep_the_invariants() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        for round in 0..50 {
+            let mut records = vec![meta(&format!("rate={}", [1, 64, 4096][round % 3]))];
+            for _ in 0..2000 {
+                let r = match next(10) {
+                    0 => code(next(8), &format!("f{}.py", next(3)), "g", next(5) as u32),
+                    1..=5 => {
+                        let depth = next(4) as usize;
+                        let frames: Vec<(u64, u32)> =
+                            (0..depth).map(|_| (next(10), next(4) as u32)).collect();
+                        alloc(next(64), next(10_000), &frames)
+                    }
+                    6 if round % 5 == 0 => meta(&format!("rate={}", 1 + next(9000))),
+                    _ => Record::Free { addr: next(80) },
+                };
+                records.push(r);
+            }
+            let p = Profile::from_records(&records);
+            let mut sum = Figures::default();
+            for (_, f) in p.stacks() {
+                sum.merge(f);
+                assert!(f.live.bytes <= f.allocated.bytes + 1e-6);
+                assert!(f.peak.samples <= f.allocated.samples);
+            }
+            let t = p.totals();
+            for v in View::ALL {
+                assert!((sum.get(v).bytes - t.get(v).bytes).abs() < 1e-6);
+                assert_eq!(sum.get(v).samples, t.get(v).samples);
+                assert!(t.get(v).stderr().is_finite());
+            }
+            assert!(t.peak.bytes >= t.live.bytes * (1.0 - 1e-12));
+            assert!(t.allocated.bytes >= t.peak.bytes * (1.0 - 1e-12));
+        }
     }
 
     #[test]

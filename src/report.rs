@@ -167,6 +167,8 @@ fn plus_minus(bytes: f64, stderr: f64) -> String {
 
 /// Width of the columns before the location.
 const COLUMNS: usize = 11 + 1 + 11 + 1 + 6 + 1 + 8 + 2;
+/// Callers shown under a row of `--by stack`; the JSON has them all.
+const MAX_CALLERS: usize = 16;
 
 /// The text report.
 pub fn text_report(p: &Profile, view: View, by: By, top: usize) -> String {
@@ -177,7 +179,12 @@ pub fn text_report(p: &Profile, view: View, by: By, top: usize) -> String {
         format!("{} samples", p.samples),
         format!("{} dropped", p.dropped),
     ];
-    if let Some(python) = p.meta.get("python") {
+    // `sys.version` goes on with build details: the version number is enough here.
+    if let Some(python) = p
+        .meta
+        .get("python")
+        .and_then(|v| v.split_whitespace().next())
+    {
         about.push(format!("python {python}"));
     }
     let _ = writeln!(out, "{}", about.join(", "));
@@ -239,8 +246,13 @@ pub fn text_report(p: &Profile, view: View, by: By, top: usize) -> String {
             e.samples,
             row.label()
         );
-        for caller in row.stack.iter().skip(1) {
+        let callers = row.stack.len().saturating_sub(1);
+        for caller in row.stack.iter().skip(1).take(MAX_CALLERS) {
             let _ = writeln!(out, "{:COLUMNS$}  <- {caller}", "");
+        }
+        if callers > MAX_CALLERS {
+            let more = callers - MAX_CALLERS;
+            let _ = writeln!(out, "{:COLUMNS$}  <- ... {more} more (see --json)", "");
         }
     }
     if shown.len() > limit {
@@ -553,6 +565,22 @@ mod tests {
         assert!(text.contains("rate 1 (every allocation recorded)"));
         assert!(text.contains("build (app.py:11)"));
         assert!(!text.contains("other (app.py:5)"));
+        let deep: Vec<Record> = [Record::Meta {
+            text: "rate=1".into(),
+        }]
+        .into_iter()
+        .chain([Record::Alloc {
+            tid: 1,
+            flags: 0,
+            addr: 1,
+            size: 8,
+            time_ns: 0,
+            frames: (0..40).map(|line| Frame { code: 9, line }).collect(),
+        }])
+        .collect();
+        let deep = text_report(&Profile::from_records(&deep), View::Live, By::Stack, 0);
+        assert_eq!(deep.matches("<- <unknown>").count(), MAX_CALLERS, "{deep}");
+        assert!(deep.contains("<- ... 23 more (see --json)"), "{deep}");
         let top1 = text_report(&p, View::Allocated, By::Line, 1);
         assert!(top1.contains("... 2 more locations"), "{top1}");
     }
