@@ -1,15 +1,268 @@
-//! `mprof attach --pid PID`. (stub, to be written)
-use crate::SamplingArgs;
-use anyhow::{bail, Result};
+//! `mprof attach --pid PID`: load the agent into a running CPython process, sample it into a
+//! capture file, then switch the agent off and leave the process running as before.
+//!
+//! The injection itself lives in `mprof_injector::attach`; this module drives it, owns the ring
+//! (made in the target's own memory file), and runs the same reader as `record`.
+
+use crate::capture::CaptureWriter;
+use crate::profile::Profile;
+use crate::session::{monotonic_ns, Reader, RingMem};
+use crate::{report, SamplingArgs};
+use anyhow::{bail, Context, Result};
+use mprof_common::record::Record;
+use mprof_common::ring::{STATE_ACTIVE, STATE_FAILED, STATE_STOPPED, STATE_STOP_REQUESTED};
+use mprof_injector::attach::{Injector, Liveness};
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
 
+/// How long mprof looks for a thread at a safe point.
+const SAFE_POINT_DEADLINE: Duration = Duration::from_secs(5);
+/// How long the agent may take to acknowledge a detach.
+const STOP_WAIT: Duration = Duration::from_secs(2);
+
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(sig: libc::c_int) {
+    STOP_SIGNAL.store(sig, Ordering::Relaxed);
+}
+
+/// Notes SIGINT, SIGTERM, SIGHUP and SIGQUIT instead of dying from them: a Ctrl-C (from the
+/// terminal or `kill`) ends sampling and detaches cleanly, and never cuts an injection in half.
+fn catch_stop_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_stop_signal as *const () as usize;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(sig, &action, std::ptr::null_mut());
+        }
+    }
+}
+
+fn stop_signal() -> Option<i32> {
+    match STOP_SIGNAL.load(Ordering::Relaxed) {
+        0 => None,
+        sig => Some(sig),
+    }
+}
+
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}
+
+/// An agent running in the target, writing into `ring`.
+struct Attached {
+    ring: RingMem,
+    liveness: Liveness,
+    took: Duration,
+    how: String,
+}
+
+/// Loads (or reuses) the agent in `pid` and starts a session on a fresh ring.
+fn inject(injector: Injector, sampling: &SamplingArgs, started: Instant) -> Result<Attached> {
+    let pid = injector.pid();
+    let liveness = injector.liveness();
+    let reused = injector.agent_loaded();
+    let mut prepared = injector.prepare(SAFE_POINT_DEADLINE)?;
+    let (tid, _) = prepared.chosen();
+    let how = match prepared.chosen_in_syscall() {
+        Some(call) => format!("thread {tid}, blocked in {call}"),
+        None => format!("thread {tid}, running"),
+    };
+    let fd = prepared.take_ring_fd().context("the ring's descriptor")?;
+    let ring = RingMem::from_fd(fd, sampling)?;
+    let beat = || {
+        ring.header()
+            .reader_heartbeat_ns
+            .store(monotonic_ns(), Ordering::Release)
+    };
+    beat();
+    let launched = prepared.launch()?;
+    let outcome = loop {
+        beat();
+        if let Some(outcome) = launched.poll()? {
+            break outcome;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let state = ring.header().state.load(Ordering::Acquire);
+    if state == STATE_FAILED || outcome.start_ret != 0 {
+        let message = ring.message();
+        if message.contains("already running") {
+            bail!("PID {pid} is already being profiled (by another mprof attach or mprof record)");
+        }
+        let why = if message.is_empty() {
+            format!("start returned {}", outcome.start_ret)
+        } else {
+            message
+        };
+        bail!("the mprof agent could not start in PID {pid}: {why}");
+    }
+    if state != STATE_ACTIVE {
+        bail!("the mprof agent in PID {pid} is not active (ring state {state})");
+    }
+    let how = if reused {
+        format!("{how}; agent reused")
+    } else {
+        how
+    };
+    Ok(Attached {
+        ring,
+        liveness,
+        took: started.elapsed(),
+        how,
+    })
+}
+
+/// Why sampling ended.
+enum Ending {
+    Duration,
+    Signal,
+    TargetExited,
+    AgentStopped,
+}
+
+/// Drains the ring until the duration is over, a signal comes, or the target or agent ends.
+fn sample(reader: &mut Reader, a: &Attached, duration: Option<f64>) -> Result<Ending> {
+    let until = duration.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+    loop {
+        let moved = reader.pump()?;
+        if stop_signal().is_some() {
+            return Ok(Ending::Signal);
+        }
+        if until.is_some_and(|t| Instant::now() >= t) {
+            return Ok(Ending::Duration);
+        }
+        if !a.liveness.alive() {
+            return Ok(Ending::TargetExited);
+        }
+        if a.ring.header().state.load(Ordering::Acquire) != STATE_ACTIVE {
+            return Ok(Ending::AgentStopped);
+        }
+        if moved == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// Asks the agent to stop and drains until its END record (bounded).
+fn detach(reader: &mut Reader, a: &Attached) -> Result<bool> {
+    let h = a.ring.header();
+    let _ = h.state.compare_exchange(
+        STATE_ACTIVE,
+        STATE_STOP_REQUESTED,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    );
+    let start = Instant::now();
+    while start.elapsed() < STOP_WAIT {
+        let moved = reader.pump()?;
+        if h.state.load(Ordering::Acquire) == STATE_STOPPED {
+            while reader.pump()? > 0 {}
+            return Ok(true);
+        }
+        if !a.liveness.alive() {
+            break;
+        }
+        if moved == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    while reader.pump()? > 0 {}
+    Ok(false)
+}
+
+/// Whether the target exits within a moment (an agent that stopped by itself usually means the
+/// interpreter is shutting down).
+fn exits_soon(liveness: &Liveness) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(500) {
+        if !liveness.alive() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+/// Attaches to `pid`, samples until `duration` or a signal, detaches and prints the summary.
 pub fn run(
-    _pid: u32,
-    _duration: Option<f64>,
-    _output: &Path,
-    _sampling: &SamplingArgs,
-    _quiet: bool,
+    pid: u32,
+    duration: Option<f64>,
+    output: &Path,
+    sampling: &SamplingArgs,
+    quiet: bool,
 ) -> Result<ExitCode> {
-    bail!("attach is not implemented yet")
+    let started = Instant::now();
+    catch_stop_signals();
+    // Every check that needs no change to the target comes before the capture file exists.
+    let injector = Injector::new(pid)?;
+    let mut capture = CaptureWriter::create(output)?;
+    let attached = match inject(injector, sampling, started) {
+        Ok(a) => a,
+        Err(e) => {
+            drop(capture);
+            let _ = std::fs::remove_file(output);
+            return Err(e);
+        }
+    };
+    let python = attached.ring.python_version();
+    capture.write(&Record::Meta {
+        text: format!(
+            "mode=attach\npid={pid}\nrate={}\nmax_depth={}\nseed={}\nstart_unix_ms={}\n\
+             attach_ms={}\npython={python}\n",
+            sampling.rate,
+            sampling.max_depth,
+            sampling.seed,
+            unix_ms(),
+            attached.took.as_millis(),
+        ),
+    })?;
+    if !quiet {
+        let until = match duration {
+            Some(s) => format!("for {s} s"),
+            None => "until Ctrl-C".into(),
+        };
+        let version = python.split_whitespace().next().unwrap_or("?");
+        eprintln!(
+            "mprof: attached to PID {pid} (Python {version}) in {} ms ({}); sampling {until}",
+            attached.took.as_millis(),
+            attached.how
+        );
+    }
+    let mut reader = Reader::new(attached.ring.ring(), capture, pid);
+    let ending = sample(&mut reader, &attached, duration)?;
+    let stopped = match ending {
+        Ending::TargetExited | Ending::AgentStopped => {
+            while reader.pump()? > 0 {}
+            true
+        }
+        Ending::Duration | Ending::Signal => detach(&mut reader, &attached)?,
+    };
+    reader.finish()?;
+    drop(reader);
+    match ending {
+        Ending::TargetExited => eprintln!("mprof: PID {pid} exited while attached"),
+        Ending::AgentStopped if exits_soon(&attached.liveness) => {
+            eprintln!("mprof: PID {pid} exited while attached")
+        }
+        Ending::AgentStopped => eprintln!("mprof: the agent in PID {pid} stopped by itself"),
+        _ if !stopped => eprintln!(
+            "mprof: warning: the agent in PID {pid} did not confirm the detach within {STOP_WAIT:?}; \
+             it switches itself off when it stops hearing from mprof"
+        ),
+        _ => {}
+    }
+    if !quiet {
+        let profile = Profile::load(output)?;
+        eprintln!("{}", report::summary(&profile));
+        eprintln!("mprof: capture written to {}", output.display());
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -63,6 +63,104 @@ pub struct Capture {
     pub warning: Option<String>,
 }
 
+/// Streams the records of a capture file to `f`, one at a time, without holding the file in
+/// memory. Returns the warning about a damaged tail, if there was one. A file that is not a
+/// capture is an error.
+pub fn for_each(path: &Path, mut f: impl FnMut(Record)) -> Result<Option<String>> {
+    use std::io::Read;
+    let file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut input = std::io::BufReader::with_capacity(1 << 20, file);
+    let context = || format!("{} is not a usable mprof capture", path.display());
+    let mut header = [0u8; FILE_HEADER];
+    input
+        .read_exact(&mut header)
+        .map_err(|_| anyhow::anyhow!("missing the MPROFCAP header"))
+        .with_context(context)?;
+    let mut warning = check_header(&header).with_context(context)?;
+    let mut at = FILE_HEADER as u64;
+    let mut buf = Vec::with_capacity(4096);
+    loop {
+        buf.resize(record::PREAMBLE, 0);
+        match read_full(&mut input, &mut buf)? {
+            0 => break,
+            n if n < record::PREAMBLE => {
+                warning = Some(tail_warning(
+                    &DecodeError::Truncated {
+                        needed: record::PREAMBLE,
+                        have: n,
+                    },
+                    at,
+                    size,
+                ));
+                break;
+            }
+            _ => {}
+        }
+        let len = match record::preamble(&buf) {
+            Ok((len, _, _)) => len,
+            Err(e) => {
+                warning = Some(tail_warning(&e, at, size));
+                break;
+            }
+        };
+        buf.resize(len, 0);
+        let got = read_full(&mut input, &mut buf[record::PREAMBLE..])?;
+        match record::decode(&buf[..record::PREAMBLE + got]) {
+            Ok((Record::Unknown { .. }, _)) => {}
+            Ok((r, _)) => f(r),
+            Err(e) => {
+                warning = Some(tail_warning(&e, at, size));
+                break;
+            }
+        }
+        at += len as u64;
+    }
+    Ok(warning)
+}
+
+/// Reads until `buf` is full or the input ends; returns the bytes read.
+fn read_full(input: &mut impl std::io::Read, buf: &mut [u8]) -> Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match input.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).context("reading capture file"),
+        }
+    }
+    Ok(n)
+}
+
+/// Checks the 16-byte file header; returns a warning for a newer format.
+fn check_header(bytes: &[u8]) -> Result<Option<String>> {
+    if bytes.len() < FILE_HEADER || &bytes[..8] != MAGIC {
+        bail!("missing the MPROFCAP header");
+    }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+    if version == 0 {
+        bail!("format version 0 is invalid");
+    }
+    Ok((version > FORMAT_VERSION).then(|| {
+        format!(
+            "written by a newer mprof (format {version}, this one reads {FORMAT_VERSION}); \
+             unknown records are skipped"
+        )
+    }))
+}
+
+fn tail_warning(e: &DecodeError, at: u64, size: u64) -> String {
+    let what = match e {
+        DecodeError::Truncated { .. } => "ends with a truncated record",
+        DecodeError::Corrupt(_) => "has a corrupt record",
+    };
+    format!(
+        "capture {what} at byte {at} ({e}); the last {} bytes were skipped",
+        size.saturating_sub(at)
+    )
+}
+
 /// Reads a whole capture file. A file that is not a capture is an error; a damaged tail is a
 /// warning in the result.
 pub fn read(path: &Path) -> Result<Capture> {
@@ -72,19 +170,7 @@ pub fn read(path: &Path) -> Result<Capture> {
 
 /// Parses the bytes of a capture file.
 pub fn parse(bytes: &[u8]) -> Result<Capture> {
-    if bytes.len() < FILE_HEADER || &bytes[..8] != MAGIC {
-        bail!("missing the MPROFCAP header");
-    }
-    let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
-    if version == 0 {
-        bail!("format version 0 is invalid");
-    }
-    let mut warning = (version > FORMAT_VERSION).then(|| {
-        format!(
-            "written by a newer mprof (format {version}, this one reads {FORMAT_VERSION}); \
-             unknown records are skipped"
-        )
-    });
+    let mut warning = check_header(bytes)?;
     let mut records = Vec::new();
     let mut at = FILE_HEADER;
     while at < bytes.len() {
@@ -95,14 +181,7 @@ pub fn parse(bytes: &[u8]) -> Result<Capture> {
                 at += used;
             }
             Err(e) => {
-                let what = match e {
-                    DecodeError::Truncated { .. } => "ends with a truncated record",
-                    DecodeError::Corrupt(_) => "has a corrupt record",
-                };
-                warning = Some(format!(
-                    "capture {what} at byte {at} ({e}); the last {} bytes were skipped",
-                    bytes.len() - at
-                ));
+                warning = Some(tail_warning(&e, at as u64, bytes.len() as u64));
                 break;
             }
         }
@@ -146,6 +225,26 @@ mod tests {
         let c = parse(&bytes[..bytes.len() - 3]).unwrap();
         assert_eq!(c.records.len(), 1);
         assert!(c.warning.unwrap().contains("truncated"));
+    }
+
+    /// The streaming reader sees exactly what the in-memory parser sees, at every cut.
+    #[test]
+    fn streaming_agrees_with_parsing_at_every_truncation_point() {
+        let bytes = sample_file();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cut.mprof");
+        for cut in 0..=bytes.len() {
+            std::fs::write(&path, &bytes[..cut]).unwrap();
+            let mut streamed = Vec::new();
+            let result = for_each(&path, |r| streamed.push(r));
+            match parse(&bytes[..cut]) {
+                Ok(c) => {
+                    assert_eq!(streamed, c.records, "cut {cut}");
+                    assert_eq!(result.unwrap(), c.warning, "cut {cut}");
+                }
+                Err(_) => assert!(result.is_err(), "cut {cut}"),
+            }
+        }
     }
 
     #[test]

@@ -80,11 +80,25 @@ impl Estimate {
         self.variance.sqrt()
     }
 
-    fn add(&mut self, s: &Sample) {
+    /// Counts one more sample.
+    pub(crate) fn add(&mut self, s: &Sample) {
         self.bytes += s.bytes;
         self.count += s.count;
         self.variance += s.variance;
         self.samples += 1;
+    }
+
+    /// Takes back a sample counted before (a live block that was freed). The sums are exactly
+    /// zero again once the last sample is gone, so no rounding residue is left behind.
+    pub(crate) fn remove(&mut self, s: &Sample) {
+        self.samples = self.samples.saturating_sub(1);
+        if self.samples == 0 {
+            *self = Estimate::default();
+            return;
+        }
+        self.bytes -= s.bytes;
+        self.count -= s.count;
+        self.variance -= s.variance;
     }
 
     /// Adds another estimate (of disjoint samples) to this one.
@@ -171,15 +185,17 @@ pub struct Profile {
     figures: Vec<Figures>,
 }
 
-/// Per-sample figures.
-struct Sample {
+/// What one sample stands for (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Sample {
     bytes: f64,
     count: f64,
     variance: f64,
 }
 
 impl Sample {
-    fn new(size: u64, rate: u64) -> Sample {
+    /// The sample of a block of `size` bytes taken at mean distance `rate`.
+    pub(crate) fn new(size: u64, rate: u64) -> Sample {
         if size == 0 {
             return Sample {
                 bytes: 0.0,
@@ -307,6 +323,24 @@ impl Names {
         id
     }
 
+    /// The frames of the stack ending at `node`, innermost first.
+    fn frames(&self, node: u32) -> impl Iterator<Item = Location<'_>> + '_ {
+        let mut node = node;
+        std::iter::from_fn(move || {
+            if node == 0 {
+                return None;
+            }
+            let (parent, frame) = self.nodes[node as usize];
+            node = parent;
+            Some(self.location(frame))
+        })
+    }
+
+    /// The innermost frame of the stack ending at `node`.
+    fn innermost(&self, node: u32) -> Location<'_> {
+        self.location(self.nodes[node as usize].1)
+    }
+
     fn location(&self, frame: u32) -> Location<'_> {
         let (code, line) = self.frames[frame as usize];
         let (file, name, firstline) = self.codes[code as usize];
@@ -409,11 +443,163 @@ fn meta_pairs(text: &str) -> impl Iterator<Item = (&str, &str)> {
 }
 
 /// A live sampled block.
-#[derive(Clone, Copy)]
-struct Block {
-    stack: u32,
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Block {
+    pub stack: StackId,
+    pub tid: u32,
     size: u64,
     rate: u64,
+}
+
+impl Block {
+    /// What the block stands for.
+    pub fn sample(&self) -> Sample {
+        Sample::new(self.size, self.rate)
+    }
+}
+
+/// What applying one record changed, for callers that keep their own tables.
+pub(crate) enum Change {
+    /// A sampled allocation; `replaced` is the live block it overwrote (its free was lost).
+    Alloc {
+        block: Block,
+        sample: Sample,
+        replaced: Option<Block>,
+    },
+    /// A sampled block was freed.
+    Free(Block),
+    /// Nothing per stack changed.
+    Other,
+}
+
+/// The incremental core of aggregation: it applies records one at a time, in file order, and
+/// keeps the stacks, the live sampled blocks and the whole live heap with its high-water mark.
+/// [`Profile::from_records`] runs a capture through it; the live view feeds it the same records
+/// as they go to the capture file.
+pub(crate) struct Aggregator {
+    resolver: StackResolver,
+    live: FastMap<u64, Block>,
+    /// Merged `key=value` pairs of the Meta records (later records win).
+    pub meta: BTreeMap<String, String>,
+    /// Mean bytes between samples, as last announced.
+    pub rate: u64,
+    /// Alloc records applied.
+    pub samples: u64,
+    /// Dropped records, from the last Stats record.
+    pub dropped: u64,
+    /// The highest RSS reading, and the last one.
+    pub max_rss: Option<u64>,
+    pub last_rss: Option<u64>,
+    /// Estimated bytes of the live sampled blocks.
+    pub live_bytes: f64,
+    /// The highest `live_bytes` so far, the index of the record that reached it, and its time.
+    peak: Option<(usize, f64, u64)>,
+    first_ns: Option<u64>,
+    applied: usize,
+}
+
+impl Aggregator {
+    /// An empty aggregator; `rate` applies until a Meta record announces another.
+    pub fn new(rate: u64) -> Aggregator {
+        Aggregator {
+            resolver: StackResolver::new(),
+            live: FastMap::default(),
+            meta: BTreeMap::new(),
+            rate,
+            samples: 0,
+            dropped: 0,
+            max_rss: None,
+            last_rss: None,
+            live_bytes: 0.0,
+            peak: None,
+            first_ns: None,
+            applied: 0,
+        }
+    }
+
+    /// Applies the next record.
+    pub fn apply(&mut self, record: &Record) -> Change {
+        let index = self.applied;
+        self.applied += 1;
+        match record {
+            Record::Meta { text } => {
+                for (key, value) in meta_pairs(text) {
+                    self.meta.insert(key.to_owned(), value.to_owned());
+                }
+                self.rate = meta_rate(text).unwrap_or(self.rate);
+            }
+            Record::Code {
+                code,
+                firstline,
+                filename,
+                name,
+            } => self.resolver.announce(*code, filename, name, *firstline),
+            Record::Alloc {
+                tid,
+                addr,
+                size,
+                frames,
+                time_ns,
+                flags,
+            } => {
+                self.first_ns.get_or_insert(*time_ns);
+                let stack = self.resolver.stack(frames, flags & ALLOC_TRUNCATED != 0);
+                self.samples += 1;
+                let block = Block {
+                    stack: StackId(stack),
+                    tid: *tid,
+                    size: *size,
+                    rate: self.rate,
+                };
+                let sample = block.sample();
+                let replaced = self.live.insert(*addr, block);
+                if let Some(old) = &replaced {
+                    self.live_bytes -= old.sample().bytes;
+                }
+                self.live_bytes += sample.bytes;
+                if self.peak.is_none_or(|(_, best, _)| self.live_bytes > best) {
+                    self.peak = Some((index, self.live_bytes, *time_ns));
+                }
+                return Change::Alloc {
+                    block,
+                    sample,
+                    replaced,
+                };
+            }
+            Record::Free { addr } => {
+                if let Some(old) = self.live.remove(addr) {
+                    self.live_bytes -= old.sample().bytes;
+                    return Change::Free(old);
+                }
+            }
+            Record::Stats { dropped, .. } => self.dropped = *dropped,
+            Record::Rss { time_ns, rss_bytes } => {
+                self.first_ns.get_or_insert(*time_ns);
+                self.max_rss = self.max_rss.max(Some(*rss_bytes));
+                self.last_rss = Some(*rss_bytes);
+            }
+            Record::End { time_ns, .. } => {
+                self.first_ns.get_or_insert(*time_ns);
+            }
+            Record::Thread { .. } | Record::Unknown { .. } => {}
+        }
+        Change::Other
+    }
+
+    /// The highest estimated live heap so far (0 before the first sample).
+    pub fn peak_bytes(&self) -> f64 {
+        self.peak.map_or(0.0, |(_, bytes, _)| bytes)
+    }
+
+    /// The frames of a stack, innermost first.
+    pub fn frames(&self, stack: StackId) -> impl Iterator<Item = Location<'_>> + '_ {
+        self.resolver.names.frames(stack.0)
+    }
+
+    /// The innermost frame of a stack.
+    pub fn innermost(&self, stack: StackId) -> Location<'_> {
+        self.resolver.names.innermost(stack.0)
+    }
 }
 
 impl Profile {
@@ -440,110 +626,48 @@ impl Profile {
             Record::Meta { text } => meta_rate(text),
             _ => None,
         });
-        let mut p = Profile {
-            meta: BTreeMap::new(),
-            rate: first_rate.unwrap_or(1),
-            rate_known: first_rate.is_some(),
-            samples: 0,
-            dropped: 0,
-            peak_seconds: None,
-            max_rss: None,
-            totals: Figures::default(),
-            names: Names::new(),
-            figures: Vec::new(),
-        };
-        let mut resolver = StackResolver::new();
-        let mut live: FastMap<u64, Block> = FastMap::default();
+        let mut agg = Aggregator::new(first_rate.unwrap_or(1));
         let mut stacks: Vec<u32> = Vec::new();
-        let mut live_bytes = 0.0f64;
-        let mut peak: Option<(usize, f64)> = None;
-        let mut first_ns = None;
-        let mut peak_ns = 0;
-        let mut allocated: Vec<Figures> = Vec::new();
-        for (i, record) in records.iter().enumerate() {
-            match record {
-                Record::Meta { text } => p.apply_meta(text),
-                Record::Code {
-                    code,
-                    firstline,
-                    filename,
-                    name,
-                } => resolver.announce(*code, filename, name, *firstline),
-                Record::Alloc {
-                    addr,
-                    size,
-                    frames,
-                    time_ns,
-                    flags,
-                    ..
-                } => {
-                    first_ns.get_or_insert(*time_ns);
-                    let stack = resolver.stack(frames, flags & ALLOC_TRUNCATED != 0);
-                    stacks.push(stack);
-                    p.samples += 1;
-                    let sample = Sample::new(*size, p.rate);
-                    let block = Block {
-                        stack,
-                        size: *size,
-                        rate: p.rate,
-                    };
-                    if allocated.len() <= stack as usize {
-                        allocated.resize(stack as usize + 1, Figures::default());
-                    }
-                    allocated[stack as usize].allocated.add(&sample);
-                    if let Some(old) = live.insert(*addr, block) {
-                        live_bytes -= Sample::new(old.size, old.rate).bytes;
-                    }
-                    live_bytes += sample.bytes;
-                    if peak.is_none_or(|(_, best)| live_bytes > best) {
-                        peak = Some((i, live_bytes));
-                        peak_ns = *time_ns;
-                    }
+        let mut figures: Vec<Figures> = Vec::new();
+        for record in records {
+            if let Change::Alloc { block, sample, .. } = agg.apply(record) {
+                let stack = block.stack.0 as usize;
+                stacks.push(block.stack.0);
+                if figures.len() <= stack {
+                    figures.resize(stack + 1, Figures::default());
                 }
-                Record::Free { addr } => {
-                    if let Some(old) = live.remove(addr) {
-                        live_bytes -= Sample::new(old.size, old.rate).bytes;
-                    }
-                }
-                Record::Stats { dropped, .. } => p.dropped = *dropped,
-                Record::Rss { time_ns, rss_bytes } => {
-                    first_ns.get_or_insert(*time_ns);
-                    p.max_rss = p.max_rss.max(Some(*rss_bytes));
-                }
-                Record::End { time_ns, .. } => {
-                    first_ns.get_or_insert(*time_ns);
-                }
-                Record::Thread { .. } | Record::Unknown { .. } => {}
+                figures[stack].allocated.add(&sample);
             }
         }
-        p.names = std::mem::take(&mut resolver.names);
-        allocated.resize(p.names.nodes.len(), Figures::default());
-        p.figures = allocated;
-        for block in live.values() {
-            p.figures[block.stack as usize]
-                .live
-                .add(&Sample::new(block.size, block.rate));
+        let names = std::mem::take(&mut agg.resolver.names);
+        figures.resize(names.nodes.len(), Figures::default());
+        for block in agg.live.values() {
+            figures[block.stack.0 as usize].live.add(&block.sample());
         }
-        if let Some((end, _)) = peak {
-            p.peak_seconds = first_ns.map(|t0| peak_ns.saturating_sub(t0) as f64 / 1e9);
+        let mut peak_seconds = None;
+        if let Some((end, _, peak_ns)) = agg.peak {
+            peak_seconds = agg
+                .first_ns
+                .map(|t0| peak_ns.saturating_sub(t0) as f64 / 1e9);
             for block in live_at(&records[..=end], &stacks, first_rate.unwrap_or(1)).values() {
-                p.figures[block.stack as usize]
-                    .peak
-                    .add(&Sample::new(block.size, block.rate));
+                figures[block.stack.0 as usize].peak.add(&block.sample());
             }
         }
-        for f in &p.figures {
-            p.totals.merge(f);
+        let mut totals = Figures::default();
+        for f in &figures {
+            totals.merge(f);
         }
-        p
-    }
-
-    fn apply_meta(&mut self, text: &str) {
-        for (key, value) in meta_pairs(text) {
-            self.meta.insert(key.to_owned(), value.to_owned());
-        }
-        if let Some(rate) = meta_rate(text) {
-            self.rate = rate;
+        Profile {
+            meta: agg.meta,
+            rate: agg.rate,
+            rate_known: first_rate.is_some(),
+            samples: agg.samples,
+            dropped: agg.dropped,
+            peak_seconds,
+            max_rss: agg.max_rss,
+            totals,
+            names,
+            figures,
         }
     }
 
@@ -558,21 +682,12 @@ impl Profile {
 
     /// The frames of a stack, innermost first.
     pub fn frames(&self, stack: StackId) -> impl Iterator<Item = Location<'_>> + '_ {
-        let mut node = stack.0;
-        std::iter::from_fn(move || {
-            if node == 0 {
-                return None;
-            }
-            let (parent, frame) = self.names.nodes[node as usize];
-            node = parent;
-            Some(self.names.location(frame))
-        })
+        self.names.frames(stack.0)
     }
 
     /// The innermost frame of a stack.
     pub fn innermost(&self, stack: StackId) -> Location<'_> {
-        let (_, frame) = self.names.nodes[stack.0 as usize];
-        self.names.location(frame)
+        self.names.innermost(stack.0)
     }
 
     /// Totals over all stacks, per view.
@@ -590,16 +705,17 @@ fn live_at(records: &[Record], stacks: &[u32], first_rate: u64) -> FastMap<u64, 
     for record in records {
         match record {
             Record::Meta { text } => rate = meta_rate(text).unwrap_or(rate),
-            Record::Alloc { addr, size, .. } => {
+            Record::Alloc {
+                addr, size, tid, ..
+            } => {
                 let stack = *allocs.next().expect("one stack per Alloc");
-                live.insert(
-                    *addr,
-                    Block {
-                        stack,
-                        size: *size,
-                        rate,
-                    },
-                );
+                let block = Block {
+                    stack: StackId(stack),
+                    tid: *tid,
+                    size: *size,
+                    rate,
+                };
+                live.insert(*addr, block);
             }
             Record::Free { addr } => {
                 live.remove(addr);

@@ -1,6 +1,7 @@
 //! `mprof record`: run a command with the agent preloaded and profile it from its first line.
 
 use crate::capture::CaptureWriter;
+use crate::live::{self, Closed, Live};
 use crate::profile::Profile;
 use crate::session::{Reader, RingMem};
 use crate::{report, signals, SamplingArgs};
@@ -10,7 +11,7 @@ use mprof_common::ring::{STATE_FAILED, STATE_WAITING};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, ExitStatus};
+use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -38,8 +39,30 @@ fn unix_ms() -> u128 {
         .unwrap_or(0)
 }
 
-fn spawn(command: &[String], ring: &RingMem, agent: &std::os::fd::OwnedFd) -> Result<Child> {
+/// Where the program's stdout and stderr go under `--live`: `CAPTURE.out`, beside the capture.
+pub fn program_output_path(capture: &Path) -> PathBuf {
+    let mut name = capture.as_os_str().to_owned();
+    name.push(".out");
+    PathBuf::from(name)
+}
+
+/// Starts `command`; with `output`, its stdout and stderr go to that file and its stdin is
+/// /dev/null, so that it neither garbles nor reads the live view's terminal.
+fn spawn(
+    command: &[String],
+    ring: &RingMem,
+    agent: &std::os::fd::OwnedFd,
+    output: Option<&Path>,
+) -> Result<Child> {
     resolve(&command[0])?;
+    let mut cmd = Command::new(&command[0]);
+    if let Some(path) = output {
+        let file = std::fs::File::create(path)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        cmd.stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file);
+    }
     let saved = std::env::var("LD_PRELOAD").unwrap_or_default();
     let ours = mprof_injector::agent::inherited_path(agent);
     let preload = if saved.is_empty() {
@@ -47,8 +70,7 @@ fn spawn(command: &[String], ring: &RingMem, agent: &std::os::fd::OwnedFd) -> Re
     } else {
         format!("{ours}:{saved}")
     };
-    Command::new(&command[0])
-        .args(&command[1..])
+    cmd.args(&command[1..])
         .env("LD_PRELOAD", preload)
         .env("MPROF_SAVED_LD_PRELOAD", saved)
         .env("MPROF_RING_FD", ring.fd().as_raw_fd().to_string())
@@ -66,18 +88,41 @@ fn exit_code(status: ExitStatus) -> u8 {
     }
 }
 
-/// Runs `command` under the profiler; returns the child's exit status as mprof's.
+/// What mprof says when the live view closes before the program ends, and does about it.
+fn view_closed(closed: Closed, pid: u32, command: &str) {
+    match closed {
+        Closed::Quit => eprintln!(
+            "mprof: live view closed; recording {command} (PID {pid}) until it ends \
+             (Ctrl-C stops it)"
+        ),
+        Closed::Interrupt => {
+            eprintln!("mprof: live view closed; interrupting {command} (SIGINT to PID {pid})");
+            unsafe { libc::kill(pid as i32, libc::SIGINT) };
+        }
+        Closed::Failed(e) => {
+            eprintln!("mprof: warning: the live view stopped ({e:#}); recording goes on")
+        }
+    }
+}
+
+/// Runs `command` under the profiler; returns the child's exit status as mprof's. With `live`,
+/// a live view shows the allocation sites while the program runs (see `crate::live`).
 pub fn run(
     command: &[String],
     output: &Path,
     sampling: &SamplingArgs,
     quiet: bool,
+    live: bool,
 ) -> Result<ExitCode> {
+    if live {
+        Live::check_terminal()?;
+    }
+    let program_output = live.then(|| program_output_path(output));
     let mut capture = CaptureWriter::create(output)?;
     let ring = RingMem::create(sampling, true)?;
     let agent = mprof_injector::agent::agent_memfd()?;
     signals::install();
-    let mut child = spawn(command, &ring, &agent)?;
+    let mut child = spawn(command, &ring, &agent, program_output.as_deref())?;
     drop(agent);
     let pid = child.id();
     capture.write(&Record::Meta {
@@ -90,10 +135,32 @@ pub fn run(
             unix_ms()
         ),
     })?;
+    let mut view = match program_output.as_ref().map(|out| {
+        Live::start(live::Target {
+            mode: live::Mode::Record,
+            pid,
+            command: command.join(" "),
+            rate: sampling.rate,
+            capture: output.to_path_buf(),
+            program_output: Some(out.clone()),
+        })
+    }) {
+        None => None,
+        Some(Ok(view)) => Some(view),
+        Some(Err(e)) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+    };
     let mut reader = Reader::new(ring.ring(), capture, pid);
     let mut announced_version = false;
     let status = loop {
-        let moved = reader.pump()?;
+        let (moved, closed) = live::pump(&mut view, &mut reader, &ring)?;
+        if let Some(closed) = closed {
+            let name = Path::new(&command[0]).file_name().unwrap_or_default();
+            view_closed(closed, pid, &name.to_string_lossy());
+        }
         if !announced_version && !ring.python_version().is_empty() {
             announced_version = true;
             reader.capture.write(&Record::Meta {
@@ -101,6 +168,9 @@ pub fn run(
             })?;
         }
         if let Some(sig) = signals::take_forward() {
+            if view.take().is_some() {
+                eprintln!("mprof: live view closed by signal {sig}; passing it on to PID {pid}");
+            }
             unsafe { libc::kill(pid as i32, sig) };
         }
         if let Some(status) = child.try_wait()? {
@@ -110,6 +180,8 @@ pub fn run(
             std::thread::sleep(Duration::from_millis(5));
         }
     };
+    // The terminal is the user's again before anything is printed.
+    drop(view);
     // Whatever the agent published before the child ended is still in the ring.
     while reader.pump()? > 0 {}
     reader.finish()?;
@@ -132,6 +204,9 @@ pub fn run(
         let profile = Profile::load(output)?;
         eprintln!("{}", report::summary(&profile));
         eprintln!("mprof: capture written to {}", output.display());
+    }
+    if let Some(out) = &program_output {
+        eprintln!("mprof: the program's output is in {}", out.display());
     }
     Ok(ExitCode::from(exit_code(status)))
 }

@@ -80,6 +80,11 @@ impl RingMem {
     pub fn python_version(&self) -> String {
         c_text(&self.header().py_version)
     }
+
+    /// Records the agent has dropped so far because the ring was full.
+    pub fn dropped(&self) -> u64 {
+        self.header().dropped.load(Ordering::Relaxed)
+    }
 }
 
 impl Drop for RingMem {
@@ -145,6 +150,13 @@ impl Reader {
 
     /// Moves whatever the agent published into the capture; returns the bytes moved.
     pub fn pump(&mut self) -> Result<usize> {
+        self.pump_observed(|_| {})
+    }
+
+    /// [`Reader::pump`], and `observe` sees every record written to the capture, in file
+    /// order: the ring's records byte for byte and the ones the reader adds
+    /// (thread names, RSS readings). The live view aggregates from here.
+    pub fn pump_observed(&mut self, mut observe: impl FnMut(&[u8])) -> Result<usize> {
         self.heartbeat();
         let mut new_tids = Vec::new();
         let mut result = Ok(());
@@ -165,28 +177,37 @@ impl Reader {
                     }
                 }
                 result = capture.write_raw(bytes);
+                observe(bytes);
             })
             .map_err(|e| anyhow::anyhow!("the agent's ring is damaged: {e}"))?;
         result?;
         for tid in new_tids {
-            self.write_thread_name(tid)?;
+            self.write_thread_name(tid, &mut observe)?;
         }
-        self.tick()?;
+        self.tick(&mut observe)?;
         Ok(moved)
     }
 
-    fn write_thread_name(&mut self, tid: u32) -> Result<()> {
+    /// Writes a record the reader adds itself, and shows it to `observe`.
+    fn add(&mut self, record: &Record, observe: &mut impl FnMut(&[u8])) -> Result<()> {
+        let bytes = record::encode(record);
+        self.capture.write_raw(&bytes)?;
+        observe(&bytes);
+        Ok(())
+    }
+
+    fn write_thread_name(&mut self, tid: u32, observe: &mut impl FnMut(&[u8])) -> Result<()> {
         let comm = std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", self.pid))
             .unwrap_or_default();
         let mut name = comm.trim().to_string();
         if tid == self.pid {
             name = format!("main ({name})");
         }
-        self.capture.write(&Record::Thread { tid, name })
+        self.add(&Record::Thread { tid, name }, observe)
     }
 
     /// RSS every 100 ms, flush every 200 ms.
-    fn tick(&mut self) -> Result<()> {
+    fn tick(&mut self, observe: &mut impl FnMut(&[u8])) -> Result<()> {
         let now = Instant::now();
         if self
             .last_rss
@@ -194,10 +215,11 @@ impl Reader {
         {
             self.last_rss = Some(now);
             if let Some(rss) = rss_bytes(self.pid) {
-                self.capture.write(&Record::Rss {
+                let rss = Record::Rss {
                     time_ns: monotonic_ns(),
                     rss_bytes: rss,
-                })?;
+                };
+                self.add(&rss, observe)?;
             }
         }
         if now - self.last_flush >= Duration::from_millis(200) {
@@ -215,5 +237,41 @@ impl Reader {
             dropped: h.dropped.load(Ordering::Relaxed),
         })?;
         self.capture.flush()
+    }
+}
+
+impl RingMem {
+    /// Makes a ring in a memory file that another process created (attach: the target's own
+    /// memfd, opened through `/proc/PID/fd/N`): sizes it, maps it and writes a fresh header.
+    pub fn from_fd(fd: OwnedFd, sampling: &SamplingArgs) -> Result<RingMem> {
+        let len = ring::region_size(RING_DATA_SIZE);
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("sizing the ring");
+        }
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error()).context("mapping the ring");
+        }
+        let base = base as *mut u8;
+        unsafe {
+            Ring::init(
+                base,
+                RING_DATA_SIZE,
+                sampling.rate,
+                sampling.seed,
+                sampling.max_depth,
+                0,
+            )
+        };
+        Ok(RingMem { fd, base, len })
     }
 }

@@ -2,3 +2,14 @@
 //! means of loading it (a preload for `record`, ptrace for `attach`).
 
 pub mod agent;
+pub mod attach;
+mod elf;
+mod error;
+mod procmaps;
+mod ptrace;
+mod remote;
+mod safepoint;
+mod target;
+mod trampoline;
+
+pub use error::AttachError;

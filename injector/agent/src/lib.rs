@@ -124,9 +124,8 @@ unsafe fn claim_and_start(base: *mut u8, len: usize) -> c_int {
             };
             write_message(h, &text);
             h.state.store(STATE_FAILED, Ordering::Release);
-            if !matches!(e, StartError::Busy) {
-                sys::munmap(base.cast(), len);
-            }
+            // This ring is the refused one (a running session has its own): never keep it.
+            sys::munmap(base.cast(), len);
             1
         }
     }

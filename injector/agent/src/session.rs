@@ -27,9 +27,10 @@ const CODE_CACHE: usize = 1 << 14;
 const LINE_CACHE: usize = 1 << 14;
 
 /// A remembered line: the code object (with its name, so a reused address does not match),
-/// the instruction offset, and its line.
+/// the instruction offset, and its line; valid only in the session (`generation`) that made it.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct LineEntry {
+    generation: u32,
     code: usize,
     name: usize,
     offset: i32,
@@ -41,7 +42,10 @@ pub struct Shared {
     layout: Option<&'static PyLayout>,
     max_depth: usize,
     set: AddrSet,
-    codes: [Option<CodeKey>; CODE_CACHE],
+    /// Bumped at every session start: cache entries of older sessions no longer match. (Cheaper
+    /// than clearing the caches, which would touch a megabyte of the target's memory.)
+    generation: u32,
+    codes: [Option<(u32, CodeKey)>; CODE_CACHE],
     lines: [Option<LineEntry>; LINE_CACHE],
 }
 
@@ -52,6 +56,7 @@ pub static SHARED: SpinLock<Shared> = SpinLock::new(Shared {
     layout: None,
     max_depth: 0,
     set: AddrSet::new(),
+    generation: 0,
     codes: [None; CODE_CACHE],
     lines: [None; LINE_CACHE],
 });
@@ -181,7 +186,7 @@ unsafe fn walk_this_thread(
 unsafe fn announce(shared: &mut Shared, ring: Ring, l: &PyLayout, code: *mut c_void) -> CodeKey {
     let key = frames::code_key(l, code);
     let slot = (key.code >> 4).wrapping_mul(0x9E37_79B9) % CODE_CACHE;
-    if shared.codes[slot] == Some(key) {
+    if shared.codes[slot] == Some((shared.generation, key)) {
         return key;
     }
     let mut filename = [0u8; 1024];
@@ -198,7 +203,7 @@ unsafe fn announce(shared: &mut Shared, ring: Ring, l: &PyLayout, code: *mut c_v
         b[CODE_FIXED + flen..CODE_FIXED + flen + nlen].copy_from_slice(&name[..nlen]);
     });
     if written {
-        shared.codes[slot] = Some(key);
+        shared.codes[slot] = Some((shared.generation, key));
     }
     key
 }
@@ -252,8 +257,7 @@ pub unsafe fn start(base: *mut u8, len: usize) -> Result<(), StartError> {
         shared.ring = Some((ring, base, len));
         shared.layout = Some(layout);
         shared.max_depth = (h.max_depth as usize).clamp(1, MAX_FRAMES);
-        shared.codes = [None; CODE_CACHE];
-        shared.lines = [None; LINE_CACHE];
+        shared.generation = shared.generation.wrapping_add(1);
         sampler::configure(h.rate, h.seed);
         ENABLED.store(true, Ordering::Release);
     }
@@ -285,12 +289,17 @@ impl Shared {
             (key.code as u64 >> 4 ^ (f.offset as u64) << 20).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let slot = (h >> 40) as usize % LINE_CACHE;
         if let Some(e) = self.lines[slot] {
-            if e.code == key.code && e.name == key.name && e.offset == f.offset {
+            if e.generation == self.generation
+                && e.code == key.code
+                && e.name == key.name
+                && e.offset == f.offset
+            {
                 return e.line;
             }
         }
         let line = frames::line_of(api, l, f.code, f.offset);
         self.lines[slot] = Some(LineEntry {
+            generation: self.generation,
             code: key.code,
             name: key.name,
             offset: f.offset,

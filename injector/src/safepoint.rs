@@ -1,0 +1,250 @@
+//! Is a stopped thread at a point where it may call `dlopen` and the agent's start function?
+//!
+//! Those take the dynamic loader's lock and the allocator's locks. A thread may hold either one
+//! only while it runs C library code (or a callback that the C library called with the lock
+//! held: a library constructor, a `dl_iterate_phdr` callback, a signal handler that interrupted
+//! `malloc`). So a thread is at a safe point when:
+//!
+//! - no signal handler is running on its stack (a return address to `__restore_rt` proves one
+//!   is) and no signal is about to be delivered to it; and either
+//! - it is blocked in a system call that the allocator and the loader never make while holding
+//!   a lock, interrupted by our PTRACE_INTERRUPT before it returned (the trampoline re-issues
+//!   it), or waiting for the GIL (a futex inside `_PyRuntime`); or
+//! - it runs interpreter code (libpython's, outside the few functions that take locks), or the
+//!   code of an extension module. When the interpreter image defines `malloc` itself, only the
+//!   bytecode loop `_PyEval_EvalFrameDefault` counts.
+
+use crate::ptrace::Regs;
+use crate::remote::{Mem, ThreadStatus};
+use crate::target::Target;
+
+const EINTR: i64 = 4;
+const ERESTARTSYS: i64 = 512;
+const ERESTARTNOINTR: i64 = 513;
+const ERESTARTNOHAND: i64 = 514;
+const ERESTART_RESTARTBLOCK: i64 = 516;
+
+const SYS_FUTEX: i64 = 202;
+const FUTEX_WAIT: u64 = 0;
+const FUTEX_WAIT_BITSET: u64 = 9;
+const FUTEX_CMD_MASK: u64 = !(128 | 256);
+
+/// Blocking system calls during which the thread holds no lock of the loader or allocator
+/// (x86-64 numbers): reads and writes on pipes and sockets, waits for events, sleeps, waits for
+/// children and signals.
+const BLOCKING_SYSCALLS: &[(i64, &str)] = &[
+    (0, "read"),
+    (1, "write"),
+    (7, "poll"),
+    (19, "readv"),
+    (20, "writev"),
+    (23, "select"),
+    (34, "pause"),
+    (35, "nanosleep"),
+    (42, "connect"),
+    (43, "accept"),
+    (44, "sendto"),
+    (45, "recvfrom"),
+    (46, "sendmsg"),
+    (47, "recvmsg"),
+    (61, "wait4"),
+    (128, "rt_sigtimedwait"),
+    (130, "rt_sigsuspend"),
+    (230, "clock_nanosleep"),
+    (232, "epoll_wait"),
+    (247, "waitid"),
+    (270, "pselect6"),
+    (271, "ppoll"),
+    (281, "epoll_pwait"),
+    (288, "accept4"),
+    (299, "recvmmsg"),
+    (307, "sendmmsg"),
+    (441, "epoll_pwait2"),
+];
+
+/// The name of a system call a thread may be chosen in, for messages.
+pub fn syscall_name(nr: i64) -> Option<&'static str> {
+    if nr == SYS_FUTEX {
+        return Some("futex");
+    }
+    BLOCKING_SYSCALLS
+        .iter()
+        .find(|&&(n, _)| n == nr)
+        .map(|&(_, name)| name)
+}
+
+/// Where the thread goes once the trampoline is done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resume {
+    pub rip: u64,
+    pub rax: u64,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Safe(Resume),
+    Unsafe(&'static str),
+}
+
+/// Whether `regs.rax` says the system call was interrupted before it completed.
+pub fn interrupted_syscall(regs: &Regs) -> bool {
+    let rax = regs.rax as i64;
+    (regs.orig_rax as i64) >= 0
+        && matches!(
+            -rax,
+            EINTR | ERESTARTSYS | ERESTARTNOINTR | ERESTARTNOHAND | ERESTART_RESTARTBLOCK
+        )
+}
+
+/// Registers that make the kernel restart an interrupted system call when the thread resumes,
+/// as if it had never been interrupted (used for threads we looked at but did not choose, and
+/// whenever mprof's death could resume the chosen one). A plain EINTR (epoll_wait) is turned
+/// into a restart: no signal handler ran, so the target must not see it.
+pub fn restartable(regs: &Regs, status: &ThreadStatus) -> Regs {
+    let mut r = *regs;
+    if interrupted_syscall(regs) && regs.rax as i64 == -EINTR && status.deliverable() == 0 {
+        r.rax = (-ERESTARTNOINTR) as u64;
+    }
+    r
+}
+
+pub fn judge(t: &Target, mem: &Mem, regs: &Regs, status: &ThreadStatus) -> Verdict {
+    if status.deliverable() != 0 {
+        return Verdict::Unsafe("a signal is about to be delivered");
+    }
+    if in_signal_handler(t, mem, regs) {
+        return Verdict::Unsafe("a signal handler is running");
+    }
+    if (regs.orig_rax as i64) >= 0 {
+        return judge_syscall(t, mem, regs);
+    }
+    judge_pc(t, regs)
+}
+
+fn judge_syscall(t: &Target, mem: &Mem, regs: &Regs) -> Verdict {
+    if !interrupted_syscall(regs) {
+        return Verdict::Unsafe("returning from a system call");
+    }
+    let nr = regs.orig_rax as i64;
+    let allowed = if nr == SYS_FUTEX {
+        waits_for_the_gil(t, regs)
+    } else {
+        BLOCKING_SYSCALLS.iter().any(|&(n, _)| n == nr)
+    };
+    if !allowed {
+        return Verdict::Unsafe("in a system call that may hold a lock");
+    }
+    let mut insn = [0u8; 2];
+    if mem.read(regs.rip.wrapping_sub(2), &mut insn).is_err() || insn != [0x0f, 0x05] {
+        return Verdict::Unsafe("not stopped after a syscall instruction");
+    }
+    Verdict::Safe(Resume {
+        rip: regs.rip - 2,
+        rax: regs.orig_rax,
+    })
+}
+
+fn waits_for_the_gil(t: &Target, regs: &Regs) -> bool {
+    let cmd = regs.rsi & FUTEX_CMD_MASK;
+    let in_runtime = t
+        .python
+        .runtime
+        .is_some_and(|(lo, hi)| lo <= regs.rdi && regs.rdi < hi);
+    (cmd == FUTEX_WAIT || cmd == FUTEX_WAIT_BITSET) && in_runtime
+}
+
+fn judge_pc(t: &Target, regs: &Regs) -> Verdict {
+    let pc = regs.rip;
+    let here = Verdict::Safe(Resume {
+        rip: pc,
+        rax: regs.rax,
+    });
+    let py = &t.python;
+    if py.eval_loop.is_some_and(|(lo, hi)| lo <= pc && pc < hi) {
+        return here;
+    }
+    if py.defines_malloc {
+        return Verdict::Unsafe("outside the bytecode loop of an interpreter with its own malloc");
+    }
+    let inside = |ranges: &[(u64, u64)]| ranges.iter().any(|&(lo, hi)| lo <= pc && pc < hi);
+    if inside(&py.text) {
+        if inside(&py.excluded) {
+            return Verdict::Unsafe("in an interpreter function that takes locks");
+        }
+        return here;
+    }
+    if t.in_extension_module(pc) {
+        return here;
+    }
+    Verdict::Unsafe("in native code outside the interpreter")
+}
+
+/// Most of a stack that is scanned for a signal frame.
+const STACK_SCAN: u64 = 1 << 20;
+
+/// Whether a return address into `__restore_rt` sits on the live part of the thread's stack:
+/// the mark of a signal frame, so a handler is running (maybe on top of `malloc`).
+fn in_signal_handler(t: &Target, mem: &Mem, regs: &Regs) -> bool {
+    let Some(restore) = t.libc.restore_rt else {
+        return false;
+    };
+    let sp = regs.rsp & !7;
+    let end = t
+        .mapping_at(sp)
+        .map_or(sp, |m| m.end)
+        .min(sp.saturating_add(STACK_SCAN));
+    let mut at = sp;
+    let mut buf = vec![0u8; 64 << 10];
+    while at < end {
+        let n = ((end - at) as usize).min(buf.len());
+        if mem.read(at, &mut buf[..n]).is_err() {
+            // Unreadable: assume the worst.
+            return true;
+        }
+        if buf[..n]
+            .chunks_exact(8)
+            .any(|w| u64::from_le_bytes(w.try_into().unwrap()) == restore)
+        {
+            return true;
+        }
+        at += n as u64;
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn regs(orig_rax: i64, rax: i64) -> Regs {
+        let mut r: Regs = unsafe { std::mem::zeroed() };
+        r.orig_rax = orig_rax as u64;
+        r.rax = rax as u64;
+        r.rip = 0x1002;
+        r
+    }
+
+    #[test]
+    fn only_interrupted_calls_count_as_interrupted() {
+        assert!(interrupted_syscall(&regs(232, -4)));
+        assert!(interrupted_syscall(&regs(230, -516)));
+        assert!(
+            !interrupted_syscall(&regs(232, 1)),
+            "epoll_wait returned an event"
+        );
+        assert!(!interrupted_syscall(&regs(-1, -4)), "not in a system call");
+    }
+
+    #[test]
+    fn a_plain_eintr_becomes_a_restart_unless_a_signal_waits() {
+        let quiet = ThreadStatus::default();
+        let r = restartable(&regs(232, -4), &quiet);
+        assert_eq!(r.rax as i64, -ERESTARTNOINTR);
+        let signalled = ThreadStatus {
+            pending: 2,
+            ..quiet
+        };
+        assert_eq!(restartable(&regs(232, -4), &signalled).rax as i64, -4);
+        assert_eq!(restartable(&regs(7, -514), &quiet).rax as i64, -514);
+    }
+}

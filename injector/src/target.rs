@@ -1,0 +1,402 @@
+//! What mprof learns about a target before it stops anything: is it Python, which version,
+//! where its interpreter code and data lie, where `dlopen` is, and whether an agent or a
+//! trampoline region from an earlier attach is already there.
+
+use crate::elf::{Elf, Sym};
+use crate::error::{other, AttachError};
+use crate::procmaps::{self, Mapping};
+use crate::remote::{self, Mem};
+use crate::trampoline;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io;
+
+/// `mov $15, %rax; syscall`: the body of `__restore_rt`, where a signal handler returns to
+/// (glibc and musl alike).
+const RESTORE_RT: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
+/// `dlopen` flag that `__libc_dlopen_mode` needs on glibc before 2.34.
+const RTLD_DLOPEN_PRIVATE: u64 = 0x8000_0000;
+const RTLD_NOW: u64 = 2;
+
+/// Interpreter functions that take locks the agent's start needs (the allocator lock of 3.12+)
+/// or that wait on locks: a thread stopped inside them is not at a safe point.
+const LOCKING_PREFIXES: &[&str] = &[
+    "PyMem_GetAllocator",
+    "PyMem_SetAllocator",
+    "PyMem_SetupDebugHooks",
+    "PyThread_",
+    "PyMutex_",
+    "_PyMutex_",
+    "_PyParkingLot_",
+    "_PySemaphore_",
+];
+
+/// The interpreter image: libpython, or the executable when libpython is linked in statically.
+pub struct Python {
+    pub version: Option<(u8, u8)>,
+    /// Executable ranges of the image.
+    pub text: Vec<(u64, u64)>,
+    /// Ranges of functions that hold or wait on locks.
+    pub excluded: Vec<(u64, u64)>,
+    /// `_PyRuntime`, which holds the GIL (a thread waiting for the GIL waits on a futex there).
+    pub runtime: Option<(u64, u64)>,
+    /// The bytecode loop.
+    pub eval_loop: Option<(u64, u64)>,
+    /// The image defines `malloc` itself: only the bytecode loop then proves that no allocator
+    /// lock is held.
+    pub defines_malloc: bool,
+}
+
+/// The C library entry points the trampoline calls.
+pub struct Libc {
+    pub dlopen: u64,
+    pub dlopen_flags: u64,
+    pub dlerror: u64,
+    pub errno_location: u64,
+    /// A `syscall` instruction, for single injected system calls.
+    pub syscall: u64,
+    /// `__restore_rt`: a return address to it on a stack marks a running signal handler.
+    pub restore_rt: Option<u64>,
+}
+
+pub struct Target {
+    pub pid: u32,
+    pub start_time: u64,
+    pub maps: Vec<Mapping>,
+    pub python: Python,
+    pub libc: Libc,
+    /// `mprof_agent_start` of an agent an earlier attach (or `record`) loaded.
+    pub loaded_agent: Option<u64>,
+    /// The trampoline region of an earlier attach.
+    pub region: Option<u64>,
+    extensions: RefCell<HashMap<(String, u64), bool>>,
+}
+
+fn io_error(pid: u32, what: &str, e: io::Error) -> AttachError {
+    match e.raw_os_error() {
+        Some(libc::ENOENT) | Some(libc::ESRCH) => AttachError::NoSuchProcess(pid),
+        Some(libc::EACCES) | Some(libc::EPERM) => AttachError::PermissionDenied {
+            pid,
+            owner: owner(pid),
+        },
+        _ => other(what, e),
+    }
+}
+
+fn owner(pid: u32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}"))
+        .ok()
+        .map(|m| m.uid())
+}
+
+/// "libpython3.11.so.1.0" with prefix "libpython" → (3, 11); "python3.7m" → (3, 7).
+pub fn version_in_name(name: &str, prefix: &str) -> Option<(u8, u8)> {
+    let rest = name.strip_prefix(prefix)?;
+    let mut parts = rest.splitn(2, '.');
+    let major = parts.next()?.parse().ok()?;
+    let minor: String = parts
+        .next()?
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    Some((major, minor.parse().ok()?))
+}
+
+/// A file mapped read-only into mprof: parsing the symbols of a large libpython then touches
+/// only the pages that hold them.
+pub struct FileMap {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl FileMap {
+    fn open(path: &std::path::Path) -> io::Result<FileMap> {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::File::open(path)?;
+        let len = file.metadata()?.len() as usize;
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "empty file"));
+        }
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(FileMap { ptr, len })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: a private read-only mapping of `len` bytes, alive as long as self.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+}
+
+impl Drop for FileMap {
+    fn drop(&mut self) {
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
+fn load_elf(pid: u32, m: &Mapping) -> io::Result<(Elf, FileMap)> {
+    let mut last = io::Error::new(io::ErrorKind::NotFound, m.path.clone());
+    for path in procmaps::file_paths(pid, m) {
+        match FileMap::open(&path) {
+            Ok(map) => return Ok((Elf::parse(map.bytes())?, map)),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+fn bias(maps: &[Mapping], m: &Mapping, elf: &Elf) -> u64 {
+    procmaps::file_base(maps, m).unwrap_or(m.start) - elf.first_vaddr
+}
+
+fn ranges_of(maps: &[Mapping], m: &Mapping) -> Vec<(u64, u64)> {
+    maps.iter()
+        .filter(|o| o.exec && o.path == m.path && o.inode == m.inode)
+        .map(|o| (o.start, o.end))
+        .collect()
+}
+
+fn abs(bias: u64, s: Sym) -> (u64, u64) {
+    (bias + s.value, bias + s.value + s.size.max(1))
+}
+
+impl Target {
+    /// Reads everything needed from /proc and the target's files. Changes nothing.
+    pub fn inspect(pid: u32) -> Result<Target, AttachError> {
+        let (state, start_time) =
+            remote::stat(pid).map_err(|e| io_error(pid, "reading stat", e))?;
+        match state {
+            'Z' | 'X' => return Err(AttachError::Exited(pid)),
+            'T' | 't' => return Err(AttachError::Stopped(pid)),
+            _ => {}
+        }
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .map(|p| p.display().to_string())
+            .map_err(|e| io_error(pid, "reading the executable path", e))?;
+        let maps = procmaps::read(pid).map_err(|e| io_error(pid, "reading the memory map", e))?;
+        let python = find_python(pid, &exe, &maps)?;
+        if let Some(v) = python.version {
+            let (lo, hi) = mprof_common::layout::supported_range();
+            if v < lo || v > hi {
+                return Err(AttachError::Unsupported { pid, version: v });
+            }
+        }
+        // The agent maps the ring while a session runs and unmaps it when the session ends.
+        if maps.iter().any(|m| m.path.contains("mprof-ring")) {
+            return Err(AttachError::Busy(pid));
+        }
+        let libc = find_libc(pid, &maps)?;
+        Ok(Target {
+            pid,
+            start_time,
+            maps,
+            python,
+            libc,
+            loaded_agent: None,
+            region: None,
+            extensions: RefCell::new(HashMap::new()),
+        })
+    }
+
+    /// Looks for what an earlier attach left: the agent and the trampoline region. Needs
+    /// access to the target's memory.
+    pub fn find_leftovers(&mut self, mem: &Mem) -> Result<(), AttachError> {
+        self.loaded_agent = find_agent(self.pid, &self.maps, mem)?;
+        self.region = self
+            .maps
+            .iter()
+            .filter(|m| m.path.is_empty() && m.inode == 0 && m.exec && m.write)
+            .filter(|m| m.len() == trampoline::REGION_SIZE as u64)
+            .find(|m| trampoline::is_region(mem, m.start))
+            .map(|m| m.start);
+        Ok(())
+    }
+
+    pub fn mapping_at(&self, addr: u64) -> Option<&Mapping> {
+        self.maps.iter().find(|m| m.contains(addr))
+    }
+
+    /// Whether `addr` is in the code of a CPython extension module (a library exporting a
+    /// `PyInit_` function: loaded by `import`, so it cannot be the process's allocator).
+    pub fn in_extension_module(&self, addr: u64) -> bool {
+        let Some(m) = self.mapping_at(addr) else {
+            return false;
+        };
+        if !m.exec || !m.is_file() || !m.file_name().contains(".so") {
+            return false;
+        }
+        let key = (m.path.clone(), m.inode);
+        if let Some(&known) = self.extensions.borrow().get(&key) {
+            return known;
+        }
+        let is_ext = load_elf(self.pid, m)
+            .map(|(elf, _)| elf.with_prefix("PyInit_").next().is_some())
+            .unwrap_or(false);
+        self.extensions.borrow_mut().insert(key, is_ext);
+        is_ext
+    }
+}
+
+fn find_python(pid: u32, exe: &str, maps: &[Mapping]) -> Result<Python, AttachError> {
+    let lib = maps
+        .iter()
+        .find(|m| m.is_file() && m.file_name().starts_with("libpython"));
+    let exe_map = maps
+        .iter()
+        .find(|m| m.is_file() && m.path.strip_suffix(" (deleted)").unwrap_or(&m.path) == exe);
+    let not_python = || AttachError::NotPython {
+        pid,
+        exe: exe.to_string(),
+    };
+    let (image, version) = match lib {
+        Some(m) => (m, version_in_name(m.file_name(), "libpython")),
+        None => {
+            let m = exe_map.ok_or_else(not_python)?;
+            (m, version_in_name(m.file_name(), "python"))
+        }
+    };
+    let (elf, _) = load_elf(pid, image).map_err(|e| io_error(pid, "reading the interpreter", e))?;
+    if elf.symbol("Py_GetVersion").is_none() {
+        return Err(not_python());
+    }
+    let b = bias(maps, image, &elf);
+    let mut excluded = Vec::new();
+    for prefix in LOCKING_PREFIXES {
+        excluded.extend(elf.with_prefix(prefix).map(|(_, s)| abs(b, s)));
+    }
+    Ok(Python {
+        version,
+        text: ranges_of(maps, image),
+        excluded,
+        runtime: elf.symbol("_PyRuntime").map(|s| abs(b, s)),
+        eval_loop: elf.symbol("_PyEval_EvalFrameDefault").map(|s| abs(b, s)),
+        defines_malloc: elf.symbol("malloc").is_some(),
+    })
+}
+
+fn is_libc(name: &str) -> bool {
+    name.starts_with("libc.so") || name.starts_with("libc-2.") || name.starts_with("ld-musl")
+}
+
+fn find_libc(pid: u32, maps: &[Mapping]) -> Result<Libc, AttachError> {
+    let m = maps
+        .iter()
+        .find(|m| m.is_file() && is_libc(m.file_name()))
+        .ok_or_else(|| {
+            other(
+                "finding the C library",
+                format!("no libc mapped in PID {pid}"),
+            )
+        })?;
+    let (elf, bytes) = load_elf(pid, m).map_err(|e| io_error(pid, "reading the C library", e))?;
+    let b = bias(maps, m, &elf);
+    let at = |name: &str| elf.symbol(name).map(|s| b + s.value);
+    let (dlopen, dlopen_flags, dlerror) = match (at("dlopen"), at("__libc_dlopen_mode")) {
+        (Some(d), _) => (d, RTLD_NOW, at("dlerror").unwrap_or(0)),
+        (None, Some(d)) => (d, RTLD_NOW | RTLD_DLOPEN_PRIVATE, 0),
+        _ => find_libdl(pid, maps)?,
+    };
+    let restore_rt = find_bytes(maps, m, bytes.bytes(), &RESTORE_RT);
+    let syscall = restore_rt
+        .map(|a| a + 7)
+        .or_else(|| find_bytes(maps, m, bytes.bytes(), &[0x0f, 0x05]))
+        .ok_or_else(|| other("finding a syscall instruction", "none in the C library"))?;
+    Ok(Libc {
+        dlopen,
+        dlopen_flags,
+        dlerror,
+        errno_location: at("__errno_location").unwrap_or(0),
+        syscall,
+        restore_rt,
+    })
+}
+
+/// glibc before 2.34 keeps `dlopen` in libdl.
+fn find_libdl(pid: u32, maps: &[Mapping]) -> Result<(u64, u64, u64), AttachError> {
+    let missing = || other("finding dlopen", format!("PID {pid} has no dlopen"));
+    let m = maps
+        .iter()
+        .find(|m| m.is_file() && m.file_name().starts_with("libdl.so"))
+        .ok_or_else(missing)?;
+    let (elf, _) = load_elf(pid, m).map_err(|e| io_error(pid, "reading libdl", e))?;
+    let b = bias(maps, m, &elf);
+    let dlopen = elf.symbol("dlopen").ok_or_else(missing)?;
+    let dlerror = elf.symbol("dlerror").map_or(0, |s| b + s.value);
+    Ok((b + dlopen.value, RTLD_NOW, dlerror))
+}
+
+/// The address of the first occurrence of `needle` in the executable mappings of `m`'s file.
+fn find_bytes(maps: &[Mapping], m: &Mapping, file: &[u8], needle: &[u8]) -> Option<u64> {
+    maps.iter()
+        .filter(|o| o.exec && o.path == m.path && o.inode == m.inode)
+        .find_map(|o| {
+            let from = o.offset as usize;
+            let to = (from + o.len() as usize).min(file.len());
+            let hay = file.get(from..to)?;
+            let at = hay.windows(needle.len()).position(|w| w == needle)?;
+            Some(o.start + at as u64)
+        })
+}
+
+/// The start function of an agent already loaded in the target, after checking that it is
+/// this build's agent (so the symbol offset is right).
+fn find_agent(pid: u32, maps: &[Mapping], mem: &Mem) -> Result<Option<u64>, AttachError> {
+    let Some(m) = maps
+        .iter()
+        .find(|m| m.offset == 0 && m.path.contains("mprof-agent"))
+    else {
+        return Ok(None);
+    };
+    if !maps
+        .iter()
+        .any(|o| o.exec && o.path == m.path && o.inode == m.inode)
+    {
+        return Ok(None);
+    }
+    let ours = Elf::parse(crate::agent::AGENT_SO).map_err(|e| other("reading the agent", e))?;
+    let (off, len) = ours.first_segment;
+    let image = &crate::agent::AGENT_SO[off as usize..(off + len) as usize];
+    let base = m.start - ours.first_vaddr;
+    let theirs = mem
+        .read_vec(base + off, len as usize)
+        .map_err(|e| other("reading the loaded agent", e))?;
+    if theirs != image {
+        return Err(AttachError::ForeignAgent(pid));
+    }
+    let start = ours
+        .symbol("mprof_agent_start")
+        .ok_or_else(|| other("reading the agent", "no mprof_agent_start"))?;
+    Ok(Some(base + start.value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_from_library_and_executable_names() {
+        assert_eq!(
+            version_in_name("libpython3.11.so.1.0", "libpython"),
+            Some((3, 11))
+        );
+        assert_eq!(
+            version_in_name("libpython3.7m.so.1.0", "libpython"),
+            Some((3, 7))
+        );
+        assert_eq!(version_in_name("python3.13", "python"), Some((3, 13)));
+        assert_eq!(version_in_name("python3", "python"), None);
+        assert_eq!(version_in_name("python", "python"), None);
+    }
+}

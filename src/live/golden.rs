@@ -1,0 +1,239 @@
+//! Golden screens: a fixed record sequence with a fixed clock, drawn into ratatui's
+//! `TestBackend` and compared with `tests/golden/live-*.txt`. `MPROF_BLESS=1` rewrites them
+//! from the current drawing (review the diff before committing).
+
+use super::keys::{Key, ViewState};
+use super::model::{Column, Group, Model, Snapshot};
+use super::{ui, Mode, Target};
+use mprof_common::record::{Frame, Record};
+use ratatui::backend::TestBackend;
+use ratatui::Terminal;
+use std::path::{Path, PathBuf};
+
+const SECOND: u64 = 1_000_000_000;
+const T0: u64 = 50 * SECOND;
+const MAIN: u32 = 4242;
+const WORKER: u32 = 4250;
+const KIB: u64 = 1024;
+
+fn code(code: u64, file: &str, name: &str, firstline: u32) -> Record {
+    Record::Code {
+        code,
+        firstline,
+        filename: file.into(),
+        name: name.into(),
+    }
+}
+
+fn alloc(tid: u32, addr: u64, size: u64, time_ns: u64, frames: &[(u64, u32)]) -> Record {
+    Record::Alloc {
+        tid,
+        flags: 0,
+        addr,
+        size,
+        time_ns,
+        frames: frames
+            .iter()
+            .map(|&(code, line)| Frame { code, line })
+            .collect(),
+    }
+}
+
+/// A small web shop's first ten seconds, sampled at 64 KiB: a catalogue loader that keeps
+/// half of what it parses, a page renderer that frees everything, a cache filled by a worker
+/// thread, and start-up allocations with no Python frame. One snapshot per second.
+fn session() -> (Model, Snapshot) {
+    let mut m = Model::new(64 * KIB, T0);
+    let (module, main, load, parse, render, put) = (1, 2, 3, 4, 5, 6);
+    for r in [
+        Record::Meta {
+            text: "rate=65536\n".into(),
+        },
+        code(module, "/srv/shop/app.py", "<module>", 1),
+        code(main, "/srv/shop/app.py", "main", 40),
+        code(load, "/srv/shop/catalog/loader.py", "load_catalog", 12),
+        code(parse, "/srv/shop/catalog/loader.py", "parse_row", 30),
+        code(render, "/srv/shop/web/templates.py", "render_page", 88),
+        code(
+            put,
+            "/srv/shop/cache/lru_cache_with_statistics.py",
+            "put",
+            51,
+        ),
+        alloc(MAIN, 1, 300 * KIB, T0, &[]),
+        Record::Thread {
+            tid: MAIN,
+            name: "main (python3)".into(),
+        },
+    ] {
+        m.apply(&r);
+    }
+    let mut addr = 0x1000;
+    let mut snap = m.roll(T0);
+    for i in 0..10u64 {
+        let t = T0 + i * SECOND;
+        for j in 0..(12 + 2 * i) {
+            addr += 1;
+            let stack = [(parse, 33), (load, 20), (main, 45), (module, 99)];
+            m.apply(&alloc(MAIN, addr, 48 * KIB + j * 512, t, &stack));
+            if j % 2 == 0 {
+                m.apply(&Record::Free { addr });
+            }
+        }
+        for j in 0..8 {
+            addr += 1;
+            let stack = [(render, 97), (main, 47), (module, 99)];
+            m.apply(&alloc(MAIN, addr, 100 * KIB + j * 100, t, &stack));
+            m.apply(&Record::Free { addr });
+        }
+        if i >= 3 {
+            if i == 3 {
+                m.apply(&Record::Thread {
+                    tid: WORKER,
+                    name: "cache-filler".into(),
+                });
+            }
+            for j in 0..4 {
+                addr += 1;
+                let stack = [(put, 60), (put, 58)];
+                m.apply(&alloc(WORKER, addr, 256 * KIB + j, t, &stack));
+            }
+        }
+        m.apply(&Record::Rss {
+            time_ns: t,
+            rss_bytes: (40 + 7 * i) << 20,
+        });
+        m.set_ring_status(
+            if i > 6 { 3 } else { 0 },
+            "3.12.1 (main, Jan 1 2024) [GCC 12]",
+        );
+        snap = m.roll(t + SECOND);
+    }
+    (m, snap)
+}
+
+fn target(mode: Mode) -> Target {
+    Target {
+        mode,
+        pid: 4242,
+        command: "python3 -m shop.app --port 8080 --workers 2".into(),
+        rate: 64 * KIB,
+        capture: PathBuf::from("/home/ana/profiles/shop.mprof"),
+        program_output: (mode == Mode::Record)
+            .then(|| PathBuf::from("/home/ana/profiles/shop.mprof.out")),
+    }
+}
+
+/// The screen as text, one line per row, trailing blanks trimmed.
+fn render(target: &Target, m: &Model, snap: &Snapshot, view: &ViewState, w: u16, h: u16) -> String {
+    let mut terminal = Terminal::new(TestBackend::new(w, h)).unwrap();
+    let screen = ui::Screen {
+        target,
+        model: m,
+        snap,
+        view,
+    };
+    terminal.draw(|f| ui::draw(f, &screen)).unwrap();
+    let buf = terminal.backend().buffer();
+    let mut out = String::new();
+    for y in 0..h {
+        let line: String = (0..w).map(|x| buf[(x, y)].symbol()).collect();
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn check(name: &str, actual: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(format!("{name}.txt"));
+    if std::env::var_os("MPROF_BLESS").is_some() {
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (MPROF_BLESS=1 writes it)", path.display()));
+    assert!(
+        expected == actual,
+        "{name} differs from {}:\n--- expected\n{expected}--- actual\n{actual}",
+        path.display()
+    );
+}
+
+fn view(keys: &[Key], snap: &Snapshot) -> ViewState {
+    let mut v = ViewState::default();
+    for &k in keys {
+        v.apply(k, &snap.threads, 15);
+    }
+    v
+}
+
+#[test]
+fn default_screen_at_80_by_24() {
+    let (m, snap) = session();
+    let t = target(Mode::Record);
+    check(
+        "live-80x24",
+        &render(&t, &m, &snap, &view(&[], &snap), 80, 24),
+    );
+}
+
+#[test]
+fn narrow_screen_at_60_by_24() {
+    let (m, snap) = session();
+    let t = target(Mode::Record);
+    check(
+        "live-60x24",
+        &render(&t, &m, &snap, &view(&[], &snap), 60, 24),
+    );
+}
+
+#[test]
+fn by_function_total_sorted_by_live() {
+    let (m, snap) = session();
+    let t = target(Mode::Record);
+    let keys = [Key::Group, Key::Inclusive, Key::Sort(Some(Column::Live))];
+    let v = view(&keys, &snap);
+    assert_eq!(v.settings.group, Group::Function);
+    check(
+        "live-80x24-function-total-live",
+        &render(&t, &m, &snap, &v, 80, 24),
+    );
+}
+
+#[test]
+fn one_thread_by_file_paused() {
+    let (m, snap) = session();
+    let t = target(Mode::Record);
+    let keys = [Key::Thread, Key::Thread, Key::Group, Key::Group, Key::Pause];
+    let v = view(&keys, &snap);
+    assert_eq!(v.settings.thread, Some(WORKER));
+    check(
+        "live-80x24-thread-file-paused",
+        &render(&t, &m, &snap, &v, 80, 24),
+    );
+}
+
+#[test]
+fn help_overlays_for_record_and_attach() {
+    let (m, snap) = session();
+    let v = view(&[Key::Help], &snap);
+    for (mode, name) in [
+        (Mode::Record, "live-80x24-help-record"),
+        (Mode::Attach, "live-80x24-help-attach"),
+    ] {
+        check(name, &render(&target(mode), &m, &snap, &v, 80, 24));
+    }
+}
+
+#[test]
+fn very_small_terminals_do_not_panic() {
+    let (m, snap) = session();
+    let t = target(Mode::Record);
+    for (w, h) in [(1, 1), (20, 5), (40, 10), (30, 40)] {
+        for keys in [&[][..], &[Key::Help], &[Key::Group, Key::Group]] {
+            render(&t, &m, &snap, &view(keys, &snap), w, h);
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! `--live`: a full-screen terminal view of a running session, a `top` for allocations.
+//!
+//! The view lives in mprof's own loop: the reader drains the ring into the capture file and
+//! shows every record it writes to the [`model::Model`] (the same aggregator the reports use),
+//! then [`Live::pump`] answers the keyboard and redraws about once a second. The target pays
+//! for sampling and nothing more; the capture file is the same with or without the view.
+//!
+//! Wiring a session loop (record and attach alike):
+//! ```ignore
+//! let mut view = Some(Live::start(target)?);             // None without --live
+//! loop {
+//!     let (moved, closed) = live::pump(&mut view, &mut reader, &ring)?;  // instead of reader.pump()
+//!     if let Some(why) = closed { /* q, Ctrl-C, or a terminal error: the terminal is restored */ }
+//!     ...
+//! }
+//! ```
+//! The terminal is restored (raw mode off, main screen back, cursor shown) when the view is
+//! dropped, on every error path, and by a panic hook. A SIGINT/SIGTERM/SIGHUP that mprof's
+//! loop notices should drop the view before anything else.
+
+pub mod keys;
+pub mod model;
+pub mod ui;
+
+use crate::session::{monotonic_ns, Reader, RingMem};
+use anyhow::{bail, Context, Result};
+use crossterm::event::{self, Event};
+use crossterm::terminal::{self, EnterAlternateScreen, LeaveAlternateScreen};
+use crossterm::{cursor, execute};
+use keys::{Key, ViewState};
+use model::{Model, Snapshot};
+use ratatui::backend::CrosstermBackend;
+use ratatui::Terminal;
+use std::io::{IsTerminal, Stdout};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+/// How often the screen is refreshed.
+pub const REFRESH: Duration = Duration::from_secs(1);
+
+/// Which command runs the view; it decides what quitting means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `q` closes the view and mprof records on until the program ends.
+    Record,
+    /// `q` closes the view and detaches.
+    // Constructed by `attach --live` once its loop takes the view.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Attach,
+}
+
+/// What the view is watching.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub mode: Mode,
+    pub pid: u32,
+    /// The command line, as shown in the title.
+    pub command: String,
+    pub rate: u64,
+    /// The capture file being written.
+    pub capture: PathBuf,
+    /// Where the program's stdout and stderr go while the view is up (record).
+    pub program_output: Option<PathBuf>,
+}
+
+impl Target {
+    /// The target of `mprof attach --live`: its command line is read from /proc.
+    #[allow(dead_code)] // until attach takes the view
+    pub fn attach(pid: u32, rate: u64, capture: &Path) -> Target {
+        let command = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|raw| {
+                raw.split(|&b| b == 0)
+                    .filter(|a| !a.is_empty())
+                    .map(String::from_utf8_lossy)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default();
+        Target {
+            mode: Mode::Attach,
+            pid,
+            command,
+            rate,
+            capture: capture.to_path_buf(),
+            program_output: None,
+        }
+    }
+}
+
+/// Why the view closed.
+#[derive(Debug)]
+pub enum Closed {
+    /// `q` or Esc.
+    Quit,
+    /// Ctrl-C (in raw mode the terminal sends no SIGINT: the program has not been told).
+    Interrupt,
+    /// The terminal failed (gone, or an I/O error); the session should go on without a view.
+    Failed(anyhow::Error),
+}
+
+/// Whether the terminal is in the view's modes (raw, alternate screen), for the restorers.
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+static PANIC_HOOK: Once = Once::new();
+
+/// Leaves raw mode and the alternate screen and shows the cursor, once; safe to call from
+/// anywhere, any number of times.
+pub fn restore_terminal() {
+    if ACTIVE.swap(false, Ordering::SeqCst) {
+        let _ = terminal::disable_raw_mode();
+        let _ = execute!(std::io::stdout(), LeaveAlternateScreen, cursor::Show);
+    }
+}
+
+/// The view, up on the terminal.
+pub struct Live {
+    terminal: Terminal<CrosstermBackend<Stdout>>,
+    target: Target,
+    model: Model,
+    snapshot: Snapshot,
+    view: ViewState,
+    next_refresh: Instant,
+}
+
+impl Live {
+    /// Checks that stdin and stdout are a terminal, then takes it over.
+    pub fn check_terminal() -> Result<()> {
+        if !std::io::stdin().is_terminal() || !std::io::stdout().is_terminal() {
+            bail!("--live needs a terminal on stdin and stdout");
+        }
+        Ok(())
+    }
+
+    /// Opens the view on the terminal.
+    pub fn start(target: Target) -> Result<Live> {
+        Live::check_terminal()?;
+        PANIC_HOOK.call_once(|| {
+            let previous = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                restore_terminal();
+                previous(info);
+            }));
+        });
+        let terminal = enter().inspect_err(|_| restore_terminal())?;
+        let now = monotonic_ns();
+        let mut model = Model::new(target.rate, now);
+        let snapshot = model.roll(now);
+        let mut live = Live {
+            terminal,
+            target,
+            model,
+            snapshot,
+            view: ViewState::default(),
+            next_refresh: Instant::now() + REFRESH,
+        };
+        live.draw()?;
+        Ok(live)
+    }
+
+    /// Drains the ring through the model into the capture (see [`Reader::pump_observed`]),
+    /// then serves the keyboard and the screen. Returns the bytes moved and, when the view
+    /// closed, why; the terminal is restored by then.
+    pub fn pump(&mut self, reader: &mut Reader, ring: &RingMem) -> Result<(usize, Option<Closed>)> {
+        let model = &mut self.model;
+        let moved = reader.pump_observed(|bytes| model.observe(bytes))?;
+        let python = if model.wants_python() {
+            ring.python_version()
+        } else {
+            String::new()
+        };
+        model.set_ring_status(ring.dropped(), &python);
+        let closed = match self.serve() {
+            Ok(closed) => closed,
+            Err(e) => Some(Closed::Failed(e)),
+        };
+        if closed.is_some() {
+            restore_terminal();
+        }
+        Ok((moved, closed))
+    }
+
+    /// Handles pending keys and refreshes the screen when due.
+    fn serve(&mut self) -> Result<Option<Closed>> {
+        let mut redraw = false;
+        while event::poll(Duration::ZERO)? {
+            match event::read()? {
+                Event::Key(k) => {
+                    let page = ui::table_rows(self.terminal.size()?.height);
+                    let key = keys::key(&k);
+                    match self.view.apply(key, &self.snapshot.threads, page) {
+                        Some(Key::Interrupt) => return Ok(Some(Closed::Interrupt)),
+                        Some(_) => return Ok(Some(Closed::Quit)),
+                        None => redraw = true,
+                    }
+                }
+                Event::Resize(..) => redraw = true,
+                _ => {}
+            }
+        }
+        let now = Instant::now();
+        if now >= self.next_refresh {
+            self.next_refresh = now + REFRESH;
+            // Intervals keep rolling while paused, so the rates stay per second.
+            let snapshot = self.model.roll(monotonic_ns());
+            if !self.view.paused {
+                self.snapshot = snapshot;
+                redraw = true;
+            }
+        }
+        if redraw {
+            self.draw()?;
+        }
+        Ok(None)
+    }
+
+    fn draw(&mut self) -> Result<()> {
+        let screen = ui::Screen {
+            target: &self.target,
+            model: &self.model,
+            snap: &self.snapshot,
+            view: &self.view,
+        };
+        self.terminal
+            .draw(|f| ui::draw(f, &screen))
+            .context("drawing the live view")?;
+        Ok(())
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        restore_terminal();
+    }
+}
+
+/// Raw mode, alternate screen, hidden cursor.
+fn enter() -> Result<Terminal<CrosstermBackend<Stdout>>> {
+    terminal::enable_raw_mode().context("cannot put the terminal in raw mode")?;
+    ACTIVE.store(true, Ordering::SeqCst);
+    let mut out = std::io::stdout();
+    execute!(out, EnterAlternateScreen, cursor::Hide)?;
+    let mut terminal = Terminal::new(CrosstermBackend::new(out))?;
+    terminal.clear()?;
+    Ok(terminal)
+}
+
+/// [`Live::pump`] on an optional view: without one it is `reader.pump()`. When the view
+/// closes it is dropped here, so the caller's terminal is back to normal on return.
+pub fn pump(
+    view: &mut Option<Live>,
+    reader: &mut Reader,
+    ring: &RingMem,
+) -> Result<(usize, Option<Closed>)> {
+    let Some(live) = view else {
+        return Ok((reader.pump()?, None));
+    };
+    let (moved, closed) = live.pump(reader, ring)?;
+    if closed.is_some() {
+        *view = None;
+    }
+    Ok((moved, closed))
+}
+
+#[cfg(test)]
+mod golden;

@@ -1,0 +1,572 @@
+//! The live view's data: the shared [`Aggregator`] fed one record at a time (the very records
+//! that go to the capture file), plus what only a running view needs: figures per stack *and
+//! thread*, the bytes allocated in the current interval, and the history behind the sparklines.
+//!
+//! Every refresh [`Model::roll`]s the interval over and takes a [`Snapshot`]; the screen is drawn
+//! from snapshots only, so pausing the display is keeping an old one.
+
+use crate::profile::{Aggregator, Change, Estimate, Location, StackId};
+use mprof_common::record::{self, Record};
+use std::collections::{HashMap, VecDeque};
+
+/// Points of history kept for the sparklines (one per refresh).
+const HISTORY: usize = 256;
+
+/// Figures of one stack in one thread, or of a row of the table.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SiteFigures {
+    /// Allocated since the view started.
+    pub allocated: Estimate,
+    /// Sampled blocks not freed yet.
+    pub live: Estimate,
+    /// Allocated during the current interval (in a snapshot: the last whole interval).
+    pub recent: Estimate,
+}
+
+impl SiteFigures {
+    fn merge(&mut self, other: &SiteFigures) {
+        self.allocated.merge(&other.allocated);
+        self.live.merge(&other.live);
+        self.recent.merge(&other.recent);
+    }
+}
+
+/// A thread that allocated, with its name once a Thread record gave it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Thread {
+    pub tid: u32,
+    pub name: Option<String>,
+}
+
+impl Thread {
+    /// `1234 worker` or `1234`.
+    pub fn label(&self) -> String {
+        match &self.name {
+            Some(name) => format!("{} {name}", self.tid),
+            None => self.tid.to_string(),
+        }
+    }
+}
+
+/// Everything the screen shows, at one refresh.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Seconds since the view started.
+    pub elapsed_s: f64,
+    /// Length of the interval that `recent`, `alloc_rate` and `sample_rate` cover.
+    pub interval_s: f64,
+    /// (stack, thread, figures) for every stack a thread has sampled.
+    pub sites: Vec<(StackId, u32, SiteFigures)>,
+    /// Threads in the order they first allocated.
+    pub threads: Vec<Thread>,
+    pub rss: Option<u64>,
+    /// Estimated bytes of the live heap, and its highest value so far.
+    pub live_heap: f64,
+    pub peak_heap: f64,
+    /// Estimated bytes allocated per second, and samples per second, over the interval.
+    pub alloc_rate: f64,
+    pub sample_rate: f64,
+    pub dropped: u64,
+    pub rate: u64,
+    /// The interpreter's version (empty until the agent said).
+    pub python: String,
+    /// One point per refresh, oldest first.
+    pub rss_history: Vec<f64>,
+    pub heap_history: Vec<f64>,
+}
+
+/// The live view's aggregation, updated record by record.
+pub struct Model {
+    agg: Aggregator,
+    sites: HashMap<(StackId, u32), SiteFigures>,
+    threads: Vec<Thread>,
+    start_ns: u64,
+    last_roll_ns: u64,
+    dropped: u64,
+    python: String,
+    history: VecDeque<(f64, f64)>,
+}
+
+impl Model {
+    /// An empty model for a session sampling at `rate`, started at `start_ns` (monotonic).
+    pub fn new(rate: u64, start_ns: u64) -> Model {
+        Model {
+            agg: Aggregator::new(rate),
+            sites: HashMap::new(),
+            threads: Vec::new(),
+            start_ns,
+            last_roll_ns: start_ns,
+            dropped: 0,
+            python: String::new(),
+            history: VecDeque::new(),
+        }
+    }
+
+    /// Applies an encoded record (as the reader writes it to the capture); undecodable bytes
+    /// are ignored, as the capture reader would skip them.
+    pub fn observe(&mut self, bytes: &[u8]) {
+        if let Ok((record, _)) = record::decode(bytes) {
+            self.apply(&record);
+        }
+    }
+
+    /// Applies the next record.
+    pub fn apply(&mut self, record: &Record) {
+        if let Record::Thread { tid, name } = record {
+            self.thread(*tid).name = Some(name.clone());
+        }
+        match self.agg.apply(record) {
+            Change::Alloc {
+                block,
+                sample,
+                replaced,
+            } => {
+                if let Some(old) = replaced {
+                    self.site(old.stack, old.tid).live.remove(&old.sample());
+                }
+                self.thread(block.tid);
+                let site = self.site(block.stack, block.tid);
+                site.allocated.add(&sample);
+                site.live.add(&sample);
+                site.recent.add(&sample);
+            }
+            Change::Free(old) => self.site(old.stack, old.tid).live.remove(&old.sample()),
+            Change::Other => {}
+        }
+    }
+
+    fn site(&mut self, stack: StackId, tid: u32) -> &mut SiteFigures {
+        self.sites.entry((stack, tid)).or_default()
+    }
+
+    fn thread(&mut self, tid: u32) -> &mut Thread {
+        let at = match self.threads.iter().position(|t| t.tid == tid) {
+            Some(at) => at,
+            None => {
+                self.threads.push(Thread { tid, name: None });
+                self.threads.len() - 1
+            }
+        };
+        &mut self.threads[at]
+    }
+
+    /// What the agent's ring says besides records: its drop counter and the Python version.
+    pub fn set_ring_status(&mut self, dropped: u64, python: &str) {
+        self.dropped = self.dropped.max(dropped).max(self.agg.dropped);
+        if self.python.is_empty() {
+            self.python = python.split_whitespace().next().unwrap_or("").to_owned();
+        }
+    }
+
+    /// Whether the Python version is still unknown.
+    pub fn wants_python(&self) -> bool {
+        self.python.is_empty()
+    }
+
+    /// Ends the current interval at `now_ns` and returns what the screen shows of it.
+    pub fn roll(&mut self, now_ns: u64) -> Snapshot {
+        let interval_s = now_ns.saturating_sub(self.last_roll_ns).max(1) as f64 / 1e9;
+        self.last_roll_ns = now_ns;
+        let mut recent = Estimate::default();
+        let sites = self
+            .sites
+            .iter_mut()
+            .map(|(&(stack, tid), f)| {
+                let figures = *f;
+                recent.merge(&f.recent);
+                f.recent = Estimate::default();
+                (stack, tid, figures)
+            })
+            .collect();
+        let rss = self.agg.last_rss;
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history
+            .push_back((rss.unwrap_or(0) as f64, self.agg.live_bytes.max(0.0)));
+        Snapshot {
+            elapsed_s: now_ns.saturating_sub(self.start_ns) as f64 / 1e9,
+            interval_s,
+            sites,
+            threads: self.threads.clone(),
+            rss,
+            live_heap: self.agg.live_bytes.max(0.0),
+            peak_heap: self.agg.peak_bytes(),
+            alloc_rate: recent.bytes / interval_s,
+            sample_rate: recent.samples as f64 / interval_s,
+            dropped: self.dropped.max(self.agg.dropped),
+            rate: self.agg.rate,
+            python: self.python.clone(),
+            rss_history: self.history.iter().map(|h| h.0).collect(),
+            heap_history: self.history.iter().map(|h| h.1).collect(),
+        }
+    }
+
+    /// The frames of a stack, innermost first.
+    pub fn frames(&self, stack: StackId) -> impl Iterator<Item = Location<'_>> + '_ {
+        self.agg.frames(stack)
+    }
+
+    /// The innermost frame of a stack.
+    pub fn innermost(&self, stack: StackId) -> Location<'_> {
+        self.agg.innermost(stack)
+    }
+}
+
+/// How the table groups stacks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    /// The frame's file, function and line.
+    Line,
+    /// The frame's file and function (shown at its first line).
+    Function,
+    /// The frame's file.
+    File,
+}
+
+impl Group {
+    /// The next grouping, in the order the `g` key cycles.
+    pub fn next(self) -> Group {
+        match self {
+            Group::Line => Group::Function,
+            Group::Function => Group::File,
+            Group::File => Group::Line,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Group::Line => "line",
+            Group::Function => "function",
+            Group::File => "file",
+        }
+    }
+}
+
+/// A column the table can be sorted by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Column {
+    /// Bytes allocated per second over the last interval.
+    Rate,
+    Allocated,
+    Live,
+    Samples,
+}
+
+impl Column {
+    /// The columns, left to right.
+    pub const ALL: [Column; 4] = [
+        Column::Rate,
+        Column::Allocated,
+        Column::Live,
+        Column::Samples,
+    ];
+
+    /// The next column, in the order the `s` key cycles.
+    pub fn next(self) -> Column {
+        let at = Column::ALL.iter().position(|&c| c == self).unwrap_or(0);
+        Column::ALL[(at + 1) % Column::ALL.len()]
+    }
+
+    /// The heading of the column.
+    pub fn heading(self) -> &'static str {
+        match self {
+            Column::Rate => "ALLOC/s",
+            Column::Allocated => "ALLOCATED",
+            Column::Live => "LIVE",
+            Column::Samples => "SAMPLES",
+        }
+    }
+
+    /// The value a row sorts by (whole bytes, so rounding noise never reorders rows).
+    fn key(self, f: &SiteFigures) -> u64 {
+        let whole = |x: f64| x.round().max(0.0) as u64;
+        match self {
+            Column::Rate => whole(f.recent.bytes),
+            Column::Allocated => whole(f.allocated.bytes),
+            Column::Live => whole(f.live.bytes),
+            Column::Samples => f.allocated.samples,
+        }
+    }
+}
+
+/// What the table shows: the user's choices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub sort: Column,
+    pub group: Group,
+    /// Total (a site plus everything it calls) instead of own bytes.
+    pub inclusive: bool,
+    /// Only this thread's allocations, or all threads.
+    pub thread: Option<u32>,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            sort: Column::Rate,
+            group: Group::Line,
+            inclusive: false,
+            thread: None,
+        }
+    }
+}
+
+/// One row of the table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row<'a> {
+    pub file: &'a str,
+    /// Empty when grouping by file.
+    pub function: &'a str,
+    /// The line (the function's first line by function, 0 by file or for a pseudo-frame).
+    pub line: u32,
+    pub figures: SiteFigures,
+}
+
+impl Row<'_> {
+    /// Whether this is a pseudo-frame (`<no Python frame>`, `<unknown>`...): no real file.
+    pub fn is_pseudo(&self) -> bool {
+        self.file == self.function
+    }
+}
+
+/// The row key of a frame under `group`.
+fn key<'a>(loc: &Location<'a>, group: Group) -> (&'a str, &'a str, u32) {
+    match group {
+        Group::Line => (loc.file, loc.function, loc.line),
+        Group::Function => (loc.file, loc.function, loc.firstline),
+        Group::File => (loc.file, "", 0),
+    }
+}
+
+/// The table's rows for a snapshot, sorted by `settings.sort` (largest first; ties by the
+/// allocated bytes, then file, function and line, so the order never flickers).
+pub fn rows<'a>(model: &'a Model, snap: &Snapshot, settings: &Settings) -> Vec<Row<'a>> {
+    let mut groups: HashMap<(&str, &str, u32), SiteFigures> = HashMap::new();
+    let mut keys = Vec::new();
+    for (stack, tid, figures) in &snap.sites {
+        if settings.thread.is_some_and(|t| t != *tid) {
+            continue;
+        }
+        keys.clear();
+        if settings.inclusive {
+            // A recursive function counts once per stack, not once per frame.
+            for loc in model.frames(*stack) {
+                let k = key(&loc, settings.group);
+                if !keys.contains(&k) {
+                    keys.push(k);
+                }
+            }
+        } else {
+            keys.push(key(&model.innermost(*stack), settings.group));
+        }
+        for k in &keys {
+            groups.entry(*k).or_default().merge(figures);
+        }
+    }
+    let mut rows: Vec<Row> = groups
+        .into_iter()
+        .map(|((file, function, line), figures)| Row {
+            file,
+            function,
+            line,
+            figures,
+        })
+        .collect();
+    let sort = settings.sort;
+    rows.sort_by(|a, b| {
+        let k = |r: &Row| (sort.key(&r.figures), Column::Allocated.key(&r.figures));
+        k(b).cmp(&k(a))
+            .then_with(|| (a.file, a.function, a.line).cmp(&(b.file, b.function, b.line)))
+    });
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mprof_common::record::Frame;
+
+    fn code(code: u64, file: &str, name: &str, firstline: u32) -> Record {
+        Record::Code {
+            code,
+            firstline,
+            filename: file.into(),
+            name: name.into(),
+        }
+    }
+
+    fn alloc(tid: u32, addr: u64, size: u64, frames: &[(u64, u32)]) -> Record {
+        Record::Alloc {
+            tid,
+            flags: 0,
+            addr,
+            size,
+            time_ns: addr,
+            frames: frames
+                .iter()
+                .map(|&(code, line)| Frame { code, line })
+                .collect(),
+        }
+    }
+
+    /// rate 1 (exact figures): main → build (twice, recursive) → leaf, and a second thread.
+    fn model() -> Model {
+        let mut m = Model::new(1, 0);
+        for r in [
+            code(1, "app.py", "main", 1),
+            code(2, "app.py", "build", 10),
+            code(3, "lib.py", "leaf", 20),
+            alloc(7, 100, 1000, &[(3, 21), (2, 11), (2, 12), (1, 2)]),
+            alloc(7, 200, 500, &[(2, 13), (1, 3)]),
+            alloc(8, 300, 300, &[(3, 22), (1, 4)]),
+            Record::Free { addr: 100 },
+            Record::Thread {
+                tid: 8,
+                name: "worker".into(),
+            },
+        ] {
+            m.apply(&r);
+        }
+        m
+    }
+
+    fn table(m: &Model, s: &Snapshot, settings: Settings) -> Vec<(String, u32, f64, f64)> {
+        rows(m, s, &settings)
+            .iter()
+            .map(|r| {
+                (
+                    format!("{}:{}", r.file, r.function),
+                    r.line,
+                    r.figures.allocated.bytes,
+                    r.figures.live.bytes,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn own_rows_by_line_and_by_file() {
+        let mut m = model();
+        let s = m.roll(1_000_000_000);
+        let settings = Settings {
+            sort: Column::Allocated,
+            ..Settings::default()
+        };
+        assert_eq!(
+            table(&m, &s, settings),
+            [
+                ("lib.py:leaf".into(), 21, 1000.0, 0.0),
+                ("app.py:build".into(), 13, 500.0, 500.0),
+                ("lib.py:leaf".into(), 22, 300.0, 300.0),
+            ]
+        );
+        let by_file = Settings {
+            group: Group::File,
+            ..settings
+        };
+        assert_eq!(
+            table(&m, &s, by_file),
+            [
+                ("lib.py:".into(), 0, 1300.0, 300.0),
+                ("app.py:".into(), 0, 500.0, 500.0),
+            ]
+        );
+    }
+
+    #[test]
+    fn totals_count_a_recursive_function_once_per_stack() {
+        let mut m = model();
+        let s = m.roll(1_000_000_000);
+        let settings = Settings {
+            sort: Column::Allocated,
+            group: Group::Function,
+            inclusive: true,
+            thread: None,
+        };
+        assert_eq!(
+            table(&m, &s, settings),
+            [
+                ("app.py:main".into(), 1, 1800.0, 800.0),
+                ("app.py:build".into(), 10, 1500.0, 500.0),
+                ("lib.py:leaf".into(), 20, 1300.0, 300.0),
+            ]
+        );
+    }
+
+    #[test]
+    fn thread_filter_and_names() {
+        let mut m = model();
+        let s = m.roll(1_000_000_000);
+        assert_eq!(
+            s.threads.iter().map(Thread::label).collect::<Vec<_>>(),
+            ["7", "8 worker"]
+        );
+        let settings = Settings {
+            thread: Some(8),
+            ..Settings::default()
+        };
+        assert_eq!(
+            table(&m, &s, settings),
+            [("lib.py:leaf".into(), 22, 300.0, 300.0)]
+        );
+    }
+
+    #[test]
+    fn rates_cover_the_last_interval_only() {
+        let mut m = model();
+        let s = m.roll(2_000_000_000);
+        assert_eq!(s.alloc_rate, 900.0);
+        assert_eq!(s.sample_rate, 1.5);
+        assert_eq!(s.live_heap, 800.0);
+        assert_eq!(s.peak_heap, 1800.0);
+        m.apply(&alloc(7, 400, 64, &[(2, 13), (1, 3)]));
+        let s = m.roll(2_500_000_000);
+        assert_eq!(s.alloc_rate, 128.0);
+        let settings = Settings::default();
+        let top = &rows(&m, &s, &settings)[0];
+        assert_eq!((top.function, top.line), ("build", 13));
+        assert_eq!(top.figures.recent.bytes, 64.0);
+        assert_eq!(top.figures.allocated.bytes, 564.0);
+        assert_eq!(s.heap_history, [800.0, 864.0]);
+    }
+
+    #[test]
+    fn live_figures_agree_with_the_batch_profile() {
+        // The same records through the shared aggregator, incrementally and in batch.
+        let mut records = vec![Record::Meta {
+            text: "rate=4096".into(),
+        }];
+        records.push(code(1, "a.py", "f", 1));
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for i in 0..5000u64 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let addr = state % 300;
+            records.push(match i % 3 {
+                0 => Record::Free { addr },
+                _ => alloc(
+                    1 + (i % 2) as u32,
+                    addr,
+                    state % 20_000,
+                    &[(1, (i % 4) as u32)],
+                ),
+            });
+        }
+        let mut m = Model::new(4096, 0);
+        records.iter().for_each(|r| m.apply(r));
+        let s = m.roll(1);
+        let p = crate::profile::Profile::from_records(&records);
+        let sum = |f: fn(&SiteFigures) -> &Estimate| {
+            s.sites.iter().map(|(_, _, x)| f(x).bytes).sum::<f64>()
+        };
+        let t = p.totals();
+        assert!((sum(|x| &x.allocated) - t.allocated.bytes).abs() < 1e-6 * t.allocated.bytes);
+        assert!((sum(|x| &x.live) - t.live.bytes).abs() < 1e-6 * t.allocated.bytes);
+        assert!((s.live_heap - t.live.bytes).abs() < 1e-6 * t.allocated.bytes);
+        assert!((s.peak_heap - t.peak.bytes).abs() < 1e-6 * t.allocated.bytes);
+        let samples: u64 = s.sites.iter().map(|(_, _, x)| x.live.samples).sum();
+        assert_eq!(samples, t.live.samples);
+    }
+}

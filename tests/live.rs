@@ -1,0 +1,391 @@
+//! `mprof record --live` in a real terminal: tmux runs it on a real workload, the tests type
+//! with `send-keys` and read the screen with `capture-pane`.
+//!
+//! Each test has its own tmux server (`tmux -L mprof-test-PID-N`), killed when the test ends.
+//! The pane runs `mprof ...; echo $? > status; stty -a > stty; sleep`, so a test can read
+//! mprof's exit status and the terminal modes it left behind.
+
+mod common;
+
+use common::{by_function, mprof, pyenv_python, report_json, script};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a test waits for the screen or a file before it fails.
+const WAIT: Duration = Duration::from_secs(20);
+/// hot_function's bytes in tests/py/live_workload.py: 2000 blocks of 100,000 bytes.
+const HOT_BYTES: f64 = 200e6;
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// A tmux server of the test's own, killed on drop.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    /// Starts a detached `width`×`height` session running `command` in its one pane.
+    fn start(command: &str, width: u16, height: u16) -> Tmux {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let socket = format!(
+            "mprof-test-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let tmux = Tmux { socket };
+        let (w, h) = (width.to_string(), height.to_string());
+        tmux.run(&["new-session", "-d", "-x", &w, "-y", &h, command]);
+        tmux
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        let out = Command::new("tmux")
+            .args(["-f", "/dev/null", "-L", &self.socket])
+            .args(args)
+            .env("TERM", "xterm-256color")
+            .output()
+            .expect("tmux runs");
+        assert!(
+            out.status.success(),
+            "tmux {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn screen(&self) -> String {
+        self.run(&["capture-pane", "-p"])
+    }
+
+    /// Types keys (tmux key names: `q`, `C-c`, `Enter`...).
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys"];
+        args.extend_from_slice(keys);
+        self.run(&args);
+    }
+
+    /// Whether the pane shows the alternate screen.
+    fn alternate_on(&self) -> bool {
+        self.run(&["display-message", "-p", "#{alternate_on}"]).trim() == "1"
+    }
+
+    /// The pid of the pane's shell.
+    fn pane_pid(&self) -> u32 {
+        let text = self.run(&["display-message", "-p", "#{pane_pid}"]);
+        text.trim().parse().expect("pane pid")
+    }
+
+    /// Polls the screen until `ok` holds; panics with the last screen after [`WAIT`].
+    fn wait_for(&self, what: &str, ok: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let screen = self.screen();
+            if ok(&screen) {
+                return screen;
+            }
+            assert!(
+                start.elapsed() < WAIT,
+                "timed out waiting for {what}; the screen:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["-L", &self.socket, "kill-server"])
+            .output();
+    }
+}
+
+/// The files of one run: capture, stop file for the workload, exit status, `stty -a` output.
+struct Run {
+    _dir: tempfile::TempDir,
+    capture: PathBuf,
+    stop: PathBuf,
+    status: PathBuf,
+    stty: PathBuf,
+}
+
+impl Run {
+    fn new() -> Run {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| dir.path().join(name);
+        Run {
+            capture: path("c.mprof"),
+            stop: path("stop"),
+            status: path("status"),
+            stty: path("stty"),
+            _dir: dir,
+        }
+    }
+
+    /// The pane's command: mprof on the workload, then the checks of what it left behind.
+    fn command(&self, python: &Path) -> String {
+        let q = |p: &Path| format!("'{}'", p.display());
+        format!(
+            "{} record --live -o {} -- {} {} {} 60; echo $? > {}; stty -a > {}; sleep 600",
+            q(Path::new(env!("CARGO_BIN_EXE_mprof"))),
+            q(&self.capture),
+            q(python),
+            q(&script("live_workload.py")),
+            q(&self.stop),
+            q(&self.status),
+            q(&self.stty),
+        )
+    }
+
+    fn program_output(&self) -> String {
+        let mut name = self.capture.clone().into_os_string();
+        name.push(".out");
+        std::fs::read_to_string(name).unwrap_or_default()
+    }
+
+    /// mprof's exit status, once the pane's shell has written it.
+    fn wait_status(&self, tmux: &Tmux) -> i32 {
+        let start = Instant::now();
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&self.status) {
+                if text.ends_with('\n') {
+                    return text.trim().parse().expect("a status");
+                }
+            }
+            assert!(
+                start.elapsed() < WAIT,
+                "mprof did not exit; the screen:\n{}",
+                tmux.screen()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The terminal is back to normal: cooked mode with echo, main screen.
+    fn assert_terminal_restored(&self, tmux: &Tmux) {
+        let start = Instant::now();
+        while !self.stty.exists() && start.elapsed() < WAIT {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let stty = std::fs::read_to_string(&self.stty).expect("stty -a ran");
+        let modes: Vec<&str> = stty.split([' ', '\n', ';']).collect();
+        for mode in ["icanon", "echo", "isig", "icrnl"] {
+            assert!(modes.contains(&mode), "{mode} is off after mprof:\n{stty}");
+        }
+        assert!(!tmux.alternate_on(), "the alternate screen is still on");
+    }
+}
+
+/// An interpreter to run the workload with (3.11 preferred), or `None` with a SKIPPED line.
+fn python() -> Option<PathBuf> {
+    let found = [11, 12, 10, 13, 9, 8].into_iter().find_map(pyenv_python);
+    if found.is_none() {
+        eprintln!("SKIPPED live view tests: no pyenv CPython 3.8-3.13 installed");
+    }
+    found
+}
+
+/// tmux, or a SKIPPED line.
+fn have_tmux() -> bool {
+    let ok = Command::new("tmux").arg("-V").output().is_ok();
+    if !ok {
+        eprintln!("SKIPPED live view tests: tmux is not installed");
+    }
+    ok
+}
+
+/// The table row whose FUNCTION is `function`, split in words.
+fn row<'a>(screen: &'a str, function: &str) -> Option<Vec<&'a str>> {
+    screen
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|words| words.len() >= 9 && words[7] == function)
+}
+
+/// The first table row (after the heading) split in words.
+fn first_row(screen: &str) -> Vec<&str> {
+    let mut lines = screen.lines().skip_while(|l| !l.contains("ALLOC/s"));
+    lines.next();
+    lines.next().unwrap_or("").split_whitespace().collect()
+}
+
+/// `194 MiB` → bytes.
+fn bytes(value: &str, unit: &str) -> f64 {
+    let v: f64 = value.parse().unwrap_or(f64::NAN);
+    v * match unit {
+        "B" => 1.0,
+        "KiB" => 1024.0,
+        "MiB" => MIB,
+        "GiB" => MIB * 1024.0,
+        _ => f64::NAN,
+    }
+}
+
+/// (allocated, live) bytes of a table row: `RATE UNIT ALLOCATED UNIT LIVE UNIT SAMPLES ...`.
+fn figures(words: &[&str]) -> (f64, f64) {
+    (bytes(words[2], words[3]), bytes(words[4], words[5]))
+}
+
+/// The line in the workload whose text contains `needle`, 1-based.
+fn workload_line(needle: &str) -> usize {
+    let text = std::fs::read_to_string(script("live_workload.py")).unwrap();
+    1 + text.lines().position(|l| l.contains(needle)).expect(needle)
+}
+
+/// Waits until the view shows hot_function with all its bytes (the workload has allocated
+/// them and a refresh has shown them) and returns that screen.
+fn wait_for_the_workload(tmux: &Tmux) -> String {
+    tmux.wait_for("hot_function with ~200 MB allocated", |s| {
+        row(s, "hot_function").is_some_and(|w| figures(&w).0 > 0.9 * HOT_BYTES)
+    })
+}
+
+#[test]
+fn view_shows_the_workload_keys_reorder_it_and_q_leaves_it_recording() {
+    let Some(py) = python() else { return };
+    if !have_tmux() {
+        return;
+    }
+    let run = Run::new();
+    let tmux = Tmux::start(&run.command(&py), 100, 30);
+    let screen = wait_for_the_workload(&tmux);
+    let hot = figures(&row(&screen, "hot_function").unwrap());
+    assert!(
+        hot.0 < 1.1 * HOT_BYTES,
+        "hot_function shows {} bytes; it allocated {HOT_BYTES}:\n{screen}",
+        hot.0
+    );
+    assert!(screen.contains("Python 3."), "{screen}");
+    assert!(screen.contains("rate 128.00 KiB"), "{screen}");
+
+    // Sorting: by allocated bytes hot_function leads, by live bytes keeper_function does.
+    tmux.keys(&["2"]);
+    tmux.wait_for("hot_function first by ALLOCATED", |s| {
+        s.contains("▼ALLOCATED") && first_row(s).get(7) == Some(&"hot_function")
+    });
+    tmux.keys(&["3"]);
+    let screen = tmux.wait_for("keeper_function first by LIVE", |s| {
+        s.contains("▼LIVE") && first_row(s).get(7) == Some(&"keeper_function")
+    });
+    let keeper = figures(&row(&screen, "keeper_function").unwrap());
+    assert!(
+        (keeper.1 - 30e6).abs() < 0.15 * 30e6,
+        "keeper_function keeps 30 MB live, the view says {}:\n{screen}",
+        keeper.1
+    );
+
+    // Grouping: by line hot_function sits at its allocation, by function at its `def`, by
+    // file the workload is one row.
+    let alloc_line = format!("live_workload.py:{}", workload_line("block = bytearray"));
+    let def_line = format!("live_workload.py:{}", workload_line("def hot_function"));
+    assert!(row(&screen, "hot_function").unwrap()[8].ends_with(&alloc_line));
+    tmux.keys(&["g"]);
+    tmux.wait_for("hot_function at its def, by function", |s| {
+        s.contains("by function")
+            && row(s, "hot_function").is_some_and(|w| w[8].ends_with(&def_line))
+    });
+    tmux.keys(&["g"]);
+    tmux.wait_for("the workload file as a row, by file", |s| {
+        s.contains("by file")
+            && s.lines().any(|l| {
+                l.ends_with("live_workload.py") && l.split_whitespace().count() == 8
+            })
+    });
+    tmux.keys(&["g", "t", "2"]);
+    let screen = tmux.wait_for("<module> first with total bytes", |s| {
+        s.contains("by line · total bytes") && first_row(s).get(7) == Some(&"<module>")
+    });
+    let module = figures(&first_row(&screen));
+    assert!(module.0 >= hot.0, "<module> includes hot_function:\n{screen}");
+
+    // q: the view closes, the program runs on and mprof records until it ends.
+    tmux.keys(&["q"]);
+    let screen = tmux.wait_for("the main screen back", |s| {
+        s.contains("live view closed; recording")
+    });
+    assert!(!tmux.alternate_on(), "{screen}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!run.status.exists(), "mprof ended with the view:\n{screen}");
+    assert!(!run.program_output().contains("workload done"));
+    std::fs::write(&run.stop, b"").unwrap();
+    assert_eq!(run.wait_status(&tmux), 0, "{}", tmux.screen());
+    run.assert_terminal_restored(&tmux);
+    let out = run.program_output();
+    assert!(out.contains("workload allocated") && out.contains("workload done"), "{out}");
+    let screen = tmux.screen();
+    assert!(screen.contains("the program's output is in"), "{screen}");
+    let functions = by_function(&report_json(&run.capture, &["--by", "function"]));
+    let recorded = functions["hot_function"]["alloc_bytes"].as_f64().unwrap();
+    assert!(
+        (recorded - HOT_BYTES).abs() < 0.1 * HOT_BYTES,
+        "the capture has {recorded} bytes for hot_function"
+    );
+}
+
+#[test]
+fn ctrl_c_closes_the_view_interrupts_the_program_and_restores_the_terminal() {
+    let Some(py) = python() else { return };
+    if !have_tmux() {
+        return;
+    }
+    let run = Run::new();
+    let tmux = Tmux::start(&run.command(&py), 80, 24);
+    wait_for_the_workload(&tmux);
+    assert!(tmux.alternate_on());
+    tmux.keys(&["C-c"]);
+    // Python dies of the SIGINT it re-raises after an unhandled KeyboardInterrupt: 128 + 2.
+    assert_eq!(run.wait_status(&tmux), 130, "{}", tmux.screen());
+    run.assert_terminal_restored(&tmux);
+    assert!(tmux.screen().contains("interrupting"), "{}", tmux.screen());
+    assert!(run.program_output().contains("KeyboardInterrupt"));
+}
+
+#[test]
+fn sigterm_to_mprof_restores_the_terminal() {
+    let Some(py) = python() else { return };
+    if !have_tmux() {
+        return;
+    }
+    let run = Run::new();
+    let tmux = Tmux::start(&run.command(&py), 80, 24);
+    wait_for_the_workload(&tmux);
+    let shell = tmux.pane_pid();
+    let children = std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children"))
+        .expect("the pane's shell has children");
+    let mprof_pid: i32 = children
+        .split_whitespace()
+        .next()
+        .expect("mprof runs under the pane's shell")
+        .parse()
+        .unwrap();
+    assert!(std::fs::read_to_string(format!("/proc/{mprof_pid}/cmdline"))
+        .unwrap()
+        .contains("--live"));
+    unsafe { kill(mprof_pid, 15) };
+    // mprof passes SIGTERM on to the program and returns its status: 128 + 15.
+    assert_eq!(run.wait_status(&tmux), 143, "{}", tmux.screen());
+    run.assert_terminal_restored(&tmux);
+    assert!(tmux.screen().contains("closed by signal 15"), "{}", tmux.screen());
+}
+
+#[test]
+fn live_without_a_terminal_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = mprof()
+        .args(["record", "--live", "-o"])
+        .arg(dir.path().join("c.mprof"))
+        .args(["--", "python3", "-c", "pass"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--live needs a terminal"), "{stderr}");
+    assert!(!dir.path().join("c.mprof").exists());
+}
+
+extern "C" {
+    fn kill(pid: i32, sig: i32) -> i32;
+}
