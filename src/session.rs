@@ -27,8 +27,14 @@ impl RingMem {
     /// Makes a ring configured for `sampling`. The memory file is inheritable (no CLOEXEC) when
     /// `inheritable` is set, so that a child can map it.
     pub fn create(sampling: &SamplingArgs, inheritable: bool) -> Result<RingMem> {
-        let len = ring::region_size(RING_DATA_SIZE);
         let fd = mprof_injector::agent::memfd_with("mprof-ring", &[], !inheritable)?;
+        RingMem::from_fd(fd, sampling)
+    }
+
+    /// Makes a ring in the memory file `fd` (for attach: the target's own memfd, opened through
+    /// `/proc/PID/fd/N`): sizes it, maps it and writes a fresh header.
+    pub fn from_fd(fd: OwnedFd, sampling: &SamplingArgs) -> Result<RingMem> {
+        let len = ring::region_size(RING_DATA_SIZE);
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
             return Err(std::io::Error::last_os_error()).context("sizing the ring");
         }
@@ -237,41 +243,5 @@ impl Reader {
             dropped: h.dropped.load(Ordering::Relaxed),
         })?;
         self.capture.flush()
-    }
-}
-
-impl RingMem {
-    /// Makes a ring in a memory file that another process created (attach: the target's own
-    /// memfd, opened through `/proc/PID/fd/N`): sizes it, maps it and writes a fresh header.
-    pub fn from_fd(fd: OwnedFd, sampling: &SamplingArgs) -> Result<RingMem> {
-        let len = ring::region_size(RING_DATA_SIZE);
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(std::io::Error::last_os_error()).context("sizing the ring");
-        }
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error()).context("mapping the ring");
-        }
-        let base = base as *mut u8;
-        unsafe {
-            Ring::init(
-                base,
-                RING_DATA_SIZE,
-                sampling.rate,
-                sampling.seed,
-                sampling.max_depth,
-                0,
-            )
-        };
-        Ok(RingMem { fd, base, len })
     }
 }

@@ -47,29 +47,40 @@ fn num(v: &Value, key: &str) -> f64 {
         .unwrap_or_else(|| panic!("{key} missing in {v}"))
 }
 
+/// Records `script_name` (which writes the true live bytes per function as JSON to the path it
+/// is given) and returns the truth and the `--by function` live report.
+fn record_against_truth(
+    py: &Python,
+    script_name: &str,
+    extra: &[&str],
+) -> (HashMap<String, f64>, HashMap<String, Value>) {
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("c.mprof");
+    let truth_file = dir.path().join("truth.json");
+    let mut flags = vec!["-q"];
+    flags.extend_from_slice(extra);
+    record(
+        py,
+        &capture,
+        &flags,
+        &[
+            script(script_name).to_str().unwrap(),
+            truth_file.to_str().unwrap(),
+        ],
+    );
+    let report = report_json(
+        &capture,
+        &["--view", "live", "--by", "function", "--top", "0"],
+    );
+    (truth(&truth_file), by_function(&report))
+}
+
 /// With `--rate 1` every allocation is recorded: live bytes per function match the truth
 /// within 1%.
 #[test]
 fn rate_1_attributes_live_bytes_exactly_on_every_version() {
     for py in pythons() {
-        let dir = tempfile::tempdir().unwrap();
-        let capture = dir.path().join("c.mprof");
-        let truth_file = dir.path().join("truth.json");
-        record(
-            &py,
-            &capture,
-            &["--rate", "1", "-q"],
-            &[
-                script("known_allocs.py").to_str().unwrap(),
-                truth_file.to_str().unwrap(),
-            ],
-        );
-        let want = truth(&truth_file);
-        let report = report_json(
-            &capture,
-            &["--view", "live", "--by", "function", "--top", "0"],
-        );
-        let got = by_function(&report);
+        let (want, got) = record_against_truth(&py, "known_allocs.py", &["--rate", "1"]);
         for (func, bytes) in &want {
             let live = num(&got[func.as_str()], "live_bytes");
             let err = (live - bytes).abs() / bytes;
@@ -105,24 +116,8 @@ fn rate_1_attributes_live_bytes_exactly_on_every_version() {
 fn default_rate_estimates_lie_within_three_standard_errors() {
     for py in pythons() {
         for seed in ["1", "2", "3"] {
-            let dir = tempfile::tempdir().unwrap();
-            let capture = dir.path().join("c.mprof");
-            let truth_file = dir.path().join("truth.json");
-            record(
-                &py,
-                &capture,
-                &["--seed", seed, "-q"],
-                &[
-                    script("known_allocs.py").to_str().unwrap(),
-                    truth_file.to_str().unwrap(),
-                ],
-            );
-            let report = report_json(
-                &capture,
-                &["--view", "live", "--by", "function", "--top", "0"],
-            );
-            let got = by_function(&report);
-            for (func, bytes) in truth(&truth_file) {
+            let (want, got) = record_against_truth(&py, "known_allocs.py", &["--seed", seed]);
+            for (func, bytes) in want {
                 let (live, se) = got
                     .get(func.as_str())
                     .map(|l| (num(l, "live_bytes"), num(l, "live_stderr")))
@@ -146,24 +141,8 @@ fn default_rate_estimates_lie_within_three_standard_errors() {
 #[test]
 fn four_threads_are_attributed_per_function() {
     for py in pythons() {
-        let dir = tempfile::tempdir().unwrap();
-        let capture = dir.path().join("c.mprof");
-        let truth_file = dir.path().join("truth.json");
-        record(
-            &py,
-            &capture,
-            &["--rate", "1", "-q"],
-            &[
-                script("threads.py").to_str().unwrap(),
-                truth_file.to_str().unwrap(),
-            ],
-        );
-        let report = report_json(
-            &capture,
-            &["--view", "live", "--by", "function", "--top", "0"],
-        );
-        let got = by_function(&report);
-        for (func, bytes) in truth(&truth_file) {
+        let (want, got) = record_against_truth(&py, "threads.py", &["--rate", "1"]);
+        for (func, bytes) in want {
             let live = num(&got[func.as_str()], "live_bytes");
             assert!(
                 (live - bytes).abs() / bytes < 0.01,
@@ -493,17 +472,46 @@ fn fork_subprocess_and_tracemalloc_are_unharmed() {
                 .env("MPROF_TEST_MARKER", "kept"),
             LIMIT,
         );
-        assert!(out.status.success(), "{}: {}", py.label, String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            py.label,
+            String::from_utf8_lossy(&out.stderr)
+        );
         let r: Value = serde_json::from_str(&std::fs::read_to_string(&result).unwrap()).unwrap();
         assert_eq!(r["child_status"], 7, "{}", py.label);
         let env = r["child_env"].as_object().unwrap();
         assert_eq!(env["MPROF_TEST_MARKER"], "kept");
-        for name in ["MPROF_RING_FD", "MPROF_AGENT_FD", "MPROF_SAVED_LD_PRELOAD", "LD_PRELOAD"] {
-            assert!(!env.contains_key(name), "{}: {name} leaked: {env:?}", py.label);
+        for name in [
+            "MPROF_RING_FD",
+            "MPROF_AGENT_FD",
+            "MPROF_SAVED_LD_PRELOAD",
+            "LD_PRELOAD",
+        ] {
+            assert!(
+                !env.contains_key(name),
+                "{}: {name} leaked: {env:?}",
+                py.label
+            );
         }
-        assert!(r["tracemalloc_current"].as_f64().unwrap() >= 100_000.0, "{}", py.label);
-        let got = by_function(&report_json(&capture, &["--view", "live", "--by", "function", "--top", "0"]));
-        assert!(num(&got["parent_alloc"], "live_bytes") >= 50.0 * 100_000.0, "{}", py.label);
-        assert!(!got.contains_key("child_alloc"), "{}: the child's samples leaked in", py.label);
+        assert!(
+            r["tracemalloc_current"].as_f64().unwrap() >= 100_000.0,
+            "{}",
+            py.label
+        );
+        let got = by_function(&report_json(
+            &capture,
+            &["--view", "live", "--by", "function", "--top", "0"],
+        ));
+        assert!(
+            num(&got["parent_alloc"], "live_bytes") >= 50.0 * 100_000.0,
+            "{}",
+            py.label
+        );
+        assert!(
+            !got.contains_key("child_alloc"),
+            "{}: the child's samples leaked in",
+            py.label
+        );
     }
 }
