@@ -2,6 +2,7 @@
 """Overhead of mprof next to no profiler and tracemalloc, measured side by side.
 
     python3 benches/overhead.py [--python PATH] [--runs N] [--mprof PATH] [--markdown]
+    python3 benches/overhead.py --instructions    # instruction counts under valgrind
 
 Workloads (benches/workloads/):
   alloc    an allocation-heavy pure-Python job (parse log lines into objects,
@@ -11,7 +12,8 @@ Workloads (benches/workloads/):
            keep-alive client on 127.0.0.1; throughput in requests/s
 
 Configurations: none (plain python), mprof (default rate), mprof --rate 1,
-tracemalloc (python -X tracemalloc=1), and memray when it is importable.
+tracemalloc (python -X tracemalloc=1), and memray when it is importable
+(at its defaults, which see pymalloc's arenas rather than every object).
 
 Runs are interleaved (each round runs every configuration once, in a rotated
 order) so that a noisy machine hurts every configuration alike. The table
@@ -37,6 +39,7 @@ import os
 import queue
 import re
 import resource
+import shutil
 import signal
 import statistics
 import subprocess
@@ -150,9 +153,9 @@ def tail(text, lines=8):
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def run_alloc(config, args, capture, env):
-    script = [os.path.join(WORKLOADS, "alloc_heavy.py")]
-    cmd = config.command(args.python, capture, script)
+def run_alloc(config, args, capture, env, script_args=(), wrapper=()):
+    script = [os.path.join(WORKLOADS, "alloc_heavy.py")] + list(script_args)
+    cmd = list(wrapper) + config.command(args.python, capture, script)
     cpu_before = children_cpu()
     start = time.perf_counter()
     proc = start_group(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
@@ -183,12 +186,13 @@ def line_reader(stream, lines):
     lines.put(None)
 
 
-def run_tornado(config, args, capture, env):
+def run_tornado(config, args, capture, env, requests, warmup=500, wrapper=()):
     script = [os.path.join(WORKLOADS, "tornado_server.py"), "--max-seconds", str(args.timeout)]
     errfile = tempfile.TemporaryFile()
-    server = start_group(config.command(args.python, capture, script), stdout=subprocess.PIPE, stderr=errfile, env=env)
+    cmd = list(wrapper) + config.command(args.python, capture, script)
+    server = start_group(cmd, stdout=subprocess.PIPE, stderr=errfile, env=env)
     try:
-        result, cpu_at_client_exit = drive_server(server, errfile, args, env)
+        result, cpu_at_client_exit = drive_server(server, errfile, args, env, requests, warmup)
     finally:
         kill_group(server)
         errfile.close()
@@ -199,7 +203,7 @@ def run_tornado(config, args, capture, env):
     return result
 
 
-def drive_server(server, errfile, args, env):
+def drive_server(server, errfile, args, env, requests, warmup):
     """Wait for the server's port, run the client against it, stop the server, collect its VmHWM.
 
     Returns (result, CPU seconds of reaped children right after the client was reaped)."""
@@ -213,12 +217,15 @@ def drive_server(server, errfile, args, env):
         args.python,
         os.path.join(WORKLOADS, "tornado_client.py"),
         str(port),
-        "--requests", str(args.requests),
+        "--requests", str(requests),
+        "--warmup", str(warmup),
         "--connections", str(args.connections),
         "--max-seconds", str(args.timeout),
     ]
     try:
-        client = subprocess.run(client_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=args.timeout + 30, env=env)
+        client = subprocess.run(
+            client_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=args.timeout + 30, env=env
+        )
     except subprocess.TimeoutExpired:
         return Result(error="client timed out"), None
     cpu_at_client_exit = children_cpu()
@@ -281,7 +288,7 @@ def run_one(workload, config, args, tmpdir, env):
     capture = os.path.join(tmpdir, "capture.out")
     if workload == "alloc":
         return run_alloc(config, args, capture, env)
-    return run_tornado(config, args, capture, env)
+    return run_tornado(config, args, capture, env, args.requests)
 
 
 # ---------------------------------------------------------------------------
@@ -352,15 +359,15 @@ def baseline_of(workload, results):
     return statistics.median(good), (min(good) if workload == "alloc" else max(good))
 
 
-def print_table(rows, markdown):
+def print_table(rows, markdown, headers=HEADERS):
     if markdown:
-        print("| " + " | ".join(HEADERS) + " |")
-        print("|" + "|".join("---" if i < 2 else "---:" for i in range(len(HEADERS))) + "|")
+        print("| " + " | ".join(headers) + " |")
+        print("|" + "|".join("---" if i < 2 else "---:" for i in range(len(headers))) + "|")
         for row in rows:
             print("| " + " | ".join(row) + " |")
         return
-    widths = [max(len(str(r[i])) for r in [HEADERS] + rows) for i in range(len(HEADERS))]
-    for n, row in enumerate([HEADERS] + rows):
+    widths = [max(len(str(r[i])) for r in [headers] + rows) for i in range(len(headers))]
+    for n, row in enumerate([headers] + rows):
         print("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
         if n == 0:
             print("  ".join("-" * w for w in widths))
@@ -410,6 +417,91 @@ def print_targets(workloads, table):
 
 
 # ---------------------------------------------------------------------------
+# Instruction counts (--instructions): the same workloads under valgrind, which
+# counts instructions exactly. Instructions are not time, but they do not care
+# about other load on the machine, so a few percent can be told from noise.
+
+# Two sizes of each workload; the difference between them is pure steady-state work,
+# with start-up, imports and the profiler's fixed costs cancelled out.
+INSTRUCTION_SIZES = {
+    "alloc": (["--lines", "5000", "--rounds", "1"], ["--lines", "5000", "--rounds", "3"], 2, "round of 5,000 lines"),
+    "tornado": (1000, 3000, 2000, "request"),
+}
+# mprof --rate 1 and memray are left out: a reader slowed down ~50x by valgrind would
+# make mprof drop records, and a number that flatters is worse than none.
+INSTRUCTION_CONFIGS = ("none", "mprof", "tracemalloc=1")
+
+
+def valgrind_counts(logdir, mprof):
+    """Instructions counted in the Python process and in the mprof process, from valgrind's logs."""
+    counts = {"python": 0, "mprof": 0}
+    for name in os.listdir(logdir):
+        with open(os.path.join(logdir, name), errors="replace") as log:
+            text = log.read()
+        command = re.search(r"== Command: (\S+)", text)
+        refs = re.search(r"I\s+refs:\s+([\d,]+)", text)
+        if command and refs:
+            who = "mprof" if os.path.realpath(command.group(1)) == os.path.realpath(mprof) else "python"
+            counts[who] += int(refs.group(1).replace(",", ""))
+        os.unlink(os.path.join(logdir, name))
+    return counts
+
+
+def count_once(workload, config, args, size, tmpdir, env):
+    """Instruction counts of one valgrind run, or an error string."""
+    logdir = os.path.join(tmpdir, "vg")
+    os.makedirs(logdir, exist_ok=True)
+    wrapper = [
+        "valgrind", "--tool=cachegrind", "--cache-sim=no", "--trace-children=yes",
+        "--cachegrind-out-file=/dev/null", "--log-file=%s/%%p.log" % logdir,
+    ]
+    capture = os.path.join(tmpdir, "capture.out")
+    if workload == "alloc":
+        result = run_alloc(config, args, capture, env, script_args=size, wrapper=wrapper)
+    else:
+        result = run_tornado(config, args, capture, env, requests=size, warmup=0, wrapper=wrapper)
+    counts = valgrind_counts(logdir, args.mprof)
+    return result.error or counts
+
+
+def run_instructions(args, workloads, configs, env):
+    """Print instructions per unit of work for none, mprof and tracemalloc=1, and mprof's ratio."""
+    if not shutil.which("valgrind"):
+        sys.exit("--instructions needs valgrind (apt-get install valgrind)")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="mprof-bench-") as tmpdir:
+        for workload in workloads:
+            small, large, units, unit_name = INSTRUCTION_SIZES[workload]
+            base = None
+            for config in [c for c in configs if c.name in INSTRUCTION_CONFIGS]:
+                first = count_once(workload, config, args, small, tmpdir, env)
+                second = count_once(workload, config, args, large, tmpdir, env)
+                failure = next((run for run in (first, second) if isinstance(run, str)), None)
+                if failure is not None:
+                    print("%s %s failed: %s" % (workload, config.name, failure), file=sys.stderr)
+                    continue
+                target = (second["python"] - first["python"]) / units
+                reader = (second["mprof"] - first["mprof"]) / units
+                base = target if config.name == "none" else base
+                ratio = "%.3fx" % ((target + reader) / base) if base else "-"
+                row = [
+                    workload,
+                    config.name,
+                    unit_name,
+                    "{:,.0f}".format(target),
+                    "{:,.0f}".format(reader) if reader else "-",
+                    ratio,
+                ]
+                print("  ".join(row), file=sys.stderr, flush=True)
+                rows.append(row)
+    headers = ["workload", "configuration", "per", "instructions (target)", "instructions (mprof CLI)", "ratio vs none"]
+    print()
+    print("instructions counted by valgrind; python: %s" % args.python)
+    print()
+    print_table(rows, args.markdown, headers)
+
+
+# ---------------------------------------------------------------------------
 # Set-up
 
 
@@ -420,7 +512,8 @@ def default_python():
 
 
 def importable(python, module):
-    return subprocess.run([python, "-c", "import " + module], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    return subprocess.run([python, "-c", "import " + module], **quiet).returncode == 0
 
 
 def describe(cmd):
@@ -431,23 +524,40 @@ def describe(cmd):
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
-    parser.add_argument("--python", default=default_python(), help="interpreter under test (default: the newest ~/.pyenv/versions/3.11.*)")
-    parser.add_argument("--mprof", default=os.path.join(ROOT, "target", "release", "mprof"), help="mprof binary (default: target/release/mprof)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n", 2)[2],
+    )
+    parser.add_argument(
+        "--python",
+        default=default_python(),
+        help="interpreter under test (default: the newest ~/.pyenv/versions/3.11.*)",
+    )
+    parser.add_argument(
+        "--mprof",
+        default=os.path.join(ROOT, "target", "release", "mprof"),
+        help="mprof binary (default: target/release/mprof)",
+    )
     parser.add_argument("--runs", type=int, default=5, help="runs per configuration and workload (default 5)")
     parser.add_argument("--workloads", default="alloc,tornado", help="comma-separated subset of alloc,tornado")
     parser.add_argument("--requests", type=int, default=10000, help="timed requests per tornado run (default 10000)")
-    parser.add_argument("--connections", type=int, default=8, help="keep-alive connections of the tornado client (default 8)")
+    parser.add_argument("--connections", type=int, default=8, help="keep-alive connections of the client (default 8)")
     parser.add_argument("--no-memray", action="store_true", help="leave memray out even if it is importable")
     parser.add_argument(
         "--configs",
         help="comma-separated subset of configurations to run, e.g. 'none,mprof' (default: all; none is always run)",
     )
-    parser.add_argument("--timeout", type=int, default=300, help="seconds before one run is given up and killed (default 300)")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds before a run is killed (default 300)")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions under valgrind instead of timing (none, mprof, tracemalloc=1): immune to machine load",
+    )
     args = parser.parse_args()
     if not args.python or not os.path.exists(args.python):
-        parser.error("no Python interpreter found; pass --python PATH (default looks for ~/.pyenv/versions/3.11.*/bin/python3)")
+        parser.error("no Python interpreter found; pass --python PATH (default: ~/.pyenv/versions/3.11.*/bin/python3)")
     if not os.access(args.mprof, os.X_OK):
         parser.error("%s not found: run `cargo build --release` first, or pass --mprof PATH" % args.mprof)
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -477,14 +587,22 @@ def main():
         wanted = {"none"} | {name.strip() for name in args.configs.split(",")}
         unknown = wanted - {config.name for config in configs}
         if unknown:
-            sys.exit("unknown or unavailable configuration(s): %s (have: %s)" % (", ".join(sorted(unknown)), ", ".join(c.name for c in configs)))
+            have = ", ".join(config.name for config in configs)
+            sys.exit("unknown or unavailable configuration(s): %s (have: %s)" % (", ".join(sorted(unknown)), have))
         configs = [config for config in configs if config.name in wanted]
     env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
+    if args.instructions:
+        try:
+            run_instructions(args, workloads, configs, env)
+        finally:
+            kill_all_groups()
+        return
 
     header = [
         "python: %s (%s)" % (args.python, describe([args.python, "-c", "import sys; print(sys.version.split()[0])"])),
         "mprof: %s (%s)" % (args.mprof, describe([args.mprof, "--version"])),
-        "runs: %d per configuration, interleaved; tornado: %d requests over %d connections" % (args.runs, args.requests, args.connections),
+        "runs: %d per configuration, interleaved; tornado: %d requests over %d connections"
+        % (args.runs, args.requests, args.connections),
         "machine: %d CPUs, load average at start %.2f" % (os.cpu_count() or 0, os.getloadavg()[0]),
     ]
     table = {w: {c.name: [] for c in configs} for w in workloads}

@@ -64,10 +64,8 @@ def huge_worker(results):
 
 def main():
     results = {}
-    workers = [
-        threading.Thread(target=fn, args=(results,), name=name)
-        for name, fn in (("small", small_worker), ("medium", medium_worker), ("large", large_worker), ("huge", huge_worker))
-    ]
+    jobs = (("small", small_worker), ("medium", medium_worker), ("large", large_worker), ("huge", huge_worker))
+    workers = [threading.Thread(target=fn, args=(results,), name=name) for name, fn in jobs]
     for worker in workers:
         worker.start()
     for worker in workers:

@@ -59,9 +59,8 @@ def generate(rng, count):
     for i in range(count):
         template = rng.choice(ENDPOINTS)
         path = template.replace("{id}", str(rng.randrange(1, 100000)))
-        params = "&".join(
-            "%s=%s" % (key, rng.randrange(1000)) for key in rng.sample(("page", "q", "sort", "limit", "lang"), rng.randrange(0, 4))
-        )
+        keys = rng.sample(("page", "q", "sort", "limit", "lang"), rng.randrange(0, 4))
+        params = "&".join("%s=%s" % (key, rng.randrange(1000)) for key in keys)
         if params:
             path = path + "?" + params
         lines.append(

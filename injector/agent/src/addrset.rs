@@ -18,7 +18,9 @@ static FILTER: [AtomicU8; FILTER_LEN] = [const { AtomicU8::new(0) }; FILTER_LEN]
 
 #[inline(always)]
 fn slot(addr: usize) -> usize {
-    ((addr as u64 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - FILTER_BITS)) as usize
+    // Fibonacci hashing: the multiply carries the address bits that vary (bit 4 upwards, as
+    // blocks are 16-byte aligned) into the top bits kept.
+    ((addr as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - FILTER_BITS)) as usize
 }
 
 /// The free path's question: false proves `addr` was not sampled.

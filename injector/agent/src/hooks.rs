@@ -82,7 +82,9 @@ fn through<const D: usize>(size: usize, call: impl FnOnce() -> *mut c_void) -> *
 
 #[inline(always)]
 fn free_check(ptr: *mut c_void) {
-    if !ptr.is_null() && maybe_sampled(ptr as usize) {
+    // No NULL test: NULL was never sampled, so it passes the filter only on a rare collision,
+    // and the exact set then says no.
+    if maybe_sampled(ptr as usize) {
         // Recorded before the block is released: once released, its address can be sampled
         // again by another thread, and that record must come after this one.
         session::sampled_free(ptr as usize);
