@@ -71,6 +71,8 @@ pub fn pythons() -> Vec<Python> {
         eprintln!("SKIPPED Debian python3: /usr/bin/python3 not present");
     }
     assert!(!out.is_empty(), "no supported Python interpreter found");
+    let labels: Vec<&str> = out.iter().map(|p| p.label.as_str()).collect();
+    eprintln!("interpreters tested: {}", labels.join(", "));
     out
 }
 
