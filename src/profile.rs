@@ -224,7 +224,7 @@ impl Sample {
 
 /// A fast hasher for integer keys and frame slices (addresses are not attacker-chosen).
 #[derive(Default, Clone, Copy)]
-struct FastHasher(u64);
+pub(crate) struct FastHasher(u64);
 
 impl FastHasher {
     const K: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -259,7 +259,8 @@ impl Hasher for FastHasher {
     }
 }
 
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+/// A hash map with [`FastHasher`], for integer keys.
+pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
 
 /// Interned strings, code objects, frames and the stack trie.
 #[derive(Default)]

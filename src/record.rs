@@ -8,6 +8,7 @@ use crate::{report, signals, SamplingArgs};
 use anyhow::{bail, Context, Result};
 use mprof_common::record::Record;
 use mprof_common::ring::{STATE_FAILED, STATE_WAITING};
+use std::io::Write as _;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -100,7 +101,11 @@ fn view_closed(closed: Closed, pid: u32, command: &str) {
             unsafe { libc::kill(pid as i32, libc::SIGINT) };
         }
         Closed::Failed(e) => {
-            eprintln!("mprof: warning: the live view stopped ({e:#}); recording goes on")
+            // The terminal may be gone: a failed write must not end the recording.
+            let _ = writeln!(
+                std::io::stderr(),
+                "mprof: warning: the live view stopped ({e:#}); recording goes on"
+            );
         }
     }
 }

@@ -91,6 +91,14 @@ impl RingMem {
     pub fn dropped(&self) -> u64 {
         self.header().dropped.load(Ordering::Relaxed)
     }
+
+    /// How full the ring is: 0 when the reader has taken everything, 1 when the agent drops.
+    pub fn fill(&self) -> f64 {
+        let h = self.header();
+        let tail = h.tail.load(Ordering::Acquire);
+        let head = h.head.load(Ordering::Acquire);
+        head.saturating_sub(tail) as f64 / h.data_size.max(1) as f64
+    }
 }
 
 impl Drop for RingMem {

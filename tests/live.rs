@@ -3,7 +3,8 @@
 //!
 //! Each test has its own tmux server (`tmux -L mprof-test-PID-N`), killed when the test ends.
 //! The pane runs `mprof ...; echo $? > status; stty -a > stty; sleep`, so a test can read
-//! mprof's exit status and the terminal modes it left behind.
+//! mprof's exit status and the terminal modes it left behind. Killing the server is a
+//! terminal hang-up, which one test does on purpose.
 
 mod common;
 
@@ -67,7 +68,9 @@ impl Tmux {
 
     /// Whether the pane shows the alternate screen.
     fn alternate_on(&self) -> bool {
-        self.run(&["display-message", "-p", "#{alternate_on}"]).trim() == "1"
+        self.run(&["display-message", "-p", "#{alternate_on}"])
+            .trim()
+            == "1"
     }
 
     /// The pid of the pane's shell.
@@ -125,9 +128,15 @@ impl Run {
 
     /// The pane's command: mprof on the workload, then the checks of what it left behind.
     fn command(&self, python: &Path) -> String {
+        self.command_with(python, "")
+    }
+
+    /// [`Run::command`] with `redirect` after mprof's arguments (e.g. `2> FILE`).
+    fn command_with(&self, python: &Path, redirect: &str) -> String {
         let q = |p: &Path| format!("'{}'", p.display());
         format!(
-            "{} record --live -o {} -- {} {} {} 60; echo $? > {}; stty -a > {}; sleep 600",
+            "{} record --live -o {} -- {} {} {} 60 {redirect}; echo $? > {}; stty -a > {}; \
+             sleep 600",
             q(Path::new(env!("CARGO_BIN_EXE_mprof"))),
             q(&self.capture),
             q(python),
@@ -178,6 +187,22 @@ impl Run {
     }
 }
 
+/// The pid of the mprof that the pane's shell runs.
+fn mprof_pid(tmux: &Tmux) -> i32 {
+    let shell = tmux.pane_pid();
+    let children = std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children"))
+        .expect("the pane's shell has children");
+    let pid: i32 = children
+        .split_whitespace()
+        .next()
+        .expect("mprof runs under the pane's shell")
+        .parse()
+        .unwrap();
+    let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap();
+    assert!(cmdline.contains("--live"), "{cmdline}");
+    pid
+}
+
 /// An interpreter to run the workload with (3.11 preferred), or `None` with a SKIPPED line.
 fn python() -> Option<PathBuf> {
     let found = [11, 12, 10, 13, 9, 8].into_iter().find_map(pyenv_python);
@@ -209,6 +234,12 @@ fn first_row(screen: &str) -> Vec<&str> {
     let mut lines = screen.lines().skip_while(|l| !l.contains("ALLOC/s"));
     lines.next();
     lines.next().unwrap_or("").split_whitespace().collect()
+}
+
+/// The `up H:MM:SS` of the header.
+fn uptime(screen: &str) -> String {
+    let at = screen.find(" up ").expect("the header shows the time up");
+    screen[at..].split_whitespace().nth(1).unwrap().to_owned()
 }
 
 /// `194 MiB` → bytes.
@@ -262,7 +293,7 @@ fn view_shows_the_workload_keys_reorder_it_and_q_leaves_it_recording() {
 
     // Sorting: by allocated bytes hot_function leads, by live bytes keeper_function does.
     tmux.keys(&["2"]);
-    tmux.wait_for("hot_function first by ALLOCATED", |s| {
+    let by_allocated = tmux.wait_for("hot_function first by ALLOCATED", |s| {
         s.contains("▼ALLOCATED") && first_row(s).get(7) == Some(&"hot_function")
     });
     tmux.keys(&["3"]);
@@ -280,8 +311,8 @@ fn view_shows_the_workload_keys_reorder_it_and_q_leaves_it_recording() {
     // file the workload is one row.
     let alloc_line = format!("live_workload.py:{}", workload_line("block = bytearray"));
     let def_line = format!("live_workload.py:{}", workload_line("def hot_function"));
-    assert!(row(&screen, "hot_function").unwrap()[8].ends_with(&alloc_line));
-    tmux.keys(&["g"]);
+    assert!(first_row(&by_allocated)[8].ends_with(&alloc_line));
+    tmux.keys(&["2", "g"]);
     tmux.wait_for("hot_function at its def, by function", |s| {
         s.contains("by function")
             && row(s, "hot_function").is_some_and(|w| w[8].ends_with(&def_line))
@@ -289,16 +320,32 @@ fn view_shows_the_workload_keys_reorder_it_and_q_leaves_it_recording() {
     tmux.keys(&["g"]);
     tmux.wait_for("the workload file as a row, by file", |s| {
         s.contains("by file")
-            && s.lines().any(|l| {
-                l.ends_with("live_workload.py") && l.split_whitespace().count() == 8
-            })
+            && s.lines()
+                .any(|l| l.ends_with("live_workload.py") && l.split_whitespace().count() == 8)
     });
     tmux.keys(&["g", "t", "2"]);
     let screen = tmux.wait_for("<module> first with total bytes", |s| {
         s.contains("by line · total bytes") && first_row(s).get(7) == Some(&"<module>")
     });
     let module = figures(&first_row(&screen));
-    assert!(module.0 >= hot.0, "<module> includes hot_function:\n{screen}");
+    assert!(
+        module.0 >= hot.0,
+        "<module> includes hot_function:\n{screen}"
+    );
+
+    // p freezes the display (the clock too) and unfreezes it.
+    tmux.keys(&["p"]);
+    let frozen = tmux.wait_for("PAUSED", |s| s.contains("PAUSED"));
+    std::thread::sleep(Duration::from_millis(2200));
+    assert_eq!(
+        uptime(&tmux.screen()),
+        uptime(&frozen),
+        "the paused clock moved"
+    );
+    tmux.keys(&["p"]);
+    tmux.wait_for("the clock to move again", |s| {
+        !s.contains("PAUSED") && uptime(s) != uptime(&frozen)
+    });
 
     // q: the view closes, the program runs on and mprof records until it ends.
     tmux.keys(&["q"]);
@@ -313,7 +360,10 @@ fn view_shows_the_workload_keys_reorder_it_and_q_leaves_it_recording() {
     assert_eq!(run.wait_status(&tmux), 0, "{}", tmux.screen());
     run.assert_terminal_restored(&tmux);
     let out = run.program_output();
-    assert!(out.contains("workload allocated") && out.contains("workload done"), "{out}");
+    assert!(
+        out.contains("workload allocated") && out.contains("workload done"),
+        "{out}"
+    );
     let screen = tmux.screen();
     assert!(screen.contains("the program's output is in"), "{screen}");
     let functions = by_function(&report_json(&run.capture, &["--by", "function"]));
@@ -351,23 +401,48 @@ fn sigterm_to_mprof_restores_the_terminal() {
     let run = Run::new();
     let tmux = Tmux::start(&run.command(&py), 80, 24);
     wait_for_the_workload(&tmux);
-    let shell = tmux.pane_pid();
-    let children = std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children"))
-        .expect("the pane's shell has children");
-    let mprof_pid: i32 = children
-        .split_whitespace()
-        .next()
-        .expect("mprof runs under the pane's shell")
-        .parse()
-        .unwrap();
-    assert!(std::fs::read_to_string(format!("/proc/{mprof_pid}/cmdline"))
-        .unwrap()
-        .contains("--live"));
-    unsafe { kill(mprof_pid, 15) };
+    unsafe { kill(mprof_pid(&tmux), 15) };
     // mprof passes SIGTERM on to the program and returns its status: 128 + 15.
     assert_eq!(run.wait_status(&tmux), 143, "{}", tmux.screen());
     run.assert_terminal_restored(&tmux);
-    assert!(tmux.screen().contains("closed by signal 15"), "{}", tmux.screen());
+    assert!(
+        tmux.screen().contains("closed by signal 15"),
+        "{}",
+        tmux.screen()
+    );
+}
+
+#[test]
+fn a_terminal_hang_up_closes_the_view_and_the_recording_goes_on() {
+    let Some(py) = python() else { return };
+    if !have_tmux() {
+        return;
+    }
+    let run = Run::new();
+    let stderr = run.capture.with_extension("err");
+    let redirect = format!("2> '{}'", stderr.display());
+    let tmux = Tmux::start(&run.command_with(&py, &redirect), 80, 24);
+    wait_for_the_workload(&tmux);
+    let pid = mprof_pid(&tmux);
+    // Killing the server closes the pane's terminal: a hang-up for everything in it (the
+    // program dies of its SIGHUP; mprof must notice, not spin, and finish the capture).
+    drop(tmux);
+    let start = Instant::now();
+    while std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| !stat.contains(") Z "))
+    {
+        assert!(start.elapsed() < WAIT, "mprof still runs after the hang-up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let err = std::fs::read_to_string(&stderr).unwrap();
+    assert!(
+        err.contains("the live view stopped (the terminal hung up)"),
+        "{err}"
+    );
+    assert!(err.contains("capture written to"), "{err}");
+    let functions = by_function(&report_json(&run.capture, &["--by", "function"]));
+    let recorded = functions["hot_function"]["alloc_bytes"].as_f64().unwrap();
+    assert!((recorded - HOT_BYTES).abs() < 0.1 * HOT_BYTES, "{recorded}");
 }
 
 #[test]

@@ -1,8 +1,11 @@
-//! What each key does to the view: the keys are read in `mod.rs`, turned into a [`Key`] here,
-//! and applied to the [`ViewState`] the screen is drawn from.
+//! What each key does to the view: the bytes typed on the terminal are read in `mod.rs`,
+//! turned into [`Key`]s here, and applied to the [`ViewState`] the screen is drawn from.
+//!
+//! mprof reads and parses the terminal's bytes itself rather than through crossterm's event
+//! reader, which spins forever once the terminal hangs up (its read loop retries end-of-file
+//! and errors); here a hang-up is an error the session survives.
 
 use super::model::{Column, Settings, Thread};
-use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
 /// A key's meaning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,9 +24,9 @@ pub enum Key {
     Thread,
     /// `p`, space: freeze or unfreeze the display.
     Pause,
-    /// `?`, `h`: the help.
+    /// `?`, `h`, F1: the help.
     Help,
-    /// Arrows, PgUp/PgDn (in pages of the table's height), Home/End.
+    /// Arrows and `j`/`k`, PgUp/PgDn (in pages of the table's height), Home/End.
     Scroll(Scroll),
     /// Anything else.
     Other,
@@ -40,30 +43,64 @@ pub enum Scroll {
     Bottom,
 }
 
-/// The meaning of a key event (key releases and repeats of Ctrl-C are `Other`).
-pub fn key(ev: &KeyEvent) -> Key {
-    if ev.kind == KeyEventKind::Release {
-        return Key::Other;
+const ESC: u8 = 0x1b;
+
+/// The keys in the bytes of one read from a terminal in raw mode. An escape sequence (arrows,
+/// PgUp...) arrives whole in one read; an ESC at the end of the bytes is the Esc key.
+pub fn parse(bytes: &[u8]) -> Vec<Key> {
+    let mut keys = Vec::new();
+    let mut rest = bytes;
+    while let Some((&b, tail)) = rest.split_first() {
+        rest = tail;
+        let key = match b {
+            0x03 => Key::Interrupt,
+            b'q' | b'Q' => Key::Quit,
+            b's' | b'\t' => Key::Sort(None),
+            b'1'..=b'4' => Key::Sort(Some(Column::ALL[usize::from(b - b'1')])),
+            b'g' => Key::Group,
+            b't' => Key::Inclusive,
+            b'f' => Key::Thread,
+            b'p' | b' ' => Key::Pause,
+            b'?' | b'h' => Key::Help,
+            b'k' => Key::Scroll(Scroll::Up),
+            b'j' => Key::Scroll(Scroll::Down),
+            ESC => {
+                let (key, used) = escape(rest);
+                rest = &rest[used..];
+                key
+            }
+            _ => Key::Other,
+        };
+        keys.push(key);
     }
-    let ctrl = ev.modifiers.contains(KeyModifiers::CONTROL);
-    match ev.code {
-        KeyCode::Char('c') | KeyCode::Char('C') if ctrl => Key::Interrupt,
-        _ if ctrl => Key::Other,
-        KeyCode::Char('q') | KeyCode::Char('Q') | KeyCode::Esc => Key::Quit,
-        KeyCode::Char('s') | KeyCode::Tab => Key::Sort(None),
-        KeyCode::Char(c @ '1'..='4') => Key::Sort(Some(Column::ALL[c as usize - '1' as usize])),
-        KeyCode::Char('g') => Key::Group,
-        KeyCode::Char('t') => Key::Inclusive,
-        KeyCode::Char('f') => Key::Thread,
-        KeyCode::Char('p') | KeyCode::Char(' ') => Key::Pause,
-        KeyCode::Char('?') | KeyCode::Char('h') | KeyCode::F(1) => Key::Help,
-        KeyCode::Up | KeyCode::Char('k') => Key::Scroll(Scroll::Up),
-        KeyCode::Down | KeyCode::Char('j') => Key::Scroll(Scroll::Down),
-        KeyCode::PageUp => Key::Scroll(Scroll::PageUp),
-        KeyCode::PageDown => Key::Scroll(Scroll::PageDown),
-        KeyCode::Home => Key::Scroll(Scroll::Top),
-        KeyCode::End => Key::Scroll(Scroll::Bottom),
-        _ => Key::Other,
+    keys
+}
+
+/// The key of the escape sequence whose bytes after ESC start `rest`, and how many of them it
+/// used: `ESC [ params final` (CSI) or `ESC O final` (SS3); a lone ESC is Esc.
+fn escape(rest: &[u8]) -> (Key, usize) {
+    match rest.first() {
+        None => (Key::Quit, 0),
+        Some(b'[') | Some(b'O') => {
+            let body = &rest[1..];
+            let Some(end) = body.iter().position(|b| (0x40..=0x7e).contains(b)) else {
+                return (Key::Other, rest.len());
+            };
+            let params = &body[..end];
+            let key = match (body[end], params) {
+                (b'A', _) => Key::Scroll(Scroll::Up),
+                (b'B', _) => Key::Scroll(Scroll::Down),
+                (b'H', _) | (b'~', b"1") | (b'~', b"7") => Key::Scroll(Scroll::Top),
+                (b'F', _) | (b'~', b"4") | (b'~', b"8") => Key::Scroll(Scroll::Bottom),
+                (b'~', b"5") => Key::Scroll(Scroll::PageUp),
+                (b'~', b"6") => Key::Scroll(Scroll::PageDown),
+                (b'P', b"") | (b'~', b"11") => Key::Help,
+                _ => Key::Other,
+            };
+            (key, 1 + end + 1)
+        }
+        // Alt and a key.
+        Some(_) => (Key::Other, 1),
     }
 }
 
@@ -139,25 +176,38 @@ mod tests {
     use super::*;
     use crate::live::model::Group;
 
-    fn press(code: KeyCode, modifiers: KeyModifiers) -> Key {
-        key(&KeyEvent::new(code, modifiers))
-    }
-
     #[test]
-    fn keys_map_to_their_meaning() {
-        let none = KeyModifiers::NONE;
+    fn bytes_parse_into_keys() {
+        use Scroll::*;
+        assert_eq!(parse(b"\x03"), [Key::Interrupt]);
+        assert_eq!(parse(b"q\x1b"), [Key::Quit, Key::Quit]);
         assert_eq!(
-            press(KeyCode::Char('c'), KeyModifiers::CONTROL),
-            Key::Interrupt
+            parse(b"3\tgx"),
+            [
+                Key::Sort(Some(Column::Live)),
+                Key::Sort(None),
+                Key::Group,
+                Key::Other
+            ]
         );
-        assert_eq!(press(KeyCode::Char('q'), none), Key::Quit);
-        assert_eq!(press(KeyCode::Esc, none), Key::Quit);
         assert_eq!(
-            press(KeyCode::Char('3'), none),
-            Key::Sort(Some(Column::Live))
+            parse(b"\x1b[A\x1bOB\x1b[5~\x1b[6~\x1b[H\x1b[4~\x1bOP"),
+            [
+                Key::Scroll(Up),
+                Key::Scroll(Down),
+                Key::Scroll(PageUp),
+                Key::Scroll(PageDown),
+                Key::Scroll(Top),
+                Key::Scroll(Bottom),
+                Key::Help
+            ]
         );
-        assert_eq!(press(KeyCode::Char('s'), KeyModifiers::CONTROL), Key::Other);
-        assert_eq!(press(KeyCode::Char('x'), none), Key::Other);
+        // Alt-q and an unknown sequence are nothing; a cut sequence does not run on.
+        assert_eq!(
+            parse(b"\x1bq\x1b[1;5Cq"),
+            [Key::Other, Key::Other, Key::Quit]
+        );
+        assert_eq!(parse(b"\x1b[12"), [Key::Other]);
     }
 
     #[test]

@@ -3,7 +3,14 @@
 //! The view lives in mprof's own loop: the reader drains the ring into the capture file and
 //! shows every record it writes to the [`model::Model`] (the same aggregator the reports use),
 //! then [`Live::pump`] answers the keyboard and redraws about once a second. The target pays
-//! for sampling and nothing more; the capture file is the same with or without the view.
+//! for sampling and nothing more; the capture file is the same with or without the view. When
+//! samples come faster than the view can add them up (the ring is over a quarter full), the
+//! view skips Alloc records until the reader has caught up, and says how many it skipped; the
+//! capture still gets every one. (Measured: the view keeps up at `--rate 256`, about 0.8 M
+//! samples/s; at `--rate 1` it skips, and nothing is dropped that `record` alone would keep.)
+//!
+//! Under `record --live` the program's stdout and stderr go to `CAPTURE.out` and its stdin is
+//! /dev/null, so it neither garbles the screen nor eats the keys.
 //!
 //! Wiring a session loop (record and attach alike):
 //! ```ignore
@@ -24,7 +31,6 @@ pub mod ui;
 
 use crate::session::{monotonic_ns, Reader, RingMem};
 use anyhow::{bail, Context, Result};
-use crossterm::event::{self, Event};
 use crossterm::terminal::{self, EnterAlternateScreen, LeaveAlternateScreen};
 use crossterm::{cursor, execute};
 use keys::{Key, ViewState};
@@ -32,6 +38,7 @@ use model::{Model, Snapshot};
 use ratatui::backend::CrosstermBackend;
 use ratatui::Terminal;
 use std::io::{IsTerminal, Stdout};
+use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
@@ -39,6 +46,9 @@ use std::time::{Duration, Instant};
 
 /// How often the screen is refreshed.
 pub const REFRESH: Duration = Duration::from_secs(1);
+/// How full the ring may be before the view stops adding up samples to let the reader catch
+/// up (the capture still gets every record).
+const BEHIND: f64 = 0.25;
 
 /// Which command runs the view; it decides what quitting means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,7 +112,62 @@ pub enum Closed {
 
 /// Whether the terminal is in the view's modes (raw, alternate screen), for the restorers.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
-static PANIC_HOOK: Once = Once::new();
+/// Set by SIGWINCH: the terminal changed size.
+static RESIZED: AtomicBool = AtomicBool::new(false);
+static HOOKS: Once = Once::new();
+
+extern "C" fn on_winch(_: libc::c_int) {
+    RESIZED.store(true, Ordering::Relaxed);
+}
+
+/// A panic hook that restores the terminal before the message is printed, and a SIGWINCH
+/// handler; once per process.
+fn install_hooks() {
+    HOOKS.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            restore_terminal();
+            previous(info);
+        }));
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_winch as *const () as usize;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(libc::SIGWINCH, &action, std::ptr::null_mut());
+        }
+    });
+}
+
+/// The bytes typed on the terminal (stdin) since the last call, without waiting; an error
+/// once the terminal has hung up.
+fn typed() -> Result<Vec<u8>> {
+    let mut fd = libc::pollfd {
+        fd: 0,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ready = unsafe { libc::poll(&mut fd, 1, 0) };
+    if ready <= 0 {
+        return Ok(Vec::new()); // nothing typed, or EINTR: next time
+    }
+    if fd.revents & libc::POLLIN == 0 {
+        bail!("the terminal hung up");
+    }
+    let mut buf = [0u8; 512];
+    let got = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
+    match got {
+        0 => bail!("the terminal hung up"),
+        n if n < 0 => {
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock => Ok(Vec::new()),
+                _ => Err(e).context("reading the terminal"),
+            }
+        }
+        n => Ok(buf[..n as usize].to_vec()),
+    }
+}
 
 /// Leaves raw mode and the alternate screen and shows the cursor, once; safe to call from
 /// anywhere, any number of times.
@@ -115,7 +180,8 @@ pub fn restore_terminal() {
 
 /// The view, up on the terminal.
 pub struct Live {
-    terminal: Terminal<CrosstermBackend<Stdout>>,
+    /// Dropped by hand: see `Drop for Live`.
+    terminal: ManuallyDrop<Terminal<CrosstermBackend<Stdout>>>,
     target: Target,
     model: Model,
     snapshot: Snapshot,
@@ -135,19 +201,13 @@ impl Live {
     /// Opens the view on the terminal.
     pub fn start(target: Target) -> Result<Live> {
         Live::check_terminal()?;
-        PANIC_HOOK.call_once(|| {
-            let previous = std::panic::take_hook();
-            std::panic::set_hook(Box::new(move |info| {
-                restore_terminal();
-                previous(info);
-            }));
-        });
+        install_hooks();
         let terminal = enter().inspect_err(|_| restore_terminal())?;
         let now = monotonic_ns();
         let mut model = Model::new(target.rate, now);
         let snapshot = model.roll(now);
         let mut live = Live {
-            terminal,
+            terminal: ManuallyDrop::new(terminal),
             target,
             model,
             snapshot,
@@ -163,7 +223,19 @@ impl Live {
     /// closed, why; the terminal is restored by then.
     pub fn pump(&mut self, reader: &mut Reader, ring: &RingMem) -> Result<(usize, Option<Closed>)> {
         let model = &mut self.model;
-        let moved = reader.pump_observed(|bytes| model.observe(bytes))?;
+        let mut behind = ring.fill() > BEHIND;
+        let mut seen = 0u32;
+        let moved = reader.pump_observed(|bytes| {
+            seen = seen.wrapping_add(1);
+            if seen.is_multiple_of(256) {
+                behind = ring.fill() > BEHIND;
+            }
+            if behind {
+                model.observe_but_skip_samples(bytes)
+            } else {
+                model.observe(bytes)
+            }
+        })?;
         let python = if model.wants_python() {
             ring.python_version()
         } else {
@@ -182,20 +254,21 @@ impl Live {
 
     /// Handles pending keys and refreshes the screen when due.
     fn serve(&mut self) -> Result<Option<Closed>> {
-        let mut redraw = false;
-        while event::poll(Duration::ZERO)? {
-            match event::read()? {
-                Event::Key(k) => {
-                    let page = ui::table_rows(self.terminal.size()?.height);
-                    let key = keys::key(&k);
-                    match self.view.apply(key, &self.snapshot.threads, page) {
-                        Some(Key::Interrupt) => return Ok(Some(Closed::Interrupt)),
-                        Some(_) => return Ok(Some(Closed::Quit)),
-                        None => redraw = true,
-                    }
+        let mut redraw = RESIZED.swap(false, Ordering::Relaxed);
+        let typed = typed()?;
+        if !typed.is_empty() {
+            let page = ui::table_rows(self.terminal.size()?.height);
+            for key in keys::parse(&typed) {
+                let was_paused = self.view.paused;
+                match self.view.apply(key, &self.snapshot.threads, page) {
+                    Some(Key::Interrupt) => return Ok(Some(Closed::Interrupt)),
+                    Some(_) => return Ok(Some(Closed::Quit)),
+                    None => redraw = true,
                 }
-                Event::Resize(..) => redraw = true,
-                _ => {}
+                if was_paused && !self.view.paused {
+                    // Show the latest figures at once, not the frozen ones.
+                    self.next_refresh = Instant::now();
+                }
             }
         }
         let now = Instant::now();
@@ -230,7 +303,14 @@ impl Live {
 
 impl Drop for Live {
     fn drop(&mut self) {
+        // ratatui's Terminal shows the cursor when dropped and prints to stderr when it cannot
+        // (the terminal hung up), and printing to a dead terminal panics. So show the cursor
+        // here, and when that fails leave the Terminal undropped (a few KiB, once).
+        let shown = self.terminal.show_cursor().is_ok();
         restore_terminal();
+        if shown {
+            unsafe { ManuallyDrop::drop(&mut self.terminal) };
+        }
     }
 }
 

@@ -5,8 +5,8 @@
 //! Every refresh [`Model::roll`]s the interval over and takes a [`Snapshot`]; the screen is drawn
 //! from snapshots only, so pausing the display is keeping an old one.
 
-use crate::profile::{Aggregator, Change, Estimate, Location, StackId};
-use mprof_common::record::{self, Record};
+use crate::profile::{Aggregator, Change, Estimate, FastMap, Location, StackId};
+use mprof_common::record::{self, Record, KIND_ALLOC};
 use std::collections::{HashMap, VecDeque};
 
 /// Points of history kept for the sparklines (one per refresh).
@@ -67,6 +67,8 @@ pub struct Snapshot {
     pub alloc_rate: f64,
     pub sample_rate: f64,
     pub dropped: u64,
+    /// Samples the view left out to keep up (the capture has them).
+    pub skipped: u64,
     pub rate: u64,
     /// The interpreter's version (empty until the agent said).
     pub python: String,
@@ -78,8 +80,9 @@ pub struct Snapshot {
 /// The live view's aggregation, updated record by record.
 pub struct Model {
     agg: Aggregator,
-    sites: HashMap<(StackId, u32), SiteFigures>,
+    sites: FastMap<(StackId, u32), SiteFigures>,
     threads: Vec<Thread>,
+    skipped: u64,
     start_ns: u64,
     last_roll_ns: u64,
     dropped: u64,
@@ -92,8 +95,9 @@ impl Model {
     pub fn new(rate: u64, start_ns: u64) -> Model {
         Model {
             agg: Aggregator::new(rate),
-            sites: HashMap::new(),
+            sites: FastMap::default(),
             threads: Vec::new(),
+            skipped: 0,
             start_ns,
             last_roll_ns: start_ns,
             dropped: 0,
@@ -107,6 +111,16 @@ impl Model {
     pub fn observe(&mut self, bytes: &[u8]) {
         if let Ok((record, _)) = record::decode(bytes) {
             self.apply(&record);
+        }
+    }
+
+    /// [`Model::observe`] for a reader falling behind: an Alloc record is only counted as
+    /// skipped, the others (frees, code objects, threads, RSS) are applied as usual, so that
+    /// what is shown stays consistent.
+    pub fn observe_but_skip_samples(&mut self, bytes: &[u8]) {
+        match record::preamble(bytes) {
+            Ok((_, KIND_ALLOC, _)) => self.skipped += 1,
+            _ => self.observe(bytes),
         }
     }
 
@@ -195,6 +209,7 @@ impl Model {
             alloc_rate: recent.bytes / interval_s,
             sample_rate: recent.samples as f64 / interval_s,
             dropped: self.dropped.max(self.agg.dropped),
+            skipped: self.skipped,
             rate: self.agg.rate,
             python: self.python.clone(),
             rss_history: self.history.iter().map(|h| h.0).collect(),
@@ -529,6 +544,29 @@ mod tests {
         assert_eq!(top.figures.recent.bytes, 64.0);
         assert_eq!(top.figures.allocated.bytes, 564.0);
         assert_eq!(s.heap_history, [800.0, 864.0]);
+    }
+
+    #[test]
+    fn a_reader_behind_skips_samples_but_keeps_names_and_frees() {
+        let mut m = Model::new(1, 0);
+        m.observe(&record::encode(&alloc(7, 100, 1000, &[])));
+        for r in [
+            code(1, "a.py", "f", 1),
+            alloc(7, 200, 500, &[(1, 2)]),
+            Record::Free { addr: 100 },
+        ] {
+            m.observe_but_skip_samples(&record::encode(&r));
+        }
+        m.observe(&record::encode(&alloc(7, 300, 10, &[(1, 3)])));
+        let s = m.roll(1);
+        assert_eq!((s.skipped, s.live_heap), (1, 10.0));
+        let by_live = Settings {
+            sort: Column::Live,
+            ..Settings::default()
+        };
+        let rows = rows(&m, &s, &by_live);
+        assert_eq!(rows[0].function, "f");
+        assert_eq!(rows[1].figures.live.bytes, 0.0);
     }
 
     #[test]

@@ -97,17 +97,17 @@ fn header_lines(s: &Screen, width: usize) -> Vec<Line<'static>> {
     } else {
         format!("rate {}", human_bytes(snap.rate as f64))
     };
-    let session = fit(
-        &[
-            python,
-            rate,
-            format!("up {}", clock(snap.elapsed_s)),
-            format!("{} dropped", snap.dropped),
-            format!("{:.0} samples/s", snap.sample_rate),
-        ],
-        " · ",
-        width,
-    );
+    let mut parts = vec![
+        python,
+        rate,
+        format!("up {}", clock(snap.elapsed_s)),
+        format!("{} dropped", snap.dropped),
+    ];
+    if snap.skipped > 0 {
+        parts.push(format!("view skipped {}", snap.skipped));
+    }
+    parts.push(format!("{:.0} samples/s", snap.sample_rate));
+    let session = fit(&parts, " · ", width);
     let spark_width = width
         .saturating_sub(LABEL_WIDTH + VALUE_WIDTH + 2 + 24)
         .min(30);
@@ -251,7 +251,7 @@ fn site_table<'a>(s: &Screen, rows: &[Row], width: usize) -> Table<'a> {
     let function_width = if by_file {
         0
     } else {
-        longest.clamp(8, 8.max(names * 2 / 5)).min(names)
+        longest.clamp(8, 8.max(names / 2)).min(names)
     };
     let location_width = names.saturating_sub(function_width + usize::from(!by_file));
     let mut widths: Vec<Constraint> = columns
@@ -387,6 +387,8 @@ pub fn help_text(t: &Target) -> Vec<String> {
         "a row. ALLOC/s covers the last refresh (about a second). LIVE: sampled".into(),
         "blocks not freed yet. RSS − heap: memory the process holds beyond its".into(),
         "live Python blocks (allocator free lists, fragmentation, C libraries).".into(),
+        "When samples come faster than the view can add them up, it skips some".into(),
+        "(\"view skipped N\"); the capture file still gets every one.".into(),
     ]);
     if let Some(out) = &t.program_output {
         lines.push(format!(
