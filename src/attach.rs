@@ -236,7 +236,7 @@ pub fn run(
             attached.how
         );
     }
-    let mut reader = Reader::new(attached.ring.ring(), capture, pid);
+    let mut reader = Reader::new(&attached.ring, capture, pid);
     let ending = sample(&mut reader, &attached, duration)?;
     let stopped = match ending {
         Ending::TargetExited | Ending::AgentStopped => {

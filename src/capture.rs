@@ -56,17 +56,10 @@ impl CaptureWriter {
     }
 }
 
-/// A capture file read into memory.
-pub struct Capture {
-    pub records: Vec<Record>,
-    /// Why reading stopped early, if it did (a truncated or corrupt tail).
-    pub warning: Option<String>,
-}
-
 /// Streams the records of a capture file to `f`, one at a time, without holding the file in
-/// memory. Returns the warning about a damaged tail, if there was one. A file that is not a
-/// capture is an error.
-pub fn for_each(path: &Path, mut f: impl FnMut(Record)) -> Result<Option<String>> {
+/// memory, until `f` returns false or the file ends. Returns the warning about a damaged tail,
+/// if there was one. A file that is not a capture is an error.
+pub fn for_each(path: &Path, mut f: impl FnMut(Record) -> bool) -> Result<Option<String>> {
     use std::io::Read;
     let file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     let size = file.metadata().map(|m| m.len()).unwrap_or(0);
@@ -108,7 +101,11 @@ pub fn for_each(path: &Path, mut f: impl FnMut(Record)) -> Result<Option<String>
         let got = read_full(&mut input, &mut buf[record::PREAMBLE..])?;
         match record::decode(&buf[..record::PREAMBLE + got]) {
             Ok((Record::Unknown { .. }, _)) => {}
-            Ok((r, _)) => f(r),
+            Ok((r, _)) => {
+                if !f(r) {
+                    break;
+                }
+            }
             Err(e) => {
                 warning = Some(tail_warning(&e, at, size));
                 break;
@@ -161,37 +158,37 @@ fn tail_warning(e: &DecodeError, at: u64, size: u64) -> String {
     )
 }
 
-/// Reads a whole capture file. A file that is not a capture is an error; a damaged tail is a
-/// warning in the result.
-pub fn read(path: &Path) -> Result<Capture> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    parse(&bytes).with_context(|| format!("{} is not a usable mprof capture", path.display()))
-}
-
-/// Parses the bytes of a capture file.
-pub fn parse(bytes: &[u8]) -> Result<Capture> {
-    let mut warning = check_header(bytes)?;
-    let mut records = Vec::new();
-    let mut at = FILE_HEADER;
-    while at < bytes.len() {
-        match record::decode(&bytes[at..]) {
-            Ok((Record::Unknown { .. }, used)) => at += used,
-            Ok((r, used)) => {
-                records.push(r);
-                at += used;
-            }
-            Err(e) => {
-                warning = Some(tail_warning(&e, at as u64, bytes.len() as u64));
-                break;
-            }
-        }
-    }
-    Ok(Capture { records, warning })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A capture file parsed in memory: the reference the streaming reader is checked against.
+    pub struct Capture {
+        pub records: Vec<Record>,
+        /// Why reading stopped early, if it did (a truncated or corrupt tail).
+        pub warning: Option<String>,
+    }
+
+    /// Parses the bytes of a capture file.
+    pub fn parse(bytes: &[u8]) -> Result<Capture> {
+        let mut warning = check_header(bytes)?;
+        let mut records = Vec::new();
+        let mut at = FILE_HEADER;
+        while at < bytes.len() {
+            match record::decode(&bytes[at..]) {
+                Ok((Record::Unknown { .. }, used)) => at += used,
+                Ok((r, used)) => {
+                    records.push(r);
+                    at += used;
+                }
+                Err(e) => {
+                    warning = Some(tail_warning(&e, at as u64, bytes.len() as u64));
+                    break;
+                }
+            }
+        }
+        Ok(Capture { records, warning })
+    }
 
     fn sample_file() -> Vec<u8> {
         let dir = tempfile::tempdir().unwrap();
@@ -236,7 +233,10 @@ mod tests {
         for cut in 0..=bytes.len() {
             std::fs::write(&path, &bytes[..cut]).unwrap();
             let mut streamed = Vec::new();
-            let result = for_each(&path, |r| streamed.push(r));
+            let result = for_each(&path, |r| {
+                streamed.push(r);
+                true
+            });
             match parse(&bytes[..cut]) {
                 Ok(c) => {
                     assert_eq!(streamed, c.records, "cut {cut}");

@@ -475,7 +475,7 @@ pub(crate) enum Change {
 
 /// The incremental core of aggregation: it applies records one at a time, in file order, and
 /// keeps the stacks, the live sampled blocks and the whole live heap with its high-water mark.
-/// [`Profile::from_records`] runs a capture through it; the live view feeds it the same records
+/// [`Profile::load`] runs a capture through it; the live view feeds it the same records
 /// as they go to the capture file.
 pub(crate) struct Aggregator {
     resolver: StackResolver,
@@ -604,14 +604,29 @@ impl Aggregator {
 }
 
 impl Profile {
-    /// Reads and aggregates a capture file; prints its warnings (damaged tail, no rate) to
-    /// stderr as `mprof: warning: ...` lines.
+    /// Reads and aggregates a capture file, streaming it (twice: once to aggregate, once up to
+    /// the peak); prints its warnings (damaged tail, no rate) to stderr as
+    /// `mprof: warning: ...` lines.
     pub fn load(path: &Path) -> Result<Profile> {
-        let capture = crate::capture::read(path)?;
-        if let Some(w) = &capture.warning {
+        let mut first_rate = None;
+        crate::capture::for_each(path, |r| {
+            if let Record::Meta { text } = &r {
+                first_rate = meta_rate(text);
+            }
+            first_rate.is_none()
+        })?;
+        let mut warning = None;
+        let mut first_pass = true;
+        let profile = Profile::build(first_rate, |apply| {
+            let w = crate::capture::for_each(path, |r| apply(&r))?;
+            if std::mem::take(&mut first_pass) {
+                warning = w;
+            }
+            Ok(())
+        })?;
+        if let Some(w) = &warning {
             eprintln!("mprof: warning: {w}");
         }
-        let profile = Profile::from_records(&capture.records);
         if !profile.rate_known && profile.samples > 0 {
             eprintln!(
                 "mprof: warning: the capture does not say its sampling rate; \
@@ -621,16 +636,36 @@ impl Profile {
         Ok(profile)
     }
 
-    /// Aggregates decoded records, in file order.
+    /// Aggregates decoded records, in file order (the in-memory form of `load`, for tests).
+    #[cfg(test)]
     pub fn from_records(records: &[Record]) -> Profile {
         let first_rate = records.iter().find_map(|r| match r {
             Record::Meta { text } => meta_rate(text),
             _ => None,
         });
+        Profile::build(first_rate, |apply| {
+            for r in records {
+                if !apply(r) {
+                    break;
+                }
+            }
+            Ok(())
+        })
+        .expect("records in memory cannot fail to read")
+    }
+
+    /// Aggregates the records that `pass` hands to its callback, in file order. `pass` is called
+    /// twice (a second time up to the peak, when there is one) and must give the same records
+    /// each time; it stops when the callback returns false. `first_rate` is the first rate the
+    /// records announce: it applies to samples that come before any announcement.
+    fn build(
+        first_rate: Option<u64>,
+        mut pass: impl FnMut(&mut dyn FnMut(&Record) -> bool) -> Result<()>,
+    ) -> Result<Profile> {
         let mut agg = Aggregator::new(first_rate.unwrap_or(1));
         let mut stacks: Vec<u32> = Vec::new();
         let mut figures: Vec<Figures> = Vec::new();
-        for record in records {
+        pass(&mut |record| {
             if let Change::Alloc { block, sample, .. } = agg.apply(record) {
                 let stack = block.stack.0 as usize;
                 stacks.push(block.stack.0);
@@ -639,7 +674,8 @@ impl Profile {
                 }
                 figures[stack].allocated.add(&sample);
             }
-        }
+            true
+        })?;
         let names = std::mem::take(&mut agg.resolver.names);
         figures.resize(names.nodes.len(), Figures::default());
         for block in agg.live.values() {
@@ -650,7 +686,14 @@ impl Profile {
             peak_seconds = agg
                 .first_ns
                 .map(|t0| peak_ns.saturating_sub(t0) as f64 / 1e9);
-            for block in live_at(&records[..=end], &stacks, first_rate.unwrap_or(1)).values() {
+            let mut replay = Replay::new(&stacks, first_rate.unwrap_or(1));
+            let mut index = 0;
+            pass(&mut |record| {
+                replay.apply(record);
+                index += 1;
+                index <= end
+            })?;
+            for block in replay.live.values() {
                 figures[block.stack.0 as usize].peak.add(&block.sample());
             }
         }
@@ -658,7 +701,7 @@ impl Profile {
         for f in &figures {
             totals.merge(f);
         }
-        Profile {
+        Ok(Profile {
             meta: agg.meta,
             rate: agg.rate,
             rate_known: first_rate.is_some(),
@@ -669,7 +712,7 @@ impl Profile {
             totals,
             names,
             figures,
-        }
+        })
     }
 
     /// Stacks with at least one sample, in a fixed order (first sampled first).
@@ -699,32 +742,44 @@ impl Profile {
 
 /// The sampled blocks live after the last of `records`, replayed with the stacks found for the
 /// allocations in the first pass (`stacks`, one per Alloc, in order).
-fn live_at(records: &[Record], stacks: &[u32], first_rate: u64) -> FastMap<u64, Block> {
-    let mut live: FastMap<u64, Block> = FastMap::default();
-    let mut rate = first_rate;
-    let mut allocs = stacks.iter();
-    for record in records {
+/// Replays records to find which sampled blocks were live at a given point, reusing the stack
+/// of each Alloc found by the first pass (`stacks`, one per Alloc, in order).
+struct Replay<'a> {
+    live: FastMap<u64, Block>,
+    rate: u64,
+    allocs: std::slice::Iter<'a, u32>,
+}
+
+impl<'a> Replay<'a> {
+    fn new(stacks: &'a [u32], first_rate: u64) -> Replay<'a> {
+        Replay {
+            live: FastMap::default(),
+            rate: first_rate,
+            allocs: stacks.iter(),
+        }
+    }
+
+    fn apply(&mut self, record: &Record) {
         match record {
-            Record::Meta { text } => rate = meta_rate(text).unwrap_or(rate),
+            Record::Meta { text } => self.rate = meta_rate(text).unwrap_or(self.rate),
             Record::Alloc {
                 addr, size, tid, ..
             } => {
-                let stack = *allocs.next().expect("one stack per Alloc");
+                let stack = *self.allocs.next().expect("one stack per Alloc");
                 let block = Block {
                     stack: StackId(stack),
                     tid: *tid,
                     size: *size,
-                    rate,
+                    rate: self.rate,
                 };
-                live.insert(*addr, block);
+                self.live.insert(*addr, block);
             }
             Record::Free { addr } => {
-                live.remove(addr);
+                self.live.remove(addr);
             }
             _ => {}
         }
     }
-    live
 }
 
 #[cfg(test)]

@@ -158,7 +158,7 @@ pub fn run(
             return Err(e);
         }
     };
-    let mut reader = Reader::new(ring.ring(), capture, pid);
+    let mut reader = Reader::new(&ring, capture, pid);
     let mut announced_version = false;
     let status = loop {
         let (moved, closed) = live::pump(&mut view, &mut reader, &ring)?;

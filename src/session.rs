@@ -13,8 +13,10 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-/// Default size of the ring's data area.
-pub const RING_DATA_SIZE: usize = 64 << 20;
+/// Size of the ring's data area. Large, to ride out the reader's stalls (a slow disk) at high
+/// sample rates; it costs memory only while full, because the reader gives drained pages back
+/// (`RingMem::release`).
+pub const RING_DATA_SIZE: usize = 256 << 20;
 
 /// A ring in an anonymous memory file, mapped here.
 pub struct RingMem {
@@ -67,6 +69,29 @@ impl RingMem {
 
     pub fn fd(&self) -> &OwnedFd {
         &self.fd
+    }
+
+    /// Gives the whole pages of a drained range (ring positions `from..to`) back to the kernel,
+    /// so the ring's memory, shared with the target, stays resident only while it holds data.
+    /// Called before the range is handed back to the producers, so nothing written after it is
+    /// lost; the next write there faults in a fresh zero page.
+    pub fn release(&self, from: u64, to: u64) {
+        const PAGE: u64 = 4096;
+        let size = RING_DATA_SIZE as u64;
+        let (mut at, end) = (from.div_ceil(PAGE) * PAGE, to / PAGE * PAGE);
+        while at < end {
+            let offset = at % size;
+            let len = (end - at).min(size - offset);
+            unsafe {
+                libc::fallocate(
+                    self.fd.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    (ring::HEADER_SIZE as u64 + offset) as libc::off_t,
+                    len as libc::off_t,
+                );
+            }
+            at += len;
+        }
     }
 
     pub fn ring(&self) -> Ring {
@@ -131,8 +156,8 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
 }
 
 /// Drains a ring into a capture file.
-pub struct Reader {
-    ring: Ring,
+pub struct Reader<'a> {
+    ring: &'a RingMem,
     pub capture: CaptureWriter,
     pid: u32,
     tids: HashSet<u32>,
@@ -140,8 +165,8 @@ pub struct Reader {
     last_flush: Instant,
 }
 
-impl Reader {
-    pub fn new(ring: Ring, capture: CaptureWriter, pid: u32) -> Reader {
+impl<'a> Reader<'a> {
+    pub fn new(ring: &'a RingMem, capture: CaptureWriter, pid: u32) -> Reader<'a> {
         let r = Reader {
             ring,
             capture,
@@ -176,23 +201,27 @@ impl Reader {
         let mut result = Ok(());
         let capture = &mut self.capture;
         let tids = &mut self.tids;
-        let moved = self
-            .ring
-            .drain(|bytes| {
-                if result.is_err() {
-                    return;
-                }
-                if let Ok((_, kind, _)) = record::preamble(bytes) {
-                    if kind == KIND_ALLOC && bytes.len() >= 12 {
-                        let tid = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
-                        if tids.insert(tid) {
-                            new_tids.push(tid);
+        let ring = self.ring;
+        let moved = ring
+            .ring()
+            .drain_then(
+                |bytes| {
+                    if result.is_err() {
+                        return;
+                    }
+                    if let Ok((_, kind, _)) = record::preamble(bytes) {
+                        if kind == KIND_ALLOC && bytes.len() >= 12 {
+                            let tid = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+                            if tids.insert(tid) {
+                                new_tids.push(tid);
+                            }
                         }
                     }
-                }
-                result = capture.write_raw(bytes);
-                observe(bytes);
-            })
+                    result = capture.write_raw(bytes);
+                    observe(bytes);
+                },
+                |from, to| ring.release(from, to),
+            )
             .map_err(|e| anyhow::anyhow!("the agent's ring is damaged: {e}"))?;
         result?;
         for tid in new_tids {

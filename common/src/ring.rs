@@ -221,13 +221,26 @@ impl Ring {
     /// Consumer side: hands every published record (padding excluded) to `sink`, in ring order,
     /// until it reaches one that is not yet published. Returns the number of bytes consumed, or
     /// an error if the ring holds something no agent could have written.
-    pub fn drain(&self, mut sink: impl FnMut(&[u8])) -> Result<usize, String> {
+    pub fn drain(&self, sink: impl FnMut(&[u8])) -> Result<usize, String> {
+        self.drain_then(sink, |_, _| {})
+    }
+
+    /// [`Ring::drain`], and before the consumed bytes are handed back to the producers,
+    /// `release(from, to)` gets their range in ring positions (bytes ever written; a position
+    /// modulo the data size is an offset in the data area). The reader uses it to give the
+    /// consumed pages back to the kernel. At most a quarter of the ring is consumed per call.
+    pub fn drain_then(
+        &self,
+        mut sink: impl FnMut(&[u8]),
+        release: impl FnOnce(u64, u64),
+    ) -> Result<usize, String> {
         let h = self.header();
         let size = self.size();
-        let mut tail = h.tail.load(Ordering::Relaxed);
+        let start = h.tail.load(Ordering::Relaxed);
         let head = h.head.load(Ordering::Acquire);
-        let start = tail;
-        while tail < head {
+        let mut tail = start;
+        let mut error = None;
+        while tail < head && tail - start < size / 4 {
             let pos = tail & (size - 1);
             let len = self.len_word(pos).load(Ordering::Acquire) as u64;
             if len == 0 {
@@ -238,7 +251,8 @@ impl Ring {
                 || pos + len > size
                 || tail + len > head
             {
-                return Err(format!("corrupt ring record length {len} at {tail}"));
+                error = Some(format!("corrupt ring record length {len} at {tail}"));
+                break;
             }
             let bytes = unsafe {
                 std::slice::from_raw_parts_mut(self.data().add(pos as usize), len as usize)
@@ -247,14 +261,20 @@ impl Ring {
             if kind != KIND_PAD {
                 sink(bytes);
             }
-            // Zero the body before the length word, so a producer that reuses these bytes never
+            // Zero the record, length word last, so a producer that reuses these bytes never
             // sees a stale non-zero length.
             bytes[4..].fill(0);
             self.len_word(pos).store(0, Ordering::Relaxed);
             tail += len;
+        }
+        if tail > start {
+            release(start, tail);
             h.tail.store(tail, Ordering::Release);
         }
-        Ok((tail - start) as usize)
+        match error {
+            Some(e) => Err(e),
+            None => Ok((tail - start) as usize),
+        }
     }
 }
 
@@ -308,6 +328,35 @@ mod tests {
     }
 
     #[test]
+    fn release_sees_each_consumed_range_once_before_producers_can_reuse_it() {
+        let mut region = Region::new(4096);
+        let ring = ring_of(&mut region);
+        let mut released = Vec::new();
+        for round in 0..20u64 {
+            for i in 0..30 {
+                assert!(write_free(&ring, round * 100 + i));
+            }
+            while ring
+                .drain_then(
+                    |_| {},
+                    |from, to| {
+                        assert_eq!(ring.header().tail.load(Ordering::Relaxed), from);
+                        released.push((from, to));
+                    },
+                )
+                .unwrap()
+                > 0
+            {}
+        }
+        assert!(released.windows(2).all(|w| w[0].1 == w[1].0), "contiguous");
+        assert_eq!(released.last().unwrap().1, 20 * 30 * 16);
+        assert!(
+            released.iter().all(|(a, b)| b - a <= 1024),
+            "a quarter at most"
+        );
+    }
+
+    #[test]
     fn a_full_ring_drops_and_counts_instead_of_blocking() {
         let mut region = Region::new(4096);
         let ring = ring_of(&mut region);
@@ -323,7 +372,7 @@ mod tests {
             1000 - written as u64
         );
         let mut n = 0;
-        ring.drain(|_| n += 1).unwrap();
+        while ring.drain(|_| n += 1).unwrap() > 0 {}
         assert_eq!(n, written);
         assert!(write_free(&ring, 1), "room again after draining");
     }
@@ -357,17 +406,18 @@ mod tests {
                 let mut n = 0u64;
                 loop {
                     let finished = done.load(Ordering::Acquire);
-                    ring.drain(|b| {
-                        let Record::Free { addr } = decode(b).unwrap().0 else {
-                            panic!("bad record")
-                        };
-                        let (t, i) = ((addr >> 32) as usize, addr & 0xffff_ffff);
-                        assert!(last[t].is_none_or(|l| l < i), "per-thread order kept");
-                        last[t] = Some(i);
-                        n += 1;
-                    })
-                    .unwrap();
-                    if finished {
+                    let moved = ring
+                        .drain(|b| {
+                            let Record::Free { addr } = decode(b).unwrap().0 else {
+                                panic!("bad record")
+                            };
+                            let (t, i) = ((addr >> 32) as usize, addr & 0xffff_ffff);
+                            assert!(last[t].is_none_or(|l| l < i), "per-thread order kept");
+                            last[t] = Some(i);
+                            n += 1;
+                        })
+                        .unwrap();
+                    if finished && moved == 0 {
                         return n;
                     }
                 }
