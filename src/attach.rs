@@ -128,12 +128,18 @@ enum Ending {
     AgentStopped,
 }
 
-/// Drains the ring until the duration is over, a signal comes, or the target or agent ends.
-fn sample(reader: &mut Reader, a: &Attached, duration: Option<f64>) -> Result<Ending> {
+/// Drains the ring (through the live view, if there is one) until the duration is over, a
+/// signal comes, the view is closed, or the target or agent ends.
+fn sample(
+    reader: &mut Reader,
+    a: &Attached,
+    duration: Option<f64>,
+    view: &mut Option<crate::live::Live>,
+) -> Result<Ending> {
     let until = duration.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
     loop {
-        let moved = reader.pump()?;
-        if stop_signal().is_some() {
+        let (moved, closed) = crate::live::pump(view, reader, &a.ring)?;
+        if closed.is_some() || stop_signal().is_some() {
             return Ok(Ending::Signal);
         }
         if until.is_some_and(|t| Instant::now() >= t) {
@@ -198,9 +204,13 @@ pub fn run(
     output: &Path,
     sampling: &SamplingArgs,
     quiet: bool,
+    live: bool,
 ) -> Result<ExitCode> {
     let started = Instant::now();
     catch_stop_signals();
+    if live {
+        crate::live::Live::check_terminal()?;
+    }
     // Every check that needs no change to the target comes before the capture file exists.
     let injector = Injector::new(pid)?;
     let mut capture = CaptureWriter::create(output)?;
@@ -237,7 +247,18 @@ pub fn run(
         );
     }
     let mut reader = Reader::new(&attached.ring, capture, pid);
-    let ending = sample(&mut reader, &attached, duration)?;
+    // The agent is running: a view that cannot start must not end the session early.
+    let target = crate::live::Target::attach(pid, sampling.rate, output);
+    let mut view = match live.then(|| crate::live::Live::start(target)) {
+        Some(Ok(v)) => Some(v),
+        Some(Err(e)) => {
+            eprintln!("mprof: warning: no live view: {e:#}");
+            None
+        }
+        None => None,
+    };
+    let ending = sample(&mut reader, &attached, duration, &mut view)?;
+    drop(view); // the terminal is restored before anything is printed
     let stopped = match ending {
         Ending::TargetExited | Ending::AgentStopped => {
             while reader.pump()? > 0 {}

@@ -127,14 +127,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             sampling,
             quiet,
             live,
-        } => {
-            if live {
-                // The attach loop takes the view the way record's does (see src/live/mod.rs);
-                // until it does, say so rather than attach without one.
-                anyhow::bail!("attach --live is not wired into attach yet; use record --live");
-            }
-            attach::run(pid, duration, &output, &sampling, quiet)
-        }
+        } => attach::run(pid, duration, &output, &sampling, quiet, live),
         Command::Report {
             file,
             view,

@@ -464,3 +464,54 @@ fn live_without_a_terminal_is_a_clear_error() {
 extern "C" {
     fn kill(pid: i32, sig: i32) -> i32;
 }
+
+/// `attach --live`: the view shows the running target's allocation site, `q` detaches cleanly
+/// (exit 0, no ring left in the target, terminal restored), and the target carries on to a
+/// normal exit.
+#[test]
+fn attach_live_shows_the_target_and_q_detaches() {
+    let Some(py) = python() else { return };
+    if !have_tmux() {
+        return;
+    }
+    let run = Run::new();
+    let mut target = common::ChildGuard(
+        Command::new(&py)
+            .arg(script("live_attach_target.py"))
+            .arg(&run.stop)
+            .arg("60")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(target.0.stdout.as_mut().unwrap()),
+        &mut ready,
+    )
+    .unwrap();
+    assert_eq!(ready.trim(), "target ready");
+    let pid = target.0.id();
+    let q = |p: &Path| format!("'{}'", p.display());
+    let command = format!(
+        "{} attach --live --pid {pid} -o {}; echo $? > {}; stty -a > {}; sleep 600",
+        q(Path::new(env!("CARGO_BIN_EXE_mprof"))),
+        q(&run.capture),
+        q(&run.status),
+        q(&run.stty),
+    );
+    let tmux = Tmux::start(&command, 100, 30);
+    let screen = tmux.wait_for("attached_loop on screen", |s| {
+        row(s, "attached_loop").is_some_and(|w| figures(&w).0 > 0.0)
+    });
+    assert!(screen.contains("mprof attach"), "{screen}");
+    assert!(screen.contains("q detach"), "{screen}");
+    tmux.keys(&["q"]);
+    assert_eq!(run.wait_status(&tmux), 0, "{}", tmux.screen());
+    run.assert_terminal_restored(&tmux);
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(!maps.contains("mprof-ring"), "the ring is still mapped");
+    std::fs::write(&run.stop, b"").unwrap();
+    let status = target.0.wait().unwrap();
+    assert!(status.success(), "the target ended with {status}");
+}

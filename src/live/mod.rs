@@ -56,8 +56,6 @@ pub enum Mode {
     /// `q` closes the view and mprof records on until the program ends.
     Record,
     /// `q` closes the view and detaches.
-    // Constructed by `attach --live` once its loop takes the view.
-    #[cfg_attr(not(test), allow(dead_code))]
     Attach,
 }
 
@@ -77,7 +75,6 @@ pub struct Target {
 
 impl Target {
     /// The target of `mprof attach --live`: its command line is read from /proc.
-    #[allow(dead_code)] // until attach takes the view
     pub fn attach(pid: u32, rate: u64, capture: &Path) -> Target {
         let command = std::fs::read(format!("/proc/{pid}/cmdline"))
             .map(|raw| {
