@@ -782,11 +782,12 @@ impl<'a> Replay<'a> {
     }
 }
 
+/// Record builders for the tests of the modules that aggregate (profile, live view).
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod test_records {
+    use mprof_common::record::{Frame, Record};
 
-    fn code(code: u64, file: &str, name: &str, firstline: u32) -> Record {
+    pub fn code(code: u64, file: &str, name: &str, firstline: u32) -> Record {
         Record::Code {
             code,
             firstline,
@@ -795,13 +796,15 @@ mod tests {
         }
     }
 
-    fn alloc(addr: u64, size: u64, frames: &[(u64, u32)]) -> Record {
+    /// A sample of `size` bytes at `addr` by thread `tid`; `frames` are (code, line), innermost
+    /// first.
+    pub fn alloc(tid: u32, addr: u64, size: u64, time_ns: u64, frames: &[(u64, u32)]) -> Record {
         Record::Alloc {
-            tid: 1,
+            tid,
             flags: 0,
             addr,
             size,
-            time_ns: addr,
+            time_ns,
             frames: frames
                 .iter()
                 .map(|&(code, line)| Frame { code, line })
@@ -809,8 +812,19 @@ mod tests {
         }
     }
 
-    fn meta(text: &str) -> Record {
+    pub fn meta(text: &str) -> Record {
         Record::Meta { text: text.into() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_records::{code, meta};
+    use super::*;
+
+    /// A sample by thread 1, timed by its address (so later samples are later).
+    fn alloc(addr: u64, size: u64, frames: &[(u64, u32)]) -> Record {
+        super::test_records::alloc(1, addr, size, addr, frames)
     }
 
     /// (function, line of the innermost frame) → figures, for easy assertions.

@@ -5,7 +5,7 @@
 use super::keys::{Key, ViewState};
 use super::model::{Column, Group, Model, Snapshot};
 use super::{ui, Mode, Target};
-use mprof_common::record::{Frame, Record};
+use mprof_common::record::Record;
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 use std::path::{Path, PathBuf};
@@ -16,28 +16,7 @@ const MAIN: u32 = 4242;
 const WORKER: u32 = 4250;
 const KIB: u64 = 1024;
 
-fn code(code: u64, file: &str, name: &str, firstline: u32) -> Record {
-    Record::Code {
-        code,
-        firstline,
-        filename: file.into(),
-        name: name.into(),
-    }
-}
-
-fn alloc(tid: u32, addr: u64, size: u64, time_ns: u64, frames: &[(u64, u32)]) -> Record {
-    Record::Alloc {
-        tid,
-        flags: 0,
-        addr,
-        size,
-        time_ns,
-        frames: frames
-            .iter()
-            .map(|&(code, line)| Frame { code, line })
-            .collect(),
-    }
-}
+use crate::profile::test_records::{alloc, code};
 
 /// A small web shop's first ten seconds, sampled at 64 KiB: a catalogue loader that keeps
 /// half of what it parses, a page renderer that frees everything, a cache filled by a worker

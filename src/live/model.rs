@@ -400,29 +400,10 @@ pub fn rows<'a>(model: &'a Model, snap: &Snapshot, settings: &Settings) -> Vec<R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mprof_common::record::Frame;
-
-    fn code(code: u64, file: &str, name: &str, firstline: u32) -> Record {
-        Record::Code {
-            code,
-            firstline,
-            filename: file.into(),
-            name: name.into(),
-        }
-    }
+    use crate::profile::test_records::code;
 
     fn alloc(tid: u32, addr: u64, size: u64, frames: &[(u64, u32)]) -> Record {
-        Record::Alloc {
-            tid,
-            flags: 0,
-            addr,
-            size,
-            time_ns: addr,
-            frames: frames
-                .iter()
-                .map(|&(code, line)| Frame { code, line })
-                .collect(),
-        }
+        crate::profile::test_records::alloc(tid, addr, size, addr, frames)
     }
 
     /// rate 1 (exact figures): main → build (twice, recursive) → leaf, and a second thread.
