@@ -669,6 +669,7 @@ fn privileges() {
     }
     let dir = common::tempdir();
     let workload = readable_script(dir.path(), "attach_workload.py");
+    readable_script(dir.path(), "known_allocs.py"); // imported by the workload
     let capture = dir.path().join("c.mprof");
 
     let mut cmd = as_nobody(debian);
