@@ -14,7 +14,7 @@ use crate::sampler::{GIL_COUNTDOWN, THREAD};
 use crate::session;
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub const RAW: usize = 0;
 pub const MEM: usize = 1;
@@ -175,28 +175,26 @@ fn is_ours(a: &Allocator, domain: usize) -> bool {
     a.malloc as usize == hooks_for(domain, std::ptr::null_mut()).malloc as usize
 }
 
+/// Whether the hooks of a domain are in its allocator chain: installed and not restored since
+/// (they stay when another allocator was installed on top of them).
+static IN_CHAIN: [AtomicBool; 3] = [const { AtomicBool::new(false) }; 3];
+
 /// Puts the hooks in front of the current allocators. A domain whose hooks are still in the
-/// chain (never uninstalled, because something wrapped them later) is left as it is.
+/// chain is left as it is: wrapping them again would make them call themselves.
 ///
 /// # Safety
 /// Call from one thread at a time (the agent's start path).
 pub unsafe fn install(api: &Api) {
     let prev_table = &mut *PREV.0.get();
     for domain in [RAW, MEM, OBJ] {
-        let current = current_allocator(api, domain);
-        if is_ours(&current, domain) || (prev_table[domain].is_some() && in_chain(domain)) {
+        if IN_CHAIN[domain].load(Ordering::Relaxed) {
             continue;
         }
+        let current = current_allocator(api, domain);
         prev_table[domain] = Some(current);
         (api.set_allocator)(domain as i32, &hooks_for(domain, current.ctx));
+        IN_CHAIN[domain].store(true, Ordering::Relaxed);
     }
-}
-
-static IN_CHAIN: [std::sync::atomic::AtomicBool; 3] =
-    [const { std::sync::atomic::AtomicBool::new(false) }; 3];
-
-fn in_chain(domain: usize) -> bool {
-    IN_CHAIN[domain].load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Restores the previous allocators where the hooks are still the installed ones. Where
@@ -210,18 +208,9 @@ pub unsafe fn uninstall(api: &Api) {
         let Some(prev) = prev_table[domain] else {
             continue;
         };
-        let current = current_allocator(api, domain);
-        let ours = is_ours(&current, domain);
-        if ours {
+        if is_ours(&current_allocator(api, domain), domain) {
             (api.set_allocator)(domain as i32, &prev);
+            IN_CHAIN[domain].store(false, Ordering::Relaxed);
         }
-        IN_CHAIN[domain].store(!ours, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-/// Marks the freshly installed hooks as part of the chain.
-pub fn mark_installed() {
-    for flag in &IN_CHAIN {
-        flag.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }

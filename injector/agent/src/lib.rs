@@ -15,7 +15,7 @@ mod session;
 mod sys;
 
 use mprof_common::record::EndReason;
-use mprof_common::ring::{RingHeader, STATE_FAILED, STATE_STOP_REQUESTED, STATE_WAITING};
+use mprof_common::ring::{RingHeader, STATE_FAILED, STATE_WAITING};
 use session::{StartError, SHARED};
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::atomic::Ordering;
@@ -233,13 +233,4 @@ fn register_fork_handlers() {
             Some(after_fork_child),
         );
     });
-}
-
-// Used by `stop_reason`.
-pub(crate) fn reader_stopped(h: &RingHeader, timeout_ns: u64) -> Option<EndReason> {
-    if h.state.load(Ordering::Acquire) == STATE_STOP_REQUESTED {
-        return Some(EndReason::Detached);
-    }
-    let beat = h.reader_heartbeat_ns.load(Ordering::Acquire);
-    (beat != 0 && sys::now_ns().saturating_sub(beat) > timeout_ns).then_some(EndReason::ReaderGone)
 }

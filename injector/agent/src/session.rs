@@ -15,7 +15,7 @@ use mprof_common::record::{
     EndReason, Frame, ALLOC_FIXED, ALLOC_TRUNCATED, CODE_FIXED, FRAME_SIZE, KIND_ALLOC, KIND_CODE,
     KIND_END, KIND_FREE,
 };
-use mprof_common::ring::{Ring, RingHeader, STATE_ACTIVE, STATE_STOPPED};
+use mprof_common::ring::{Ring, RingHeader, STATE_ACTIVE, STATE_STOPPED, STATE_STOP_REQUESTED};
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -262,7 +262,6 @@ pub unsafe fn start(base: *mut u8, len: usize) -> Result<(), StartError> {
         ENABLED.store(true, Ordering::Release);
     }
     crate::hooks::install(api);
-    crate::hooks::mark_installed();
     h.state.store(STATE_ACTIVE, Ordering::Release);
     Ok(())
 }
@@ -311,7 +310,7 @@ impl Shared {
     /// Whether the session should end now, and why.
     pub fn stop_reason(&self, timeout_ns: u64) -> Option<EndReason> {
         let (ring, _, _) = self.ring.as_ref()?;
-        crate::reader_stopped(ring.header(), timeout_ns)
+        reader_stopped(ring.header(), timeout_ns)
     }
 
     pub fn running(&self) -> bool {
@@ -325,4 +324,14 @@ impl Shared {
         }
         self.set.clear();
     }
+}
+
+/// Why the reader ended the session, if it did: it asked for a detach, or its heartbeat is older
+/// than `timeout_ns`.
+fn reader_stopped(h: &RingHeader, timeout_ns: u64) -> Option<EndReason> {
+    if h.state.load(Ordering::Acquire) == STATE_STOP_REQUESTED {
+        return Some(EndReason::Detached);
+    }
+    let beat = h.reader_heartbeat_ns.load(Ordering::Acquire);
+    (beat != 0 && now_ns().saturating_sub(beat) > timeout_ns).then_some(EndReason::ReaderGone)
 }
