@@ -212,6 +212,12 @@ fn python() -> Option<PathBuf> {
     found
 }
 
+/// What a tmux test needs: an interpreter and tmux; `None` (with a SKIPPED line) without them.
+fn prerequisites() -> Option<PathBuf> {
+    let py = python()?;
+    have_tmux().then_some(py)
+}
+
 /// tmux, or a SKIPPED line.
 fn have_tmux() -> bool {
     let ok = Command::new("tmux").arg("-V").output().is_ok();
@@ -275,10 +281,7 @@ fn wait_for_the_workload(tmux: &Tmux) -> String {
 
 #[test]
 fn view_shows_the_workload_keys_reorder_it_and_q_leaves_it_recording() {
-    let Some(py) = python() else { return };
-    if !have_tmux() {
-        return;
-    }
+    let Some(py) = prerequisites() else { return };
     let run = Run::new();
     let tmux = Tmux::start(&run.command(&py), 100, 30);
     let screen = wait_for_the_workload(&tmux);
@@ -376,10 +379,7 @@ fn view_shows_the_workload_keys_reorder_it_and_q_leaves_it_recording() {
 
 #[test]
 fn ctrl_c_closes_the_view_interrupts_the_program_and_restores_the_terminal() {
-    let Some(py) = python() else { return };
-    if !have_tmux() {
-        return;
-    }
+    let Some(py) = prerequisites() else { return };
     let run = Run::new();
     let tmux = Tmux::start(&run.command(&py), 80, 24);
     wait_for_the_workload(&tmux);
@@ -394,10 +394,7 @@ fn ctrl_c_closes_the_view_interrupts_the_program_and_restores_the_terminal() {
 
 #[test]
 fn sigterm_to_mprof_restores_the_terminal() {
-    let Some(py) = python() else { return };
-    if !have_tmux() {
-        return;
-    }
+    let Some(py) = prerequisites() else { return };
     let run = Run::new();
     let tmux = Tmux::start(&run.command(&py), 80, 24);
     wait_for_the_workload(&tmux);
@@ -414,10 +411,7 @@ fn sigterm_to_mprof_restores_the_terminal() {
 
 #[test]
 fn a_terminal_hang_up_closes_the_view_and_the_recording_goes_on() {
-    let Some(py) = python() else { return };
-    if !have_tmux() {
-        return;
-    }
+    let Some(py) = prerequisites() else { return };
     let run = Run::new();
     let stderr = run.capture.with_extension("err");
     let redirect = format!("2> '{}'", stderr.display());
@@ -470,10 +464,7 @@ extern "C" {
 /// normal exit.
 #[test]
 fn attach_live_shows_the_target_and_q_detaches() {
-    let Some(py) = python() else { return };
-    if !have_tmux() {
-        return;
-    }
+    let Some(py) = prerequisites() else { return };
     let run = Run::new();
     let mut target = common::ChildGuard(
         Command::new(&py)
