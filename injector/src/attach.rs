@@ -2,27 +2,29 @@
 //!
 //! 1. [`Injector::new`] inspects the target (changes nothing).
 //! 2. [`Injector::prepare`] seizes threads one at a time until one is at a safe point (see
-//!    `safepoint`), keeps that one stopped, and makes it run single system calls: `mmap` for the
-//!    trampoline region (first attach only), `memfd_create` for the agent image (first attach
-//!    only; mprof writes the image through `/proc/PID/fd/N`) and for the ring, which mprof opens
-//!    the same way and hands to the caller to initialise.
+//!    `safepoint`), hijacks that one (see `hijack`) and makes it run single system calls: `mmap`
+//!    for the trampoline region (first attach only), `memfd_create` for the agent image (first
+//!    attach only) and for the ring. mprof takes its own descriptors of the two memory files
+//!    with `pidfd_getfd` and checks that they are the fresh memory files it asked for before
+//!    writing anything: a descriptor number in the target is the target's to change.
 //! 3. [`Prepared::launch`] writes the trampoline, points the thread at it and detaches. From
 //!    here on the target needs nothing from mprof: [`Launched::poll`] only reads the result.
 //!
-//! Between two injected system calls the stopped thread holds registers that resume it as if
-//! it had only been interrupted, so mprof dying there leaves at most two open memory files and
-//! an unused page in the target. The only windows where mprof's death would hurt the target are
-//! the few microseconds of each single-stepped system call.
+//! At every moment, a thread that mprof lets go, or that the kernel lets go because mprof
+//! died, goes on as if it had only been interrupted (or runs the self-contained trampoline):
+//! the worst mprof's death can leave is two open memory files and an unused page.
 
 use crate::error::{other, AttachError};
+use crate::hijack::{self, Hijack};
 use crate::ptrace::{self, Regs, Stop};
 use crate::remote::{self, Mem};
-use crate::safepoint::{self, Resume, Verdict};
+use crate::safepoint::{self, Verdict};
 use crate::target::Target;
 use crate::trampoline::{self, Data};
-use std::fs::OpenOptions;
+use std::collections::BTreeMap;
+use std::fs::File;
 use std::io::Write;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 const SYS_MMAP: u64 = 9;
@@ -32,6 +34,8 @@ const MFD_CLOEXEC: u64 = 1;
 const MFD_EXEC: u64 = 0x10;
 /// How long one thread may take to stop after PTRACE_INTERRUPT.
 const STOP_TIMEOUT: Duration = Duration::from_secs(2);
+/// Stack below the stack pointer that a chosen thread must have for the signal frame.
+const MIN_STACK_ROOM: u64 = 64 << 10;
 /// How long the injected call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -77,12 +81,15 @@ impl Injector {
     /// region, the agent image and the ring's memory file.
     pub fn prepare(self, deadline: Duration) -> Result<Prepared, AttachError> {
         let started = Instant::now();
-        let chosen = choose_thread(&self.target, &self.mem, deadline)?;
+        let pidfd = pidfd_open(self.target.pid)?;
+        let (chosen, hijack) = choose_thread(&self.target, &self.mem, deadline)?;
         let chose_in = started.elapsed();
         let mut p = Prepared {
             target: self.target,
             mem: self.mem,
+            pidfd,
             chosen,
+            hijack: Some(hijack),
             region: 0,
             slot: 0,
             generation: 0,
@@ -90,11 +97,27 @@ impl Injector {
             ring_fd: -1,
             ring_local: None,
             chose_in,
-            launched: false,
         };
         p.set_up()?;
         Ok(p)
     }
+}
+
+fn pidfd_open(pid: u32) -> Result<OwnedFd, AttachError> {
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            Some(libc::ESRCH) => AttachError::Exited(pid),
+            Some(libc::ENOSYS) => other(
+                "pidfd_open",
+                "this kernel is too old for mprof attach (Linux 5.6 or newer is needed)",
+            ),
+            _ => other("pidfd_open", e),
+        });
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 fn permission_denied(pid: u32) -> AttachError {
@@ -113,16 +136,11 @@ fn already_traced(pid: u32, tracer: u32) -> AttachError {
     }
 }
 
-/// The thread that will run the trampoline, stopped.
+/// The thread that will run the trampoline.
 struct Chosen {
     tid: u32,
-    /// Its registers when it stopped.
-    regs: Regs,
-    /// Registers that resume it as if it had only been interrupted.
-    safe_regs: Regs,
-    resume: Resume,
-    /// Signals that arrived for it while it was stopped, delivered again on release.
-    stashed: Vec<i32>,
+    /// The system call it was blocked in (it re-issues it), if any.
+    in_syscall: Option<i64>,
 }
 
 fn gone_or(t: &Target, e: std::io::Error, what: &str) -> AttachError {
@@ -133,15 +151,21 @@ fn gone_or(t: &Target, e: std::io::Error, what: &str) -> AttachError {
     }
 }
 
-fn choose_thread(t: &Target, mem: &Mem, deadline: Duration) -> Result<Chosen, AttachError> {
+/// What each thread was doing when it was last looked at, for the message when no thread
+/// reached a safe point.
+type Sightings = BTreeMap<u32, String>;
+
+fn choose_thread(
+    t: &Target,
+    mem: &Mem,
+    deadline: Duration,
+) -> Result<(Chosen, Hijack), AttachError> {
     let started = Instant::now();
+    let mut seen = Sightings::new();
     loop {
         let tids = remote::threads(t.pid).map_err(|_| AttachError::Exited(t.pid))?;
         for tid in tids {
-            if remote::thread_name(t.pid, tid) == "mprof-agent" {
-                continue;
-            }
-            if let Some(chosen) = try_thread(t, mem, tid)? {
+            if let Some(chosen) = try_thread(t, mem, tid, &mut seen)? {
                 return Ok(chosen);
             }
         }
@@ -152,40 +176,73 @@ fn choose_thread(t: &Target, mem: &Mem, deadline: Duration) -> Result<Chosen, At
             return Err(AttachError::NoSafePoint {
                 pid: t.pid,
                 waited: started.elapsed(),
+                threads: seen
+                    .into_iter()
+                    .map(|(tid, what)| format!("thread {tid}: {what}"))
+                    .collect(),
             });
         }
         std::thread::sleep(Duration::from_millis(1));
     }
 }
 
-/// Seizes and stops `tid`; keeps it if it is at a safe point, else lets it go at once.
-fn try_thread(t: &Target, mem: &Mem, tid: u32) -> Result<Option<Chosen>, AttachError> {
+/// Whether this process may trace any process (root, or CAP_SYS_PTRACE).
+fn may_trace_anyone() -> bool {
+    const CAP_SYS_PTRACE: u32 = 19;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("CapEff:"))?;
+            u64::from_str_radix(line["CapEff:".len()..].trim(), 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << CAP_SYS_PTRACE) != 0)
+}
+
+/// Why seizing `tid` was refused.
+fn seize_refused(t: &Target, tid: u32) -> AttachError {
+    // An exiting process refuses tracing too.
+    std::thread::sleep(Duration::from_millis(20));
+    if !remote::alive(t.pid, t.start_time) {
+        return AttachError::Exited(t.pid);
+    }
+    match remote::thread_status(t.pid, tid).map(|s| s.tracer) {
+        Ok(tracer) if tracer != 0 => already_traced(t.pid, tracer),
+        // Allowed to trace anyone: someone else was tracing it a moment ago.
+        _ if may_trace_anyone() => AttachError::AlreadyTraced {
+            pid: t.pid,
+            tracer: 0,
+            name: String::new(),
+        },
+        _ => permission_denied(t.pid),
+    }
+}
+
+/// Seizes and stops `tid`; hijacks it if it is at a safe point, else lets it go at once.
+fn try_thread(
+    t: &Target,
+    mem: &Mem,
+    tid: u32,
+    seen: &mut Sightings,
+) -> Result<Option<(Chosen, Hijack)>, AttachError> {
     let Ok(status) = remote::thread_status(t.pid, tid) else {
         return Ok(None); // gone
     };
+    if status.tracer != 0 {
+        return Err(already_traced(t.pid, status.tracer));
+    }
     match status.state {
         'T' | 't' => return Err(AttachError::Stopped(t.pid)),
         // Uninterruptible: it would not stop promptly.
-        'D' => return Ok(None),
+        'D' => {
+            seen.insert(tid, "in uninterruptible sleep (D)".into());
+            return Ok(None);
+        }
         _ => {}
-    }
-    if status.tracer != 0 {
-        return Err(already_traced(t.pid, status.tracer));
     }
     if let Err(e) = ptrace::seize(tid) {
         return match e.raw_os_error() {
             Some(libc::ESRCH) => Ok(None),
-            Some(libc::EPERM) | Some(libc::EACCES) => {
-                // An exiting process refuses tracing too.
-                std::thread::sleep(Duration::from_millis(20));
-                if !remote::alive(t.pid, t.start_time) {
-                    return Err(AttachError::Exited(t.pid));
-                }
-                match remote::thread_status(t.pid, tid).map(|s| s.tracer) {
-                    Ok(tracer) if tracer != 0 => Err(already_traced(t.pid, tracer)),
-                    _ => Err(permission_denied(t.pid)),
-                }
-            }
+            Some(libc::EPERM) | Some(libc::EACCES) => Err(seize_refused(t, tid)),
             _ => Err(other("PTRACE_SEIZE", e)),
         };
     }
@@ -197,17 +254,55 @@ fn try_thread(t: &Target, mem: &Mem, tid: u32) -> Result<Option<Chosen>, AttachE
     let regs = ptrace::get_regs(tid).map_err(|e| gone_or(t, e, "PTRACE_GETREGS"))?;
     let status = remote::thread_status(t.pid, tid).unwrap_or(status);
     let safe_regs = safepoint::restartable(&regs, &status);
-    match safepoint::judge(t, mem, &regs, &status) {
-        Verdict::Safe(resume) if stashed.is_empty() => Ok(Some(Chosen {
-            tid,
-            regs,
-            safe_regs,
-            resume,
-            stashed,
-        })),
-        _ => {
+    let verdict = if stashed.is_empty() {
+        safepoint::judge(t, mem, &regs, &status)
+    } else {
+        Verdict::Unsafe("a signal arrived")
+    };
+    let resume = match verdict {
+        Verdict::Safe(resume) => resume,
+        Verdict::Unsafe(why) => {
+            seen.insert(tid, format!("{why} ({})", t.describe(regs.rip)));
             release(tid, &regs, &safe_regs, &stashed);
-            Ok(None)
+            return Ok(None);
+        }
+    };
+    let stack_low = t.mapping_at(regs.rsp).map_or(regs.rsp, |m| m.start);
+    if regs.rsp.saturating_sub(stack_low) < MIN_STACK_ROOM {
+        seen.insert(tid, "too close to the end of its stack".into());
+        release(tid, &regs, &safe_regs, &stashed);
+        return Ok(None);
+    }
+    let resume_regs = hijack::resume_regs(&regs, resume.rip, resume.rax);
+    match Hijack::begin(
+        mem,
+        t.pid,
+        tid,
+        t.libc.restore_rt,
+        resume_regs,
+        status.blocked,
+        stack_low,
+    ) {
+        Ok(h) => Ok(Some((
+            Chosen {
+                tid,
+                in_syscall: safepoint::interrupted_syscall(&regs).then_some(regs.orig_rax as i64),
+            },
+            h,
+        ))),
+        Err(e) => {
+            match ptrace::get_regs(tid) {
+                // Nothing changed yet.
+                Ok(now) if now.rip == regs.rip && now.rsp == regs.rsp => {
+                    release(tid, &regs, &safe_regs, &stashed)
+                }
+                // Hijacked: let go, it returns through the frame. (If it cannot be detached
+                // now, the kernel detaches it when mprof exits, with the same effect.)
+                _ => {
+                    let _ = ptrace::detach(tid, 0);
+                }
+            }
+            Err(e)
         }
     }
 }
@@ -236,6 +331,9 @@ fn wait_interrupted(t: &Target, tid: u32, stashed: &mut Vec<i32>) -> Result<bool
                 stashed.push(sig);
                 ptrace::cont(tid, 0).map_err(|e| gone_or(t, e, "PTRACE_CONT"))?;
             }
+            Some(Stop::Syscall) => {
+                ptrace::cont(tid, 0).map_err(|e| gone_or(t, e, "PTRACE_CONT"))?;
+            }
             Some(Stop::Group(_)) => {
                 let _ = ptrace::detach(tid, 0);
                 return Err(AttachError::Stopped(t.pid));
@@ -254,11 +352,14 @@ fn wait_interrupted(t: &Target, tid: u32, stashed: &mut Vec<i32>) -> Result<bool
     }
 }
 
-/// A target with one thread stopped at a safe point and everything ready for the trampoline.
+/// A target with one thread hijacked at a safe point and everything ready for the trampoline.
 pub struct Prepared {
     target: Target,
     mem: Mem,
+    pidfd: OwnedFd,
     chosen: Chosen,
+    /// `None` once the thread was launched (or let go).
+    hijack: Option<Hijack>,
     region: u64,
     slot: usize,
     generation: u64,
@@ -266,7 +367,6 @@ pub struct Prepared {
     ring_fd: i64,
     ring_local: Option<OwnedFd>,
     chose_in: Duration,
-    launched: bool,
 }
 
 impl Prepared {
@@ -274,46 +374,13 @@ impl Prepared {
         self.target.pid
     }
 
-    /// Runs one system call in the chosen thread, then puts back registers that resume it
-    /// safely and leaves it in an interrupt stop (not a signal stop: were mprof to die, a
-    /// thread in a SIGTRAP signal stop would get the SIGTRAP).
+    /// Runs one system call in the chosen thread.
     fn syscall(&mut self, nr: u64, args: [u64; 6]) -> Result<i64, AttachError> {
-        let tid = self.chosen.tid;
-        let t = &self.target;
-        let gadget = t.libc.syscall;
-        let mut r = self.chosen.regs;
-        r.rip = gadget;
-        r.rax = nr;
-        r.orig_rax = u64::MAX;
-        (r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9) =
-            (args[0], args[1], args[2], args[3], args[4], args[5]);
-        let fail = |e| gone_or(t, e, "injecting a system call");
-        ptrace::set_regs(tid, &r).map_err(fail)?;
-        let result = loop {
-            ptrace::singlestep(tid).map_err(fail)?;
-            match ptrace::wait(tid, STOP_TIMEOUT).map_err(fail)? {
-                Some(Stop::Signal(libc::SIGTRAP)) | Some(Stop::Interrupted) => {
-                    let after = ptrace::get_regs(tid).map_err(fail)?;
-                    if after.rip == gadget + 2 {
-                        break after.rax as i64;
-                    }
-                }
-                Some(Stop::Signal(sig)) => self.chosen.stashed.push(sig),
-                Some(Stop::Group(_)) => return Err(AttachError::Stopped(t.pid)),
-                Some(Stop::Gone) => return Err(AttachError::Exited(t.pid)),
-                None => return Err(other("injecting a system call", "the thread did not step")),
-            }
-        };
-        ptrace::set_regs(tid, &self.chosen.safe_regs).map_err(fail)?;
-        ptrace::interrupt(tid).map_err(fail)?;
-        ptrace::cont(tid, 0).map_err(fail)?;
-        let mut stashed = std::mem::take(&mut self.chosen.stashed);
-        let ok = wait_interrupted(t, tid, &mut stashed);
-        self.chosen.stashed = stashed;
-        if !ok? {
-            return Err(AttachError::Exited(t.pid));
-        }
-        Ok(result)
+        let h = self
+            .hijack
+            .as_mut()
+            .ok_or_else(|| other("attaching", "the chosen thread was let go"))?;
+        h.syscall(nr, args)
     }
 
     fn set_up(&mut self) -> Result<(), AttachError> {
@@ -327,14 +394,27 @@ impl Prepared {
             self.write_agent()?;
         }
         self.ring_fd = self.memfd("mprof-ring", false)?;
-        let path = format!("/proc/{}/fd/{}", self.pid(), self.ring_fd);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|e| other(&format!("opening {path}"), e))?;
-        self.ring_local = Some(file.into());
+        self.ring_local = Some(self.take_fd(self.ring_fd, "mprof-ring")?);
         Ok(())
+    }
+
+    /// A descriptor of the memory file that the target holds as `fd`, checked to be the
+    /// fresh memory file named `name` that mprof just had it create. The target could have put
+    /// anything under that number since (a hostile one: a root-only file opened with O_PATH):
+    /// mprof never reopens `/proc/PID/fd/N`, and writes nothing before this check.
+    fn take_fd(&self, fd: i64, name: &str) -> Result<OwnedFd, AttachError> {
+        let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, self.pidfd.as_raw_fd(), fd, 0) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(gone_or(&self.target, e, "taking the target's memory file"));
+        }
+        // SAFETY: a fresh descriptor that nothing else owns.
+        let owned = unsafe { OwnedFd::from_raw_fd(r as i32) };
+        check_fresh_memfd(&owned, name).map_err(|why| AttachError::Hostile {
+            pid: self.pid(),
+            what: format!("descriptor {fd} is no longer the memory file mprof created: {why}"),
+        })?;
+        Ok(owned)
     }
 
     fn map_region(&mut self) -> Result<u64, AttachError> {
@@ -420,12 +500,9 @@ impl Prepared {
     }
 
     fn write_agent(&mut self) -> Result<(), AttachError> {
-        let path = format!("/proc/{}/fd/{}", self.pid(), self.agent_fd);
-        let mut file = OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .map_err(|e| other(&format!("opening {path}"), e))?;
-        file.write_all(crate::agent::AGENT_SO)
+        let fd = self.take_fd(self.agent_fd, "mprof-agent.so")?;
+        File::from(fd)
+            .write_all(crate::agent::AGENT_SO)
             .map_err(|e| other("writing the agent image", e))
     }
 
@@ -441,23 +518,20 @@ impl Prepared {
 
     /// The system call the chosen thread was blocked in (it re-issues it), if any.
     pub fn chosen_in_syscall(&self) -> Option<String> {
-        let r = &self.chosen.regs;
-        let nr = r.orig_rax as i64;
-        safepoint::interrupted_syscall(r).then(|| {
+        self.chosen.in_syscall.map(|nr| {
             safepoint::syscall_name(nr).map_or_else(|| format!("system call {nr}"), String::from)
         })
     }
 
-    fn data(&self) -> Result<Data, AttachError> {
+    /// The trampoline's inputs, for a thread that resumes as `resume`.
+    fn data(&self, resume: &Regs) -> Result<Data, AttachError> {
         let t = &self.target;
-        let c = &self.chosen;
         let mut d = Data::zeroed();
         d.magic = trampoline::MAGIC;
         d.generation = self.generation;
-        d.gprs = trampoline::gprs_of(&c.regs);
-        d.gprs.rax = c.resume.rax;
-        d.rflags = c.regs.eflags;
-        d.resume_rip = c.resume.rip;
+        d.gprs = trampoline::gprs_of(resume);
+        d.rflags = resume.eflags;
+        d.resume_rip = resume.rip;
         d.errno_location = t.libc.errno_location;
         d.ring_fd = self.ring_fd;
         d.agent_fd = self.agent_fd;
@@ -484,7 +558,15 @@ impl Prepared {
     /// Writes the trampoline, sends the chosen thread into it and lets it go. Past this point
     /// the target finishes the attach on its own.
     pub fn launch(mut self) -> Result<Launched, AttachError> {
-        let data = self.data()?;
+        let hijack = self
+            .hijack
+            .take()
+            .ok_or_else(|| other("attaching", "the chosen thread was let go"))?;
+        let tid = hijack.tid();
+        // The thread gets its own registers back (still stopped); the trampoline resumes it
+        // with them.
+        let resume = hijack.end()?;
+        let data = self.data(&resume)?;
         let code = trampoline::code();
         let (base, slot) = (self.region, self.slot);
         let write = |addr, bytes: &[u8]| {
@@ -492,21 +574,18 @@ impl Prepared {
                 .write(addr, bytes)
                 .map_err(|e| other("writing the trampoline", e))
         };
-        write(trampoline::slot_data(base, slot), data.as_bytes())?;
-        write(trampoline::slot_code(base, slot), code)?;
-        let c = &self.chosen;
-        let mut r = c.regs;
+        let written = write(trampoline::slot_data(base, slot), data.as_bytes())
+            .and_then(|()| write(trampoline::slot_code(base, slot), code));
+        if let Err(e) = written {
+            let _ = ptrace::detach(tid, 0);
+            return Err(e);
+        }
+        let mut r = resume;
         r.rip = trampoline::slot_code(base, slot);
         r.rsp = trampoline::slot_stack(base, slot);
         r.orig_rax = u64::MAX;
-        ptrace::set_regs(c.tid, &r).map_err(|e| gone_or(&self.target, e, "PTRACE_SETREGS"))?;
-        self.launched = true;
-        let first = c.stashed.first().copied().unwrap_or(0);
-        let detached = ptrace::detach(c.tid, first);
-        for &sig in c.stashed.iter().skip(1) {
-            unsafe { libc::syscall(libc::SYS_tgkill, self.target.pid, c.tid, sig) };
-        }
-        detached.map_err(|e| gone_or(&self.target, e, "PTRACE_DETACH"))?;
+        ptrace::set_regs(tid, &r).map_err(|e| gone_or(&self.target, e, "PTRACE_SETREGS"))?;
+        ptrace::detach(tid, 0).map_err(|e| gone_or(&self.target, e, "PTRACE_DETACH"))?;
         Ok(Launched {
             pid: self.target.pid,
             start_time: self.target.start_time,
@@ -525,17 +604,50 @@ impl Prepared {
                 let _ = self.syscall(SYS_CLOSE, [fd as u64, 0, 0, 0, 0, 0]);
             }
         }
-        let c = &self.chosen;
-        release(c.tid, &c.safe_regs, &c.safe_regs, &c.stashed);
+        if let Some(h) = self.hijack.take() {
+            let tid = h.tid();
+            // Should this fail, the thread still returns through the frame once let go.
+            let _ = h.end();
+            let _ = ptrace::detach(tid, 0);
+        }
     }
 }
 
 impl Drop for Prepared {
     fn drop(&mut self) {
-        if !self.launched {
+        if self.hijack.is_some() {
             self.abandon();
         }
     }
+}
+
+/// Checks that `fd` is a fresh, empty, writable memory file named `name` (what
+/// `memfd_create` just returned in the target), not some other file.
+fn check_fresh_memfd(fd: &OwnedFd, name: &str) -> Result<(), String> {
+    let raw = fd.as_raw_fd();
+    let flags = unsafe { libc::fcntl(raw, libc::F_GETFL) };
+    if flags < 0 || flags & libc::O_PATH != 0 || flags & libc::O_ACCMODE != libc::O_RDWR {
+        return Err("not open for reading and writing".into());
+    }
+    // Only memory files (and tmpfs files) know seals.
+    if unsafe { libc::fcntl(raw, libc::F_GET_SEALS) } < 0 {
+        return Err("not a memory file".into());
+    }
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(raw, &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_nlink != 0 || st.st_size != 0 {
+        return Err("not a fresh anonymous file".into());
+    }
+    let link = std::fs::read_link(format!("/proc/self/fd/{raw}")).map_err(|e| e.to_string())?;
+    if !link
+        .to_string_lossy()
+        .starts_with(&format!("/memfd:{name}"))
+    {
+        return Err(format!("it is {}", link.display()));
+    }
+    Ok(())
 }
 
 /// The trampoline is running in the target.

@@ -31,6 +31,14 @@ pub enum AttachError {
     NoSafePoint {
         pid: u32,
         waited: Duration,
+        /// What each thread was doing when last seen.
+        threads: Vec<String>,
+    },
+    /// The target did something no honest process does (swapped a descriptor mprof was
+    /// about to write); mprof backs off.
+    Hostile {
+        pid: u32,
+        what: String,
     },
     /// The target does not allow a writable and executable mapping.
     NoExecMemory {
@@ -97,17 +105,37 @@ impl fmt::Display for AttachError {
                 "PID {pid} is stopped (SIGSTOP or a debugger); mprof leaves it as it is: \
                  resume it (kill -CONT {pid}) and attach again"
             ),
+            AlreadyTraced { pid, tracer: 0, .. } => write!(
+                f,
+                "PID {pid} is being traced by another process (a debugger, or another mprof \
+                 attach in progress); try again when it is done"
+            ),
             AlreadyTraced { pid, tracer, name } => write!(
                 f,
                 "PID {pid} is already traced by PID {tracer} ({name}): a debugger or another \
                  mprof attach is in progress"
             ),
             Exited(pid) => write!(f, "PID {pid} exited during the attach"),
-            NoSafePoint { pid, waited } => write!(
+            NoSafePoint {
+                pid,
+                waited,
+                threads,
+            } => {
+                let seen = if threads.is_empty() {
+                    String::new()
+                } else {
+                    format!("; last seen: {}", threads.join("; "))
+                };
+                write!(
+                    f,
+                    "no thread of PID {pid} reached a safe point in {:.1} s; nothing was \
+                     changed: try again, or wait longer with --timeout{seen}",
+                    waited.as_secs_f64()
+                )
+            }
+            Hostile { pid, what } => write!(
                 f,
-                "no thread of PID {pid} reached a safe point in {:.1} s (all were inside the C \
-                 library or native code, or had signals pending); nothing was changed, try again",
-                waited.as_secs_f64()
+                "PID {pid} interfered with the attach ({what}); mprof wrote nothing and backed off"
             ),
             NoExecMemory { pid, errno } => write!(
                 f,

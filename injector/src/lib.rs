@@ -5,6 +5,7 @@ pub mod agent;
 pub mod attach;
 mod elf;
 mod error;
+mod hijack;
 mod procmaps;
 mod ptrace;
 mod remote;

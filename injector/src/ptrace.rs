@@ -21,9 +21,13 @@ unsafe fn request(req: libc::c_uint, tid: u32, addr: usize, data: usize) -> io::
     check(libc::ptrace(req, tid as pid_t, addr, data))
 }
 
-/// Traces `tid` without stopping it (no SIGSTOP is sent).
+/// Traces `tid` without stopping it (no SIGSTOP is sent). System-call stops report
+/// `SIGTRAP | 0x80` (`PTRACE_O_TRACESYSGOOD`): should mprof die while the thread sits in one,
+/// the kernel resumes it and finds no valid signal to deliver, where a plain `SIGTRAP` would
+/// kill it.
 pub fn seize(tid: u32) -> io::Result<()> {
-    unsafe { request(libc::PTRACE_SEIZE, tid, 0, 0) }.map(drop)
+    let options = libc::PTRACE_O_TRACESYSGOOD as usize;
+    unsafe { request(libc::PTRACE_SEIZE, tid, 0, options) }.map(drop)
 }
 
 /// Asks a seized thread to stop; [`wait`] reports the stop.
@@ -36,9 +40,9 @@ pub fn cont(tid: u32, sig: i32) -> io::Result<()> {
     unsafe { request(libc::PTRACE_CONT, tid, 0, sig as usize) }.map(drop)
 }
 
-/// Executes one instruction of a stopped thread, then stops it again.
-pub fn singlestep(tid: u32) -> io::Result<()> {
-    unsafe { request(libc::PTRACE_SINGLESTEP, tid, 0, 0) }.map(drop)
+/// Resumes a stopped thread until its next system-call entry or exit, delivering `sig`.
+pub fn syscall(tid: u32, sig: i32) -> io::Result<()> {
+    unsafe { request(libc::PTRACE_SYSCALL, tid, 0, sig as usize) }.map(drop)
 }
 
 /// Stops tracing a stopped thread and resumes it, delivering `sig` (0 = none).
@@ -63,11 +67,95 @@ pub fn set_regs(tid: u32, regs: &Regs) -> io::Result<()> {
     unsafe { request(libc::PTRACE_SETREGS, tid, 0, regs as *const Regs as usize) }.map(drop)
 }
 
+const NT_PRFPREG: usize = 2;
+const NT_X86_XSTATE: usize = 0x202;
+
+/// The thread's extended (vector) state in the XSAVE standard format, as the kernel gives it
+/// to debuggers; `None` when the CPU or kernel has no XSAVE.
+pub fn get_xstate(tid: u32) -> io::Result<Option<Vec<u8>>> {
+    let mut buf = vec![0u8; 64 << 10];
+    match get_regset(tid, NT_X86_XSTATE, &mut buf) {
+        Ok(n) => {
+            buf.truncate(n);
+            Ok(Some(buf))
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The thread's legacy FXSAVE area (512 bytes).
+pub fn get_fxsave(tid: u32) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 512];
+    let n = get_regset(tid, NT_PRFPREG, &mut buf)?;
+    buf.truncate(n);
+    Ok(buf)
+}
+
+fn get_regset(tid: u32, kind: usize, buf: &mut [u8]) -> io::Result<usize> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    unsafe {
+        request(
+            libc::PTRACE_GETREGSET,
+            tid,
+            kind,
+            &mut iov as *mut libc::iovec as usize,
+        )
+    }?;
+    Ok(iov.iov_len)
+}
+
+const PTRACE_GET_SYSCALL_INFO: libc::c_uint = 0x420e;
+
+/// What a thread in a system-call stop is doing.
+#[derive(Clone, Copy, Debug)]
+pub struct SyscallStop {
+    /// At the entry (true) or the exit of the call.
+    pub entry: bool,
+    /// The system call number at the entry, its return value at the exit.
+    pub value: i64,
+    pub sp: u64,
+}
+
+/// Where a thread in a system-call stop is (`PTRACE_GET_SYSCALL_INFO`).
+pub fn syscall_info(tid: u32) -> io::Result<SyscallStop> {
+    // struct ptrace_syscall_info: op (u8), pad, arch (u32), ip, sp, then for an entry the
+    // number and six arguments, for an exit the return value and an error flag.
+    let mut info = [0u64; 11];
+    unsafe {
+        request(
+            PTRACE_GET_SYSCALL_INFO,
+            tid,
+            std::mem::size_of_val(&info),
+            info.as_mut_ptr() as usize,
+        )
+    }?;
+    let entry = match info[0] as u8 {
+        1 => true,
+        2 => false,
+        op => {
+            return Err(io::Error::other(format!(
+                "thread {tid} is not in a system-call stop (op {op})"
+            )))
+        }
+    };
+    Ok(SyscallStop {
+        entry,
+        value: info[3] as i64,
+        sp: info[2],
+    })
+}
+
 /// Why a traced thread stopped (or that it is gone).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stop {
-    /// Stopped by our PTRACE_INTERRUPT (or after a single step with nothing else pending).
+    /// Stopped by our PTRACE_INTERRUPT.
     Interrupted,
+    /// At the entry or exit of a system call (after PTRACE_SYSCALL).
+    Syscall,
     /// Stopped because a signal is about to be delivered to it; it is ours to pass on.
     Signal(i32),
     /// The whole process is being stopped (SIGSTOP, SIGTSTP...).
@@ -89,6 +177,8 @@ fn decode(status: i32) -> Stop {
         } else {
             Stop::Group(sig)
         }
+    } else if sig == libc::SIGTRAP | 0x80 {
+        Stop::Syscall
     } else {
         Stop::Signal(sig)
     }

@@ -185,9 +185,7 @@ const STACK_SCAN: u64 = 1 << 20;
 /// Whether a return address into `__restore_rt` sits on the live part of the thread's stack:
 /// the mark of a signal frame, so a handler is running (maybe on top of `malloc`).
 fn in_signal_handler(t: &Target, mem: &Mem, regs: &Regs) -> bool {
-    let Some(restore) = t.libc.restore_rt else {
-        return false;
-    };
+    let restore = t.libc.restore_rt;
     let sp = regs.rsp & !7;
     let end = t
         .mapping_at(sp)

@@ -53,10 +53,9 @@ pub struct Libc {
     pub dlopen_flags: u64,
     pub dlerror: u64,
     pub errno_location: u64,
-    /// A `syscall` instruction, for single injected system calls.
-    pub syscall: u64,
-    /// `__restore_rt`: a return address to it on a stack marks a running signal handler.
-    pub restore_rt: Option<u64>,
+    /// `__restore_rt` (`mov $15, %rax; syscall`): a return address to it on a stack marks a
+    /// running signal handler, and injected system calls return through it (see `hijack`).
+    pub restore_rt: u64,
 }
 
 pub struct Target {
@@ -228,6 +227,19 @@ impl Target {
         self.maps.iter().find(|m| m.contains(addr))
     }
 
+    /// Where `addr` is, for messages: `libcrypto.so.3+0x1a2b3c`, `[anonymous memory]`.
+    pub fn describe(&self, addr: u64) -> String {
+        match self.mapping_at(addr) {
+            Some(m) if m.is_file() => {
+                let base = procmaps::file_base(&self.maps, m).unwrap_or(m.start);
+                format!("in {}+{:#x}", m.file_name(), addr - base)
+            }
+            Some(m) if !m.path.is_empty() => format!("in {}", m.path),
+            Some(_) => "in anonymous memory".into(),
+            None => format!("at unmapped {addr:#x}"),
+        }
+    }
+
     /// Whether `addr` is in the code of a CPython extension module (a library exporting a
     /// `PyInit_` function: loaded by `import`, so it cannot be the process's allocator).
     pub fn in_extension_module(&self, addr: u64) -> bool {
@@ -308,17 +320,17 @@ fn find_libc(pid: u32, maps: &[Mapping]) -> Result<Libc, AttachError> {
         (None, Some(d)) => (d, RTLD_NOW | RTLD_DLOPEN_PRIVATE, 0),
         _ => find_libdl(pid, maps)?,
     };
-    let restore_rt = find_bytes(maps, m, bytes.bytes(), &RESTORE_RT);
-    let syscall = restore_rt
-        .map(|a| a + 7)
-        .or_else(|| find_bytes(maps, m, bytes.bytes(), &[0x0f, 0x05]))
-        .ok_or_else(|| other("finding a syscall instruction", "none in the C library"))?;
+    let restore_rt = find_bytes(maps, m, bytes.bytes(), &RESTORE_RT).ok_or_else(|| {
+        other(
+            "reading the C library",
+            format!("no signal return stub (__restore_rt) in {}", m.path),
+        )
+    })?;
     Ok(Libc {
         dlopen,
         dlopen_flags,
         dlerror,
         errno_location: at("__errno_location").unwrap_or(0),
-        syscall,
         restore_rt,
     })
 }
