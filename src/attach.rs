@@ -17,8 +17,6 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-/// How long mprof looks for a thread at a safe point.
-const SAFE_POINT_DEADLINE: Duration = Duration::from_secs(5);
 /// How long the agent may take to acknowledge a detach.
 const STOP_WAIT: Duration = Duration::from_secs(2);
 
@@ -65,11 +63,16 @@ struct Attached {
 }
 
 /// Loads (or reuses) the agent in `pid` and starts a session on a fresh ring.
-fn inject(injector: Injector, sampling: &SamplingArgs, started: Instant) -> Result<Attached> {
+fn inject(
+    injector: Injector,
+    sampling: &SamplingArgs,
+    started: Instant,
+    timeout: Duration,
+) -> Result<Attached> {
     let pid = injector.pid();
     let liveness = injector.liveness();
     let reused = injector.agent_loaded();
-    let mut prepared = injector.prepare(SAFE_POINT_DEADLINE)?;
+    let mut prepared = injector.prepare(timeout)?;
     let (tid, _) = prepared.chosen();
     let how = match prepared.chosen_in_syscall() {
         Some(call) => format!("thread {tid}, blocked in {call}"),
@@ -201,6 +204,7 @@ fn exits_soon(liveness: &Liveness) -> bool {
 pub fn run(
     pid: u32,
     duration: Option<f64>,
+    timeout: Duration,
     output: &Path,
     sampling: &SamplingArgs,
     quiet: bool,
@@ -214,7 +218,7 @@ pub fn run(
     // Every check that needs no change to the target comes before the capture file exists.
     let injector = Injector::new(pid)?;
     let mut capture = CaptureWriter::create(output)?;
-    let attached = match inject(injector, sampling, started) {
+    let attached = match inject(injector, sampling, started, timeout) {
         Ok(a) => a,
         Err(e) => {
             drop(capture);

@@ -17,6 +17,7 @@ use profile::View;
 use report::By;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// Where a CPython program allocates memory: sampled, cheap enough for production.
 #[derive(Parser)]
@@ -69,6 +70,10 @@ enum Command {
         /// Stop after this many seconds (default: until Ctrl-C or SIGTERM).
         #[arg(long)]
         duration: Option<f64>,
+        /// How long to wait for a thread of the target to reach a safe point before giving up
+        /// (seconds; nothing is changed in the target then).
+        #[arg(long, default_value_t = 5.0, value_parser = parse_timeout)]
+        timeout: f64,
         /// Capture file to write.
         #[arg(short, long, default_value = "mprof.out.mprof")]
         output: PathBuf,
@@ -111,6 +116,13 @@ enum Command {
     },
 }
 
+fn parse_timeout(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s > 0.0 && s <= 3600.0 => Ok(s),
+        _ => Err("a number of seconds between 0 and 3600".into()),
+    }
+}
+
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Record {
@@ -123,11 +135,20 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Attach {
             pid,
             duration,
+            timeout,
             output,
             sampling,
             quiet,
             live,
-        } => attach::run(pid, duration, &output, &sampling, quiet, live),
+        } => attach::run(
+            pid,
+            duration,
+            Duration::from_secs_f64(timeout),
+            &output,
+            &sampling,
+            quiet,
+            live,
+        ),
         Command::Report {
             file,
             view,

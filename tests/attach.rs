@@ -5,219 +5,17 @@
 
 mod common;
 
-use common::{
-    by_function, mprof, pythons, report_json, run_with_timeout, script, ChildGuard, Python,
-};
+use common::procs::{attach_once, signal, touch, wait_file, Attach, Target, LIMIT};
+use common::{by_function, pythons, report_json, run_with_timeout, script, ChildGuard, Python};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
-const LIMIT: Duration = Duration::from_secs(60);
-const SIGINT: i32 = 2;
 const SIGKILL: i32 = 9;
 const SIGTERM: i32 = 15;
 const SIGCONT: i32 = 18;
 const SIGSTOP: i32 = 19;
-
-extern "C" {
-    fn kill(pid: i32, sig: i32) -> i32;
-}
-
-fn signal(pid: u32, sig: i32) {
-    unsafe { kill(pid as i32, sig) };
-}
-
-/// Lines a child writes on one of its pipes, as they come.
-fn lines(pipe: impl std::io::Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-/// The first line containing `needle` within `limit`, keeping the others in `seen`.
-fn wait_line(
-    rx: &Receiver<String>,
-    needle: &str,
-    limit: Duration,
-    seen: &mut Vec<String>,
-) -> Option<String> {
-    let end = Instant::now() + limit;
-    while let Some(left) = end.checked_duration_since(Instant::now()) {
-        match rx.recv_timeout(left) {
-            Ok(line) if line.contains(needle) => return Some(line),
-            Ok(line) => seen.push(line),
-            Err(_) => return None,
-        }
-    }
-    None
-}
-
-/// A target process: a Python script that printed "ready PID ...".
-struct Target {
-    guard: ChildGuard,
-    pid: u32,
-    ready: Vec<String>,
-    out: Receiver<String>,
-}
-
-impl Target {
-    fn start(cmd: &mut Command) -> Target {
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn target");
-        let out = lines(child.stdout.take().unwrap());
-        let guard = ChildGuard(child);
-        let line = wait_line(&out, "ready", LIMIT, &mut Vec::new()).expect("target never ready");
-        let ready: Vec<String> = line.split_whitespace().map(String::from).collect();
-        Target {
-            guard,
-            pid: ready[1].parse().unwrap(),
-            ready,
-            out,
-        }
-    }
-
-    fn python(py: &Path, script_name: &str, args: &[&str]) -> Target {
-        Target::start(Command::new(py).arg(script(script_name)).args(args))
-    }
-
-    /// Waits for the target to exit; its status and everything it printed since "ready".
-    fn finish(mut self, limit: Duration) -> (ExitStatus, Vec<String>) {
-        let end = Instant::now() + limit;
-        let status = loop {
-            if let Some(status) = self.guard.0.try_wait().unwrap() {
-                break status;
-            }
-            assert!(
-                Instant::now() < end,
-                "target {} did not finish in {limit:?}",
-                self.pid
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let mut out = Vec::new();
-        while let Ok(line) = self.out.recv_timeout(Duration::from_secs(2)) {
-            out.push(line);
-        }
-        (status, out)
-    }
-
-    fn alive(&mut self) -> bool {
-        self.guard.0.try_wait().unwrap().is_none()
-    }
-
-    fn maps(&self) -> String {
-        std::fs::read_to_string(format!("/proc/{}/maps", self.pid)).unwrap_or_default()
-    }
-}
-
-/// A running `mprof attach`, its stderr read line by line.
-struct Attach {
-    guard: ChildGuard,
-    err: Receiver<String>,
-    seen: Vec<String>,
-    started: Instant,
-}
-
-impl Attach {
-    fn start(pid: u32, args: &[&str]) -> Attach {
-        Attach::start_cmd(
-            mprof()
-                .arg("attach")
-                .arg("--pid")
-                .arg(pid.to_string())
-                .args(args),
-        )
-    }
-
-    fn start_cmd(cmd: &mut Command) -> Attach {
-        let started = Instant::now();
-        let mut child = cmd
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn mprof");
-        let err = lines(child.stderr.take().unwrap());
-        Attach {
-            guard: ChildGuard(child),
-            err,
-            seen: Vec::new(),
-            started,
-        }
-    }
-
-    /// Waits for "attached"; returns the time from the command's start.
-    fn attached(&mut self) -> Duration {
-        let line = wait_line(&self.err, "attached to PID", LIMIT, &mut self.seen);
-        let took = self.started.elapsed();
-        self.seen
-            .push(line.unwrap_or_else(|| panic!("mprof did not attach: {:?}", self.seen)));
-        took
-    }
-
-    /// Waits for mprof to exit; its status and stderr.
-    fn finish(mut self) -> (ExitStatus, String) {
-        let end = Instant::now() + LIMIT;
-        let status = loop {
-            if let Some(status) = self.guard.0.try_wait().unwrap() {
-                break status;
-            }
-            assert!(Instant::now() < end, "mprof attach hung: {:?}", self.seen);
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        while let Ok(line) = self.err.recv_timeout(Duration::from_secs(2)) {
-            self.seen.push(line);
-        }
-        (status, self.seen.join("\n"))
-    }
-
-    fn detach(self) -> String {
-        signal(self.guard.0.id(), SIGINT);
-        let (status, err) = self.finish();
-        assert!(status.success(), "mprof attach failed ({status}): {err}");
-        err
-    }
-}
-
-fn touch(dir: &Path, name: &str) {
-    std::fs::write(dir.join(name), b"").unwrap();
-}
-
-fn wait_file(path: &Path, limit: Duration) {
-    let end = Instant::now() + limit;
-    while !path.exists() {
-        assert!(Instant::now() < end, "{} never appeared", path.display());
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// `mprof attach` run to completion with its output.
-fn attach_once(pid: u32, args: &[&str]) -> (ExitStatus, String) {
-    let out = run_with_timeout(
-        mprof()
-            .arg("attach")
-            .arg("--pid")
-            .arg(pid.to_string())
-            .args(args),
-        LIMIT,
-    );
-    (
-        out.status,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 /// The interpreter the long tests use: 3.11 if present (the one Debian ships), else the first.
 fn main_python(all: &[Python]) -> Python {
@@ -623,9 +421,24 @@ fn errors_are_one_line_and_leave_targets_alone() {
     fails_with(attach_once(t.pid, &["-o", o]), "exited during the attach");
     drop(t);
 
-    // No safe point at all within the deadline: nothing is changed.
+    // No safe point at all within the deadline: nothing is changed, and the message says
+    // what the thread was doing.
     let mut t = Target::python(&py.path, "attach_idle.py", &["lock", "30"]);
-    fails_with(attach_once(t.pid, &["-o", o]), "reached a safe point");
+    let started = Instant::now();
+    let result = attach_once(t.pid, &["-o", o, "--timeout", "1"]);
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "--timeout 1 was not honoured"
+    );
+    assert!(
+        result.1.contains(&format!(
+            "thread {}: in a system call that may hold a lock",
+            t.pid
+        )),
+        "{}",
+        result.1
+    );
+    fails_with(result, "reached a safe point in 1.0 s");
     assert!(!t.maps().contains("mprof"), "nothing was injected");
     assert!(t.alive());
 }
@@ -725,4 +538,46 @@ fn privileges() {
         err.contains("CAP_SYS_PTRACE") && err.contains("ptrace_scope"),
         "{err}"
     );
+}
+
+/// A target whose only thread computes in OpenSSL for seconds (GIL released, never in the
+/// interpreter): the attach finds it at a safe point there, and its digests come out right.
+#[test]
+fn attach_while_the_only_thread_is_busy_in_a_native_library() {
+    for py in pythons() {
+        let args = ["1", "6000000"];
+        let base = std::process::Command::new(&py.path)
+            .arg(script("attach_busy_native.py"))
+            .args(args)
+            .output()
+            .unwrap();
+        let expected = String::from_utf8_lossy(&base.stdout)
+            .lines()
+            .find(|l| l.starts_with("done"))
+            .map(String::from);
+        let Some(expected) = expected else {
+            eprintln!("SKIPPED {}: hashlib.pbkdf2_hmac unavailable", py.label);
+            continue;
+        };
+        let dir = common::tempdir();
+        let target = Target::python(&py.path, "attach_busy_native.py", &args);
+        std::thread::sleep(Duration::from_millis(200));
+        let (status, err) = attach_once(
+            target.pid,
+            &[
+                "--timeout",
+                "1.5",
+                "--duration",
+                "0.2",
+                "-o",
+                dir.path().join("c.mprof").to_str().unwrap(),
+            ],
+        );
+        assert!(status.success(), "{}: {err}", py.label);
+        assert!(err.contains("running"), "{}: {err}", py.label);
+        let (status, out) = target.finish(LIMIT);
+        assert!(status.success(), "{}: {status}", py.label);
+        assert!(out.contains(&expected), "{}: {out:?}", py.label);
+        eprintln!("{}: {}", py.label, err.lines().next().unwrap_or(""));
+    }
 }

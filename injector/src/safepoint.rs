@@ -6,13 +6,18 @@
 //! `malloc`). So a thread is at a safe point when:
 //!
 //! - no signal handler is running on its stack (a return address to `__restore_rt` proves one
-//!   is) and no signal is about to be delivered to it; and either
+//!   is), nor the agent's slow path (it holds the agent's lock), and no signal is about to be
+//!   delivered to it; and either
 //! - it is blocked in a system call that the allocator and the loader never make while holding
 //!   a lock, interrupted by our PTRACE_INTERRUPT before it returned (the trampoline re-issues
-//!   it), or waiting for the GIL (a futex inside `_PyRuntime`); or
+//!   it), or waiting for the GIL (a futex inside `_PyRuntime`), and the call has not replaced
+//!   its signal mask for the time being; or
 //! - it runs interpreter code (libpython's, outside the few functions that take locks), or the
 //!   code of an extension module. When the interpreter image defines `malloc` itself, only the
-//!   bytecode loop `_PyEval_EvalFrameDefault` counts.
+//!   bytecode loop `_PyEval_EvalFrameDefault` counts; or
+//! - it runs any other native library (OpenSSL for hashlib, a BLAS) that defines no `malloc`,
+//!   and no return address into the loader, the unwinder or `dl_iterate_phdr` is on its whole
+//!   live stack. (The C library's own frames are on every stack, where threads start.)
 
 use crate::ptrace::Regs;
 use crate::remote::{Mem, ThreadStatus};
@@ -25,6 +30,11 @@ const ERESTARTNOHAND: i64 = 514;
 const ERESTART_RESTARTBLOCK: i64 = 516;
 
 const SYS_FUTEX: i64 = 202;
+const SYS_RT_SIGSUSPEND: i64 = 130;
+const SYS_PSELECT6: i64 = 270;
+const SYS_PPOLL: i64 = 271;
+const SYS_EPOLL_PWAIT: i64 = 281;
+const SYS_EPOLL_PWAIT2: i64 = 441;
 const FUTEX_WAIT: u64 = 0;
 const FUTEX_WAIT_BITSET: u64 = 9;
 const FUTEX_CMD_MASK: u64 = !(128 | 256);
@@ -112,13 +122,13 @@ pub fn judge(t: &Target, mem: &Mem, regs: &Regs, status: &ThreadStatus) -> Verdi
     if status.deliverable() != 0 {
         return Verdict::Unsafe("a signal is about to be delivered");
     }
-    if in_signal_handler(t, mem, regs) {
-        return Verdict::Unsafe("a signal handler is running");
+    if let Some(why) = busy_stack(t, mem, regs) {
+        return Verdict::Unsafe(why);
     }
     if (regs.orig_rax as i64) >= 0 {
         return judge_syscall(t, mem, regs);
     }
-    judge_pc(t, regs)
+    judge_pc(t, mem, regs)
 }
 
 fn judge_syscall(t: &Target, mem: &Mem, regs: &Regs) -> Verdict {
@@ -134,6 +144,11 @@ fn judge_syscall(t: &Target, mem: &Mem, regs: &Regs) -> Verdict {
     if !allowed {
         return Verdict::Unsafe("in a system call that may hold a lock");
     }
+    if has_temporary_sigmask(mem, regs) {
+        // The kernel puts the thread's own mask back only as the call returns: a frame
+        // written now could not hold it.
+        return Verdict::Unsafe("in a system call with a temporary signal mask");
+    }
     let mut insn = [0u8; 2];
     if mem.read(regs.rip.wrapping_sub(2), &mut insn).is_err() || insn != [0x0f, 0x05] {
         return Verdict::Unsafe("not stopped after a syscall instruction");
@@ -142,6 +157,19 @@ fn judge_syscall(t: &Target, mem: &Mem, regs: &Regs) -> Verdict {
         rip: regs.rip - 2,
         rax: regs.orig_rax,
     })
+}
+
+/// Whether the interrupted call replaced the thread's signal mask for its duration
+/// (`rt_sigsuspend`, or `ppoll`/`pselect6`/`epoll_pwait` with a mask argument).
+fn has_temporary_sigmask(mem: &Mem, regs: &Regs) -> bool {
+    match regs.orig_rax as i64 {
+        SYS_RT_SIGSUSPEND => true,
+        SYS_PPOLL => regs.r10 != 0,
+        SYS_EPOLL_PWAIT | SYS_EPOLL_PWAIT2 => regs.r8 != 0,
+        // The sixth argument points to {const sigset_t *mask, size_t size}.
+        SYS_PSELECT6 => regs.r9 != 0 && mem.read_u64(regs.r9).map_or(true, |mask| mask != 0),
+        _ => false,
+    }
 }
 
 fn waits_for_the_gil(t: &Target, regs: &Regs) -> bool {
@@ -153,12 +181,13 @@ fn waits_for_the_gil(t: &Target, regs: &Regs) -> bool {
     (cmd == FUTEX_WAIT || cmd == FUTEX_WAIT_BITSET) && in_runtime
 }
 
-fn judge_pc(t: &Target, regs: &Regs) -> Verdict {
+fn judge_pc(t: &Target, mem: &Mem, regs: &Regs) -> Verdict {
     let pc = regs.rip;
     let here = Verdict::Safe(Resume {
         rip: pc,
         rax: regs.rax,
     });
+    let inside = |ranges: &[(u64, u64)]| ranges.iter().any(|&(lo, hi)| lo <= pc && pc < hi);
     let py = &t.python;
     if py.eval_loop.is_some_and(|(lo, hi)| lo <= pc && pc < hi) {
         return here;
@@ -166,48 +195,83 @@ fn judge_pc(t: &Target, regs: &Regs) -> Verdict {
     if py.defines_malloc {
         return Verdict::Unsafe("outside the bytecode loop of an interpreter with its own malloc");
     }
-    let inside = |ranges: &[(u64, u64)]| ranges.iter().any(|&(lo, hi)| lo <= pc && pc < hi);
     if inside(&py.text) {
         if inside(&py.excluded) {
             return Verdict::Unsafe("in an interpreter function that takes locks");
         }
         return here;
     }
+    if inside(&t.locking.pc) {
+        return Verdict::Unsafe("in the C library, the loader or the unwinder");
+    }
     if t.in_extension_module(pc) {
         return here;
     }
-    Verdict::Unsafe("in native code outside the interpreter")
+    if t.in_allocator(pc) {
+        return Verdict::Unsafe("in a library with its own malloc");
+    }
+    // Any other native library (OpenSSL inside hashlib, a BLAS): safe unless the loader or
+    // the unwinder is active below it, which only the whole live stack can tell.
+    match scan_stack(t, mem, regs.rsp, FULL_STACK, &t.locking.on_stack) {
+        Scan::Clean => here,
+        Scan::Found => Verdict::Unsafe("in native code called by the loader or the unwinder"),
+        Scan::Unreadable => Verdict::Unsafe("in native code, with a stack mprof cannot read"),
+    }
 }
 
-/// Most of a stack that is scanned for a signal frame.
+/// Most of a stack that is scanned for a signal frame or an active agent call.
 const STACK_SCAN: u64 = 1 << 20;
+/// Most of a stack scanned to prove that native code runs on its own.
+const FULL_STACK: u64 = 16 << 20;
 
-/// Whether a return address into `__restore_rt` sits on the live part of the thread's stack:
-/// the mark of a signal frame, so a handler is running (maybe on top of `malloc`).
-fn in_signal_handler(t: &Target, mem: &Mem, regs: &Regs) -> bool {
-    let restore = t.libc.restore_rt;
-    let sp = regs.rsp & !7;
-    let end = t
-        .mapping_at(sp)
-        .map_or(sp, |m| m.end)
-        .min(sp.saturating_add(STACK_SCAN));
+enum Scan {
+    Clean,
+    Found,
+    Unreadable,
+}
+
+/// Looks for a return address into `ranges` on the live part of a stack (from `sp` up to the
+/// end of its mapping, at most `limit` bytes).
+fn scan_stack(t: &Target, mem: &Mem, sp: u64, limit: u64, ranges: &[(u64, u64)]) -> Scan {
+    let sp = sp & !7;
+    let Some(end) = t.mapping_at(sp).map(|m| m.end) else {
+        return Scan::Unreadable;
+    };
+    if end - sp > limit {
+        return Scan::Unreadable;
+    }
     let mut at = sp;
     let mut buf = vec![0u8; 64 << 10];
     while at < end {
         let n = ((end - at) as usize).min(buf.len());
         if mem.read(at, &mut buf[..n]).is_err() {
-            // Unreadable: assume the worst.
-            return true;
+            return Scan::Unreadable;
         }
-        if buf[..n]
-            .chunks_exact(8)
-            .any(|w| u64::from_le_bytes(w.try_into().unwrap()) == restore)
-        {
-            return true;
+        let found = buf[..n].chunks_exact(8).any(|w| {
+            let v = u64::from_le_bytes(w.try_into().unwrap());
+            ranges.iter().any(|&(lo, hi)| lo <= v && v < hi)
+        });
+        if found {
+            return Scan::Found;
         }
         at += n as u64;
     }
-    false
+    Scan::Clean
+}
+
+/// Why the thread's stack rules it out, if it does: a signal handler is running (a return
+/// address into `__restore_rt`, maybe on top of `malloc`), or the agent's slow path is (it
+/// holds the agent's lock while it calls into libpython).
+fn busy_stack(t: &Target, mem: &Mem, regs: &Regs) -> Option<&'static str> {
+    let restore = t.libc.restore_rt;
+    let mut ranges = vec![(restore, restore + 1)];
+    ranges.extend(t.agent_text());
+    match scan_stack(t, mem, regs.rsp, STACK_SCAN, &ranges) {
+        Scan::Clean => None,
+        Scan::Found => Some("a signal handler or the agent is running"),
+        // Deeper than the scan: assume the worst.
+        Scan::Unreadable => Some("its stack is too deep or unreadable"),
+    }
 }
 
 #[cfg(test)]

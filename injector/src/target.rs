@@ -58,17 +58,33 @@ pub struct Libc {
     pub restore_rt: u64,
 }
 
+/// Code that takes locks the attach needs (the allocator's, the loader's) or calls out while
+/// holding them: a thread stopped inside it, or with a frame of it on its stack, is not at a
+/// safe point.
+#[derive(Default)]
+pub struct LockingCode {
+    /// A thread's program counter must not be here: the C library, the dynamic loader, the
+    /// unwinder, the agent.
+    pub pc: Vec<(u64, u64)>,
+    /// A return address into these, anywhere on a thread's live stack, means they are active
+    /// below it: the loader, the unwinder (it holds the loader's lock in `dl_iterate_phdr`
+    /// callbacks), `dl_iterate_phdr` itself, and the agent (its slow path holds its lock).
+    pub on_stack: Vec<(u64, u64)>,
+}
+
 pub struct Target {
     pub pid: u32,
     pub start_time: u64,
     pub maps: Vec<Mapping>,
     pub python: Python,
     pub libc: Libc,
+    pub locking: LockingCode,
     /// `mprof_agent_start` of an agent an earlier attach (or `record`) loaded.
     pub loaded_agent: Option<u64>,
     /// The trampoline region of an earlier attach.
     pub region: Option<u64>,
     extensions: RefCell<HashMap<(String, u64), bool>>,
+    allocators: RefCell<HashMap<(String, u64), bool>>,
 }
 
 fn io_error(pid: u32, what: &str, e: io::Error) -> AttachError {
@@ -196,16 +212,19 @@ impl Target {
         if maps.iter().any(|m| m.path.contains("mprof-ring")) {
             return Err(AttachError::Busy(pid));
         }
-        let libc = find_libc(pid, &maps)?;
+        let (libc, dl_iterate_phdr) = find_libc(pid, &maps)?;
+        let locking = locking_code(&maps, dl_iterate_phdr);
         Ok(Target {
             pid,
             start_time,
             maps,
             python,
             libc,
+            locking,
             loaded_agent: None,
             region: None,
             extensions: RefCell::new(HashMap::new()),
+            allocators: RefCell::new(HashMap::new()),
         })
     }
 
@@ -227,6 +246,15 @@ impl Target {
         self.maps.iter().find(|m| m.contains(addr))
     }
 
+    /// The executable ranges of an agent an earlier attach or `record` loaded.
+    pub fn agent_text(&self) -> Vec<(u64, u64)> {
+        self.maps
+            .iter()
+            .filter(|m| m.exec && m.path.contains("mprof-agent"))
+            .map(|m| (m.start, m.end))
+            .collect()
+    }
+
     /// Where `addr` is, for messages: `libcrypto.so.3+0x1a2b3c`, `[anonymous memory]`.
     pub fn describe(&self, addr: u64) -> String {
         match self.mapping_at(addr) {
@@ -238,6 +266,26 @@ impl Target {
             Some(_) => "in anonymous memory".into(),
             None => format!("at unmapped {addr:#x}"),
         }
+    }
+
+    /// Whether `addr` is in the code of a library that defines `malloc` (jemalloc, tcmalloc, a
+    /// static executable): its own locks are then held while it runs.
+    pub fn in_allocator(&self, addr: u64) -> bool {
+        let Some(m) = self.mapping_at(addr) else {
+            return false;
+        };
+        if !m.exec || !m.is_file() {
+            return false;
+        }
+        let key = (m.path.clone(), m.inode);
+        if let Some(&known) = self.allocators.borrow().get(&key) {
+            return known;
+        }
+        let defines = load_elf(self.pid, m)
+            .map(|(elf, _)| elf.symbol("malloc").is_some() || elf.symbol("free").is_some())
+            .unwrap_or(true);
+        self.allocators.borrow_mut().insert(key, defines);
+        defines
     }
 
     /// Whether `addr` is in the code of a CPython extension module (a library exporting a
@@ -302,7 +350,48 @@ fn is_libc(name: &str) -> bool {
     name.starts_with("libc.so") || name.starts_with("libc-2.") || name.starts_with("ld-musl")
 }
 
-fn find_libc(pid: u32, maps: &[Mapping]) -> Result<Libc, AttachError> {
+/// Names of objects whose code takes the allocator's or the loader's locks, or runs callbacks
+/// under them.
+fn is_locking_object(name: &str) -> bool {
+    is_libc(name)
+        || [
+            "ld-linux",
+            "ld-2.",
+            "libpthread",
+            "libdl.so",
+            "libgcc_s",
+            "libunwind",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p))
+        || name.contains("mprof-agent")
+}
+
+/// Objects that must not be active anywhere on a chosen thread's stack (unlike the C
+/// library, whose thread-start frames are on every stack).
+fn is_loader_or_unwinder(name: &str) -> bool {
+    ["ld-linux", "ld-2.", "ld-musl", "libgcc_s", "libunwind"]
+        .iter()
+        .any(|p| name.starts_with(p))
+        || name.contains("mprof-agent")
+}
+
+fn locking_code(maps: &[Mapping], dl_iterate_phdr: Option<(u64, u64)>) -> LockingCode {
+    let mut code = LockingCode::default();
+    for m in maps.iter().filter(|m| m.exec && !m.path.is_empty()) {
+        let name = m.file_name();
+        if is_locking_object(name) {
+            code.pc.push((m.start, m.end));
+        }
+        if is_loader_or_unwinder(name) {
+            code.on_stack.push((m.start, m.end));
+        }
+    }
+    code.on_stack.extend(dl_iterate_phdr);
+    code
+}
+
+fn find_libc(pid: u32, maps: &[Mapping]) -> Result<(Libc, Option<(u64, u64)>), AttachError> {
     let m = maps
         .iter()
         .find(|m| m.is_file() && is_libc(m.file_name()))
@@ -326,13 +415,14 @@ fn find_libc(pid: u32, maps: &[Mapping]) -> Result<Libc, AttachError> {
             format!("no signal return stub (__restore_rt) in {}", m.path),
         )
     })?;
-    Ok(Libc {
+    let libc = Libc {
         dlopen,
         dlopen_flags,
         dlerror,
         errno_location: at("__errno_location").unwrap_or(0),
         restore_rt,
-    })
+    };
+    Ok((libc, elf.symbol("dl_iterate_phdr").map(|s| abs(b, s))))
 }
 
 /// glibc before 2.34 keeps `dlopen` in libdl.

@@ -1,0 +1,220 @@
+//! What happens to the target when things go wrong on mprof's side: mprof killed at any moment
+//! of an attach must never harm the target.
+
+mod common;
+
+use common::{mprof, pythons, script, ChildGuard, Python};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+extern "C" {
+    fn kill(pid: i32, sig: i32) -> i32;
+}
+
+const SIGKILL: i32 = 9;
+
+/// A small deterministic generator, so a failing trial can be replayed from its seed.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+}
+
+/// The unprofiled output of the kill target, and a step count that keeps it busy for a while.
+fn baseline(py: &Python, mode: &str, steps: u32) -> String {
+    let out = Command::new(&py.path)
+        .arg(script("kill_target.py"))
+        .args([mode, &steps.to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}: baseline failed", py.label);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines()
+        .find(|l| l.starts_with("done"))
+        .expect("done line")
+        .to_string()
+}
+
+/// How far an attach had got when mprof was killed, read from the target's mappings.
+fn stage(pid: u32) -> &'static str {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    if maps.contains("mprof-ring") {
+        "sampling"
+    } else if maps.contains("mprof-agent") {
+        "agent loaded"
+    } else if maps
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some("rwxp"))
+    {
+        "region mapped"
+    } else {
+        "nothing injected"
+    }
+}
+
+struct Trial {
+    label: String,
+    mode: &'static str,
+    delay_us: u64,
+    seed: u64,
+}
+
+/// Runs one trial; returns how far the attach got, or what harm was done.
+fn trial(py: &Python, t: &Trial, steps: u32, expected: &str) -> Result<&'static str, String> {
+    let mut target = ChildGuard(
+        Command::new(&py.path)
+            .arg(script("kill_target.py"))
+            .args([t.mode, &steps.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = BufReader::new(target.0.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let pid = target.0.id();
+    let dir = tempfile::tempdir().unwrap();
+    let mut attach = ChildGuard(
+        mprof()
+            .args([
+                "attach",
+                "--pid",
+                &pid.to_string(),
+                "-q",
+                "--rate",
+                "4096",
+                "-o",
+            ])
+            .arg(dir.path().join("c.mprof"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_micros(t.delay_us));
+    unsafe { kill(attach.0.id() as i32, SIGKILL) };
+    let _ = attach.0.wait();
+    let reached = stage(pid);
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = target.0.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            return Err(format!("{} hung after mprof was killed", t.label));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    let mut err = String::new();
+    target
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    if !status.success() || rest.trim() != expected {
+        return Err(format!(
+            "{} {} (seed {}, mprof killed {} µs after start, {reached}): {status}, printed {:?}, \
+             expected {expected:?}, stderr {err:?}",
+            t.label,
+            t.mode,
+            t.seed,
+            t.delay_us,
+            rest.trim()
+        ));
+    }
+    Ok(reached)
+}
+
+/// mprof SIGKILLed at random moments of an attach (most of them in the first milliseconds,
+/// while it injects): 210 trials across every interpreter, busy and idle targets. Every target
+/// must finish with exactly the output of an unprofiled run and exit 0.
+#[test]
+fn killing_mprof_at_any_moment_never_harms_the_target() {
+    let pys = pythons();
+    let seed: u64 = std::env::var("MPROF_KILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x6d70_726f_66);
+    let trials_total: usize = std::env::var("MPROF_KILL_TRIALS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(210);
+    eprintln!("kill trials: {trials_total}, seed {seed} (MPROF_KILL_SEED / MPROF_KILL_TRIALS)");
+    let mut rng = Lcg(seed);
+    let mut plans = Vec::new();
+    for i in 0..trials_total {
+        let py = &pys[i % pys.len()];
+        let mode = if (i / pys.len()) % 2 == 0 {
+            "busy"
+        } else {
+            "idle"
+        };
+        let trial_seed = rng.next();
+        // Three in four kills land in the first 12 ms, where the injection happens.
+        let delay_us = if trial_seed % 4 == 0 {
+            trial_seed % 40_000
+        } else {
+            trial_seed % 12_000
+        };
+        plans.push((
+            py.clone(),
+            Trial {
+                label: py.label.clone(),
+                mode,
+                delay_us,
+                seed: trial_seed,
+            },
+        ));
+    }
+    // Expected outputs, computed once per interpreter and mode.
+    let steps = 3000;
+    let mut expected = std::collections::HashMap::new();
+    for py in &pys {
+        for mode in ["busy", "idle"] {
+            expected.insert((py.label.clone(), mode), baseline(py, mode, steps));
+        }
+    }
+    let mut stages = std::collections::BTreeMap::<&str, usize>::new();
+    let mut harmed = Vec::new();
+    // Two trials at a time: the machine is busy, as a production host would be.
+    for pair in plans.chunks(2) {
+        let results: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = pair
+                .iter()
+                .map(|(py, t)| {
+                    let want = &expected[&(py.label.clone(), t.mode)];
+                    s.spawn(move || trial(py, t, steps, want))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in results {
+            match r {
+                Ok(stage) => *stages.entry(stage).or_default() += 1,
+                Err(e) => harmed.push(e),
+            }
+        }
+    }
+    eprintln!(
+        "stage reached when mprof was killed: {stages:?}; harmed targets: {}",
+        harmed.len()
+    );
+    assert!(harmed.is_empty(), "harmed targets:\n{}", harmed.join("\n"));
+    assert!(
+        stages.get("nothing injected").copied().unwrap_or(0) < trials_total,
+        "no kill landed during an injection: the test proves nothing"
+    );
+}
