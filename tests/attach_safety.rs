@@ -147,7 +147,7 @@ fn killing_mprof_at_any_moment_never_harms_the_target() {
     let seed: u64 = std::env::var("MPROF_KILL_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(0x6d70_726f_66);
+        .unwrap_or(0x006d_7072_6f66);
     let trials_total: usize = std::env::var("MPROF_KILL_TRIALS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -157,14 +157,14 @@ fn killing_mprof_at_any_moment_never_harms_the_target() {
     let mut plans = Vec::new();
     for i in 0..trials_total {
         let py = &pys[i % pys.len()];
-        let mode = if (i / pys.len()) % 2 == 0 {
+        let mode = if (i / pys.len()).is_multiple_of(2) {
             "busy"
         } else {
             "idle"
         };
         let trial_seed = rng.next();
         // Three in four kills land in the first 12 ms, where the injection happens.
-        let delay_us = if trial_seed % 4 == 0 {
+        let delay_us = if trial_seed.is_multiple_of(4) {
             trial_seed % 40_000
         } else {
             trial_seed % 12_000
