@@ -215,17 +215,13 @@ pub fn run(
     if live {
         crate::live::Live::check_terminal()?;
     }
-    // Every check that needs no change to the target comes before the capture file exists.
+    // Every check that needs no change to the target comes first; the capture file is made
+    // only once the attach succeeded, so a failed attach (another session won the race)
+    // never touches a file of the same name.
     let injector = Injector::new(pid)?;
+    crate::capture::check_writable(output)?;
+    let attached = inject(injector, sampling, started, timeout)?;
     let mut capture = CaptureWriter::create(output)?;
-    let attached = match inject(injector, sampling, started, timeout) {
-        Ok(a) => a,
-        Err(e) => {
-            drop(capture);
-            let _ = std::fs::remove_file(output);
-            return Err(e);
-        }
-    };
     let python = attached.ring.python_version();
     capture.write(&Record::Meta {
         text: format!(

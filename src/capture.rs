@@ -22,6 +22,20 @@ pub const MAGIC: &[u8; 8] = b"MPROFCAP";
 pub const FORMAT_VERSION: u32 = 1;
 const FILE_HEADER: usize = 16;
 
+/// Fails early, before anything is started, if `path` cannot be created (its directory is
+/// missing or not writable, or it is a directory).
+pub fn check_writable(path: &Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
+    if path.is_dir() || unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+        bail!("cannot write capture file {}", path.display());
+    }
+    Ok(())
+}
+
 /// Writes a capture file as records arrive.
 pub struct CaptureWriter {
     out: BufWriter<File>,

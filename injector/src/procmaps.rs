@@ -11,6 +11,8 @@ pub struct Mapping {
     pub write: bool,
     pub exec: bool,
     pub offset: u64,
+    /// Device (major, minor) and inode of the mapped file.
+    pub dev: (u32, u32),
     pub inode: u64,
     /// The path, pseudo-name (`[stack]`) or empty for anonymous memory.
     pub path: String,
@@ -44,7 +46,7 @@ pub fn parse(text: &str) -> Vec<Mapping> {
 
 fn parse_line(line: &str) -> Option<Mapping> {
     let mut fields = line.splitn(6, ' ');
-    let (range, perms, offset, _dev, inode) = (
+    let (range, perms, offset, dev, inode) = (
         fields.next()?,
         fields.next()?.as_bytes(),
         fields.next()?,
@@ -53,6 +55,7 @@ fn parse_line(line: &str) -> Option<Mapping> {
     );
     let path = fields.next().unwrap_or("").trim_start().to_string();
     let (start, end) = range.split_once('-')?;
+    let (major, minor) = dev.split_once(':')?;
     if perms.len() < 4 {
         return None;
     }
@@ -62,6 +65,10 @@ fn parse_line(line: &str) -> Option<Mapping> {
         write: perms[1] == b'w',
         exec: perms[2] == b'x',
         offset: u64::from_str_radix(offset, 16).ok()?,
+        dev: (
+            u32::from_str_radix(major, 16).ok()?,
+            u32::from_str_radix(minor, 16).ok()?,
+        ),
         inode: inode.parse().ok()?,
         path,
     })
@@ -74,8 +81,9 @@ pub fn read(pid: u32) -> io::Result<Vec<Mapping>> {
     ))?))
 }
 
-/// Where to read the file behind `m` from this process: through the target's root (so a
-/// target in a container or whose file was replaced on disk still resolves), else the path.
+/// Where to read the file behind `m` from this process: the mapping itself (the very file,
+/// even deleted; needs CAP_SYS_ADMIN), through the target's root (a target in a container),
+/// else the path. The caller checks that what it opens is the mapped file.
 pub fn file_paths(pid: u32, m: &Mapping) -> Vec<PathBuf> {
     let path = m.path.strip_suffix(" (deleted)").unwrap_or(&m.path);
     vec![
@@ -112,6 +120,7 @@ mod tests {
         assert!(maps[0].is_file() && !maps[0].exec);
         assert!(!maps[1].is_file() && maps[1].path.is_empty());
         assert_eq!(maps[2].offset, 0x28000);
+        assert_eq!(maps[2].dev, (8, 1));
         assert!(maps[2].exec);
         assert_eq!(maps[3].file_name(), "memfd:mprof-agent.so");
         assert!(!maps[4].is_file());

@@ -126,9 +126,26 @@ pub struct FileMap {
 }
 
 impl FileMap {
-    fn open(path: &std::path::Path) -> io::Result<FileMap> {
+    /// Maps the file at `path` if it is the regular file `m` maps (same device and inode).
+    /// The path comes from the target, which may have replaced the file (by a FIFO that would
+    /// block the open, a device, another library): it is opened with `O_PATH` first, which
+    /// touches nothing, and reopened for reading only once checked.
+    fn open(path: &std::path::Path, m: &Mapping) -> io::Result<FileMap> {
         use std::os::fd::AsRawFd;
-        let file = std::fs::File::open(path)?;
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let handle = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(path)?;
+        let meta = handle.metadata()?;
+        let dev = (libc::major(meta.dev()), libc::minor(meta.dev()));
+        if !meta.is_file() || meta.ino() != m.inode || dev != m.dev {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} is no longer the file that is mapped", path.display()),
+            ));
+        }
+        let file = std::fs::File::open(format!("/proc/self/fd/{}", handle.as_raw_fd()))?;
         let len = file.metadata()?.len() as usize;
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "empty file"));
@@ -164,7 +181,7 @@ impl Drop for FileMap {
 fn load_elf(pid: u32, m: &Mapping) -> io::Result<(Elf, FileMap)> {
     let mut last = io::Error::new(io::ErrorKind::NotFound, m.path.clone());
     for path in procmaps::file_paths(pid, m) {
-        match FileMap::open(&path) {
+        match FileMap::open(&path, m) {
             Ok(map) => return Ok((Elf::parse(map.bytes())?, map)),
             Err(e) => last = e,
         }
@@ -194,12 +211,26 @@ impl Target {
             remote::stat(pid).map_err(|e| io_error(pid, "reading stat", e))?;
         match state {
             'Z' | 'X' => return Err(AttachError::Exited(pid)),
-            'T' | 't' => return Err(AttachError::Stopped(pid)),
+            // A tracing stop ('t') of another tracer (another mprof attach, say) is not a
+            // stopped program.
+            'T' | 't' => {
+                return Err(match remote::process_status(pid).map(|s| s.tracer) {
+                    Ok(tracer) if tracer != 0 => AttachError::AlreadyTraced {
+                        pid,
+                        tracer,
+                        name: remote::thread_name(tracer, tracer),
+                    },
+                    _ => AttachError::Stopped(pid),
+                })
+            }
             _ => {}
         }
+        // A running program whose file was deleted (every python3 after a package upgrade)
+        // reads as "/usr/bin/python3.11 (deleted)".
         let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
             .map(|p| p.display().to_string())
             .map_err(|e| io_error(pid, "reading the executable path", e))?;
+        let exe = exe.strip_suffix(" (deleted)").unwrap_or(&exe).to_string();
         let maps = procmaps::read(pid).map_err(|e| io_error(pid, "reading the memory map", e))?;
         let python = find_python(pid, &exe, &maps)?;
         if let Some(v) = python.version {
@@ -327,7 +358,17 @@ fn find_python(pid: u32, exe: &str, maps: &[Mapping]) -> Result<Python, AttachEr
             (m, version_in_name(m.file_name(), "python"))
         }
     };
-    let (elf, _) = load_elf(pid, image).map_err(|e| io_error(pid, "reading the interpreter", e))?;
+    let (elf, _) = load_elf(pid, image).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound if image.path.ends_with(" (deleted)") => other(
+            "reading the interpreter",
+            format!(
+                "{} was deleted or replaced since PID {pid} started (a package upgrade?); \
+                 reading the original needs root (CAP_SYS_ADMIN)",
+                image.path.trim_end_matches(" (deleted)")
+            ),
+        ),
+        _ => io_error(pid, "reading the interpreter", e),
+    })?;
     if elf.symbol("Py_GetVersion").is_none() {
         return Err(not_python());
     }

@@ -10,11 +10,12 @@ usage: kill_target.py busy|idle STEPS
 """
 
 import math
+import os
 import sys
 import time
 
 mode, steps = sys.argv[1], int(sys.argv[2])
-print("ready", flush=True)
+print("ready", os.getpid(), flush=True)
 acc = 0.0
 h = 0
 keep = []
