@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 /// How long the agent may take to acknowledge a detach.
 const STOP_WAIT: Duration = Duration::from_secs(2);
+/// How long an allocating target gets to notice a detach request by itself.
+const SELF_STOP_WAIT: Duration = Duration::from_millis(50);
 
 static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
@@ -160,8 +162,10 @@ fn sample(
     }
 }
 
-/// Asks the agent to stop and drains until its END record (bounded).
-fn detach(reader: &mut Reader, a: &Attached) -> Result<bool> {
+/// Asks the agent to stop and drains until its END record (bounded). An agent that allocates
+/// sees the request at its next sample; for one that does not, mprof injects a call to the
+/// agent's stop function.
+fn detach(reader: &mut Reader, a: &Attached, pid: u32, timeout: Duration) -> Result<bool> {
     let h = a.ring.header();
     let _ = h.state.compare_exchange(
         STATE_ACTIVE,
@@ -169,8 +173,37 @@ fn detach(reader: &mut Reader, a: &Attached) -> Result<bool> {
         Ordering::AcqRel,
         Ordering::Acquire,
     );
+    if wait_stopped(reader, a, SELF_STOP_WAIT)? {
+        return Ok(true);
+    }
+    if !a.liveness.alive() {
+        return Ok(false);
+    }
+    let launched = Injector::for_stop(pid)
+        .and_then(|i| i.prepare(timeout))
+        .and_then(|p| p.launch());
+    match launched {
+        Ok(launched) => {
+            let start = Instant::now();
+            while start.elapsed() < STOP_WAIT {
+                reader.pump()?;
+                if launched.poll()?.is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        // The agent still sees the request at its next sampled allocation.
+        Err(e) => eprintln!("mprof: warning: could not stop the agent in PID {pid} at once: {e}"),
+    }
+    wait_stopped(reader, a, STOP_WAIT)
+}
+
+/// Drains until the agent says STOPPED, for at most `limit`.
+fn wait_stopped(reader: &mut Reader, a: &Attached, limit: Duration) -> Result<bool> {
+    let h = a.ring.header();
     let start = Instant::now();
-    while start.elapsed() < STOP_WAIT {
+    while start.elapsed() < limit {
         let moved = reader.pump()?;
         if h.state.load(Ordering::Acquire) == STATE_STOPPED {
             while reader.pump()? > 0 {}
@@ -180,7 +213,7 @@ fn detach(reader: &mut Reader, a: &Attached) -> Result<bool> {
             break;
         }
         if moved == 0 {
-            std::thread::sleep(Duration::from_millis(5));
+            std::thread::sleep(Duration::from_millis(2));
         }
     }
     while reader.pump()? > 0 {}
@@ -264,7 +297,7 @@ pub fn run(
             while reader.pump()? > 0 {}
             true
         }
-        Ending::Duration | Ending::Signal => detach(&mut reader, &attached)?,
+        Ending::Duration | Ending::Signal => detach(&mut reader, &attached, pid, timeout)?,
     };
     reader.finish()?;
     drop(reader);
@@ -275,10 +308,14 @@ pub fn run(
         }
         Ending::AgentStopped => eprintln!("mprof: the agent in PID {pid} stopped by itself"),
         _ if !stopped => eprintln!(
-            "mprof: warning: the agent in PID {pid} did not confirm the detach within {STOP_WAIT:?}; \
-             it switches itself off when it stops hearing from mprof"
+            "mprof: warning: the agent in PID {pid} did not confirm the detach within \
+             {STOP_WAIT:?}; it switches itself off at its next sampled allocation"
         ),
         _ => {}
+    }
+    let note = attached.ring.message();
+    if stopped && !note.is_empty() {
+        eprintln!("mprof: warning: {note}");
     }
     if !quiet {
         let profile = Profile::load(output)?;

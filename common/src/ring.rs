@@ -36,6 +36,10 @@ pub const STATE_STOPPED: u32 = 3;
 /// `state`: the agent could not start; `message` says why.
 pub const STATE_FAILED: u32 = 4;
 
+/// Where the reader's heartbeat sits in the header (read by a later attach to tell an orphaned
+/// session from a running one).
+pub const HEARTBEAT_OFFSET: usize = std::mem::offset_of!(RingHeader, reader_heartbeat_ns);
+
 /// The header at the start of the shared-memory region.
 #[repr(C)]
 pub struct RingHeader {

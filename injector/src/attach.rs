@@ -39,16 +39,44 @@ const MIN_STACK_ROOM: u64 = 64 << 10;
 /// How long the injected call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What the injected call does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Job {
+    /// Load the agent if needed and start a session on a new ring.
+    Start,
+    /// End the running session (`mprof_agent_stop`).
+    Stop,
+}
+
 /// A target inspected and ready to be prepared.
 pub struct Injector {
     target: Target,
     mem: Mem,
+    job: Job,
 }
 
 impl Injector {
     /// Inspects `pid`: checks that it exists, runs a supported CPython, is not stopped and may
     /// be traced. Changes nothing in the target.
     pub fn new(pid: u32) -> Result<Injector, AttachError> {
+        let injector = Injector::open(pid, Job::Start)?;
+        if injector.target.session_running(&injector.mem) {
+            return Err(AttachError::Busy(pid));
+        }
+        Ok(injector)
+    }
+
+    /// Prepares a call of the loaded agent's stop function, for a detach the agent has not
+    /// acted on by itself (a target that allocates nothing never runs the agent's code).
+    pub fn for_stop(pid: u32) -> Result<Injector, AttachError> {
+        let injector = Injector::open(pid, Job::Stop)?;
+        if injector.target.loaded_agent.is_none() || injector.target.region.is_none() {
+            return Err(other("detaching", format!("no mprof agent in PID {pid}")));
+        }
+        Ok(injector)
+    }
+
+    fn open(pid: u32, job: Job) -> Result<Injector, AttachError> {
         let mut target = Target::inspect(pid)?;
         let status = remote::process_status(pid).map_err(|_| AttachError::Exited(pid))?;
         if status.tracer != 0 {
@@ -60,7 +88,7 @@ impl Injector {
             _ => other("opening the target's memory", e),
         })?;
         target.find_leftovers(&mem)?;
-        Ok(Injector { target, mem })
+        Ok(Injector { target, mem, job })
     }
 
     /// The interpreter version read from the library or executable name, if it says.
@@ -87,6 +115,7 @@ impl Injector {
         let mut p = Prepared {
             target: self.target,
             mem: self.mem,
+            job: self.job,
             pidfd,
             chosen,
             hijack: Some(hijack),
@@ -356,6 +385,7 @@ fn wait_interrupted(t: &Target, tid: u32, stashed: &mut Vec<i32>) -> Result<bool
 pub struct Prepared {
     target: Target,
     mem: Mem,
+    job: Job,
     pidfd: OwnedFd,
     chosen: Chosen,
     /// `None` once the thread was launched (or let go).
@@ -389,6 +419,9 @@ impl Prepared {
             None => self.map_region()?,
         };
         self.pick_slot()?;
+        if self.job == Job::Stop {
+            return Ok(());
+        }
         if self.target.loaded_agent.is_none() {
             self.agent_fd = self.memfd("mprof-agent.so", true)?;
             self.write_agent()?;
@@ -537,7 +570,8 @@ impl Prepared {
         d.agent_fd = self.agent_fd;
         d.xsave_size = trampoline::xsave_size();
         match t.loaded_agent {
-            Some(start) => d.start = start,
+            Some(agent) if self.job == Job::Stop => d.start = agent.stop,
+            Some(agent) => d.start = agent.start,
             None => {
                 let elf = crate::elf::Elf::parse(crate::agent::AGENT_SO)
                     .map_err(|e| other("reading the agent", e))?;

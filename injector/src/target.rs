@@ -14,6 +14,19 @@ use std::io;
 /// `mov $15, %rax; syscall`: the body of `__restore_rt`, where a signal handler returns to
 /// (glibc and musl alike).
 const RESTORE_RT: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
+/// A ring whose reader has not beaten for this long belongs to a dead mprof (the agent itself
+/// gives up after 1.5 s).
+const ORPHAN_AFTER_NS: u64 = 2_000_000_000;
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// `dlopen` flag that `__libc_dlopen_mode` needs on glibc before 2.34.
 const RTLD_DLOPEN_PRIVATE: u64 = 0x8000_0000;
 const RTLD_NOW: u64 = 2;
@@ -72,6 +85,13 @@ pub struct LockingCode {
     pub on_stack: Vec<(u64, u64)>,
 }
 
+/// Entry points of an agent loaded in the target.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadedAgent {
+    pub start: u64,
+    pub stop: u64,
+}
+
 pub struct Target {
     pub pid: u32,
     pub start_time: u64,
@@ -79,8 +99,8 @@ pub struct Target {
     pub python: Python,
     pub libc: Libc,
     pub locking: LockingCode,
-    /// `mprof_agent_start` of an agent an earlier attach (or `record`) loaded.
-    pub loaded_agent: Option<u64>,
+    /// An agent an earlier attach (or `record`) loaded.
+    pub loaded_agent: Option<LoadedAgent>,
     /// The trampoline region of an earlier attach.
     pub region: Option<u64>,
     extensions: RefCell<HashMap<(String, u64), bool>>,
@@ -239,10 +259,6 @@ impl Target {
                 return Err(AttachError::Unsupported { pid, version: v });
             }
         }
-        // The agent maps the ring while a session runs and unmaps it when the session ends.
-        if maps.iter().any(|m| m.path.contains("mprof-ring")) {
-            return Err(AttachError::Busy(pid));
-        }
         let (libc, dl_iterate_phdr) = find_libc(pid, &maps)?;
         let locking = locking_code(&maps, dl_iterate_phdr);
         Ok(Target {
@@ -257,6 +273,23 @@ impl Target {
             extensions: RefCell::new(HashMap::new()),
             allocators: RefCell::new(HashMap::new()),
         })
+    }
+
+    /// Whether a profiling session runs in the target: the agent maps its ring while a session
+    /// runs, and a live reader keeps the ring's heartbeat fresh. A session whose reader died
+    /// (mprof was killed) is not running: the next attach takes it over.
+    pub fn session_running(&self, mem: &Mem) -> bool {
+        self.maps
+            .iter()
+            .filter(|m| m.path.contains("mprof-ring") && m.offset == 0)
+            .any(|m| {
+                let at = m.start + mprof_common::ring::HEARTBEAT_OFFSET as u64;
+                match mem.read_u64(at) {
+                    // Unreadable: assume a live session.
+                    Err(_) => true,
+                    Ok(beat) => monotonic_ns().saturating_sub(beat) < ORPHAN_AFTER_NS,
+                }
+            })
     }
 
     /// Looks for what an earlier attach left: the agent and the trampoline region. Needs
@@ -495,7 +528,7 @@ fn find_bytes(maps: &[Mapping], m: &Mapping, file: &[u8], needle: &[u8]) -> Opti
 
 /// The start function of an agent already loaded in the target, after checking that it is
 /// this build's agent (so the symbol offset is right).
-fn find_agent(pid: u32, maps: &[Mapping], mem: &Mem) -> Result<Option<u64>, AttachError> {
+fn find_agent(pid: u32, maps: &[Mapping], mem: &Mem) -> Result<Option<LoadedAgent>, AttachError> {
     let Some(m) = maps
         .iter()
         .find(|m| m.offset == 0 && m.path.contains("mprof-agent"))
@@ -518,10 +551,15 @@ fn find_agent(pid: u32, maps: &[Mapping], mem: &Mem) -> Result<Option<u64>, Atta
     if theirs != image {
         return Err(AttachError::ForeignAgent(pid));
     }
-    let start = ours
-        .symbol("mprof_agent_start")
-        .ok_or_else(|| other("reading the agent", "no mprof_agent_start"))?;
-    Ok(Some(base + start.value))
+    let entry = |name: &str| {
+        ours.symbol(name)
+            .map(|s| base + s.value)
+            .ok_or_else(|| other("reading the agent", format!("no {name}")))
+    };
+    Ok(Some(LoadedAgent {
+        start: entry("mprof_agent_start")?,
+        stop: entry("mprof_agent_stop")?,
+    }))
 }
 
 #[cfg(test)]

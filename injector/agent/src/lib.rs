@@ -5,22 +5,29 @@
 //! It links nothing but libc, finds CPython's symbols with `dlsym`, never calls into Python on
 //! the hot path, and is never unloaded.
 
+//!
+//! Modules, bottom up: `sys` (libc), `lock`, `python` (the interpreter's API), `frames` (stack
+//! walking), `addrset` (sampled blocks), `sampler` (countdowns), `chain` (the allocator chain
+//! and the hook layers in it), `lifecycle` (the one owner of a session: start, stop), `sampling`
+//! (the hooks' slow path), `hooks` (the hooks' fast path), and here the entry points.
+
 mod addrset;
+mod chain;
 mod frames;
 mod hooks;
+mod lifecycle;
 mod lock;
 mod python;
 mod sampler;
-mod session;
+mod sampling;
 mod sys;
 
+use lifecycle::SESSION;
 use mprof_common::record::EndReason;
 use mprof_common::ring::{RingHeader, STATE_FAILED, STATE_WAITING};
-use session::{StartError, SHARED};
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::atomic::Ordering;
 use std::sync::Once;
-use std::time::Duration;
 
 /// Environment variable naming the inherited ring file descriptor (record mode).
 const ENV_RING_FD: &CStr = c"MPROF_RING_FD";
@@ -28,9 +35,6 @@ const ENV_RING_FD: &CStr = c"MPROF_RING_FD";
 const ENV_AGENT_FD: &CStr = c"MPROF_AGENT_FD";
 /// The `LD_PRELOAD` the user had before mprof prepended the agent ("" if none).
 const ENV_SAVED_PRELOAD: &CStr = c"MPROF_SAVED_LD_PRELOAD";
-
-/// How long the reader may stay silent before the agent switches itself off.
-const READER_TIMEOUT_NS: u64 = 1_500_000_000;
 
 fn env_fd(name: &CStr) -> Option<c_int> {
     let v = unsafe { sys::getenv(name.as_ptr()) };
@@ -75,17 +79,6 @@ fn map_ring(fd: c_int) -> Option<(*mut u8, usize)> {
     (p != sys::MAP_FAILED).then_some((p as *mut u8, len as usize))
 }
 
-fn write_message(h: &RingHeader, text: &str) {
-    let h = h as *const RingHeader as *mut RingHeader;
-    let bytes = text.as_bytes();
-    let n = bytes.len().min(255);
-    unsafe {
-        let dst = std::ptr::addr_of_mut!((*h).message) as *mut u8;
-        std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, n);
-        *dst.add(n) = 0;
-    }
-}
-
 /// Claims the ring at `base` for this process and starts sampling. Returns 0 on success.
 unsafe fn claim_and_start(base: *mut u8, len: usize) -> c_int {
     let h = &*(base as *const RingHeader);
@@ -104,25 +97,11 @@ unsafe fn claim_and_start(base: *mut u8, len: usize) -> c_int {
         let dst = std::ptr::addr_of_mut!((*hm).py_version) as *mut u8;
         std::ptr::copy_nonoverlapping(v.as_ptr(), dst, n);
     }
-    match session::start(base, len) {
-        Ok(()) => {
-            register_fork_handlers();
-            spawn_watchdog();
-            0
-        }
+    register_fork_handlers();
+    match lifecycle::start(base, len, &hooks::TABLE) {
+        Ok(()) => 0,
         Err(e) => {
-            let text = match e {
-                StartError::NotPython => "not a CPython interpreter".to_string(),
-                StartError::Unsupported(a, b) => {
-                    let ((a0, b0), (a1, b1)) = mprof_common::layout::supported_range();
-                    format!(
-                        "Python {a}.{b} is not supported (mprof supports {a0}.{b0} to {a1}.{b1})"
-                    )
-                }
-                StartError::BadRing(why) => why.to_string(),
-                StartError::Busy => "a profiling session is already running".to_string(),
-            };
-            write_message(h, &text);
+            lifecycle::write_message(h, &e.text());
             h.state.store(STATE_FAILED, Ordering::Release);
             // This ring is the refused one (a running session has its own): never keep it.
             sys::munmap(base.cast(), len);
@@ -177,52 +156,35 @@ pub unsafe extern "C" fn mprof_agent_start(fd: c_int) -> c_int {
     }
 }
 
-/// Watches the ring header: stops on the reader's request, or when the reader stops answering.
-fn spawn_watchdog() {
-    let _ = std::thread::Builder::new()
-        .name("mprof-agent".into())
-        .stack_size(64 * 1024)
-        .spawn(|| loop {
-            std::thread::sleep(Duration::from_millis(50));
-            let reason = {
-                let mut shared = SHARED.lock();
-                let Some(reason) = shared.stop_reason(READER_TIMEOUT_NS) else {
-                    if !shared.running() {
-                        return;
-                    }
-                    continue;
-                };
-                session::stop_locked(&mut shared, reason);
-                reason
-            };
-            if reason != EndReason::Finalizing {
-                if let Some(api) = python::api() {
-                    unsafe { hooks::uninstall(api) };
-                }
-            }
-            return;
-        });
+/// Attach mode, at detach: ends the running session (restoring the allocators) for a target
+/// that allocated nothing since mprof asked it to stop. Returns 0 if a session was stopped, 1
+/// if none was running. The argument is unused (the trampoline passes -1).
+#[no_mangle]
+pub extern "C" fn mprof_agent_stop(_unused: c_int) -> c_int {
+    if lifecycle::stop(EndReason::Detached) {
+        0
+    } else {
+        1
+    }
 }
 
 static FORK_HANDLERS: Once = Once::new();
 
 extern "C" fn before_fork() {
-    SHARED.raw_lock();
+    SESSION.raw_lock();
 }
 
 extern "C" fn after_fork_parent() {
-    unsafe { SHARED.raw_unlock() };
+    // SAFETY: taken by `before_fork` on this thread.
+    unsafe { SESSION.raw_unlock() };
 }
 
 /// The child of a fork shares the ring's memory but is not the profiled process: it stops
 /// sampling without writing anything.
 extern "C" fn after_fork_child() {
-    session::ENABLED.store(false, Ordering::Release);
-    sampler::idle();
-    unsafe {
-        SHARED.raw_unlock();
-    }
-    SHARED.lock().forget_in_child();
+    // SAFETY: the child's copy of the lock `before_fork` took in the parent.
+    unsafe { SESSION.raw_unlock() };
+    lifecycle::forget_in_child(&mut SESSION.lock());
 }
 
 fn register_fork_handlers() {

@@ -6,7 +6,11 @@
 //! that needs no thread-local lookup: their fast path is a load, a subtraction, a compare and a
 //! store. The RAW domain may be called without the GIL, so each thread has its own countdown.
 //! Because the exponential distribution is memoryless, both give every byte the same chance.
+//!
+//! Each hook layer (see `chain`) has countdowns of its own, so that a layer that only passes
+//! calls through never takes bytes from the sampling one.
 
+use crate::chain::LAYERS;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
@@ -16,29 +20,30 @@ pub const IDLE_COUNTDOWN: i64 = 64 << 20;
 
 /// Bumped at every session start and stop; a RAW countdown whose epoch differs is re-drawn.
 pub static EPOCH: AtomicU32 = AtomicU32::new(0);
-/// The countdown of the MEM and OBJ domains (GIL held). Relaxed loads and stores only: plain
-/// moves on the hot path.
-pub static GIL_COUNTDOWN: AtomicI64 = AtomicI64::new(IDLE_COUNTDOWN);
+/// The countdowns of the MEM and OBJ domains (GIL held), per layer. Relaxed loads and stores
+/// only: plain moves on the hot path.
+pub static GIL_COUNTDOWN: [AtomicI64; LAYERS] = [const { AtomicI64::new(IDLE_COUNTDOWN) }; LAYERS];
 static RATE: AtomicU64 = AtomicU64::new(128 * 1024);
 static RNG: AtomicU64 = AtomicU64::new(0x9E37_79B9_7F4A_7C15);
 
-/// Per-thread state: the RAW countdown and the reentrancy guard.
+/// Per-thread state: the RAW countdowns and the reentrancy guard.
 pub struct ThreadState {
-    /// Bytes left before the next RAW sample.
-    pub countdown: Cell<i64>,
+    /// Bytes left before the next RAW sample, per layer.
+    pub countdown: [Cell<i64>; LAYERS],
     /// Set while the agent or a nested allocator call works on this thread: allocations made
     /// meanwhile pass straight through.
     pub busy: Cell<bool>,
-    pub epoch: Cell<u32>,
+    /// The session `countdown` was drawn in, per layer.
+    pub epoch: [Cell<u32>; LAYERS],
     pub tid: Cell<u32>,
 }
 
 thread_local! {
     pub static THREAD: ThreadState = const {
         ThreadState {
-            countdown: Cell::new(0),
+            countdown: [const { Cell::new(0) }; LAYERS],
             busy: Cell::new(false),
-            epoch: Cell::new(u32::MAX),
+            epoch: [const { Cell::new(u32::MAX) }; LAYERS],
             tid: Cell::new(0),
         }
     };
@@ -51,8 +56,9 @@ fn splitmix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Sets the rate and seed of a new session (0 = seed from the clock) and arms the countdowns.
-pub fn configure(rate: u64, seed: u64) {
+/// Sets the rate and seed of a new session (0 = seed from the clock) and arms the countdowns
+/// of the sampling `layer`.
+pub fn configure(rate: u64, seed: u64, layer: usize) {
     RATE.store(rate.max(1), Ordering::Relaxed);
     let seed = if seed != 0 {
         seed
@@ -61,13 +67,15 @@ pub fn configure(rate: u64, seed: u64) {
     };
     RNG.store(splitmix(seed) | 1, Ordering::Relaxed);
     EPOCH.fetch_add(1, Ordering::Relaxed);
-    GIL_COUNTDOWN.store(draw(), Ordering::Relaxed);
+    GIL_COUNTDOWN[layer].store(draw(), Ordering::Relaxed);
 }
 
-/// Switches the countdowns to idle.
+/// Switches every countdown to idle.
 pub fn idle() {
     EPOCH.fetch_add(1, Ordering::Relaxed);
-    GIL_COUNTDOWN.store(IDLE_COUNTDOWN, Ordering::Relaxed);
+    for c in &GIL_COUNTDOWN {
+        c.store(IDLE_COUNTDOWN, Ordering::Relaxed);
+    }
 }
 
 fn next_u64() -> u64 {

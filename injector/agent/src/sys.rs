@@ -83,3 +83,41 @@ pub fn map_anon(len: usize) -> *mut u8 {
         p as *mut u8
     }
 }
+
+#[repr(C)]
+struct IoVec {
+    base: *mut c_void,
+    len: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+const SYS_PROCESS_VM_READV: c_long = 310;
+#[cfg(target_arch = "aarch64")]
+const SYS_PROCESS_VM_READV: c_long = 270;
+
+/// Reads `out.len()` words of this process's memory at `addr`; false (never a fault) when any
+/// of it is not mapped.
+pub fn read_own(addr: usize, out: &mut [usize]) -> bool {
+    let len = std::mem::size_of_val(out);
+    let local = IoVec {
+        base: out.as_mut_ptr().cast(),
+        len,
+    };
+    let remote = IoVec {
+        base: addr as *mut c_void,
+        len,
+    };
+    // SAFETY: `local` is our own buffer of `len` bytes; the kernel checks `remote`.
+    let n = unsafe {
+        syscall(
+            SYS_PROCESS_VM_READV,
+            getpid(),
+            &local as *const IoVec,
+            1usize,
+            &remote as *const IoVec,
+            1usize,
+            0usize,
+        )
+    };
+    n == len as c_long
+}

@@ -1,0 +1,149 @@
+//! The interpreter's allocator chain and mprof's place in it.
+//!
+//! The hooks wrap the allocators that were installed before them, and other code may wrap the
+//! hooks in turn (`tracemalloc.start()`) or put back an allocator it saved before the hooks
+//! arrived (`tracemalloc.stop()` after a `start()` made before the attach): the hooks then fall
+//! out of the chain. A layer that may still be called from inside someone else's wrapper must
+//! keep passing calls to the allocator it wrapped, so its `PREV` is never rewritten; a new
+//! session that finds the hooks gone installs another *layer* of the same hooks (const-generic
+//! copies with their own `PREV` and countdowns). Only the active layer samples; the others pass
+//! calls through.
+
+use crate::python::{Allocator, Api};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+
+/// Layers of hooks: how many times a session may find its hooks taken out of the chain before
+/// the process has to be restarted to be profiled again.
+pub const LAYERS: usize = 4;
+/// `ACTIVE` when no layer samples.
+pub const NONE: usize = LAYERS;
+
+/// The hook functions of each layer and domain (ctx unused: set at install time).
+pub type HookTable = [[Allocator; 3]; LAYERS];
+
+/// The allocator each layer wraps, per domain: a pointer to an `Allocator` that is never
+/// freed, published before the hooks can run and replaced only in a layer out of every chain.
+static PREV: [[AtomicPtr<Allocator>; 3]; LAYERS] =
+    [const { [const { AtomicPtr::new(std::ptr::null_mut()) }; 3] }; LAYERS];
+/// Whether a layer may still be in a domain's chain: installed and not restored since.
+static IN_CHAIN: [[AtomicBool; 3]; LAYERS] =
+    [const { [const { AtomicBool::new(false) }; 3] }; LAYERS];
+/// The layer that samples, or `NONE`.
+static ACTIVE: AtomicUsize = AtomicUsize::new(NONE);
+
+/// The allocator that `layer`'s hook of `domain` wraps.
+#[inline(always)]
+pub fn prev(layer: usize, domain: usize) -> &'static Allocator {
+    // SAFETY: set (to a leaked, never-freed Allocator) before the layer's hooks were installed,
+    // so any call of those hooks sees a valid pointer.
+    unsafe { &*PREV[layer][domain].load(Ordering::Acquire) }
+}
+
+/// The layer that samples (`NONE` outside a session).
+#[inline(always)]
+pub fn active() -> usize {
+    ACTIVE.load(Ordering::Relaxed)
+}
+
+unsafe fn current(api: &Api, domain: usize) -> Allocator {
+    let mut a = std::mem::MaybeUninit::<Allocator>::uninit();
+    (api.get_allocator)(domain as i32, a.as_mut_ptr());
+    a.assume_init()
+}
+
+fn same_hook(a: &Allocator, b: &Allocator) -> bool {
+    a.malloc as usize == b.malloc as usize
+}
+
+/// Puts a layer of hooks in front of the current allocators and makes it the sampling one.
+/// Reuses a layer that is still installed in every domain (a session that stopped without
+/// restoring, or a re-attach); otherwise takes a layer that is in no chain.
+///
+/// # Safety
+/// Call with the session lock held (one caller at a time).
+pub unsafe fn install(api: &Api, table: &HookTable) -> Result<usize, &'static str> {
+    let now: [Allocator; 3] = [current(api, 0), current(api, 1), current(api, 2)];
+    if let Some(layer) = (0..LAYERS).find(|&l| (0..3).all(|d| same_hook(&now[d], &table[l][d]))) {
+        ACTIVE.store(layer, Ordering::Release);
+        return Ok(layer);
+    }
+    let layer = (0..LAYERS)
+        .find(|&l| (0..3).all(|d| !IN_CHAIN[l][d].load(Ordering::Relaxed)))
+        .ok_or(
+            "the program replaced mprof's allocator hooks too many times (tracemalloc.stop()?); \
+             restart it to profile it again",
+        )?;
+    for (d, prev) in now.iter().enumerate() {
+        let saved: &'static mut Allocator = Box::leak(Box::new(*prev));
+        PREV[layer][d].store(saved, Ordering::Release);
+        let hook = Allocator {
+            ctx: prev.ctx,
+            ..table[layer][d]
+        };
+        (api.set_allocator)(d as i32, &hook);
+        IN_CHAIN[layer][d].store(true, Ordering::Relaxed);
+    }
+    ACTIVE.store(layer, Ordering::Release);
+    Ok(layer)
+}
+
+/// The domains whose chain no longer reaches the sampling layer, found when it is uninstalled.
+#[derive(Clone, Copy, Default)]
+pub struct Lost {
+    pub domains: [bool; 3],
+}
+
+impl Lost {
+    pub fn any(&self) -> bool {
+        self.domains.iter().any(|&d| d)
+    }
+}
+
+/// Stops the sampling layer and restores the allocators it wrapped where its hooks are still
+/// the installed ones. Where another allocator was installed on top, the layer stays in the
+/// chain, passing calls through; where the chain no longer reaches it, the hooks were lost
+/// during the session, which the result reports.
+///
+/// # Safety
+/// Call with the session lock held.
+pub unsafe fn uninstall(api: &Api, table: &HookTable) -> Lost {
+    let layer = ACTIVE.swap(NONE, Ordering::AcqRel);
+    let mut lost = Lost::default();
+    if layer == NONE {
+        return lost;
+    }
+    for d in 0..3 {
+        let now = current(api, d);
+        if same_hook(&now, &table[layer][d]) {
+            (api.set_allocator)(d as i32, prev(layer, d));
+            IN_CHAIN[layer][d].store(false, Ordering::Relaxed);
+        } else {
+            lost.domains[d] = !reaches(&now, &table[layer][d]);
+        }
+    }
+    lost
+}
+
+/// Whether the chain that starts at `top` still calls `hook`, as far as can be told: PEP 445
+/// wrappers (tracemalloc, the debug hooks) keep the allocator they wrap in or behind their
+/// `ctx`. Memory is read with `process_vm_readv`, which fails instead of faulting.
+fn reaches(top: &Allocator, hook: &Allocator) -> bool {
+    let target = hook.malloc as usize;
+    let mut ctx = top.ctx as usize;
+    for _ in 0..4 {
+        if ctx == 0 {
+            return false;
+        }
+        let mut words = [0usize; 16];
+        if !crate::sys::read_own(ctx, &mut words) {
+            return false;
+        }
+        if words.contains(&target) {
+            return true;
+        }
+        // `{ctx, malloc, ...}` at the start (tracemalloc) or after a one-character word (the
+        // debug hooks' `{api_id, alloc}`): follow the wrapped allocator's own ctx.
+        ctx = if words[0] < 4096 { words[1] } else { words[0] };
+    }
+    false
+}

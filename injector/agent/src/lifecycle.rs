@@ -1,0 +1,234 @@
+//! The one owner of a profiling session's life: Idle → Active → Stopped (= Idle again).
+//!
+//! Every transition happens under `SESSION`'s lock, the same lock the slow path of the hooks
+//! takes to record, so a record is never written into a ring that is being torn down. Starting
+//! installs the hooks before the ring says ACTIVE; stopping restores the allocators, writes the
+//! END record and only then says STOPPED, so a reader that sees STOPPED may start the next
+//! session at once.
+//!
+//! There is no thread of the agent's own in the target (a thread would make Python 3.12+ warn
+//! on every `fork()`, and would be one more thing to stop). A session ends when:
+//! - the reader asks (ring state STOP_REQUESTED): the next sampled event sees it, or, for a
+//!   target that allocates nothing, mprof injects a call to `mprof_agent_stop`;
+//! - the reader stops beating (mprof died): the next sampled event sees it, and a new attach
+//!   that finds the old session orphaned takes it over;
+//! - the interpreter starts finalizing (record mode): the next sampled event.
+
+use crate::addrset::AddrSet;
+use crate::chain::{self, HookTable};
+use crate::frames::CodeKey;
+use crate::lock::SpinLock;
+use crate::python::{self, Api};
+use crate::sampler;
+use crate::sys::{self, now_ns};
+use mprof_common::layout::{self, PyLayout};
+use mprof_common::record::{EndReason, KIND_END};
+use mprof_common::ring::{Ring, RingHeader, STATE_ACTIVE, STATE_STOPPED, STATE_STOP_REQUESTED};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Whether a session is running. Read by the slow path only.
+pub static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// How long the reader may stay silent before its session counts as orphaned.
+pub const READER_TIMEOUT_NS: u64 = 1_500_000_000;
+
+pub const CODE_CACHE: usize = 1 << 14;
+pub const LINE_CACHE: usize = 1 << 14;
+
+/// A remembered line: the code object (with its name, so a reused address does not match),
+/// the instruction offset, and its line; valid only in the session (`generation`) that made it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct LineEntry {
+    pub generation: u32,
+    pub code: usize,
+    pub name: usize,
+    pub offset: i32,
+    pub line: u32,
+}
+
+/// The ring of a running session, mapped here.
+#[derive(Clone, Copy)]
+pub struct Mapped {
+    pub ring: Ring,
+    base: *mut u8,
+    len: usize,
+}
+
+/// Everything a session owns. Only touched under `SESSION`'s lock.
+pub struct Session {
+    pub mapped: Option<Mapped>,
+    pub layout: Option<&'static PyLayout>,
+    pub max_depth: usize,
+    /// The sampled blocks that are still live.
+    pub set: AddrSet,
+    /// Bumped at every session start: cache entries of older sessions no longer match. (Cheaper
+    /// than clearing the caches, which would touch a megabyte of the target's memory.)
+    pub generation: u32,
+    pub codes: [Option<(u32, CodeKey)>; CODE_CACHE],
+    pub lines: [Option<LineEntry>; LINE_CACHE],
+    /// The hooks the session installed.
+    table: Option<&'static HookTable>,
+}
+
+// SAFETY: the raw pointers in `Session` (the ring mapping, the address set's table) are
+// process-wide memory that only the holder of `SESSION`'s lock uses.
+unsafe impl Send for Session {}
+
+pub static SESSION: SpinLock<Session> = SpinLock::new(Session {
+    mapped: None,
+    layout: None,
+    max_depth: 0,
+    set: AddrSet::new(),
+    generation: 0,
+    codes: [None; CODE_CACHE],
+    lines: [None; LINE_CACHE],
+    table: None,
+});
+
+/// Why a session could not start; the text goes into the ring's message.
+pub enum StartError {
+    NotPython,
+    Unsupported(u8, u8),
+    BadRing(&'static str),
+    Busy,
+    Hooks(&'static str),
+}
+
+impl StartError {
+    pub fn text(&self) -> String {
+        match self {
+            StartError::NotPython => "not a CPython interpreter".into(),
+            StartError::Unsupported(a, b) => {
+                let ((a0, b0), (a1, b1)) = layout::supported_range();
+                format!("Python {a}.{b} is not supported (mprof supports {a0}.{b0} to {a1}.{b1})")
+            }
+            StartError::BadRing(why) => why.to_string(),
+            StartError::Busy => "a profiling session is already running".into(),
+            StartError::Hooks(why) => why.to_string(),
+        }
+    }
+}
+
+/// Writes `text` into the ring header's message (NUL-terminated, cut to fit).
+pub fn write_message(h: &RingHeader, text: &str) {
+    let h = h as *const RingHeader as *mut RingHeader;
+    let bytes = text.as_bytes();
+    let n = bytes.len().min(255);
+    // SAFETY: `message` is a 256-byte array in the mapped header; the reader only reads it
+    // once the state says the agent is done with it.
+    unsafe {
+        let dst = std::ptr::addr_of_mut!((*h).message) as *mut u8;
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, n);
+        *dst.add(n) = 0;
+    }
+}
+
+/// Starts a session writing into the ring mapped at `base` (`len` bytes), with the hooks of
+/// `table`. The caller has claimed the ring. A session whose reader died is ended first.
+///
+/// # Safety
+/// `base` must map `len` bytes of a ring made by mprof, owned by this session from now on.
+pub unsafe fn start(
+    base: *mut u8,
+    len: usize,
+    table: &'static HookTable,
+) -> Result<(), StartError> {
+    let api = python::api().ok_or(StartError::NotPython)?;
+    let layout = layout::for_version(api.major, api.minor)
+        .ok_or(StartError::Unsupported(api.major, api.minor))?;
+    let ring = Ring::attach(base, len).map_err(StartError::BadRing)?;
+    let mut s = SESSION.lock();
+    if let Some(old) = s.mapped {
+        match reader_stopped(old.ring.header(), READER_TIMEOUT_NS) {
+            Some(reason) => stop_locked(&mut s, reason),
+            None => return Err(StartError::Busy),
+        }
+    }
+    let layer = chain::install(api, table).map_err(StartError::Hooks)?;
+    let h = ring.header();
+    s.mapped = Some(Mapped { ring, base, len });
+    s.layout = Some(layout);
+    s.max_depth = (h.max_depth as usize).clamp(1, crate::frames::MAX_FRAMES);
+    s.generation = s.generation.wrapping_add(1);
+    s.table = Some(table);
+    sampler::configure(h.rate, h.seed, layer);
+    ENABLED.store(true, Ordering::Release);
+    h.state.store(STATE_ACTIVE, Ordering::Release);
+    Ok(())
+}
+
+/// Ends the running session, if any, for `reason`; returns whether there was one.
+pub fn stop(reason: EndReason) -> bool {
+    let mut s = SESSION.lock();
+    let running = s.mapped.is_some();
+    stop_locked(&mut s, reason);
+    running
+}
+
+/// Ends the session: sampling off, the allocators restored (unless the interpreter is shutting
+/// down), the END record written, STOPPED published, the ring unmapped.
+pub fn stop_locked(s: &mut Session, reason: EndReason) {
+    ENABLED.store(false, Ordering::Release);
+    sampler::idle();
+    let lost = match (s.table, python::api()) {
+        (Some(table), Some(api)) if reason != EndReason::Finalizing => {
+            // SAFETY: under the session lock.
+            unsafe { chain::uninstall(api, table) }
+        }
+        _ => chain::Lost::default(),
+    };
+    s.set.clear();
+    let Some(m) = s.mapped.take() else { return };
+    let h = m.ring.header();
+    if lost.any() {
+        let names = ["raw", "mem", "obj"];
+        let which: Vec<&str> = (0..3)
+            .filter(|&d| lost.domains[d])
+            .map(|d| names[d])
+            .collect();
+        write_message(
+            h,
+            &format!(
+                "the program replaced mprof's hooks on the {} allocator during the session \
+                 (tracemalloc.stop() or another allocator hook): allocations after that were \
+                 not seen",
+                which.join("/")
+            ),
+        );
+    }
+    m.ring.try_write(KIND_END, reason as u16, 8, |b| {
+        b[..8].copy_from_slice(&now_ns().to_le_bytes())
+    });
+    h.state.store(STATE_STOPPED, Ordering::Release);
+    // SAFETY: the mapping made for this session; nothing else uses it once `mapped` is None.
+    unsafe { sys::munmap(m.base.cast(), m.len) };
+}
+
+/// Why the session should end now, if it should: the reader asked for a detach, its heartbeat
+/// is older than `timeout_ns`, or the interpreter is finalizing.
+pub fn stop_reason(s: &Session, api: &Api) -> Option<EndReason> {
+    let m = s.mapped.as_ref()?;
+    if python::finalizing(api) {
+        return Some(EndReason::Finalizing);
+    }
+    reader_stopped(m.ring.header(), READER_TIMEOUT_NS)
+}
+
+fn reader_stopped(h: &RingHeader, timeout_ns: u64) -> Option<EndReason> {
+    if h.state.load(Ordering::Acquire) == STATE_STOP_REQUESTED {
+        return Some(EndReason::Detached);
+    }
+    let beat = h.reader_heartbeat_ns.load(Ordering::Acquire);
+    (beat != 0 && now_ns().saturating_sub(beat) > timeout_ns).then_some(EndReason::ReaderGone)
+}
+
+/// In a forked child: drop the session without touching the shared ring (it is the parent's).
+pub fn forget_in_child(s: &mut Session) {
+    ENABLED.store(false, Ordering::Release);
+    sampler::idle();
+    if let Some(m) = s.mapped.take() {
+        // SAFETY: the child's copy of the mapping, which nothing else uses.
+        unsafe { sys::munmap(m.base.cast(), m.len) };
+    }
+    s.set.clear();
+}

@@ -1,0 +1,225 @@
+//! The slow path of the hooks: an allocation whose countdown ran out is sampled (its stack
+//! walked, a record written), and a free whose address passed the filter is recorded if the
+//! block was sampled. Runs under the session lock (`lifecycle::SESSION`); notices there when
+//! the session must end.
+
+use crate::chain;
+use crate::frames::{self, CodeKey, RawFrame, MAX_FRAMES};
+use crate::lifecycle::{self, LineEntry, Session, ENABLED, LINE_CACHE, SESSION};
+use crate::python::{self, Api};
+use crate::sampler::{self, ThreadState, EPOCH, GIL_COUNTDOWN, IDLE_COUNTDOWN, THREAD};
+use crate::sys::{self, now_ns};
+use mprof_common::layout::PyLayout;
+use mprof_common::record::{
+    Frame, ALLOC_FIXED, ALLOC_TRUNCATED, CODE_FIXED, FRAME_SIZE, KIND_ALLOC, KIND_CODE, KIND_FREE,
+};
+use mprof_common::ring::Ring;
+use std::ffi::c_void;
+use std::mem::MaybeUninit;
+use std::sync::atomic::Ordering;
+
+/// The RAW domain, the only one called without the GIL (its countdowns are per thread).
+pub const RAW: usize = 0;
+pub const MEM: usize = 1;
+pub const OBJ: usize = 2;
+
+/// Slow path of an allocation whose countdown ran out: allocate, then record the sample.
+#[cold]
+#[inline(never)]
+pub unsafe fn sampled_alloc(
+    domain: usize,
+    layer: usize,
+    size: usize,
+    call: impl FnOnce() -> *mut c_void,
+) -> *mut c_void {
+    THREAD.with(|t| {
+        let was_busy = t.busy.replace(true);
+        let sample = !was_busy && decide(domain, layer, t, size);
+        let ptr = call();
+        if sample && !ptr.is_null() {
+            record_alloc(t, ptr as usize, size);
+        }
+        t.busy.set(was_busy);
+        ptr
+    })
+}
+
+/// Whether this allocation, whose countdown in `layer` ran out, is sampled; re-arms the
+/// countdown. Only the active layer samples: the others go idle.
+fn decide(domain: usize, layer: usize, t: &ThreadState, size: usize) -> bool {
+    let enabled = ENABLED.load(Ordering::Acquire) && chain::active() == layer;
+    if domain != RAW {
+        let next = if enabled {
+            sampler::draw()
+        } else {
+            IDLE_COUNTDOWN
+        };
+        GIL_COUNTDOWN[layer].store(next, Ordering::Relaxed);
+        return enabled;
+    }
+    let countdown = &t.countdown[layer];
+    if !enabled {
+        countdown.set(IDLE_COUNTDOWN);
+        return false;
+    }
+    let epoch = EPOCH.load(Ordering::Relaxed);
+    if t.epoch[layer].get() != epoch {
+        // First RAW allocation of this thread in this session: its countdown starts here.
+        t.epoch[layer].set(epoch);
+        let c = sampler::draw() - size as i64;
+        if c > 0 {
+            countdown.set(c);
+            return false;
+        }
+    }
+    countdown.set(sampler::draw());
+    true
+}
+
+fn tid(t: &ThreadState) -> u32 {
+    if t.tid.get() == 0 {
+        t.tid.set(sys::gettid());
+    }
+    t.tid.get()
+}
+
+unsafe fn record_alloc(t: &ThreadState, addr: usize, size: usize) {
+    // Uninitialised: zeroing 8 KiB per sample cost more than the walk itself.
+    let mut raw = [const { MaybeUninit::<RawFrame>::uninit() }; MAX_FRAMES];
+    let mut frames = [const { MaybeUninit::<Frame>::uninit() }; MAX_FRAMES];
+    let mut shared = SESSION.lock();
+    let Some(api) = python::api() else { return };
+    let (Some(mapped), Some(layout)) = (shared.mapped, shared.layout) else {
+        return;
+    };
+    let ring = mapped.ring;
+    if !ENABLED.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Some(reason) = lifecycle::stop_reason(&shared, api) {
+        lifecycle::stop_locked(&mut shared, reason);
+        return;
+    }
+    let (n, truncated) = walk_this_thread(api, layout, &mut raw, shared.max_depth);
+    for (f, out) in raw[..n].iter().zip(frames.iter_mut()) {
+        let f = f.assume_init();
+        let key = announce(&mut shared, ring, layout, f.code);
+        out.write(Frame {
+            code: f.code as u64,
+            line: line(&mut shared, api, layout, key, f),
+        });
+    }
+    let body = ALLOC_FIXED + n * FRAME_SIZE;
+    let tid = tid(t);
+    let flags = if truncated { ALLOC_TRUNCATED } else { 0 };
+    let written = ring.try_write(KIND_ALLOC, n as u16, body, |b| {
+        b[0..4].copy_from_slice(&tid.to_le_bytes());
+        b[4..8].copy_from_slice(&flags.to_le_bytes());
+        b[8..16].copy_from_slice(&(addr as u64).to_le_bytes());
+        b[16..24].copy_from_slice(&(size as u64).to_le_bytes());
+        b[24..32].copy_from_slice(&now_ns().to_le_bytes());
+        for (i, f) in frames[..n].iter().enumerate() {
+            let f = unsafe { f.assume_init() };
+            let at = ALLOC_FIXED + i * FRAME_SIZE;
+            b[at..at + 8].copy_from_slice(&f.code.to_le_bytes());
+            b[at + 8..at + 12].copy_from_slice(&f.line.to_le_bytes());
+        }
+    });
+    if written {
+        ring.header().samples.fetch_add(1, Ordering::Relaxed);
+        // Without room for it in the set, its free would go unrecorded: it stays live.
+        shared.set.insert(addr);
+    }
+}
+
+unsafe fn walk_this_thread(
+    api: &Api,
+    layout: &PyLayout,
+    out: &mut [MaybeUninit<RawFrame>],
+    max_depth: usize,
+) -> (usize, bool) {
+    if (api.is_initialized)() == 0 {
+        return (0, false);
+    }
+    let tstate = (api.this_thread_state)();
+    if tstate.is_null() {
+        return (0, false);
+    }
+    frames::walk(api, layout, tstate, out, max_depth)
+}
+
+/// Writes a CODE record for `code` unless the same code object was announced already.
+unsafe fn announce(shared: &mut Session, ring: Ring, l: &PyLayout, code: *mut c_void) -> CodeKey {
+    let key = frames::code_key(l, code);
+    let slot = (key.code >> 4).wrapping_mul(0x9E37_79B9) % lifecycle::CODE_CACHE;
+    if shared.codes[slot] == Some((shared.generation, key)) {
+        return key;
+    }
+    let mut filename = [0u8; 1024];
+    let mut name = [0u8; 512];
+    let flen = frames::read_str(l, key.filename as *const c_void, &mut filename);
+    let nlen = frames::read_str(l, key.name as *const c_void, &mut name);
+    let firstline = frames::first_line(l, code);
+    let written = ring.try_write(KIND_CODE, 0, CODE_FIXED + flen + nlen, |b| {
+        b[0..8].copy_from_slice(&(key.code as u64).to_le_bytes());
+        b[8..12].copy_from_slice(&firstline.to_le_bytes());
+        b[12..14].copy_from_slice(&(flen as u16).to_le_bytes());
+        b[14..16].copy_from_slice(&(nlen as u16).to_le_bytes());
+        b[CODE_FIXED..CODE_FIXED + flen].copy_from_slice(&filename[..flen]);
+        b[CODE_FIXED + flen..CODE_FIXED + flen + nlen].copy_from_slice(&name[..nlen]);
+    });
+    if written {
+        shared.codes[slot] = Some((shared.generation, key));
+    }
+    key
+}
+
+/// Slow path of a free whose address passed the filter: record it if it was sampled.
+pub fn sampled_free(addr: usize) {
+    THREAD.with(|t| {
+        if t.busy.get() {
+            return;
+        }
+        t.busy.set(true);
+        let mut shared = SESSION.lock();
+        if shared.set.remove(addr) {
+            if let (Some(mapped), Some(api)) = (shared.mapped, python::api()) {
+                if let Some(reason) = lifecycle::stop_reason(&shared, api) {
+                    lifecycle::stop_locked(&mut shared, reason);
+                } else {
+                    mapped.ring.try_write(KIND_FREE, 0, 8, |b| {
+                        b[..8].copy_from_slice(&(addr as u64).to_le_bytes())
+                    });
+                    mapped.ring.header().frees.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        drop(shared);
+        t.busy.set(false);
+    })
+}
+
+/// The line of a frame, through a direct-mapped cache: scanning line tables is the most
+/// expensive part of a sample.
+unsafe fn line(s: &mut Session, api: &Api, l: &PyLayout, key: CodeKey, f: RawFrame) -> u32 {
+    let h = (key.code as u64 >> 4 ^ (f.offset as u64) << 20).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let slot = (h >> 40) as usize % LINE_CACHE;
+    if let Some(e) = s.lines[slot] {
+        if e.generation == s.generation
+            && e.code == key.code
+            && e.name == key.name
+            && e.offset == f.offset
+        {
+            return e.line;
+        }
+    }
+    let line = frames::line_of(api, l, f.code, f.offset);
+    s.lines[slot] = Some(LineEntry {
+        generation: s.generation,
+        code: key.code,
+        name: key.name,
+        offset: f.offset,
+        line,
+    });
+    line
+}
