@@ -276,20 +276,34 @@ impl Target {
     }
 
     /// Whether a profiling session runs in the target: the agent maps its ring while a session
-    /// runs, and a live reader keeps the ring's heartbeat fresh. A session whose reader died
-    /// (mprof was killed) is not running: the next attach takes it over.
+    /// runs, and a live reader keeps the ring's heartbeat moving (it beats every few
+    /// milliseconds). A session whose reader died (mprof was killed) is not running: the next
+    /// attach takes it over. A heartbeat that stands still is watched until it is old enough
+    /// to call the reader dead (about two seconds).
     pub fn session_running(&self, mem: &Mem) -> bool {
-        self.maps
+        let rings: Vec<u64> = self
+            .maps
             .iter()
             .filter(|m| m.path.contains("mprof-ring") && m.offset == 0)
-            .any(|m| {
-                let at = m.start + mprof_common::ring::HEARTBEAT_OFFSET as u64;
-                match mem.read_u64(at) {
-                    // Unreadable: assume a live session.
-                    Err(_) => true,
-                    Ok(beat) => monotonic_ns().saturating_sub(beat) < ORPHAN_AFTER_NS,
+            .map(|m| m.start + mprof_common::ring::HEARTBEAT_OFFSET as u64)
+            .collect();
+        rings.iter().any(|&at| {
+            let Ok(first) = mem.read_u64(at) else {
+                return false; // unmapped meanwhile: that session ended
+            };
+            loop {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                let Ok(beat) = mem.read_u64(at) else {
+                    return false;
+                };
+                if beat != first {
+                    return true;
                 }
-            })
+                if monotonic_ns().saturating_sub(beat) >= ORPHAN_AFTER_NS {
+                    return false;
+                }
+            }
+        })
     }
 
     /// Looks for what an earlier attach left: the agent and the trampoline region. Needs

@@ -1,0 +1,202 @@
+//! The agent's life in the target: it adds no thread (so Python 3.12+ does not warn at
+//! `fork()`), survives the program taking its hooks out of the allocator chain, serves many
+//! sessions in a row, and an orphaned session (mprof killed) is taken over by the next attach.
+
+mod common;
+
+use common::procs::{attach_once, signal, touch, wait_file, Attach, Target, LIMIT};
+use common::{by_function, mprof, pythons, report_json, run_with_timeout, script, Python};
+use std::time::{Duration, Instant};
+
+const SIGKILL: i32 = 9;
+
+fn main_python(all: &[Python]) -> Python {
+    all.iter()
+        .find(|p| p.label.contains("3.11"))
+        .unwrap_or(&all[0])
+        .clone()
+}
+
+/// `fork()` under `record` and while attached: with `-W error::DeprecationWarning`, Python
+/// 3.12+ would end the program if it saw a second thread (the agent has none).
+#[test]
+fn fork_shows_no_thread_warning_under_record_or_attach() {
+    for py in pythons() {
+        let dir = common::tempdir();
+        touch(dir.path(), "go");
+        let out = run_with_timeout(
+            mprof()
+                .args(["record", "-q", "-o"])
+                .arg(dir.path().join("r.mprof"))
+                .arg("--")
+                .arg(&py.path)
+                .args(["-W", "error::DeprecationWarning"])
+                .arg(script("lifecycle_target.py"))
+                .args(["fork", dir.path().to_str().unwrap()]),
+            LIMIT,
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{} record: {err}", py.label);
+        assert!(!err.contains("multi-threaded"), "{}: {err}", py.label);
+
+        let dir = common::tempdir();
+        let target = Target::start(
+            std::process::Command::new(&py.path)
+                .args(["-W", "error::DeprecationWarning"])
+                .arg(script("lifecycle_target.py"))
+                .args(["fork", dir.path().to_str().unwrap()]),
+        );
+        let mut attach = Attach::start(
+            target.pid,
+            &["-o", dir.path().join("a.mprof").to_str().unwrap()],
+        );
+        attach.attached();
+        let threads = std::fs::read_dir(format!("/proc/{}/task", target.pid))
+            .unwrap()
+            .count();
+        assert_eq!(threads, 1, "{}: the agent added a thread", py.label);
+        touch(dir.path(), "go");
+        let (status, out) = target.finish(LIMIT);
+        assert!(status.success(), "{} attach: {status} {out:?}", py.label);
+        assert!(out.iter().any(|l| l == "forked"), "{}: {out:?}", py.label);
+        let _ = attach.finish();
+    }
+}
+
+/// `tracemalloc.start()` before the attach and `tracemalloc.stop()` during the session take
+/// mprof's hooks out of the chain: that session says so at detach, and the next session
+/// installs the hooks again and sees the program's allocations.
+#[test]
+fn tracemalloc_stop_during_a_session_does_not_break_later_sessions() {
+    for py in pythons() {
+        let dir = common::tempdir();
+        let d = dir.path().to_str().unwrap();
+        let target = Target::python(&py.path, "lifecycle_target.py", &["tracemalloc", d]);
+        let first = dir.path().join("first.mprof");
+        let mut attach = Attach::start(target.pid, &["--rate", "1", "-o", first.to_str().unwrap()]);
+        attach.attached();
+        touch(dir.path(), "stop");
+        wait_file(&dir.path().join("stopped"), LIMIT);
+        let err = attach.detach();
+        assert!(
+            err.contains("replaced mprof's hooks"),
+            "{}: the lost hooks went unreported: {err}",
+            py.label
+        );
+
+        let second = dir.path().join("second.mprof");
+        let mut attach =
+            Attach::start(target.pid, &["--rate", "1", "-o", second.to_str().unwrap()]);
+        attach.attached();
+        touch(dir.path(), "second");
+        wait_file(&dir.path().join("allocated"), LIMIT);
+        let err = attach.detach();
+        assert!(!err.contains("replaced"), "{}: {err}", py.label);
+        let report = report_json(
+            &second,
+            &["--view", "live", "--by", "function", "--top", "0"],
+        );
+        let live = by_function(&report)
+            .get("second_session")
+            .and_then(|l| l["live_bytes"].as_u64())
+            .unwrap_or(0);
+        assert!(
+            live >= 300 * 10_000,
+            "{}: second session saw {live} live bytes in second_session: {report}",
+            py.label
+        );
+        touch(dir.path(), "finish");
+        let (status, _) = target.finish(LIMIT);
+        assert!(status.success(), "{}: {status}", py.label);
+        eprintln!(
+            "{}: lost hooks reported, second session saw {live} B",
+            py.label
+        );
+    }
+}
+
+/// 200 attach/detach cycles in a row on an allocating target: every capture holds samples
+/// (a session whose hooks an earlier one took away would be empty).
+#[test]
+fn two_hundred_fast_reattaches_each_capture_samples() {
+    let all = pythons();
+    let py = main_python(&all);
+    let dir = common::tempdir();
+    let target = Target::python(&py.path, "lifecycle_target.py", &["churn"]);
+    let started = Instant::now();
+    let rounds = 200;
+    for i in 0..rounds {
+        let capture = dir.path().join(format!("c{i}.mprof"));
+        let (status, err) = attach_once(
+            target.pid,
+            &[
+                "--duration",
+                "0.03",
+                "--rate",
+                "4096",
+                "-q",
+                "-o",
+                capture.to_str().unwrap(),
+            ],
+        );
+        assert!(status.success(), "round {i}: {err}");
+    }
+    let took = started.elapsed();
+    let mut empty = Vec::new();
+    for i in 0..rounds {
+        let report = report_json(&dir.path().join(format!("c{i}.mprof")), &["--top", "1"]);
+        if report["samples"].as_u64().unwrap_or(0) == 0 {
+            empty.push(i);
+        }
+    }
+    assert!(
+        empty.is_empty(),
+        "{} captures had no sample: {empty:?}",
+        empty.len()
+    );
+    eprintln!(
+        "{}: {rounds} attach/detach cycles in {took:?}, every capture sampled",
+        py.label
+    );
+}
+
+/// mprof SIGKILLed while attached to an idle target (whose agent never runs to notice): the
+/// next attach waits for the dead reader's heartbeat to age, takes the session over, and
+/// detaches cleanly.
+#[test]
+fn an_orphaned_session_is_taken_over_by_the_next_attach() {
+    let all = pythons();
+    for py in [main_python(&all), all.last().unwrap().clone()] {
+        let dir = common::tempdir();
+        let target = Target::python(&py.path, "attach_idle.py", &["sleep"]);
+        let mut attach = Attach::start(
+            target.pid,
+            &["-o", dir.path().join("killed.mprof").to_str().unwrap()],
+        );
+        attach.attached();
+        signal(attach.guard.0.id(), SIGKILL);
+        let _ = attach.guard.0.wait();
+        assert!(target.maps().contains("mprof-ring"));
+        let started = Instant::now();
+        let capture = dir.path().join("next.mprof");
+        let (status, err) = attach_once(
+            target.pid,
+            &["--duration", "0.2", "-o", capture.to_str().unwrap()],
+        );
+        assert!(status.success(), "{}: {err}", py.label);
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(5), "{}: took {took:?}", py.label);
+        assert!(
+            !target.maps().contains("mprof-ring"),
+            "{}: a ring is still mapped after the detach",
+            py.label
+        );
+        let out = run_with_timeout(mprof().arg("report").arg(&capture), LIMIT);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("{}: orphaned session taken over in {took:?}", py.label);
+    }
+}
