@@ -6,11 +6,11 @@
 
 use crate::capture::CaptureWriter;
 use crate::profile::Profile;
-use crate::session::{monotonic_ns, Reader, RingMem};
+use crate::session::{Reader, RingMem};
 use crate::{report, SamplingArgs};
 use anyhow::{bail, Context, Result};
 use mprof_common::record::Record;
-use mprof_common::ring::{STATE_ACTIVE, STATE_FAILED, STATE_STOPPED, STATE_STOP_REQUESTED};
+use mprof_common::ring::{STATE_ACTIVE, STATE_FAILED, STATE_STOPPED};
 use mprof_injector::attach::{Injector, Liveness};
 use std::path::Path;
 use std::process::ExitCode;
@@ -77,11 +77,7 @@ fn inject(injector: Injector, sampling: &SamplingArgs, started: Instant) -> Resu
     };
     let fd = prepared.take_ring_fd().context("the ring's descriptor")?;
     let ring = RingMem::from_fd(fd, sampling)?;
-    let beat = || {
-        ring.header()
-            .reader_heartbeat_ns
-            .store(monotonic_ns(), Ordering::Release)
-    };
+    let beat = || ring.heartbeat();
     beat();
     let launched = prepared.launch()?;
     let outcome = loop {
@@ -91,7 +87,7 @@ fn inject(injector: Injector, sampling: &SamplingArgs, started: Instant) -> Resu
         }
         std::thread::sleep(Duration::from_millis(1));
     };
-    let state = ring.header().state.load(Ordering::Acquire);
+    let state = ring.state()?;
     if state == STATE_FAILED || outcome.start_ret != 0 {
         let message = ring.message();
         if message.contains("already running") {
@@ -148,7 +144,7 @@ fn sample(
         if !a.liveness.alive() {
             return Ok(Ending::TargetExited);
         }
-        if a.ring.header().state.load(Ordering::Acquire) != STATE_ACTIVE {
+        if a.ring.state()? != STATE_ACTIVE {
             return Ok(Ending::AgentStopped);
         }
         if moved == 0 {
@@ -159,17 +155,11 @@ fn sample(
 
 /// Asks the agent to stop and drains until its END record (bounded).
 fn detach(reader: &mut Reader, a: &Attached) -> Result<bool> {
-    let h = a.ring.header();
-    let _ = h.state.compare_exchange(
-        STATE_ACTIVE,
-        STATE_STOP_REQUESTED,
-        Ordering::AcqRel,
-        Ordering::Acquire,
-    );
+    a.ring.reader().request_stop();
     let start = Instant::now();
     while start.elapsed() < STOP_WAIT {
         let moved = reader.pump()?;
-        if h.state.load(Ordering::Acquire) == STATE_STOPPED {
+        if a.ring.state()? == STATE_STOPPED {
             while reader.pump()? > 0 {}
             return Ok(true);
         }
@@ -214,14 +204,10 @@ pub fn run(
     // Every check that needs no change to the target comes before the capture file exists.
     let injector = Injector::new(pid)?;
     let mut capture = CaptureWriter::create(output)?;
-    let attached = match inject(injector, sampling, started) {
-        Ok(a) => a,
-        Err(e) => {
-            drop(capture);
-            let _ = std::fs::remove_file(output);
-            return Err(e);
-        }
-    };
+    // If the attach fails, dropping the capture removes only its temporary file: whatever is
+    // at `output` (another session's capture, say) stays.
+    let attached = inject(injector, sampling, started)?;
+    capture.place()?;
     let python = attached.ring.python_version();
     capture.write(&Record::Meta {
         text: format!(

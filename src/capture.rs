@@ -10,6 +10,7 @@
 //! last flushed record. A truncated or corrupt tail is skipped with a warning. New record kinds
 //! are only ever added, so a reader accepts every older format version.
 
+use crate::output::{self, Access, Pending};
 use anyhow::{bail, Context, Result};
 use mprof_common::record::{self, DecodeError, Record};
 use std::fs::File;
@@ -22,22 +23,30 @@ pub const MAGIC: &[u8; 8] = b"MPROFCAP";
 pub const FORMAT_VERSION: u32 = 1;
 const FILE_HEADER: usize = 16;
 
-/// Writes a capture file as records arrive.
+/// Writes a capture file as records arrive. The file is created under a temporary name (mode
+/// 0600: a capture holds the command line) and appears at its final name on
+/// [`CaptureWriter::place`]; dropped before that, it leaves nothing behind (see `crate::output`).
 pub struct CaptureWriter {
     out: BufWriter<File>,
+    pending: Pending,
 }
 
 impl CaptureWriter {
-    /// Creates (or truncates) `path` and writes the file header.
+    /// Creates the capture for `path` and writes the file header.
     pub fn create(path: &Path) -> Result<CaptureWriter> {
-        let file = File::create(path)
-            .with_context(|| format!("cannot write capture file {}", path.display()))?;
+        let (file, pending) = output::create(path, Access::Private)?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
         out.write_all(MAGIC)?;
         out.write_all(&FORMAT_VERSION.to_le_bytes())?;
         out.write_all(&0u32.to_le_bytes())?;
         out.flush()?;
-        Ok(CaptureWriter { out })
+        Ok(CaptureWriter { out, pending })
+    }
+
+    /// Puts the capture at its final name (once the session has started); from then on it is
+    /// written there.
+    pub fn place(&mut self) -> Result<()> {
+        Ok(self.pending.place()?)
     }
 
     /// Appends one already-encoded record (as it came out of the ring).
@@ -200,6 +209,7 @@ mod tests {
         .unwrap();
         w.write(&Record::Free { addr: 7 }).unwrap();
         w.flush().unwrap();
+        w.place().unwrap();
         std::fs::read(&path).unwrap()
     }
 

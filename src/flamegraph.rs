@@ -37,8 +37,8 @@ pub fn run(path: &Path, out: &Path, view: View) -> Result<()> {
     } else {
         svg(&p, view, &lines)?
     };
-    std::fs::write(out, bytes).with_context(|| format!("cannot write {}", out.display()))?;
-    eprintln!("mprof: wrote {}", out.display());
+    let written = crate::output::write_file(out, &bytes, crate::output::Access::Shared)?;
+    eprintln!("mprof: wrote {}", written.display());
     Ok(())
 }
 

@@ -4,11 +4,13 @@ mod attach;
 mod capture;
 mod flamegraph;
 mod live;
+mod output;
 mod profile;
 mod record;
 mod report;
 mod session;
 mod signals;
+mod text;
 mod units;
 
 use anyhow::Result;
