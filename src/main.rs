@@ -3,7 +3,10 @@
 mod attach;
 mod capture;
 mod flamegraph;
+#[cfg(any(test, fuzzing))]
+mod fuzzing;
 mod live;
+mod memory;
 mod output;
 mod profile;
 mod record;

@@ -74,12 +74,16 @@ impl RingReader {
     }
 
     fn u32_at(&self, offset: usize) -> &AtomicU32 {
-        debug_assert!(offset % 4 == 0 && offset + 4 <= HEADER_SIZE + self.data_size as usize);
+        debug_assert!(
+            offset.is_multiple_of(4) && offset + 4 <= HEADER_SIZE + self.data_size as usize
+        );
         unsafe { &*(self.base.add(offset) as *const AtomicU32) }
     }
 
     fn u64_at(&self, offset: usize) -> &AtomicU64 {
-        debug_assert!(offset % 8 == 0 && offset + 8 <= HEADER_SIZE + self.data_size as usize);
+        debug_assert!(
+            offset.is_multiple_of(8) && offset + 8 <= HEADER_SIZE + self.data_size as usize
+        );
         unsafe { &*(self.base.add(offset) as *const AtomicU64) }
     }
 
