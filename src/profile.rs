@@ -747,7 +747,10 @@ impl Profile {
         let mut warnings = Vec::new();
         let mut first_pass = true;
         let profile = Profile::build(first_rate, Some(file.size), |apply| {
-            let pass = file.for_each(|r, digest| apply(&r, digest))?;
+            // The header read fine a moment ago: failing now means the file changed.
+            let pass = file
+                .for_each(|r, digest| apply(&r, digest))
+                .map_err(|_| LoadError::Changed)?;
             if std::mem::take(&mut first_pass) {
                 warnings.extend(pass.warning);
             }

@@ -255,3 +255,379 @@ fn attach_survives_a_target_that_scribbles_on_its_ring() {
         sentinel.check();
     }
 }
+
+/// A directory owned by `nobody`, as a user's own directory would be.
+fn nobodys_dir() -> tempfile::TempDir {
+    let dir = common::tempdir();
+    std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY)).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// A symlink at `link` to `target`, owned by `nobody` as if nobody had planted it.
+fn plant(link: &Path, target: &Path) {
+    std::os::unix::fs::symlink(target, link).unwrap();
+    std::os::unix::fs::lchown(link, Some(NOBODY), Some(NOBODY)).unwrap();
+}
+
+/// What is in `dir`, by name, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn refused(out: &Output, what: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!clean_exit(out, what), "{what}: not refused: {err}");
+    assert!(
+        err.contains("refusing to write") && err.contains("owned by uid 65534"),
+        "{what}: {err}"
+    );
+}
+
+/// Symlinks planted by `nobody` at the capture, `CAPTURE.out` and flamegraph names are refused
+/// (root's files are not written through them), nothing is left behind, and a symlink of the
+/// user's own is followed with a note. Captures and `CAPTURE.out` are private (0600).
+#[test]
+fn planted_symlinks_at_output_names_are_refused() {
+    if !is_root() {
+        eprintln!("SKIPPED planted symlinks: not root");
+        return;
+    }
+    let sentinel = Sentinel::new();
+    let py = main_python(&pythons());
+    let dir = nobodys_dir();
+    let d = dir.path();
+    let program = [
+        "--",
+        py.path.to_str().unwrap(),
+        "-c",
+        "x = bytearray(10**6)",
+    ];
+
+    plant(&d.join("c.mprof"), &sentinel.path);
+    let out = run_with_timeout(
+        mprof()
+            .args(["record", "-o"])
+            .arg(d.join("c.mprof"))
+            .args(program),
+        LIMIT,
+    );
+    refused(&out, "record -o symlink");
+    assert_eq!(names(d), ["c.mprof"]);
+
+    // A real capture to draw from.
+    let capture = d.join("real.mprof");
+    let out = run_with_timeout(
+        mprof()
+            .args(["record", "--rate", "1", "-o"])
+            .arg(&capture)
+            .args(program),
+        LIMIT,
+    );
+    assert!(clean_exit(&out, "record"));
+    assert_eq!(std::fs::metadata(&capture).unwrap().mode() & 0o777, 0o600);
+
+    plant(&d.join("f.svg"), &sentinel.path);
+    let out = run_with_timeout(
+        mprof()
+            .arg("flamegraph")
+            .arg(&capture)
+            .arg("-o")
+            .arg(d.join("f.svg")),
+        LIMIT,
+    );
+    refused(&out, "flamegraph -o symlink");
+
+    // record --live needs a terminal: `script` gives it one. The program's output file is
+    // the planted one; the capture is free.
+    plant(&d.join("l.mprof.out"), &sentinel.path);
+    let live = format!(
+        "{} record --live -o {} {}",
+        env!("CARGO_BIN_EXE_mprof"),
+        d.join("l.mprof").display(),
+        program
+            .join(" ")
+            .replace("x = bytearray(10**6)", "'x = bytearray(10**6)'")
+    );
+    let out = run_with_timeout(
+        Command::new("script").args(["-qec", &live, "/dev/null"]),
+        LIMIT,
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("refusing to write") && text.contains("l.mprof.out"),
+        "record --live with a planted CAPTURE.out: {text}"
+    );
+    assert!(
+        !d.join("l.mprof").exists(),
+        "the failed run left its capture"
+    );
+    assert_eq!(names(d), ["c.mprof", "f.svg", "l.mprof.out", "real.mprof"]);
+    sentinel.check();
+
+    // The user's own symlink (root's, here) is followed, and said so.
+    let mine = common::tempdir();
+    std::os::unix::fs::symlink(mine.path().join("real.svg"), d.join("mine.svg")).unwrap();
+    std::os::unix::fs::lchown(d.join("mine.svg"), Some(0), Some(0)).unwrap();
+    let out = run_with_timeout(
+        mprof()
+            .arg("flamegraph")
+            .arg(&capture)
+            .arg("-o")
+            .arg(d.join("mine.svg")),
+        LIMIT,
+    );
+    assert!(clean_exit(&out, "own symlink"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is your symlink"));
+    assert!(std::fs::read_to_string(mine.path().join("real.svg"))
+        .unwrap()
+        .starts_with("<?xml"));
+}
+
+/// Two attaches to one process with the same `-o`: the second cannot attach, and it leaves
+/// the first one's capture alone (it used to delete it).
+#[test]
+fn a_failed_attach_keeps_the_other_sessions_capture() {
+    let py = main_python(&pythons());
+    let dir = common::tempdir();
+    let capture = dir.path().join("c.mprof");
+    let loop_ = "import os, time\nprint('ready', os.getpid(), flush=True)\n\
+                 while True:\n    x = [bytearray(1000) for _ in range(1000)]\n    time.sleep(0.01)";
+    let mut target = Command::new(&py.path)
+        .args(["-c", loop_])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(target.stdout.take().unwrap()).lines();
+    let _target = ChildGuard(target);
+    let pid: u32 = lines.next().unwrap().unwrap()["ready ".len()..]
+        .parse()
+        .unwrap();
+    let mut winner = mprof()
+        .args(["attach", "--pid", &pid.to_string(), "--duration", "5", "-o"])
+        .arg(&capture)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(winner.stderr.take().unwrap()).lines();
+    let mut winner = ChildGuard(winner);
+    let attached = err
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("attached"));
+    assert!(attached.is_some(), "the first attach did not attach");
+    let loser = run_with_timeout(
+        mprof()
+            .args(["attach", "--pid", &pid.to_string(), "--duration", "1", "-o"])
+            .arg(&capture),
+        LIMIT,
+    );
+    assert!(
+        !clean_exit(&loser, "second attach"),
+        "the second attach attached"
+    );
+    let status = winner.0.wait().unwrap();
+    let rest: Vec<String> = err.map_while(Result::ok).collect();
+    assert!(status.success(), "{rest:?}");
+    assert_eq!(names(dir.path()), ["c.mprof"]);
+    let json = common::report_json(&capture, &[]);
+    assert!(json["samples"].as_u64().unwrap() > 0, "{json}");
+}
+
+/// A capture of `n` samples at distinct addresses (so the peak is at the end), each on its
+/// own line of one function.
+fn synthetic_capture(n: u64, name: &str) -> Vec<u8> {
+    use mprof_common::record::{encode, Frame, Record};
+    let mut bytes = b"MPROFCAP".to_vec();
+    bytes.extend_from_slice(&1u32.to_le_bytes());
+    bytes.extend_from_slice(&0u32.to_le_bytes());
+    let mut push = |r: Record| bytes.extend_from_slice(&encode(&r));
+    push(Record::Meta {
+        text: "rate=1\n".into(),
+    });
+    push(Record::Code {
+        code: 1,
+        firstline: 1,
+        filename: "a.py".into(),
+        name: name.into(),
+    });
+    for i in 0..n {
+        push(Record::Alloc {
+            tid: 1,
+            flags: 0,
+            addr: i,
+            size: 100,
+            time_ns: i,
+            frames: vec![Frame {
+                code: 1,
+                line: (i % 1000) as u32,
+            }],
+        });
+    }
+    bytes
+}
+
+/// A capture rewritten in place (with other records) while reports read it: every report
+/// either reads one consistent file or says the capture changed; none panics. (The second
+/// pass used to find more allocations than the first and panic.)
+#[test]
+fn a_capture_rewritten_while_report_reads_it_is_corrupt_not_a_panic() {
+    let dir = common::tempdir();
+    let path = dir.path().join("c.mprof");
+    let (big, small) = (
+        synthetic_capture(200_000, "big"),
+        synthetic_capture(150_000, "small"),
+    );
+    std::fs::write(&path, &big).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (path, stop) = (path.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let bytes = if n % 2 == 0 { &small } else { &big };
+                std::fs::write(&path, bytes).unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    let mut outcomes = std::collections::BTreeMap::new();
+    for _ in 0..30 {
+        let out = run_with_timeout(mprof().arg("report").arg(&path), LIMIT);
+        let ok = clean_exit(&out, "report during rewrites");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let kind = if ok {
+            "read".to_owned()
+        } else if err.contains("changed while it was being read") {
+            "changed".to_owned()
+        } else {
+            // Opened while empty or half written: one line saying so.
+            err.trim().chars().take(90).collect()
+        };
+        *outcomes.entry(kind).or_insert(0) += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rewrites = writer.join().unwrap();
+    eprintln!("rewrites: {rewrites}; reports: {outcomes:?}");
+    for kind in outcomes.keys() {
+        assert!(
+            kind == "read" || kind == "changed" || kind.contains("is not a usable mprof capture"),
+            "unexpected outcome: {kind}"
+        );
+    }
+}
+
+/// Crafted captures: the issue's 65,535-frame stack over a 60 KB name full of control
+/// characters. `report` reads it under an address-space limit of 4x its size plus a fixed
+/// amount, prints a bounded report, and no control character reaches the text.
+#[test]
+fn crafted_captures_stay_within_memory_and_output_bounds() {
+    use mprof_common::record::{encode, Frame, Record};
+    let dir = common::tempdir();
+    let path = dir.path().join("crafted.mprof");
+    let mut bytes = synthetic_capture(0, "x");
+    let evil = "\x1b]52;c;aGk=\x07\x1b[2J".repeat(3000);
+    bytes.extend_from_slice(&encode(&Record::Code {
+        code: 7,
+        firstline: 1,
+        filename: evil.clone(),
+        name: evil,
+    }));
+    let frames: Vec<Frame> = (0..65_535).map(|i| Frame { code: 7, line: i }).collect();
+    bytes.extend_from_slice(&encode(&Record::Alloc {
+        tid: 1,
+        flags: 0,
+        addr: 1,
+        size: 10,
+        time_ns: 0,
+        frames,
+    }));
+    std::fs::write(&path, &bytes).unwrap();
+    let limit = 4 * bytes.len() as u64 + (64 << 20) + (96 << 20);
+    for args in [
+        vec!["--by", "stack", "--top", "0"],
+        vec!["--by", "stack", "--top", "0", "--json"],
+    ] {
+        let mut cmd = mprof();
+        cmd.arg("report").arg(&path).args(&args);
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(move || {
+                let rl = libc::rlimit {
+                    rlim_cur: limit,
+                    rlim_max: limit,
+                };
+                libc::setrlimit(libc::RLIMIT_AS, &rl);
+                Ok(())
+            });
+        }
+        let out = run_with_timeout(&mut cmd, LIMIT);
+        assert!(clean_exit(&out, "crafted capture"), "{args:?}: {out:?}");
+        assert!(
+            out.stdout.len() < 2 << 20,
+            "{args:?}: {} bytes",
+            out.stdout.len()
+        );
+        if !args.contains(&"--json") {
+            assert!(!out.stdout.contains(&0x1b) && !out.stdout.contains(&0x07));
+        }
+        eprintln!(
+            "crafted capture of {} bytes, report {args:?}: {} bytes of output",
+            bytes.len(),
+            out.stdout.len()
+        );
+    }
+}
+
+/// A real target whose code objects and file names hold terminal control sequences, on every
+/// interpreter: text reports show them escaped, JSON keeps them exactly (JSON escapes them).
+#[test]
+fn control_characters_from_a_real_target_never_reach_the_terminal() {
+    const EVIL_NAME: &str = "boom\x1b]0;pwned\x07\x1b[31m\u{202e}";
+    for py in pythons() {
+        let dir = common::tempdir();
+        let capture = dir.path().join("c.mprof");
+        let out = run_with_timeout(
+            mprof()
+                .args(["record", "--rate", "4KiB", "--max-depth", "256", "-o"])
+                .arg(&capture)
+                .arg("--")
+                .arg(&py.path)
+                .arg(script("hostile_names.py")),
+            LIMIT,
+        );
+        assert!(clean_exit(&out, &py.label));
+        for text in [
+            out.stderr.clone(),
+            run_with_timeout(
+                mprof()
+                    .arg("report")
+                    .arg(&capture)
+                    .args(["--by", "stack", "--top", "0"]),
+                LIMIT,
+            )
+            .stdout,
+        ] {
+            let text = String::from_utf8_lossy(&text).into_owned();
+            assert!(
+                text.contains("boom\\x1b]0;pwned\\x07"),
+                "{}: {text}",
+                py.label
+            );
+            assert!(!text.contains(['\x1b', '\x07', '\u{202e}']), "{}", py.label);
+        }
+        let json = common::report_json(&capture, &["--by", "function", "--top", "0"]);
+        assert!(
+            common::by_function(&json).contains_key(EVIL_NAME),
+            "{}: {json}",
+            py.label
+        );
+    }
+}
