@@ -491,7 +491,7 @@ fn a_capture_rewritten_while_report_reads_it_is_corrupt_not_a_panic() {
         std::thread::spawn(move || {
             let mut n = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let bytes = if n % 2 == 0 { &small } else { &big };
+                let bytes = if n.is_multiple_of(2) { &small } else { &big };
                 std::fs::write(&path, bytes).unwrap();
                 n += 1;
             }
