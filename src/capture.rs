@@ -34,7 +34,7 @@ pub struct CaptureWriter {
 impl CaptureWriter {
     /// Creates the capture for `path` and writes the file header.
     pub fn create(path: &Path) -> Result<CaptureWriter> {
-        let (file, pending) = output::create(path, Access::Private)?;
+        let (file, pending) = output::create(path, "capture file", Access::Private)?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
         out.write_all(MAGIC)?;
         out.write_all(&FORMAT_VERSION.to_le_bytes())?;

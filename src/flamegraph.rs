@@ -37,7 +37,8 @@ pub fn run(path: &Path, out: &Path, view: View) -> Result<()> {
     } else {
         svg(&p, view, &lines)?
     };
-    let written = crate::output::write_file(out, &bytes, crate::output::Access::Shared)?;
+    let written =
+        crate::output::write_file(out, "flamegraph", &bytes, crate::output::Access::Shared)?;
     eprintln!("mprof: wrote {}", written.display());
     Ok(())
 }

@@ -51,16 +51,18 @@ const MAX_LINKS: usize = 8;
 pub enum OutputError {
     /// The final name is a symlink that belongs to someone else.
     ForeignSymlink {
+        label: &'static str,
         path: PathBuf,
         owner: u32,
         target: PathBuf,
     },
     /// Symlinks lead to symlinks too many times.
-    TooManyLinks(PathBuf),
+    TooManyLinks(&'static str, PathBuf),
     /// The path names a directory or has no file name.
-    NotAFile(PathBuf),
+    NotAFile(&'static str, PathBuf),
     /// A system call failed.
     Io {
+        label: &'static str,
         what: &'static str,
         path: PathBuf,
         err: io::Error,
@@ -71,33 +73,42 @@ impl fmt::Display for OutputError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             OutputError::ForeignSymlink {
+                label,
                 path,
                 owner,
                 target,
             } => write!(
                 f,
-                "refusing to write {}: it is a symlink to {} owned by uid {owner}, not by you \
+                "refusing to write {label} {}: it is a symlink to {} owned by uid {owner}, not by you \
                  (remove it or choose another name)",
                 path.display(),
                 target.display()
             ),
-            OutputError::TooManyLinks(path) => {
-                write!(f, "cannot write {}: too many symlinks", path.display())
+            OutputError::TooManyLinks(label, path) => {
+                write!(f, "cannot write {label} {}: too many symlinks", path.display())
             }
-            OutputError::NotAFile(path) => {
-                write!(f, "cannot write {}: not a file name", path.display())
+            OutputError::NotAFile(label, path) => {
+                write!(f, "cannot write {label} {}: not a file name", path.display())
             }
-            OutputError::Io { what, path, err } => {
-                write!(f, "cannot write {}: {what}: {err}", path.display())
-            }
+            OutputError::Io {
+                label,
+                what,
+                path,
+                err,
+            } => write!(f, "cannot write {label} {}: {what}: {err}", path.display()),
         }
     }
 }
 
 impl std::error::Error for OutputError {}
 
-fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> OutputError + 'a {
+fn io_err<'a>(
+    label: &'static str,
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> OutputError + 'a {
     move |err| OutputError::Io {
+        label,
         what,
         path: path.to_path_buf(),
         err,
@@ -160,13 +171,16 @@ fn readlink_at(dir: &OwnedFd, name: &CString) -> io::Result<PathBuf> {
 
 /// The directory (opened) and the file name an output finally goes to, after following the
 /// invoking user's own symlinks.
-fn destination(path: &Path) -> Result<(OwnedFd, CString, PathBuf), OutputError> {
+fn destination(
+    label: &'static str,
+    path: &Path,
+) -> Result<(OwnedFd, CString, PathBuf), OutputError> {
     let mut path = path.to_path_buf();
     for _ in 0..=MAX_LINKS {
         let name = path
             .file_name()
             .filter(|n| *n != "..")
-            .ok_or_else(|| OutputError::NotAFile(path.clone()))?
+            .ok_or_else(|| OutputError::NotAFile(label, path.clone()))?
             .to_owned();
         let parent = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -179,18 +193,19 @@ fn destination(path: &Path) -> Result<(OwnedFd, CString, PathBuf), OutputError> 
                 libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
             )
         })
-        .map_err(io_err("opening its directory", &path))?;
+        .map_err(io_err(label, "opening its directory", &path))?;
         let dir = unsafe { OwnedFd::from_raw_fd(fd) };
         let cname = cstr(&name);
-        let Some(st) = lstat_at(&dir, &cname).map_err(io_err("lstat", &path))? else {
+        let Some(st) = lstat_at(&dir, &cname).map_err(io_err(label, "lstat", &path))? else {
             return Ok((dir, cname, path));
         };
         match st.st_mode & libc::S_IFMT {
             libc::S_IFLNK => {
-                let target = readlink_at(&dir, &cname).map_err(io_err("readlink", &path))?;
+                let target = readlink_at(&dir, &cname).map_err(io_err(label, "readlink", &path))?;
                 let me = unsafe { libc::getuid() };
                 if st.st_uid != me {
                     return Err(OutputError::ForeignSymlink {
+                        label,
                         path,
                         owner: st.st_uid,
                         target,
@@ -204,11 +219,11 @@ fn destination(path: &Path) -> Result<(OwnedFd, CString, PathBuf), OutputError> 
                 );
                 path = next;
             }
-            libc::S_IFDIR => return Err(OutputError::NotAFile(path)),
+            libc::S_IFDIR => return Err(OutputError::NotAFile(label, path)),
             _ => return Ok((dir, cname, path)),
         }
     }
-    Err(OutputError::TooManyLinks(path))
+    Err(OutputError::TooManyLinks(label, path))
 }
 
 /// A temporary name for `name`, unique to this process and attempt.
@@ -231,6 +246,7 @@ fn temp_name(name: &CString, attempt: u32) -> CString {
 /// An output file under its temporary name, not yet in place. Dropping it before
 /// [`Pending::place`] removes the temporary file (and nothing else).
 pub struct Pending {
+    label: &'static str,
     dir: OwnedFd,
     temp: CString,
     name: CString,
@@ -254,7 +270,7 @@ impl Pending {
         }
         let fd = self.dir.as_raw_fd();
         check(unsafe { libc::renameat(fd, self.temp.as_ptr(), fd, self.name.as_ptr()) })
-            .map_err(io_err("renaming it into place", &self.path))?;
+            .map_err(io_err(self.label, "renaming it into place", &self.path))?;
         self.placed = true;
         Ok(())
     }
@@ -276,8 +292,13 @@ impl Drop for Pending {
 
 /// Creates the output `path` under a temporary name (see the module doc). The file is written
 /// through the returned `File`; [`Pending::place`] puts it at its final name.
-pub fn create(path: &Path, access: Access) -> Result<(File, Pending), OutputError> {
-    let (dir, name, path) = destination(path)?;
+/// `label` names the file in errors ("capture file").
+pub fn create(
+    path: &Path,
+    label: &'static str,
+    access: Access,
+) -> Result<(File, Pending), OutputError> {
+    let (dir, name, path) = destination(label, path)?;
     for attempt in 0..100 {
         let temp = temp_name(&name, attempt);
         let r = unsafe {
@@ -291,15 +312,16 @@ pub fn create(path: &Path, access: Access) -> Result<(File, Pending), OutputErro
         let fd = match check(r) {
             Ok(fd) => fd,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(io_err("creating it", &path)(e)),
+            Err(e) => return Err(io_err(label, "creating it", &path)(e)),
         };
         let file = unsafe { File::from_raw_fd(fd) };
         if access == Access::Private {
             // An inherited umask can only remove bits; make sure nothing else was set.
-            check(unsafe { libc::fchmod(fd, 0o600) }).map_err(io_err("chmod", &path))?;
+            check(unsafe { libc::fchmod(fd, 0o600) }).map_err(io_err(label, "chmod", &path))?;
         }
-        let st = fstat(fd).map_err(io_err("fstat", &path))?;
+        let st = fstat(fd).map_err(io_err(label, "fstat", &path))?;
         let pending = Pending {
+            label,
             dir,
             temp,
             name,
@@ -310,19 +332,24 @@ pub fn create(path: &Path, access: Access) -> Result<(File, Pending), OutputErro
         };
         return Ok((file, pending));
     }
-    Err(io_err("creating it", &path)(io::Error::from(
+    Err(io_err(label, "creating it", &path)(io::Error::from(
         io::ErrorKind::AlreadyExists,
     )))
 }
 
 /// Writes a whole file at once: `bytes` under a temporary name, then renamed into place.
 /// Returns the path written (after following the user's own symlinks).
-pub fn write_file(path: &Path, bytes: &[u8], access: Access) -> Result<PathBuf, OutputError> {
+pub fn write_file(
+    path: &Path,
+    label: &'static str,
+    bytes: &[u8],
+    access: Access,
+) -> Result<PathBuf, OutputError> {
     use std::io::Write;
-    let (mut file, mut pending) = create(path, access)?;
+    let (mut file, mut pending) = create(path, label, access)?;
     file.write_all(bytes)
         .and_then(|()| file.flush())
-        .map_err(io_err("writing", pending.path()))?;
+        .map_err(io_err(label, "writing", pending.path()))?;
     drop(file);
     pending.place()?;
     Ok(pending.path.clone())
@@ -337,7 +364,7 @@ mod tests {
     fn a_file_appears_only_when_placed_and_is_private() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.mprof");
-        let (mut file, mut pending) = create(&path, Access::Private).unwrap();
+        let (mut file, mut pending) = create(&path, "test file", Access::Private).unwrap();
         use std::io::Write;
         file.write_all(b"x").unwrap();
         assert!(!path.exists());
@@ -353,7 +380,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.mprof");
         std::fs::write(&path, b"winner").unwrap();
-        let (_file, pending) = create(&path, Access::Private).unwrap();
+        let (_file, pending) = create(&path, "test file", Access::Private).unwrap();
         drop(pending);
         assert_eq!(std::fs::read(&path).unwrap(), b"winner");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
@@ -365,14 +392,14 @@ mod tests {
         let real = dir.path().join("real.svg");
         let link = dir.path().join("link.svg");
         std::os::unix::fs::symlink("real.svg", &link).unwrap();
-        let written = write_file(&link, b"svg", Access::Shared).unwrap();
+        let written = write_file(&link, "test file", b"svg", Access::Shared).unwrap();
         assert_eq!(written, real);
         assert_eq!(std::fs::read(&real).unwrap(), b"svg");
         assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
         // A hard link to the old file keeps the old content: the name is replaced.
         let other = dir.path().join("other");
         std::fs::hard_link(&real, &other).unwrap();
-        write_file(&real, b"new", Access::Shared).unwrap();
+        write_file(&real, "test file", b"new", Access::Shared).unwrap();
         assert_eq!(std::fs::read(&other).unwrap(), b"svg");
         assert_ne!(
             std::fs::metadata(&other).unwrap().ino(),
@@ -384,9 +411,15 @@ mod tests {
     fn directories_and_empty_names_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         assert!(matches!(
-            write_file(dir.path(), b"", Access::Shared),
-            Err(OutputError::NotAFile(_))
+            write_file(dir.path(), "test file", b"", Access::Shared),
+            Err(OutputError::NotAFile(..))
         ));
-        assert!(write_file(&dir.path().join("no/such/dir/x"), b"", Access::Shared).is_err());
+        assert!(write_file(
+            &dir.path().join("no/such/dir/x"),
+            "test file",
+            b"",
+            Access::Shared
+        )
+        .is_err());
     }
 }

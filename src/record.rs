@@ -59,7 +59,8 @@ fn spawn(
     let mut cmd = Command::new(&command[0]);
     let mut pending = None;
     if let Some(path) = output {
-        let (file, p) = crate::output::create(path, crate::output::Access::Private)?;
+        let (file, p) =
+            crate::output::create(path, "program output", crate::output::Access::Private)?;
         pending = Some(p);
         cmd.stdin(Stdio::null())
             .stdout(file.try_clone()?)
