@@ -6,11 +6,11 @@
 
 use crate::capture::CaptureWriter;
 use crate::profile::Profile;
-use crate::session::{monotonic_ns, Reader, RingMem};
+use crate::session::{Reader, RingMem};
 use crate::{report, SamplingArgs};
 use anyhow::{bail, Context, Result};
 use mprof_common::record::Record;
-use mprof_common::ring::{STATE_ACTIVE, STATE_FAILED, STATE_STOPPED, STATE_STOP_REQUESTED};
+use mprof_common::ring::{STATE_ACTIVE, STATE_FAILED, STATE_STOPPED};
 use mprof_injector::attach::{Injector, Liveness};
 use std::path::Path;
 use std::process::ExitCode;
@@ -82,11 +82,7 @@ fn inject(
     };
     let fd = prepared.take_ring_fd().context("the ring's descriptor")?;
     let ring = RingMem::from_fd(fd, sampling)?;
-    let beat = || {
-        ring.header()
-            .reader_heartbeat_ns
-            .store(monotonic_ns(), Ordering::Release)
-    };
+    let beat = || ring.heartbeat();
     beat();
     let launched = prepared.launch()?;
     let outcome = loop {
@@ -96,7 +92,7 @@ fn inject(
         }
         std::thread::sleep(Duration::from_millis(1));
     };
-    let state = ring.header().state.load(Ordering::Acquire);
+    let state = ring.state()?;
     if state == STATE_FAILED || outcome.start_ret != 0 {
         let message = ring.message();
         if message.contains("already running") {
@@ -153,7 +149,7 @@ fn sample(
         if !a.liveness.alive() {
             return Ok(Ending::TargetExited);
         }
-        if a.ring.header().state.load(Ordering::Acquire) != STATE_ACTIVE {
+        if a.ring.state()? != STATE_ACTIVE {
             return Ok(Ending::AgentStopped);
         }
         if moved == 0 {
@@ -166,13 +162,7 @@ fn sample(
 /// sees the request at its next sample; for one that does not, mprof injects a call to the
 /// agent's stop function.
 fn detach(reader: &mut Reader, a: &Attached, pid: u32, timeout: Duration) -> Result<bool> {
-    let h = a.ring.header();
-    let _ = h.state.compare_exchange(
-        STATE_ACTIVE,
-        STATE_STOP_REQUESTED,
-        Ordering::AcqRel,
-        Ordering::Acquire,
-    );
+    a.ring.reader().request_stop();
     if wait_stopped(reader, a, SELF_STOP_WAIT)? {
         return Ok(true);
     }
@@ -201,11 +191,10 @@ fn detach(reader: &mut Reader, a: &Attached, pid: u32, timeout: Duration) -> Res
 
 /// Drains until the agent says STOPPED, for at most `limit`.
 fn wait_stopped(reader: &mut Reader, a: &Attached, limit: Duration) -> Result<bool> {
-    let h = a.ring.header();
     let start = Instant::now();
     while start.elapsed() < limit {
         let moved = reader.pump()?;
-        if h.state.load(Ordering::Acquire) == STATE_STOPPED {
+        if a.ring.state()? == STATE_STOPPED {
             while reader.pump()? > 0 {}
             return Ok(true);
         }
@@ -248,13 +237,13 @@ pub fn run(
     if live {
         crate::live::Live::check_terminal()?;
     }
-    // Every check that needs no change to the target comes first; the capture file is made
-    // only once the attach succeeded, so a failed attach (another session won the race)
-    // never touches a file of the same name.
+    // Every check that needs no change to the target comes before the capture file exists.
     let injector = Injector::new(pid)?;
-    crate::capture::check_writable(output)?;
-    let attached = inject(injector, sampling, started, timeout)?;
     let mut capture = CaptureWriter::create(output)?;
+    let attached = inject(injector, sampling, started, timeout)?;
+    // If the attach fails, dropping the capture removes only its temporary file: whatever is
+    // at `output` (another session's capture, say) stays.
+    capture.place()?;
     let python = attached.ring.python_version();
     capture.write(&Record::Meta {
         text: format!(

@@ -10,6 +10,7 @@
 //! last flushed record. A truncated or corrupt tail is skipped with a warning. New record kinds
 //! are only ever added, so a reader accepts every older format version.
 
+use crate::output::{self, Access, Pending};
 use anyhow::{bail, Context, Result};
 use mprof_common::record::{self, DecodeError, Record};
 use std::fs::File;
@@ -22,36 +23,30 @@ pub const MAGIC: &[u8; 8] = b"MPROFCAP";
 pub const FORMAT_VERSION: u32 = 1;
 const FILE_HEADER: usize = 16;
 
-/// Fails early, before anything is started, if `path` cannot be created (its directory is
-/// missing or not writable, or it is a directory).
-pub fn check_writable(path: &Path) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
-    if path.is_dir() || unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
-        bail!("cannot write capture file {}", path.display());
-    }
-    Ok(())
-}
-
-/// Writes a capture file as records arrive.
+/// Writes a capture file as records arrive. The file is created under a temporary name (mode
+/// 0600: a capture holds the command line) and appears at its final name on
+/// [`CaptureWriter::place`]; dropped before that, it leaves nothing behind (see `crate::output`).
 pub struct CaptureWriter {
     out: BufWriter<File>,
+    pending: Pending,
 }
 
 impl CaptureWriter {
-    /// Creates (or truncates) `path` and writes the file header.
+    /// Creates the capture for `path` and writes the file header.
     pub fn create(path: &Path) -> Result<CaptureWriter> {
-        let file = File::create(path)
-            .with_context(|| format!("cannot write capture file {}", path.display()))?;
+        let (file, pending) = output::create(path, "capture file", Access::Private)?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
         out.write_all(MAGIC)?;
         out.write_all(&FORMAT_VERSION.to_le_bytes())?;
         out.write_all(&0u32.to_le_bytes())?;
         out.flush()?;
-        Ok(CaptureWriter { out })
+        Ok(CaptureWriter { out, pending })
+    }
+
+    /// Puts the capture at its final name (once the session has started); from then on it is
+    /// written there.
+    pub fn place(&mut self) -> Result<()> {
+        Ok(self.pending.place()?)
     }
 
     /// Appends one already-encoded record (as it came out of the ring).
@@ -70,64 +65,144 @@ impl CaptureWriter {
     }
 }
 
-/// Streams the records of a capture file to `f`, one at a time, without holding the file in
-/// memory, until `f` returns false or the file ends. Returns the warning about a damaged tail,
-/// if there was one. A file that is not a capture is an error.
-pub fn for_each(path: &Path, mut f: impl FnMut(Record) -> bool) -> Result<Option<String>> {
-    use std::io::Read;
-    let file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut input = std::io::BufReader::with_capacity(1 << 20, file);
-    let context = || format!("{} is not a usable mprof capture", path.display());
-    let mut header = [0u8; FILE_HEADER];
-    input
-        .read_exact(&mut header)
-        .map_err(|_| anyhow::anyhow!("missing the MPROFCAP header"))
-        .with_context(context)?;
-    let mut warning = check_header(&header).with_context(context)?;
-    let mut at = FILE_HEADER as u64;
-    let mut buf = Vec::with_capacity(4096);
-    loop {
-        buf.resize(record::PREAMBLE, 0);
-        match read_full(&mut input, &mut buf)? {
-            0 => break,
-            n if n < record::PREAMBLE => {
-                warning = Some(tail_warning(
-                    &DecodeError::Truncated {
+/// The largest record a capture reader accepts. Real records are far smaller (a stack of 256
+/// frames is 4 KiB; the biggest is the metadata with the command line, which the kernel
+/// limits to 2 MiB); anything larger is corruption, and this bounds what one record costs.
+pub const MAX_CAPTURE_RECORD: usize = 4 << 20;
+
+/// A capture file opened for reading. It is read through one descriptor and only up to the
+/// size it had when opened, so every pass over it sees the same bytes unless someone rewrites
+/// it in place meanwhile, which [`Pass::digest`] lets the caller notice.
+pub struct CaptureFile {
+    file: File,
+    /// Bytes read at most.
+    pub size: u64,
+    path: std::path::PathBuf,
+}
+
+/// What one pass over a capture saw.
+#[derive(Debug, Default)]
+pub struct Pass {
+    /// Why reading stopped early, if it did (a truncated or corrupt tail).
+    pub warning: Option<String>,
+}
+
+/// A cheap digest of bytes read, to notice a capture rewritten between two passes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Digest(u64);
+
+impl Digest {
+    /// A digest with a given value, for tests that feed passes by hand.
+    #[cfg(test)]
+    pub fn for_test(value: u64) -> Digest {
+        Digest(value)
+    }
+
+    fn add(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(word))
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+}
+
+impl CaptureFile {
+    /// Opens `path` and notes its size.
+    pub fn open(path: &Path) -> Result<CaptureFile> {
+        let file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let size = file
+            .metadata()
+            .with_context(|| format!("cannot read {}", path.display()))?
+            .len();
+        Ok(CaptureFile {
+            file,
+            size,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Streams the records to `f`, one at a time, without holding the file in memory, until
+    /// `f` returns false or the file (as long as it was when opened) ends. `f` also gets the
+    /// digest of every byte read up to and including its record. A file that is not a capture
+    /// is an error; a damaged tail is a warning in the returned [`Pass`].
+    pub fn for_each(&self, mut f: impl FnMut(Record, Digest) -> bool) -> Result<Pass> {
+        use std::io::{Read, Seek};
+        let path = &self.path;
+        let context = || format!("{} is not a usable mprof capture", path.display());
+        let mut handle = &self.file;
+        handle
+            .seek(std::io::SeekFrom::Start(0))
+            .context("reading capture file")?;
+        let mut input = std::io::BufReader::with_capacity(1 << 20, handle.take(self.size));
+        let mut header = [0u8; FILE_HEADER];
+        input
+            .read_exact(&mut header)
+            .map_err(|_| anyhow::anyhow!("missing the MPROFCAP header"))
+            .with_context(context)?;
+        let mut pass = Pass {
+            warning: check_header(&header).with_context(context)?,
+        };
+        let mut digest = Digest::default();
+        digest.add(&header);
+        let size = self.size;
+        let mut at = FILE_HEADER as u64;
+        let mut buf = Vec::with_capacity(4096);
+        loop {
+            buf.resize(record::PREAMBLE, 0);
+            match read_full(&mut input, &mut buf)? {
+                0 => break,
+                n if n < record::PREAMBLE => {
+                    let e = DecodeError::Truncated {
                         needed: record::PREAMBLE,
                         have: n,
-                    },
-                    at,
-                    size,
-                ));
-                break;
+                    };
+                    pass.warning = Some(tail_warning(&e, at, size));
+                    break;
+                }
+                _ => {}
             }
-            _ => {}
-        }
-        let len = match record::preamble(&buf) {
-            Ok((len, _, _)) => len,
-            Err(e) => {
-                warning = Some(tail_warning(&e, at, size));
-                break;
-            }
-        };
-        buf.resize(len, 0);
-        let got = read_full(&mut input, &mut buf[record::PREAMBLE..])?;
-        match record::decode(&buf[..record::PREAMBLE + got]) {
-            Ok((Record::Unknown { .. }, _)) => {}
-            Ok((r, _)) => {
-                if !f(r) {
+            let len = match record::preamble(&buf) {
+                Ok((len, _, _)) if len > MAX_CAPTURE_RECORD => {
+                    let e = DecodeError::Corrupt(format!("record length {len}"));
+                    pass.warning = Some(tail_warning(&e, at, size));
+                    break;
+                }
+                Ok((len, _, _)) if len as u64 > size - at => {
+                    // Never allocate for bytes the file does not have.
+                    let e = DecodeError::Truncated {
+                        needed: len,
+                        have: (size - at) as usize,
+                    };
+                    pass.warning = Some(tail_warning(&e, at, size));
+                    break;
+                }
+                Ok((len, _, _)) => len,
+                Err(e) => {
+                    pass.warning = Some(tail_warning(&e, at, size));
+                    break;
+                }
+            };
+            buf.resize(len, 0);
+            let got = read_full(&mut input, &mut buf[record::PREAMBLE..])?;
+            digest.add(&buf[..record::PREAMBLE + got]);
+            match record::decode(&buf[..record::PREAMBLE + got]) {
+                Ok((Record::Unknown { .. }, _)) => {}
+                Ok((r, _)) => {
+                    if !f(r, digest) {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    pass.warning = Some(tail_warning(&e, at, size));
                     break;
                 }
             }
-            Err(e) => {
-                warning = Some(tail_warning(&e, at, size));
-                break;
-            }
+            at += len as u64;
         }
-        at += len as u64;
+        Ok(pass)
     }
-    Ok(warning)
 }
 
 /// Reads until `buf` is full or the input ends; returns the bytes read.
@@ -214,6 +289,7 @@ mod tests {
         .unwrap();
         w.write(&Record::Free { addr: 7 }).unwrap();
         w.flush().unwrap();
+        w.place().unwrap();
         std::fs::read(&path).unwrap()
     }
 
@@ -247,14 +323,16 @@ mod tests {
         for cut in 0..=bytes.len() {
             std::fs::write(&path, &bytes[..cut]).unwrap();
             let mut streamed = Vec::new();
-            let result = for_each(&path, |r| {
-                streamed.push(r);
-                true
+            let result = CaptureFile::open(&path).and_then(|c| {
+                c.for_each(|r, _| {
+                    streamed.push(r);
+                    true
+                })
             });
             match parse(&bytes[..cut]) {
                 Ok(c) => {
                     assert_eq!(streamed, c.records, "cut {cut}");
-                    assert_eq!(result.unwrap(), c.warning, "cut {cut}");
+                    assert_eq!(result.unwrap().warning, c.warning, "cut {cut}");
                 }
                 Err(_) => assert!(result.is_err(), "cut {cut}"),
             }

@@ -37,8 +37,9 @@ pub fn run(path: &Path, out: &Path, view: View) -> Result<()> {
     } else {
         svg(&p, view, &lines)?
     };
-    std::fs::write(out, bytes).with_context(|| format!("cannot write {}", out.display()))?;
-    eprintln!("mprof: wrote {}", out.display());
+    let written =
+        crate::output::write_file(out, "flamegraph", &bytes, crate::output::Access::Shared)?;
+    eprintln!("mprof: wrote {}", written.display());
     Ok(())
 }
 

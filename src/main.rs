@@ -3,12 +3,17 @@
 mod attach;
 mod capture;
 mod flamegraph;
+#[cfg(any(test, fuzzing))]
+mod fuzzing;
 mod live;
+mod memory;
+mod output;
 mod profile;
 mod record;
 mod report;
 mod session;
 mod signals;
+mod text;
 mod units;
 
 use anyhow::Result;

@@ -22,7 +22,8 @@
 //! gets the pseudo-frame `<truncated stack>` as its outermost frame, so it does not pass for a
 //! whole stack.
 
-use anyhow::Result;
+use crate::capture::Digest;
+use anyhow::{Context, Result};
 use mprof_common::record::{Frame, Record, ALLOC_TRUNCATED};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -60,6 +61,48 @@ pub const NO_PYTHON_FRAME: &str = "<no Python frame>";
 pub const UNKNOWN: &str = "<unknown>";
 /// The outermost pseudo-frame of stacks the agent cut at `max_depth`.
 pub const TRUNCATED: &str = "<truncated stack>";
+
+/// Deepest stack kept (the agent records at most `--max-depth` 256 frames); a deeper stack in
+/// a capture keeps its innermost frames and counts as truncated.
+pub const MAX_DEPTH: usize = 256;
+/// Longest name (file, function) kept, in bytes; a longer one keeps its start and its end
+/// around an ellipsis.
+pub const MAX_NAME: usize = 256;
+/// Longest metadata value kept, in bytes (elided like names), and most keys kept.
+pub const MAX_META_VALUE: usize = 4096;
+const MAX_META_KEYS: usize = 64;
+const MAX_META_KEY: usize = 64;
+/// Raw stacks remembered for reuse at most (in frames); the memo is cleared beyond that.
+const CACHE_FRAMES: usize = 1 << 20;
+/// The reader's memory may reach this many times the capture's size, plus [`MEMORY_FIXED`].
+pub const MEMORY_PER_BYTE: usize = 4;
+/// The fixed part of the reader's memory allowance (buffers, one record of up to 4 MiB).
+pub const MEMORY_FIXED: usize = 64 << 20;
+
+/// What the reader may hold beyond what it held when it started, for a capture of `size`
+/// bytes, checked record by record. A third of the allowance: a record can make a table grow,
+/// which briefly holds the old and the new (twice as large) table, so a check passed before a
+/// record keeps the peak within the whole allowance.
+fn memory_limit(size: u64) -> usize {
+    (MEMORY_PER_BYTE.saturating_mul(size as usize)).saturating_add(MEMORY_FIXED) / 3
+}
+
+/// `s` cut to at most `max` bytes (on character boundaries) by replacing its middle with `…`.
+pub fn elide(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= max {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let keep = max.saturating_sub('…'.len_utf8()) / 2;
+    let mut head = keep;
+    while !s.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = s.len() - keep;
+    while !s.is_char_boundary(tail) {
+        tail += 1;
+    }
+    std::borrow::Cow::Owned(format!("{}…{}", &s[..head], &s[tail..]))
+}
 
 /// An estimate of bytes (and allocations) from a set of samples.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -286,6 +329,7 @@ impl Names {
     }
 
     fn string(&mut self, s: &str) -> u32 {
+        let s = &*elide(s, MAX_NAME);
         if let Some(&id) = self.string_ids.get(s) {
             return id;
         }
@@ -366,6 +410,8 @@ struct StackResolver {
     /// meaning.
     cache: [FastMap<Vec<Frame>, u32>; 2],
     cache_has_unknown: bool,
+    /// Frames held by `cache`.
+    cached_frames: usize,
 }
 
 impl StackResolver {
@@ -386,12 +432,14 @@ impl StackResolver {
             truncated_root,
             cache: Default::default(),
             cache_has_unknown: false,
+            cached_frames: 0,
         }
     }
 
     fn clear_cache(&mut self) {
-        self.cache.iter_mut().for_each(FastMap::clear);
+        self.cache = Default::default();
         self.cache_has_unknown = false;
+        self.cached_frames = 0;
     }
 
     fn announce(&mut self, addr: u64, file: &str, name: &str, firstline: u32) {
@@ -404,11 +452,14 @@ impl StackResolver {
         }
     }
 
-    /// The stack of `frames` (innermost first); `truncated` when the agent cut it.
+    /// The stack of `frames` (innermost first); `truncated` when the agent cut it. A stack
+    /// deeper than [`MAX_DEPTH`] is cut here.
     fn stack(&mut self, frames: &[Frame], truncated: bool) -> u32 {
         if frames.is_empty() {
             return self.empty_stack;
         }
+        let truncated = truncated || frames.len() > MAX_DEPTH;
+        let frames = &frames[..frames.len().min(MAX_DEPTH)];
         if let Some(&node) = self.cache[truncated as usize].get(frames) {
             return node;
         }
@@ -424,6 +475,10 @@ impl StackResolver {
             let frame = self.names.frame(code, f.line);
             node = self.names.child(node, frame);
         }
+        if self.cached_frames + frames.len() > CACHE_FRAMES {
+            self.clear_cache();
+        }
+        self.cached_frames += frames.len();
         self.cache[truncated as usize].insert(frames.to_vec(), node);
         node
     }
@@ -525,7 +580,12 @@ impl Aggregator {
         match record {
             Record::Meta { text } => {
                 for (key, value) in meta_pairs(text) {
-                    self.meta.insert(key.to_owned(), value.to_owned());
+                    let known = self.meta.contains_key(key);
+                    if key.len() > MAX_META_KEY || (!known && self.meta.len() >= MAX_META_KEYS) {
+                        continue;
+                    }
+                    let value = elide(value, MAX_META_VALUE).into_owned();
+                    self.meta.insert(key.to_owned(), value);
                 }
                 self.rate = meta_rate(text).unwrap_or(self.rate);
             }
@@ -603,37 +663,108 @@ impl Aggregator {
     }
 }
 
+/// One pass over the records: hands each, with the digest of the bytes up to it, to the
+/// callback until it returns false. See [`Profile::build`].
+type PassFn<'a> = dyn FnMut(&Record, Digest) -> bool + 'a;
+
+/// Why a capture could not be aggregated (beyond not being readable at all).
+#[derive(Debug)]
+pub enum LoadError {
+    /// The reader would need more memory than a real capture of this size could need.
+    TooDense { size: u64, limit: usize },
+    /// The file's records changed between the two passes over it.
+    Changed,
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadError::TooDense { size, limit } => write!(
+                f,
+                "corrupt or crafted capture: reading its {size} bytes would take more than \
+                 {} MiB of memory",
+                (limit * 3) >> 20
+            ),
+            LoadError::Changed => write!(
+                f,
+                "the capture changed while it was being read (rewritten in place?); \
+                 it is treated as corrupt"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// Checks the reader's memory against its allowance.
+struct Budget {
+    limit: Option<(usize, u64)>,
+    base: isize,
+}
+
+impl Budget {
+    fn new(size: Option<u64>) -> Budget {
+        Budget {
+            limit: size.map(|size| (memory_limit(size), size)),
+            base: crate::memory::in_use(),
+        }
+    }
+
+    fn check(&self) -> Result<(), LoadError> {
+        match self.limit {
+            Some((limit, size)) if crate::memory::in_use() - self.base > limit as isize => {
+                Err(LoadError::TooDense { size, limit })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 impl Profile {
     /// Reads and aggregates a capture file, streaming it (twice: once to aggregate, once up to
-    /// the peak); prints its warnings (damaged tail, no rate) to stderr as
-    /// `mprof: warning: ...` lines.
+    /// the peak) through one descriptor and only as far as it reached when opened; prints its
+    /// warnings (damaged tail, no rate) to stderr as `mprof: warning: ...` lines. A capture
+    /// that changes between the passes, or that would take more memory than
+    /// [`MEMORY_PER_BYTE`] times its size plus [`MEMORY_FIXED`], is an error.
     pub fn load(path: &Path) -> Result<Profile> {
+        let (profile, warnings) = Profile::read(path)?;
+        for w in warnings {
+            eprintln!("mprof: warning: {w}");
+        }
+        Ok(profile)
+    }
+
+    /// [`Profile::load`] that returns its warnings instead of printing them.
+    pub fn read(path: &Path) -> Result<(Profile, Vec<String>)> {
+        let file = crate::capture::CaptureFile::open(path)?;
         let mut first_rate = None;
-        crate::capture::for_each(path, |r| {
+        file.for_each(|r, _| {
             if let Record::Meta { text } = &r {
                 first_rate = meta_rate(text);
             }
             first_rate.is_none()
         })?;
-        let mut warning = None;
+        let mut warnings = Vec::new();
         let mut first_pass = true;
-        let profile = Profile::build(first_rate, |apply| {
-            let w = crate::capture::for_each(path, |r| apply(&r))?;
+        let profile = Profile::build(first_rate, Some(file.size), |apply| {
+            // The header read fine a moment ago: failing now means the file changed.
+            let pass = file
+                .for_each(|r, digest| apply(&r, digest))
+                .map_err(|_| LoadError::Changed)?;
             if std::mem::take(&mut first_pass) {
-                warning = w;
+                warnings.extend(pass.warning);
             }
             Ok(())
-        })?;
-        if let Some(w) = &warning {
-            eprintln!("mprof: warning: {w}");
-        }
+        })
+        .with_context(|| format!("cannot read {}", path.display()))?;
         if !profile.rate_known && profile.samples > 0 {
-            eprintln!(
-                "mprof: warning: the capture does not say its sampling rate; \
+            warnings.push(
+                "the capture does not say its sampling rate; \
                  assuming every allocation was recorded"
+                    .to_owned(),
             );
         }
-        Ok(profile)
+        Ok((profile, warnings))
     }
 
     /// Aggregates decoded records, in file order (the in-memory form of `load`, for tests).
@@ -643,9 +774,9 @@ impl Profile {
             Record::Meta { text } => meta_rate(text),
             _ => None,
         });
-        Profile::build(first_rate, |apply| {
+        Profile::build(first_rate, None, |apply| {
             for r in records {
-                if !apply(r) {
+                if !apply(r, Digest::default()) {
                     break;
                 }
             }
@@ -654,18 +785,32 @@ impl Profile {
         .expect("records in memory cannot fail to read")
     }
 
+    /// [`Profile::build`] without a memory allowance, for tests that feed passes by hand.
+    #[cfg(test)]
+    pub(crate) fn build_for_test(
+        first_rate: Option<u64>,
+        pass: impl FnMut(&mut PassFn) -> Result<()>,
+    ) -> Result<Profile> {
+        Profile::build(first_rate, None, pass)
+    }
+
     /// Aggregates the records that `pass` hands to its callback, in file order. `pass` is called
     /// twice (a second time up to the peak, when there is one) and must give the same records
-    /// each time; it stops when the callback returns false. `first_rate` is the first rate the
-    /// records announce: it applies to samples that come before any announcement.
+    /// each time (checked with the digests); it stops when the callback returns false.
+    /// `first_rate` is the first rate the records announce: it applies to samples that come
+    /// before any announcement. `size`, the capture's size, sets the memory allowance.
     fn build(
         first_rate: Option<u64>,
-        mut pass: impl FnMut(&mut dyn FnMut(&Record) -> bool) -> Result<()>,
+        size: Option<u64>,
+        mut pass: impl FnMut(&mut PassFn) -> Result<()>,
     ) -> Result<Profile> {
+        let budget = Budget::new(size);
+        let mut failure = None;
         let mut agg = Aggregator::new(first_rate.unwrap_or(1));
         let mut stacks: Vec<u32> = Vec::new();
         let mut figures: Vec<Figures> = Vec::new();
-        pass(&mut |record| {
+        let mut peak_digest = Digest::default();
+        pass(&mut |record, digest| {
             if let Change::Alloc { block, sample, .. } = agg.apply(record) {
                 let stack = block.stack.0 as usize;
                 stacks.push(block.stack.0);
@@ -673,14 +818,23 @@ impl Profile {
                     figures.resize(stack + 1, Figures::default());
                 }
                 figures[stack].allocated.add(&sample);
+                if agg.peak.is_some_and(|(i, _, _)| i + 1 == agg.applied) {
+                    peak_digest = digest;
+                }
             }
-            true
+            failure = budget.check().err();
+            failure.is_none()
         })?;
+        if let Some(e) = failure {
+            return Err(e.into());
+        }
         let names = std::mem::take(&mut agg.resolver.names);
+        agg.resolver = StackResolver::new();
         figures.resize(names.nodes.len(), Figures::default());
         for block in agg.live.values() {
             figures[block.stack.0 as usize].live.add(&block.sample());
         }
+        agg.live = FastMap::default();
         let mut peak_seconds = None;
         if let Some((end, _, peak_ns)) = agg.peak {
             peak_seconds = agg
@@ -688,11 +842,24 @@ impl Profile {
                 .map(|t0| peak_ns.saturating_sub(t0) as f64 / 1e9);
             let mut replay = Replay::new(&stacks, first_rate.unwrap_or(1));
             let mut index = 0;
-            pass(&mut |record| {
-                replay.apply(record);
+            let mut reached = None;
+            pass(&mut |record, digest| {
+                if let Err(e) = replay.apply(record).and_then(|()| budget.check()) {
+                    failure = Some(e);
+                    return false;
+                }
                 index += 1;
-                index <= end
+                if index > end {
+                    reached = Some(digest);
+                }
+                reached.is_none()
             })?;
+            if let Some(e) = failure {
+                return Err(e.into());
+            }
+            if reached != Some(peak_digest) {
+                return Err(LoadError::Changed.into());
+            }
             for block in replay.live.values() {
                 figures[block.stack.0 as usize].peak.add(&block.sample());
             }
@@ -759,13 +926,14 @@ impl<'a> Replay<'a> {
         }
     }
 
-    fn apply(&mut self, record: &Record) {
+    /// Applies the next record; an Alloc the first pass did not see means the file changed.
+    fn apply(&mut self, record: &Record) -> Result<(), LoadError> {
         match record {
             Record::Meta { text } => self.rate = meta_rate(text).unwrap_or(self.rate),
             Record::Alloc {
                 addr, size, tid, ..
             } => {
-                let stack = *self.allocs.next().expect("one stack per Alloc");
+                let stack = *self.allocs.next().ok_or(LoadError::Changed)?;
                 let block = Block {
                     stack: StackId(stack),
                     tid: *tid,
@@ -779,6 +947,7 @@ impl<'a> Replay<'a> {
             }
             _ => {}
         }
+        Ok(())
     }
 }
 

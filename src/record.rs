@@ -13,7 +13,6 @@ use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// Finds `program` the way `execvp` would, so that a missing command is reported before
@@ -47,19 +46,22 @@ pub fn program_output_path(capture: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Starts `command`; with `output`, its stdout and stderr go to that file and its stdin is
+/// Starts `command`; with `output`, its stdout and stderr go to that file (created private and
+/// still pending: the caller puts it in place once the program runs) and its stdin is
 /// /dev/null, so that it neither garbles nor reads the live view's terminal.
 fn spawn(
     command: &[String],
     ring: &RingMem,
     agent: &std::os::fd::OwnedFd,
     output: Option<&Path>,
-) -> Result<Child> {
+) -> Result<(Child, Option<crate::output::Pending>)> {
     resolve(&command[0])?;
     let mut cmd = Command::new(&command[0]);
+    let mut pending = None;
     if let Some(path) = output {
-        let file = std::fs::File::create(path)
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        let (file, p) =
+            crate::output::create(path, "program output", crate::output::Access::Private)?;
+        pending = Some(p);
         cmd.stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file);
@@ -71,13 +73,15 @@ fn spawn(
     } else {
         format!("{ours}:{saved}")
     };
-    cmd.args(&command[1..])
+    let child = cmd
+        .args(&command[1..])
         .env("LD_PRELOAD", preload)
         .env("MPROF_SAVED_LD_PRELOAD", saved)
         .env("MPROF_RING_FD", ring.fd().as_raw_fd().to_string())
         .env("MPROF_AGENT_FD", agent.as_raw_fd().to_string())
         .spawn()
-        .with_context(|| format!("cannot run {}", command[0]))
+        .with_context(|| format!("cannot run {}", command[0]))?;
+    Ok((child, pending))
 }
 
 /// The exit code mprof returns for a child's exit status: its code, or 128+N for signal N.
@@ -127,9 +131,20 @@ pub fn run(
     let ring = RingMem::create(sampling, true)?;
     let agent = mprof_injector::agent::agent_memfd()?;
     signals::install();
-    let mut child = spawn(command, &ring, &agent, program_output.as_deref())?;
+    let (mut child, program_output_file) =
+        spawn(command, &ring, &agent, program_output.as_deref())?;
     drop(agent);
     let pid = child.id();
+    // The program runs: its capture (and output) take their final names.
+    let placed = capture.place().and_then(|()| match program_output_file {
+        Some(mut p) => Ok(p.place()?),
+        None => Ok(()),
+    });
+    if let Err(e) = placed {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e);
+    }
     capture.write(&Record::Meta {
         text: format!(
             "mode=record\ncommand={}\npid={pid}\nrate={}\nmax_depth={}\nseed={}\nstart_unix_ms={}\n",
@@ -190,7 +205,7 @@ pub fn run(
     // Whatever the agent published before the child ended is still in the ring.
     while reader.pump()? > 0 {}
     reader.finish()?;
-    let state = ring.header().state.load(Ordering::Acquire);
+    let state = ring.state()?;
     if state == STATE_FAILED {
         bail!(
             "the agent could not start in {}: {}",

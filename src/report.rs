@@ -6,6 +6,7 @@
 //! rows whose bytes in the view are zero (the JSON keeps them, at the end).
 
 use crate::profile::{Figures, Location, Profile, View};
+use crate::text::escape_control;
 use crate::units::human_bytes;
 use anyhow::Result;
 use serde::Serialize;
@@ -124,13 +125,7 @@ pub fn rows(p: &Profile, view: View, by: By) -> Vec<Row<'_>> {
 /// `mprof report`: prints the report of a capture to stdout.
 pub fn run(path: &Path, view: View, by: By, top: usize, json: bool) -> Result<()> {
     let p = Profile::load(path)?;
-    let out = if json {
-        let mut s = serde_json::to_string_pretty(&json_report(&p, view, by, top))?;
-        s.push('\n');
-        s
-    } else {
-        text_report(&p, view, by, top)
-    };
+    let out = render(&p, view, by, top, json)?;
     let mut stdout = std::io::stdout().lock();
     match stdout
         .write_all(out.as_bytes())
@@ -139,6 +134,17 @@ pub fn run(path: &Path, view: View, by: By, top: usize, json: bool) -> Result<()
         // `mprof report x | head` is not an error.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => Ok(other?),
+    }
+}
+
+/// The report as `mprof report` prints it: JSON or text.
+pub fn render(p: &Profile, view: View, by: By, top: usize, json: bool) -> Result<String> {
+    if json {
+        let mut s = serde_json::to_string_pretty(&json_report(p, view, by, top))?;
+        s.push('\n');
+        Ok(s)
+    } else {
+        Ok(text_report(p, view, by, top))
     }
 }
 
@@ -185,11 +191,11 @@ pub fn text_report(p: &Profile, view: View, by: By, top: usize) -> String {
         .get("python")
         .and_then(|v| v.split_whitespace().next())
     {
-        about.push(format!("python {python}"));
+        about.push(format!("python {}", escape_control(python)));
     }
     let _ = writeln!(out, "{}", about.join(", "));
     if let Some(command) = p.meta.get("command") {
-        let _ = writeln!(out, "command: {command}");
+        let _ = writeln!(out, "command: {}", escape_control(command));
     }
     let total = p.totals().get(view);
     let _ = write!(
@@ -244,11 +250,12 @@ pub fn text_report(p: &Profile, view: View, by: By, top: usize) -> String {
             human_bytes(e.stderr()),
             format!("{share:.1}%"),
             e.samples,
-            row.label()
+            escape_control(&row.label())
         );
         let callers = row.stack.len().saturating_sub(1);
         for caller in row.stack.iter().skip(1).take(MAX_CALLERS) {
-            let _ = writeln!(out, "{:COLUMNS$}  <- {caller}", "");
+            let caller = caller.to_string();
+            let _ = writeln!(out, "{:COLUMNS$}  <- {}", "", escape_control(&caller));
         }
         if callers > MAX_CALLERS {
             let more = callers - MAX_CALLERS;
@@ -423,7 +430,7 @@ pub fn summary(p: &Profile) -> String {
             "\n  {:>11} {:>6}  {}",
             human_bytes(e.bytes),
             format!("{share:.1}%"),
-            row.label()
+            escape_control(&row.label())
         );
     }
     out

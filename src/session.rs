@@ -6,11 +6,10 @@ use crate::capture::CaptureWriter;
 use crate::SamplingArgs;
 use anyhow::{Context, Result};
 use mprof_common::record::{self, Record, KIND_ALLOC};
-use mprof_common::ring::{self, Ring, RingHeader};
+use mprof_common::ring::{self, Ring};
+use mprof_common::ring_reader::RingReader;
 use std::collections::HashSet;
-use std::ffi::CStr;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::Ordering;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 /// Size of the ring's data area. Large, to ride out the reader's stalls (a slow disk) at high
@@ -18,28 +17,104 @@ use std::time::{Duration, Instant};
 /// (`RingMem::release`).
 pub const RING_DATA_SIZE: usize = 256 << 20;
 
-/// A ring in an anonymous memory file, mapped here.
+/// A ring in an anonymous memory file, mapped here. Everything in it is written by the target
+/// too, which may be hostile: the ring is read only through [`RingReader`], which trusts
+/// nothing in it, and the memory file is sealed against resizing, so the target cannot make
+/// this mapping fault (SIGBUS) by truncating it.
 pub struct RingMem {
     fd: OwnedFd,
     base: *mut u8,
     len: usize,
+    reader: RingReader,
+}
+
+/// The seals that keep the ring's size fixed.
+const SIZE_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+
+/// Why the ring could not be set up in its memory file.
+#[derive(Debug)]
+pub enum RingSetupError {
+    /// A system call on the memory file failed.
+    Io(&'static str, std::io::Error),
+    /// The memory file is not the size it was just given (someone else resized it).
+    Resized { expected: u64, found: u64 },
+    /// The seals that fix the size are not in place.
+    Unsealed(libc::c_int),
+}
+
+impl std::fmt::Display for RingSetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RingSetupError::Io(what, e) => write!(f, "{what}: {e}"),
+            RingSetupError::Resized { expected, found } => write!(
+                f,
+                "the ring's memory file is {found} bytes instead of {expected}: \
+                 the target resized it"
+            ),
+            RingSetupError::Unsealed(seals) => write!(
+                f,
+                "the ring's memory file is not sealed against resizing (seals {seals:#x})"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RingSetupError {}
+
+fn last_os(what: &'static str) -> RingSetupError {
+    RingSetupError::Io(what, std::io::Error::last_os_error())
+}
+
+/// Sizes the memory file `fd` to `len` bytes and seals its size; checks the result, as the
+/// target may hold the same file and race us.
+fn size_and_seal(fd: &OwnedFd, len: usize) -> Result<(), RingSetupError> {
+    let raw = fd.as_raw_fd();
+    if unsafe { libc::ftruncate(raw, len as libc::off_t) } != 0 {
+        return Err(last_os("sizing the ring"));
+    }
+    if unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, SIZE_SEALS) } != 0 {
+        return Err(last_os("sealing the ring's size"));
+    }
+    let seals = unsafe { libc::fcntl(raw, libc::F_GET_SEALS) };
+    if seals < 0 {
+        return Err(last_os("reading the ring's seals"));
+    }
+    if seals & SIZE_SEALS != SIZE_SEALS {
+        return Err(RingSetupError::Unsealed(seals));
+    }
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(raw, &mut st) } != 0 {
+        return Err(last_os("fstat on the ring"));
+    }
+    if st.st_size as u64 != len as u64 {
+        return Err(RingSetupError::Resized {
+            expected: len as u64,
+            found: st.st_size as u64,
+        });
+    }
+    Ok(())
 }
 
 impl RingMem {
     /// Makes a ring configured for `sampling`. The memory file is inheritable (no CLOEXEC) when
     /// `inheritable` is set, so that a child can map it.
     pub fn create(sampling: &SamplingArgs, inheritable: bool) -> Result<RingMem> {
-        let fd = mprof_injector::agent::memfd_with("mprof-ring", &[], !inheritable)?;
-        RingMem::from_fd(fd, sampling)
+        let mut flags = libc::MFD_ALLOW_SEALING;
+        if !inheritable {
+            flags |= libc::MFD_CLOEXEC;
+        }
+        let fd = unsafe { libc::memfd_create(c"mprof-ring".as_ptr(), flags) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error()).context("memfd_create for the ring");
+        }
+        RingMem::from_fd(unsafe { OwnedFd::from_raw_fd(fd) }, sampling)
     }
 
-    /// Makes a ring in the memory file `fd` (for attach: the target's own memfd, opened through
-    /// `/proc/PID/fd/N`): sizes it, maps it and writes a fresh header.
+    /// Makes a ring in the memory file `fd` (for attach: the target's own memfd, made with
+    /// `MFD_ALLOW_SEALING`): sizes and seals it, maps it and writes a fresh header.
     pub fn from_fd(fd: OwnedFd, sampling: &SamplingArgs) -> Result<RingMem> {
         let len = ring::region_size(RING_DATA_SIZE);
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(std::io::Error::last_os_error()).context("sizing the ring");
-        }
+        size_and_seal(&fd, len).context("cannot set up the ring")?;
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -64,7 +139,13 @@ impl RingMem {
                 0,
             )
         };
-        Ok(RingMem { fd, base, len })
+        let reader = unsafe { RingReader::new(base, RING_DATA_SIZE) };
+        Ok(RingMem {
+            fd,
+            base,
+            len,
+            reader,
+        })
     }
 
     pub fn fd(&self) -> &OwnedFd {
@@ -94,35 +175,43 @@ impl RingMem {
         }
     }
 
-    pub fn ring(&self) -> Ring {
-        unsafe { Ring::attach(self.base, self.len) }.expect("a ring we made ourselves")
+    /// The reader's view of the ring.
+    pub fn reader(&self) -> &RingReader {
+        &self.reader
     }
 
-    pub fn header(&self) -> &RingHeader {
-        unsafe { &*(self.base as *const RingHeader) }
+    /// The ring's state (see `mprof_common::ring`); an impossible value is an error that ends
+    /// the session.
+    pub fn state(&self) -> Result<u32> {
+        self.reader
+            .state()
+            .map_err(|e| anyhow::anyhow!("the target damaged the ring: {e}"))
     }
 
-    /// The agent's message, if it wrote one.
+    /// Tells the agent the reader is alive.
+    pub fn heartbeat(&self) {
+        self.reader.heartbeat(monotonic_ns());
+    }
+
+    /// The agent's message, if it wrote one (control characters escaped).
     pub fn message(&self) -> String {
-        c_text(&self.header().message)
+        crate::text::escape_control(&self.reader.message()).into_owned()
     }
 
-    /// The interpreter's version string as the agent read it.
+    /// The interpreter's version string as the agent read it (control characters escaped,
+    /// so it cannot add lines to the capture's metadata).
     pub fn python_version(&self) -> String {
-        c_text(&self.header().py_version)
+        crate::text::escape_control(&self.reader.python_version()).into_owned()
     }
 
     /// Records the agent has dropped so far because the ring was full.
     pub fn dropped(&self) -> u64 {
-        self.header().dropped.load(Ordering::Relaxed)
+        self.reader.dropped()
     }
 
     /// How full the ring is: 0 when the reader has taken everything, 1 when the agent drops.
     pub fn fill(&self) -> f64 {
-        let h = self.header();
-        let tail = h.tail.load(Ordering::Acquire);
-        let head = h.head.load(Ordering::Acquire);
-        head.saturating_sub(tail) as f64 / h.data_size.max(1) as f64
+        self.reader.fill()
     }
 }
 
@@ -130,12 +219,6 @@ impl Drop for RingMem {
     fn drop(&mut self) {
         unsafe { libc::munmap(self.base.cast(), self.len) };
     }
-}
-
-fn c_text(bytes: &[u8]) -> String {
-    CStr::from_bytes_until_nul(bytes)
-        .map(|c| c.to_string_lossy().into_owned())
-        .unwrap_or_default()
 }
 
 /// CLOCK_MONOTONIC in nanoseconds, the clock the agent uses too.
@@ -154,6 +237,9 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     let pages: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64)
 }
+
+/// Threads whose names the reader looks up at most.
+const MAX_THREAD_NAMES: usize = 4096;
 
 /// Drains a ring into a capture file.
 pub struct Reader<'a> {
@@ -181,10 +267,7 @@ impl<'a> Reader<'a> {
 
     /// Tells the agent the reader is alive.
     pub fn heartbeat(&self) {
-        self.ring
-            .header()
-            .reader_heartbeat_ns
-            .store(monotonic_ns(), Ordering::Release);
+        self.ring.heartbeat();
     }
 
     /// Moves whatever the agent published into the capture; returns the bytes moved.
@@ -203,7 +286,7 @@ impl<'a> Reader<'a> {
         let tids = &mut self.tids;
         let ring = self.ring;
         let moved = ring
-            .ring()
+            .reader()
             .drain_then(
                 |bytes| {
                     if result.is_err() {
@@ -212,7 +295,9 @@ impl<'a> Reader<'a> {
                     if let Ok((_, kind, _)) = record::preamble(bytes) {
                         if kind == KIND_ALLOC && bytes.len() >= 12 {
                             let tid = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
-                            if tids.insert(tid) {
+                            // A hostile target can invent tids: names are looked up for
+                            // a bounded number of them.
+                            if tids.len() < MAX_THREAD_NAMES && tids.insert(tid) {
                                 new_tids.push(tid);
                             }
                         }
@@ -222,7 +307,7 @@ impl<'a> Reader<'a> {
                 },
                 |from, to| ring.release(from, to),
             )
-            .map_err(|e| anyhow::anyhow!("the agent's ring is damaged: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("the target damaged the ring ({e}); the session ended"))?;
         result?;
         for tid in new_tids {
             self.write_thread_name(tid, &mut observe)?;
@@ -274,10 +359,10 @@ impl<'a> Reader<'a> {
 
     /// Writes the final counters and flushes.
     pub fn finish(&mut self) -> Result<()> {
-        let h = self.ring.header();
+        let reader = self.ring.reader();
         self.capture.write(&Record::Stats {
-            samples: h.samples.load(Ordering::Relaxed),
-            dropped: h.dropped.load(Ordering::Relaxed),
+            samples: reader.samples(),
+            dropped: reader.dropped(),
         })?;
         self.capture.flush()
     }

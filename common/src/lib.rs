@@ -5,3 +5,4 @@
 pub mod layout;
 pub mod record;
 pub mod ring;
+pub mod ring_reader;

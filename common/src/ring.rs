@@ -8,6 +8,8 @@
 //!  +-----------------------------------+------------+---------------+---+----------- ... ---+
 //! ```
 //!
+//! The consumer's side lives in `ring_reader`, which trusts nothing the producers wrote.
+//!
 //! Producers never wait. A producer reserves `len` bytes by advancing `head` with a CAS; if the
 //! reservation would overrun unread data it counts a drop and gives up. It fills the body, then
 //! publishes the record by storing its length word with release ordering. A record never
@@ -111,15 +113,16 @@ impl Ring {
         config_flags: u32,
     ) -> Ring {
         assert!(data_size.is_power_of_two() && data_size >= 4096);
-        let h = &mut *(base as *mut RingHeader);
-        h.magic = RING_MAGIC;
-        h.version = RING_VERSION;
-        h.header_size = HEADER_SIZE as u32;
-        h.data_size = data_size as u64;
-        h.rate = rate;
-        h.seed = seed;
-        h.max_depth = max_depth;
-        h.config_flags = config_flags;
+        // Raw writes, no reference: in `attach` the target can already reach this memory.
+        let h = base as *mut RingHeader;
+        std::ptr::addr_of_mut!((*h).magic).write_volatile(RING_MAGIC);
+        std::ptr::addr_of_mut!((*h).version).write_volatile(RING_VERSION);
+        std::ptr::addr_of_mut!((*h).header_size).write_volatile(HEADER_SIZE as u32);
+        std::ptr::addr_of_mut!((*h).data_size).write_volatile(data_size as u64);
+        std::ptr::addr_of_mut!((*h).rate).write_volatile(rate);
+        std::ptr::addr_of_mut!((*h).seed).write_volatile(seed);
+        std::ptr::addr_of_mut!((*h).max_depth).write_volatile(max_depth);
+        std::ptr::addr_of_mut!((*h).config_flags).write_volatile(config_flags);
         fence(Ordering::Release);
         Ring { base }
     }
@@ -221,71 +224,13 @@ impl Ring {
         }
         self.len_word(pos).store(len as u32, Ordering::Release);
     }
-
-    /// Consumer side: hands every published record (padding excluded) to `sink`, in ring order,
-    /// until it reaches one that is not yet published. Returns the number of bytes consumed, or
-    /// an error if the ring holds something no agent could have written.
-    pub fn drain(&self, sink: impl FnMut(&[u8])) -> Result<usize, String> {
-        self.drain_then(sink, |_, _| {})
-    }
-
-    /// [`Ring::drain`], and before the consumed bytes are handed back to the producers,
-    /// `release(from, to)` gets their range in ring positions (bytes ever written; a position
-    /// modulo the data size is an offset in the data area). The reader uses it to give the
-    /// consumed pages back to the kernel. At most a quarter of the ring is consumed per call.
-    pub fn drain_then(
-        &self,
-        mut sink: impl FnMut(&[u8]),
-        release: impl FnOnce(u64, u64),
-    ) -> Result<usize, String> {
-        let h = self.header();
-        let size = self.size();
-        let start = h.tail.load(Ordering::Relaxed);
-        let head = h.head.load(Ordering::Acquire);
-        let mut tail = start;
-        let mut error = None;
-        while tail < head && tail - start < size / 4 {
-            let pos = tail & (size - 1);
-            let len = self.len_word(pos).load(Ordering::Acquire) as u64;
-            if len == 0 {
-                break;
-            }
-            if len < PREAMBLE as u64
-                || !len.is_multiple_of(8)
-                || pos + len > size
-                || tail + len > head
-            {
-                error = Some(format!("corrupt ring record length {len} at {tail}"));
-                break;
-            }
-            let bytes = unsafe {
-                std::slice::from_raw_parts_mut(self.data().add(pos as usize), len as usize)
-            };
-            let kind = u16::from_le_bytes([bytes[4], bytes[5]]);
-            if kind != KIND_PAD {
-                sink(bytes);
-            }
-            // Zero the record, length word last, so a producer that reuses these bytes never
-            // sees a stale non-zero length.
-            bytes[4..].fill(0);
-            self.len_word(pos).store(0, Ordering::Relaxed);
-            tail += len;
-        }
-        if tail > start {
-            release(start, tail);
-            h.tail.store(tail, Ordering::Release);
-        }
-        match error {
-            Some(e) => Err(e),
-            None => Ok((tail - start) as usize),
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::record::{decode, Record, KIND_FREE};
+    use crate::ring_reader::RingReader;
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
 
@@ -310,16 +255,18 @@ mod tests {
     fn records_come_out_in_order_across_the_wrap_point() {
         let mut region = Region::new(4096);
         let ring = ring_of(&mut region);
+        let reader = reader_of(&ring, 4096);
         let mut seen = Vec::new();
         for round in 0..100u64 {
             for i in 0..7 {
                 assert!(write_free(&ring, round * 10 + i));
             }
-            ring.drain(|b| match decode(b).unwrap().0 {
-                Record::Free { addr } => seen.push(addr),
-                other => panic!("unexpected {other:?}"),
-            })
-            .unwrap();
+            reader
+                .drain(|b| match decode(b).unwrap().0 {
+                    Record::Free { addr } => seen.push(addr),
+                    other => panic!("unexpected {other:?}"),
+                })
+                .unwrap();
         }
         let want: Vec<u64> = (0..100u64)
             .flat_map(|r| (0..7).map(move |i| r * 10 + i))
@@ -331,16 +278,21 @@ mod tests {
         region.ring(4096)
     }
 
+    fn reader_of(ring: &Ring, data_size: usize) -> RingReader {
+        unsafe { RingReader::new(ring.base, data_size) }
+    }
+
     #[test]
     fn release_sees_each_consumed_range_once_before_producers_can_reuse_it() {
         let mut region = Region::new(4096);
         let ring = ring_of(&mut region);
+        let reader = reader_of(&ring, 4096);
         let mut released = Vec::new();
         for round in 0..20u64 {
             for i in 0..30 {
                 assert!(write_free(&ring, round * 100 + i));
             }
-            while ring
+            while reader
                 .drain_then(
                     |_| {},
                     |from, to| {
@@ -375,8 +327,9 @@ mod tests {
             ring.header().dropped.load(Ordering::Relaxed),
             1000 - written as u64
         );
+        let reader = reader_of(&ring, 4096);
         let mut n = 0;
-        while ring.drain(|_| n += 1).unwrap() > 0 {}
+        while reader.drain(|_| n += 1).unwrap() > 0 {}
         assert_eq!(n, written);
         assert!(write_free(&ring, 1), "room again after draining");
     }
@@ -406,11 +359,12 @@ mod tests {
         let consumer = {
             let done = done.clone();
             std::thread::spawn(move || {
+                let reader = reader_of(&ring, 1 << 16);
                 let mut last = [None::<u64>; 4];
                 let mut n = 0u64;
                 loop {
                     let finished = done.load(Ordering::Acquire);
-                    let moved = ring
+                    let moved = reader
                         .drain(|b| {
                             let Record::Free { addr } = decode(b).unwrap().0 else {
                                 panic!("bad record")

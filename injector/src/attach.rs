@@ -521,7 +521,10 @@ impl Prepared {
         };
         if r == -libc::EINVAL as i64 {
             // Kernels before 6.3 know no MFD_EXEC (and need none).
-            r = self.syscall(SYS_MEMFD_CREATE, [at, MFD_CLOEXEC, 0, 0, 0, 0])?;
+            r = self.syscall(
+                SYS_MEMFD_CREATE,
+                [at, MFD_CLOEXEC | libc::MFD_ALLOW_SEALING as u64, 0, 0, 0, 0],
+            )?;
         }
         if r < 0 {
             return Err(other(

@@ -19,6 +19,7 @@
 use super::keys::ViewState;
 use super::model::{rows, Column, Group, Model, Row, Snapshot};
 use super::{Mode, Target};
+use crate::text::escape_control;
 use crate::units::human_bytes;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};
@@ -86,11 +87,15 @@ fn header_lines(s: &Screen, width: usize) -> Vec<Line<'static>> {
         Mode::Record => "record",
         Mode::Attach => "attach",
     };
-    let title = format!(" mprof {mode} · PID {} · {}", t.pid, t.command);
+    let title = format!(
+        " mprof {mode} · PID {} · {}",
+        t.pid,
+        escape_control(&t.command)
+    );
     let python = if snap.python.is_empty() {
         "Python ?".to_owned()
     } else {
-        format!("Python {}", snap.python)
+        format!("Python {}", escape_control(&snap.python))
     };
     let rate = if snap.rate <= 1 {
         "rate 1 (every allocation)".to_owned()
@@ -196,7 +201,7 @@ fn table_title(s: &Screen, rows: &[Row], first: usize, page: usize, width: usize
     parts.push(match set.thread {
         None => "all threads".to_owned(),
         Some(tid) => match s.snap.threads.iter().find(|t| t.tid == tid) {
-            Some(t) => format!("thread {}", t.label()),
+            Some(t) => format!("thread {}", escape_control(&t.label())),
             None => format!("thread {tid}"),
         },
     });
@@ -291,10 +296,13 @@ fn site_table<'a>(s: &Screen, rows: &[Row], width: usize) -> Table<'a> {
             })
             .collect();
         if !by_file {
-            cells.push(Cell::from(cut_right(r.function, function_width)));
+            cells.push(Cell::from(cut_right(
+                &escape_control(r.function),
+                function_width,
+            )));
         }
         cells.push(Cell::from(cut_left(
-            &location(r, s.view.settings.group),
+            &escape_control(&location(r, s.view.settings.group)),
             location_width,
         )));
         TableRow::new(cells)

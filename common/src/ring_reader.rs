@@ -1,0 +1,337 @@
+//! The consumer's end of the ring (see `ring` for the layout and the protocol), written for a
+//! reader that trusts nothing in the shared memory.
+//!
+//! The producer is the target process, which may be hostile and may write anything anywhere in
+//! the region at any moment. So the reader:
+//! - takes the geometry (the data size) from whoever made the ring, never from the header;
+//! - keeps its own `tail`, and only ever stores it to the header (for the producers to see);
+//! - reads `head` and each length word once, into a local, and bounds them before use;
+//! - copies each record out of the shared memory before anyone looks at it, so a record cannot
+//!   change between being checked and being decoded;
+//! - touches the shared memory only through atomic loads and stores (no reference to plain
+//!   memory that another process writes, hence no undefined behaviour whatever it does).
+//!
+//! Nonsense ends the session with a [`RingError`]; nothing here panics on the ring's contents.
+
+use crate::record::{KIND_PAD, PREAMBLE};
+use crate::ring::{RingHeader, HEADER_SIZE, STATE_FAILED, STATE_STOP_REQUESTED};
+use std::cell::{Cell, RefCell};
+use std::fmt;
+use std::mem::offset_of;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Something in the ring that no agent could have written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RingError {
+    /// `head` is behind the reader or more than the ring's size ahead of it.
+    Head { head: u64, tail: u64 },
+    /// A record length that is not a multiple of 8, too short, or past the data.
+    Record { len: u64, at: u64 },
+    /// A `state` value the protocol does not have.
+    State(u32),
+}
+
+impl fmt::Display for RingError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RingError::Head { head, tail } => {
+                write!(
+                    f,
+                    "write position {head} is impossible with read position {tail}"
+                )
+            }
+            RingError::Record { len, at } => write!(f, "record length {len} at {at}"),
+            RingError::State(s) => write!(f, "unknown state {s}"),
+        }
+    }
+}
+
+impl std::error::Error for RingError {}
+
+/// The reader's view of a ring it made.
+pub struct RingReader {
+    base: *mut u8,
+    data_size: u64,
+    tail: Cell<u64>,
+    record: RefCell<Vec<u8>>,
+}
+
+impl RingReader {
+    /// A reader of the ring at `base`, whose data area is `data_size` bytes (a power of two,
+    /// at least 4096), freshly initialised (nothing consumed yet).
+    ///
+    /// # Safety
+    /// `base` must be 8-aligned and map `HEADER_SIZE + data_size` bytes for as long as the
+    /// reader lives. Their contents may change at any time.
+    pub unsafe fn new(base: *mut u8, data_size: usize) -> RingReader {
+        assert!(data_size.is_power_of_two() && data_size >= 4096);
+        RingReader {
+            base,
+            data_size: data_size as u64,
+            tail: Cell::new(0),
+            record: RefCell::new(Vec::with_capacity(4096)),
+        }
+    }
+
+    fn u32_at(&self, offset: usize) -> &AtomicU32 {
+        debug_assert!(
+            offset.is_multiple_of(4) && offset + 4 <= HEADER_SIZE + self.data_size as usize
+        );
+        unsafe { &*(self.base.add(offset) as *const AtomicU32) }
+    }
+
+    fn u64_at(&self, offset: usize) -> &AtomicU64 {
+        debug_assert!(
+            offset.is_multiple_of(8) && offset + 8 <= HEADER_SIZE + self.data_size as usize
+        );
+        unsafe { &*(self.base.add(offset) as *const AtomicU64) }
+    }
+
+    /// The ring's state, checked to be one the protocol knows.
+    pub fn state(&self) -> Result<u32, RingError> {
+        match self
+            .u32_at(offset_of!(RingHeader, state))
+            .load(Ordering::Acquire)
+        {
+            s @ 0..=STATE_FAILED => Ok(s),
+            s => Err(RingError::State(s)),
+        }
+    }
+
+    /// Asks the agent to stop if it is running (`ACTIVE` → `STOP_REQUESTED`).
+    pub fn request_stop(&self) {
+        let _ = self.u32_at(offset_of!(RingHeader, state)).compare_exchange(
+            crate::ring::STATE_ACTIVE,
+            STATE_STOP_REQUESTED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// Tells the agent the reader is alive (CLOCK_MONOTONIC nanoseconds).
+    pub fn heartbeat(&self, now_ns: u64) {
+        self.u64_at(offset_of!(RingHeader, reader_heartbeat_ns))
+            .store(now_ns, Ordering::Release);
+    }
+
+    /// Samples the agent says it took (a number it chose: only for display).
+    pub fn samples(&self) -> u64 {
+        self.u64_at(offset_of!(RingHeader, samples))
+            .load(Ordering::Relaxed)
+    }
+
+    /// Records the agent says it dropped (only for display).
+    pub fn dropped(&self) -> u64 {
+        self.u64_at(offset_of!(RingHeader, dropped))
+            .load(Ordering::Relaxed)
+    }
+
+    /// The agent's version string, copied out (up to its NUL, lossy UTF-8).
+    pub fn python_version(&self) -> String {
+        self.text(offset_of!(RingHeader, py_version), 64)
+    }
+
+    /// The agent's message, copied out (up to its NUL, lossy UTF-8).
+    pub fn message(&self) -> String {
+        self.text(offset_of!(RingHeader, message), 256)
+    }
+
+    fn text(&self, offset: usize, len: usize) -> String {
+        let mut bytes = Vec::with_capacity(len);
+        for i in 0..len / 8 {
+            let word = self.u64_at(offset + 8 * i).load(Ordering::Relaxed);
+            bytes.extend_from_slice(&word.to_ne_bytes());
+        }
+        let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+        String::from_utf8_lossy(&bytes[..end]).into_owned()
+    }
+
+    /// How full the ring is, from 0 to 1 (clamped: the producer's `head` is not trusted).
+    pub fn fill(&self) -> f64 {
+        let head = self
+            .u64_at(offset_of!(RingHeader, head))
+            .load(Ordering::Acquire);
+        let used = head.saturating_sub(self.tail.get()).min(self.data_size);
+        used as f64 / self.data_size as f64
+    }
+
+    /// Hands every published record (padding excluded) to `sink`, in ring order, until one
+    /// that is not yet published; at most a quarter of the ring per call. Each record is a
+    /// private copy, at least `PREAMBLE` bytes long, whose length word says its true length.
+    /// Before the consumed bytes go back to the producers, `release(from, to)` gets their range
+    /// in ring positions (the reader gives those pages back to the kernel). Returns the bytes
+    /// consumed, or the first impossible thing found (what came before it was handed over).
+    pub fn drain_then(
+        &self,
+        mut sink: impl FnMut(&[u8]),
+        release: impl FnOnce(u64, u64),
+    ) -> Result<usize, RingError> {
+        let size = self.data_size;
+        let start = self.tail.get();
+        let head = self
+            .u64_at(offset_of!(RingHeader, head))
+            .load(Ordering::Acquire);
+        if head < start || head - start > size {
+            return Err(RingError::Head { head, tail: start });
+        }
+        let mut tail = start;
+        let mut error = None;
+        let mut record = self.record.borrow_mut();
+        while tail < head && tail - start < size / 4 {
+            let pos = tail & (size - 1);
+            let data = HEADER_SIZE + pos as usize;
+            let len = self.u32_at(data).load(Ordering::Acquire) as u64;
+            if len == 0 {
+                break;
+            }
+            if len < PREAMBLE as u64
+                || !len.is_multiple_of(8)
+                || len > size / 4
+                || pos + len > size
+                || tail + len > head
+            {
+                error = Some(RingError::Record { len, at: tail });
+                break;
+            }
+            record.clear();
+            record.extend_from_slice(&(len as u32).to_le_bytes());
+            let kind_aux = self.u32_at(data + 4).load(Ordering::Relaxed);
+            record.extend_from_slice(&kind_aux.to_ne_bytes());
+            for i in 1..len as usize / 8 {
+                let word = self.u64_at(data + 8 * i).load(Ordering::Relaxed);
+                record.extend_from_slice(&word.to_ne_bytes());
+            }
+            if u16::from_le_bytes([record[4], record[5]]) != KIND_PAD {
+                sink(&record);
+            }
+            // Zero the record, length word last, so a producer that reuses these bytes never
+            // sees a stale non-zero length.
+            self.u32_at(data + 4).store(0, Ordering::Relaxed);
+            for i in 1..len as usize / 8 {
+                self.u64_at(data + 8 * i).store(0, Ordering::Relaxed);
+            }
+            self.u32_at(data).store(0, Ordering::Relaxed);
+            tail += len;
+        }
+        if tail > start {
+            release(start, tail);
+            self.tail.set(tail);
+            self.u64_at(offset_of!(RingHeader, tail))
+                .store(tail, Ordering::Release);
+        }
+        match error {
+            Some(e) => Err(e),
+            None => Ok((tail - start) as usize),
+        }
+    }
+
+    /// [`RingReader::drain_then`] with nothing to release.
+    pub fn drain(&self, sink: impl FnMut(&[u8])) -> Result<usize, RingError> {
+        self.drain_then(sink, |_, _| {})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{decode, Record, KIND_FREE};
+    use crate::ring::{region_size, Ring, STATE_ACTIVE};
+
+    const SIZE: usize = 4096;
+
+    /// A ring in private memory, its reader, and raw access to scribble on it as a hostile
+    /// producer would.
+    struct Scribbled {
+        mem: Vec<u64>,
+    }
+
+    impl Scribbled {
+        fn new() -> Scribbled {
+            let mut mem = vec![0u64; region_size(SIZE) / 8];
+            unsafe { Ring::init(mem.as_mut_ptr() as *mut u8, SIZE, 1, 0, 64, 0) };
+            Scribbled { mem }
+        }
+        fn base(&mut self) -> *mut u8 {
+            self.mem.as_mut_ptr() as *mut u8
+        }
+        fn ring(&mut self) -> Ring {
+            unsafe { Ring::attach(self.base(), region_size(SIZE)).unwrap() }
+        }
+        fn reader(&mut self) -> RingReader {
+            unsafe { RingReader::new(self.base(), SIZE) }
+        }
+        fn poke_u64(&mut self, offset: usize, v: u64) {
+            self.mem[offset / 8] = v;
+        }
+        fn poke_u32(&mut self, offset: usize, v: u32) {
+            let word = &mut self.mem[offset / 8];
+            let shift = (offset % 8) * 8;
+            *word = (*word & !(0xffff_ffffu64 << shift)) | ((v as u64) << shift);
+        }
+    }
+
+    fn free(ring: &Ring, addr: u64) {
+        assert!(ring.try_write(KIND_FREE, 0, 8, |b| b[..8]
+            .copy_from_slice(&addr.to_le_bytes())));
+    }
+
+    #[test]
+    fn impossible_heads_are_errors() {
+        for head in [u64::MAX, SIZE as u64 + 8, 1 << 40] {
+            let mut s = Scribbled::new();
+            let reader = s.reader();
+            s.poke_u64(offset_of!(RingHeader, head), head);
+            assert!(matches!(reader.drain(|_| {}), Err(RingError::Head { .. })));
+        }
+    }
+
+    #[test]
+    fn impossible_lengths_are_errors_and_nothing_is_read_past_the_data() {
+        for len in [1u32, 7, 12, 2048, 4096, 8192, u32::MAX] {
+            let mut s = Scribbled::new();
+            let ring = s.ring();
+            free(&ring, 1);
+            free(&ring, 2);
+            let reader = s.reader();
+            // The second record's length word claims more than is there.
+            s.poke_u32(HEADER_SIZE + 16, len);
+            let mut seen = Vec::new();
+            let r = reader.drain(|b| seen.push(decode(b).unwrap().0));
+            assert!(matches!(r, Err(RingError::Record { .. })), "{len}: {r:?}");
+            assert_eq!(seen, [Record::Free { addr: 1 }], "what came before is kept");
+        }
+    }
+
+    #[test]
+    fn a_head_near_the_end_cannot_make_the_reader_cross_the_data() {
+        // The reader's local geometry bounds everything, whatever the header says.
+        let mut s = Scribbled::new();
+        let reader = s.reader();
+        s.poke_u64(offset_of!(RingHeader, data_size), 1 << 40);
+        s.poke_u64(offset_of!(RingHeader, head), SIZE as u64);
+        s.poke_u32(HEADER_SIZE + SIZE - 8, 1 << 20);
+        // Every length word in the data area is 0 except the last: nothing is published.
+        assert_eq!(reader.drain(|_| panic!("no record")), Ok(0));
+    }
+
+    #[test]
+    fn unknown_states_are_errors_and_texts_are_bounded() {
+        let mut s = Scribbled::new();
+        let reader = s.reader();
+        assert_eq!(reader.state(), Ok(0));
+        s.poke_u32(offset_of!(RingHeader, state), STATE_ACTIVE);
+        assert_eq!(reader.state(), Ok(STATE_ACTIVE));
+        s.poke_u32(offset_of!(RingHeader, state), 77);
+        assert_eq!(reader.state(), Err(RingError::State(77)));
+        // No NUL anywhere in the message: it stops at its field's end.
+        for i in 0..256 / 8 {
+            s.poke_u64(
+                offset_of!(RingHeader, message) + 8 * i,
+                u64::from_ne_bytes(*b"AAAAAAAA"),
+            );
+        }
+        assert_eq!(reader.message(), "A".repeat(256));
+        s.poke_u64(offset_of!(RingHeader, head), u64::MAX);
+        assert_eq!(reader.fill(), 1.0);
+    }
+}

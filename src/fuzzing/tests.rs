@@ -1,0 +1,451 @@
+//! The bounded fuzz run that CI does, and crafted worst cases.
+
+use super::*;
+use mprof_common::record::{encode, Frame, Record, KIND_ALLOC, KIND_CODE, PREAMBLE};
+
+/// A small deterministic random source (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+fn header() -> Vec<u8> {
+    let mut bytes = b"MPROFCAP".to_vec();
+    bytes.extend_from_slice(&1u32.to_le_bytes());
+    bytes.extend_from_slice(&0u32.to_le_bytes());
+    bytes
+}
+
+/// A name that is short and plain, or long, or full of control characters.
+fn name(rng: &mut Rng) -> String {
+    let len = match rng.below(8) {
+        0 => 300 + rng.below(3000),
+        1 => 0,
+        _ => 1 + rng.below(40),
+    };
+    (0..len)
+        .map(|_| match rng.below(6) {
+            0 => char::from(rng.below(32) as u8),
+            1 => ['\u{9b}', '\u{202e}', 'é', '名', '\x7f'][rng.below(5)],
+            _ => char::from(b'a' + rng.below(26) as u8),
+        })
+        .collect()
+}
+
+/// A random but well-formed record stream: the reader must take it like a real capture.
+fn generated(rng: &mut Rng) -> Vec<u8> {
+    let mut bytes = header();
+    let codes = 1 + rng.below(40) as u64;
+    for _ in 0..rng.below(400) {
+        let record = match rng.below(12) {
+            0..=1 => Record::Code {
+                code: rng.below(codes as usize) as u64,
+                firstline: rng.next() as u32,
+                filename: name(rng),
+                name: name(rng),
+            },
+            2..=6 => {
+                let depth = match rng.below(20) {
+                    0 => 250 + rng.below(400),
+                    _ => rng.below(12),
+                };
+                Record::Alloc {
+                    tid: rng.below(4) as u32,
+                    flags: rng.below(3) as u32,
+                    addr: rng.below(64) as u64,
+                    size: [0, 1, 1000, u64::MAX, rng.next() % 100_000][rng.below(5)],
+                    time_ns: rng.next() % 1_000_000,
+                    frames: (0..depth)
+                        .map(|_| Frame {
+                            code: rng.below(codes as usize + 2) as u64,
+                            line: rng.below(50) as u32,
+                        })
+                        .collect(),
+                }
+            }
+            7..=8 => Record::Free {
+                addr: rng.below(64) as u64,
+            },
+            9 => Record::Meta {
+                text: format!(
+                    "rate={}\n{}={}\ncommand={}\n",
+                    [0, 1, 4096, u64::MAX][rng.below(4)],
+                    name(rng),
+                    name(rng),
+                    name(rng)
+                ),
+            },
+            10 => Record::Thread {
+                tid: rng.below(4) as u32,
+                name: name(rng),
+            },
+            _ => Record::Stats {
+                samples: rng.next(),
+                dropped: rng.next(),
+            },
+        };
+        bytes.extend_from_slice(&encode(&record));
+    }
+    bytes
+}
+
+/// Offsets of the records in a capture, as far as they parse.
+fn record_starts(bytes: &[u8]) -> Vec<usize> {
+    let mut at = 16;
+    let mut starts = Vec::new();
+    while at + PREAMBLE <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        if len < PREAMBLE || at + len > bytes.len() {
+            break;
+        }
+        starts.push(at);
+        at += len;
+    }
+    starts
+}
+
+const INTERESTING: [u64; 10] = [
+    0,
+    1,
+    7,
+    8,
+    0x7f,
+    0xff,
+    0xffff,
+    0xffff_ffff,
+    u64::MAX,
+    1 << 24,
+];
+
+/// One random change to `bytes`, some of them aware of the record layout.
+fn mutate(bytes: &mut Vec<u8>, rng: &mut Rng) {
+    let len = bytes.len().max(1);
+    match rng.below(9) {
+        0 => {
+            let at = rng.below(len);
+            if let Some(b) = bytes.get_mut(at) {
+                *b ^= 1 << rng.below(8);
+            }
+        }
+        1 => {
+            let at = rng.below(len);
+            let width = [1, 2, 4, 8][rng.below(4)];
+            let v = INTERESTING[rng.below(INTERESTING.len())].to_le_bytes();
+            for (i, byte) in v.iter().take(width).enumerate() {
+                if let Some(b) = bytes.get_mut(at + i) {
+                    *b = *byte;
+                }
+            }
+        }
+        2 => bytes.truncate(rng.below(len + 1)),
+        3 => {
+            // Duplicate a stretch somewhere else (repeated records, torn records).
+            let from = rng.below(len);
+            let n = rng.below(4096).min(bytes.len().saturating_sub(from));
+            let chunk = bytes[from..from + n].to_vec();
+            let to = rng.below(bytes.len() + 1);
+            bytes.splice(to..to, chunk);
+        }
+        4 => {
+            let to = rng.below(bytes.len() + 1);
+            let junk: Vec<u8> = (0..rng.below(64)).map(|_| rng.next() as u8).collect();
+            bytes.splice(to..to, junk);
+        }
+        _ => {
+            // A field of one record: its length, kind, or aux (the frame count of an Alloc).
+            let starts = record_starts(bytes);
+            if starts.is_empty() {
+                return;
+            }
+            let at = starts[rng.below(starts.len())];
+            let v = INTERESTING[rng.below(INTERESTING.len())];
+            match rng.below(4) {
+                0 => bytes[at..at + 4].copy_from_slice(&(v as u32).to_le_bytes()),
+                1 => {
+                    let kind = [KIND_ALLOC, KIND_CODE, 9, 0xffff][rng.below(4)];
+                    bytes[at + 4..at + 6].copy_from_slice(&kind.to_le_bytes());
+                }
+                2 => bytes[at + 6..at + 8].copy_from_slice(&(v as u16).to_le_bytes()),
+                _ => {
+                    // The name lengths of a Code record.
+                    if bytes.len() >= at + PREAMBLE + 16 {
+                        let f = at + PREAMBLE + 12 + 2 * rng.below(2);
+                        bytes[f..f + 2].copy_from_slice(&(v as u16).to_le_bytes());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The real captures the fuzzer starts from (recorded by mprof from `tests/py/hostile_names.py`
+/// under CPython; see `tests/fuzz/README.md`).
+fn real_seeds() -> Vec<Vec<u8>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz");
+    let mut seeds: Vec<Vec<u8>> = std::fs::read_dir(&dir)
+        .expect("tests/fuzz")
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "mprof"))
+        .map(|e| std::fs::read(e.path()).unwrap())
+        .collect();
+    assert!(!seeds.is_empty(), "no seed capture in {}", dir.display());
+    seeds.sort();
+    seeds
+}
+
+/// A window of a real capture: its header and a run of whole records, so that mutations work
+/// on small inputs and every part of the seed gets its turn.
+fn window(seed: &[u8], rng: &mut Rng) -> Vec<u8> {
+    let starts = record_starts(seed);
+    let mut bytes = header();
+    if starts.is_empty() {
+        return bytes;
+    }
+    let first = rng.below(starts.len());
+    let last = (first + 1 + rng.below(300)).min(starts.len());
+    let end = starts.get(last).copied().unwrap_or(seed.len());
+    bytes.extend_from_slice(&seed[starts[first]..end]);
+    bytes
+}
+
+fn iterations() -> usize {
+    std::env::var("MPROF_FUZZ_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3000)
+}
+
+#[test]
+fn mutated_captures_keep_every_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("input.mprof");
+    let seeds = real_seeds();
+    let mut rng = Rng(0x6d70_726f_6620_6675);
+    let (mut loaded, mut worst_excess, mut worst_ratio, mut worst_output) =
+        (0, 0isize, 0.0f64, 0.0f64);
+    let (mut max_top, mut bytes_in) = (0, 0);
+    let n = iterations();
+    for _ in 0..n {
+        let mut input = match rng.below(3) {
+            0 => generated(&mut rng),
+            _ => window(&seeds[rng.below(seeds.len())], &mut rng),
+        };
+        for _ in 0..rng.below(8) {
+            mutate(&mut input, &mut rng);
+        }
+        let cost = check(&input, &path);
+        loaded += cost.loaded as usize;
+        bytes_in += input.len();
+        let len = input.len().max(1) as f64;
+        worst_excess = worst_excess.max(cost.peak_memory as isize - 4 * input.len() as isize);
+        if input.len() >= 64 << 10 {
+            worst_ratio = worst_ratio.max(cost.peak_memory as f64 / len);
+        }
+        worst_output = worst_output.max(cost.all_output as f64 / len);
+        max_top = max_top.max(cost.top_output);
+    }
+    // The whole real seeds too, unmutated.
+    for seed in &seeds {
+        let cost = check(seed, &path);
+        assert!(cost.loaded);
+        eprintln!(
+            "fuzz: a real seed of {} bytes takes {} bytes to read",
+            seed.len(),
+            cost.peak_memory
+        );
+    }
+    eprintln!(
+        "fuzz: {n} inputs ({} MB), {loaded} loaded, 0 panics; memory: at most {} KiB beyond 4x \
+         the input (allowance {} MiB), at most {worst_ratio:.2}x for inputs of 64 KiB or more; \
+         output: at most {worst_output:.1} bytes per input byte, longest 20-row report {max_top} \
+         bytes",
+        bytes_in >> 20,
+        worst_excess >> 10,
+        MEMORY_FIXED >> 20
+    );
+    assert!(
+        loaded > n / 10,
+        "the mutations leave too few loadable inputs"
+    );
+}
+
+fn capture(records: &[Record]) -> Vec<u8> {
+    let mut bytes = header();
+    for r in records {
+        bytes.extend_from_slice(&encode(r));
+    }
+    bytes
+}
+
+/// The issue's case: one stack of 65,535 frames over a 60 KB name. Reading it takes a bounded
+/// amount of memory and the reports stay small.
+#[test]
+fn a_giant_stack_over_a_giant_name_is_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("deep.mprof");
+    let giant = "\x1b[2J".repeat(15_000);
+    let frames: Vec<Frame> = (0..65_535).map(|i| Frame { code: 1, line: i }).collect();
+    let mut records = vec![
+        Record::Meta {
+            text: "rate=1\n".into(),
+        },
+        Record::Code {
+            code: 1,
+            firstline: 1,
+            filename: giant.clone(),
+            name: giant,
+        },
+    ];
+    for addr in 0..2 {
+        records.push(Record::Alloc {
+            tid: 1,
+            flags: 0,
+            addr,
+            size: 100,
+            time_ns: addr,
+            frames: frames.clone(),
+        });
+    }
+    let bytes = capture(&records);
+    let cost = check(&bytes, &path);
+    assert!(cost.loaded);
+    let p = Profile::load(&path).unwrap();
+    let (id, _) = p.stacks().next().unwrap();
+    let stack: Vec<_> = p.frames(id).collect();
+    assert_eq!(
+        stack.len(),
+        crate::profile::MAX_DEPTH + 1,
+        "cut, plus the pseudo-frame"
+    );
+    assert_eq!(stack.last().unwrap().file, crate::profile::TRUNCATED);
+    assert!(stack[0].function.len() <= crate::profile::MAX_NAME);
+    eprintln!(
+        "giant stack: {} bytes in, {} bytes of memory, {} bytes of JSON at most",
+        bytes.len(),
+        cost.peak_memory,
+        cost.all_output
+    );
+}
+
+/// Distinct deep stacks over long names: the JSON of every stack grows with the capture, by
+/// a bounded factor, and the default report stays the same size whatever the capture.
+#[test]
+fn many_deep_stacks_print_a_bounded_amount() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wide.mprof");
+    let long = "x".repeat(5000);
+    let mut records = vec![Record::Code {
+        code: 1,
+        firstline: 1,
+        filename: long.clone(),
+        name: long,
+    }];
+    for i in 0..300u32 {
+        let frames = (0..256)
+            .map(|d| Frame {
+                code: 1,
+                line: i * 1000 + d,
+            })
+            .collect();
+        records.push(Record::Alloc {
+            tid: 1,
+            flags: 0,
+            addr: i as u64,
+            size: 1,
+            time_ns: 0,
+            frames,
+        });
+    }
+    let bytes = capture(&records);
+    let cost = check(&bytes, &path);
+    assert!(cost.loaded);
+    eprintln!(
+        "deep stacks: {} bytes in, {:.1} bytes of output per byte (--top 0), {} bytes (top 20)",
+        bytes.len(),
+        cost.all_output as f64 / bytes.len() as f64,
+        cost.top_output
+    );
+}
+
+/// Records that make the reader build the most per byte (all-new one-frame stacks at new
+/// addresses, new code objects with new one-byte names) are refused once they exceed the
+/// allowance, instead of taking memory without bound.
+#[test]
+fn dense_crafted_captures_are_refused_within_the_memory_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dense.mprof");
+    let mut bytes = header();
+    for i in 0..2_000_000u64 {
+        let code = Record::Code {
+            code: i,
+            firstline: 0,
+            filename: String::new(),
+            name: format!("{i:x}"),
+        };
+        bytes.extend_from_slice(&encode(&code));
+        let alloc = Record::Alloc {
+            tid: 0,
+            flags: 0,
+            addr: i,
+            size: 1,
+            time_ns: 0,
+            frames: vec![Frame { code: i, line: 0 }],
+        };
+        bytes.extend_from_slice(&encode(&alloc));
+    }
+    let cost = check(&bytes, &path);
+    eprintln!(
+        "dense: {} MB in, loaded: {}, {:.2} bytes of memory per byte",
+        bytes.len() >> 20,
+        cost.loaded,
+        cost.peak_memory as f64 / bytes.len() as f64
+    );
+}
+
+/// A capture rewritten in place between the reader's two passes is an error, not a panic
+/// (the pass over it sees other records than the first pass did).
+#[test]
+fn a_capture_that_changes_between_passes_is_corrupt() {
+    let records = |n: u64| {
+        let mut r = vec![Record::Meta {
+            text: "rate=1\n".into(),
+        }];
+        for addr in 0..n {
+            r.push(Record::Alloc {
+                tid: 1,
+                flags: 0,
+                addr,
+                size: 10,
+                time_ns: 0,
+                frames: vec![],
+            });
+        }
+        r
+    };
+    let (before, after) = (records(50), records(3));
+    let mut calls = 0;
+    let result = Profile::build_for_test(Some(1), |apply| {
+        calls += 1;
+        let records = if calls == 1 { &before } else { &after };
+        for (i, r) in records.iter().enumerate() {
+            if !apply(r, crate::capture::Digest::for_test(i as u64)) {
+                break;
+            }
+        }
+        Ok(())
+    });
+    let err = result
+        .err()
+        .expect("a changed capture is an error")
+        .to_string();
+    assert!(err.contains("changed while it was being read"), "{err}");
+}

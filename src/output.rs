@@ -1,0 +1,425 @@
+//! Every file mprof writes (captures, `CAPTURE.out`, flamegraphs) is created here, so that a
+//! user who owns the output directory cannot make mprof (perhaps running as root) write
+//! anywhere else.
+//!
+//! A file is first created under a fresh temporary name in the directory of the final name,
+//! with `O_CREAT|O_EXCL|O_NOFOLLOW` (so nothing planted there is opened), then `rename`d over
+//! the final name (which replaces whatever entry is there: a symlink is replaced, never
+//! followed). Every step works relative to one descriptor of the directory, so the directory
+//! cannot be swapped between the steps.
+//!
+//! A symlink at the final name is followed only when it belongs to the invoking user (mprof
+//! says so on stderr): then the file goes where the link points, by the same rules. A symlink
+//! owned by anyone else is refused with a one-line error.
+//!
+//! A streaming file (a capture, the program's output) is renamed into place as soon as the
+//! session starts, then written through its descriptor. If the run fails before that, only
+//! the temporary file is removed: a failed run never deletes a file it did not create.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+
+/// Who may read the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Mode 0600: captures and the program's output (they hold the full command line and
+    /// whatever the program printed).
+    Private,
+    /// Mode 0666 less the umask, like any file a tool writes (flamegraphs).
+    Shared,
+}
+
+impl Access {
+    fn mode(self) -> libc::mode_t {
+        match self {
+            Access::Private => 0o600,
+            Access::Shared => 0o666,
+        }
+    }
+}
+
+/// Symlinks followed at most, one after the other, before giving up.
+const MAX_LINKS: usize = 8;
+
+/// Why an output file could not be made.
+#[derive(Debug)]
+pub enum OutputError {
+    /// The final name is a symlink that belongs to someone else.
+    ForeignSymlink {
+        label: &'static str,
+        path: PathBuf,
+        owner: u32,
+        target: PathBuf,
+    },
+    /// Symlinks lead to symlinks too many times.
+    TooManyLinks(&'static str, PathBuf),
+    /// The path names a directory or has no file name.
+    NotAFile(&'static str, PathBuf),
+    /// A system call failed.
+    Io {
+        label: &'static str,
+        what: &'static str,
+        path: PathBuf,
+        err: io::Error,
+    },
+}
+
+impl fmt::Display for OutputError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OutputError::ForeignSymlink {
+                label,
+                path,
+                owner,
+                target,
+            } => write!(
+                f,
+                "refusing to write {label} {}: it is a symlink to {} owned by uid {owner}, not by you \
+                 (remove it or choose another name)",
+                path.display(),
+                target.display()
+            ),
+            OutputError::TooManyLinks(label, path) => {
+                write!(f, "cannot write {label} {}: too many symlinks", path.display())
+            }
+            OutputError::NotAFile(label, path) => {
+                write!(f, "cannot write {label} {}: not a file name", path.display())
+            }
+            OutputError::Io {
+                label,
+                what,
+                path,
+                err,
+            } => write!(f, "cannot write {label} {}: {what}: {err}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for OutputError {}
+
+fn io_err<'a>(
+    label: &'static str,
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> OutputError + 'a {
+    move |err| OutputError::Io {
+        label,
+        what,
+        path: path.to_path_buf(),
+        err,
+    }
+}
+
+fn cstr(name: &OsStr) -> CString {
+    // A name from a Path component holds no NUL.
+    CString::new(name.as_bytes()).unwrap_or_default()
+}
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// `fstatat` without following a symlink; `None` if nothing is there.
+fn lstat_at(dir: &OwnedFd, name: &CString) -> io::Result<Option<libc::stat>> {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let r = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    match check(r) {
+        Ok(_) => Ok(Some(st)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn fstat(fd: libc::c_int) -> io::Result<libc::stat> {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    check(unsafe { libc::fstat(fd, &mut st) })?;
+    Ok(st)
+}
+
+fn readlink_at(dir: &OwnedFd, name: &CString) -> io::Result<PathBuf> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    let n = unsafe {
+        libc::readlinkat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(PathBuf::from(OsString::from_vec(buf)))
+}
+
+/// The directory (opened) and the file name an output finally goes to, after following the
+/// invoking user's own symlinks.
+fn destination(
+    label: &'static str,
+    path: &Path,
+) -> Result<(OwnedFd, CString, PathBuf), OutputError> {
+    let mut path = path.to_path_buf();
+    for _ in 0..=MAX_LINKS {
+        let name = path
+            .file_name()
+            .filter(|n| *n != "..")
+            .ok_or_else(|| OutputError::NotAFile(label, path.clone()))?
+            .to_owned();
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let cparent = cstr(parent.as_os_str());
+        let fd = check(unsafe {
+            libc::open(
+                cparent.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        })
+        .map_err(io_err(label, "opening its directory", &path))?;
+        let dir = unsafe { OwnedFd::from_raw_fd(fd) };
+        let cname = cstr(&name);
+        let Some(st) = lstat_at(&dir, &cname).map_err(io_err(label, "lstat", &path))? else {
+            return Ok((dir, cname, path));
+        };
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFLNK => {
+                let target = readlink_at(&dir, &cname).map_err(io_err(label, "readlink", &path))?;
+                let me = unsafe { libc::getuid() };
+                if st.st_uid != me {
+                    return Err(OutputError::ForeignSymlink {
+                        label,
+                        path,
+                        owner: st.st_uid,
+                        target,
+                    });
+                }
+                let next = parent.join(&target);
+                eprintln!(
+                    "mprof: {} is your symlink to {}; writing there",
+                    path.display(),
+                    target.display()
+                );
+                path = next;
+            }
+            libc::S_IFDIR => return Err(OutputError::NotAFile(label, path)),
+            _ => return Ok((dir, cname, path)),
+        }
+    }
+    Err(OutputError::TooManyLinks(label, path))
+}
+
+/// A temporary name for `name`, unique to this process and attempt.
+fn temp_name(name: &CString, attempt: u32) -> CString {
+    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut base = name.as_bytes().to_vec();
+    base.truncate(100);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let suffix = format!(".tmp-mprof-{}-{n}-{attempt}-{nanos:x}", std::process::id());
+    let mut bytes = b".".to_vec();
+    bytes.extend_from_slice(&base);
+    bytes.extend_from_slice(suffix.as_bytes());
+    CString::new(bytes).unwrap_or_default()
+}
+
+/// An output file under its temporary name, not yet in place. Dropping it before
+/// [`Pending::place`] removes the temporary file (and nothing else).
+pub struct Pending {
+    label: &'static str,
+    dir: OwnedFd,
+    temp: CString,
+    name: CString,
+    /// The final path, as shown to the user.
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+    placed: bool,
+}
+
+impl Pending {
+    /// The path the file ends up at (after following the user's own symlinks).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Renames the file over its final name.
+    pub fn place(&mut self) -> Result<(), OutputError> {
+        if self.placed {
+            return Ok(());
+        }
+        let fd = self.dir.as_raw_fd();
+        check(unsafe { libc::renameat(fd, self.temp.as_ptr(), fd, self.name.as_ptr()) })
+            .map_err(io_err(self.label, "renaming it into place", &self.path))?;
+        self.placed = true;
+        Ok(())
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if self.placed {
+            return;
+        }
+        // Remove the temporary name only while it is still our file.
+        if let Ok(Some(st)) = lstat_at(&self.dir, &self.temp) {
+            if st.st_dev == self.dev && st.st_ino == self.ino {
+                unsafe { libc::unlinkat(self.dir.as_raw_fd(), self.temp.as_ptr(), 0) };
+            }
+        }
+    }
+}
+
+/// Creates the output `path` under a temporary name (see the module doc). The file is written
+/// through the returned `File`; [`Pending::place`] puts it at its final name.
+/// `label` names the file in errors ("capture file").
+pub fn create(
+    path: &Path,
+    label: &'static str,
+    access: Access,
+) -> Result<(File, Pending), OutputError> {
+    let (dir, name, path) = destination(label, path)?;
+    for attempt in 0..100 {
+        let temp = temp_name(&name, attempt);
+        let r = unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                temp.as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                access.mode() as libc::c_uint,
+            )
+        };
+        let fd = match check(r) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(io_err(label, "creating it", &path)(e)),
+        };
+        let file = unsafe { File::from_raw_fd(fd) };
+        if access == Access::Private {
+            // An inherited umask can only remove bits; make sure nothing else was set.
+            check(unsafe { libc::fchmod(fd, 0o600) }).map_err(io_err(label, "chmod", &path))?;
+        }
+        let st = fstat(fd).map_err(io_err(label, "fstat", &path))?;
+        let pending = Pending {
+            label,
+            dir,
+            temp,
+            name,
+            path,
+            dev: st.st_dev,
+            ino: st.st_ino,
+            placed: false,
+        };
+        return Ok((file, pending));
+    }
+    Err(io_err(label, "creating it", &path)(io::Error::from(
+        io::ErrorKind::AlreadyExists,
+    )))
+}
+
+/// Writes a whole file at once: `bytes` under a temporary name, then renamed into place.
+/// Returns the path written (after following the user's own symlinks).
+pub fn write_file(
+    path: &Path,
+    label: &'static str,
+    bytes: &[u8],
+    access: Access,
+) -> Result<PathBuf, OutputError> {
+    use std::io::Write;
+    let (mut file, mut pending) = create(path, label, access)?;
+    file.write_all(bytes)
+        .and_then(|()| file.flush())
+        .map_err(io_err(label, "writing", pending.path()))?;
+    drop(file);
+    pending.place()?;
+    Ok(pending.path.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    #[test]
+    fn a_file_appears_only_when_placed_and_is_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.mprof");
+        let (mut file, mut pending) = create(&path, "test file", Access::Private).unwrap();
+        use std::io::Write;
+        file.write_all(b"x").unwrap();
+        assert!(!path.exists());
+        pending.place().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"x");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn an_unplaced_file_is_removed_and_the_old_one_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.mprof");
+        std::fs::write(&path, b"winner").unwrap();
+        let (_file, pending) = create(&path, "test file", Access::Private).unwrap();
+        drop(pending);
+        assert_eq!(std::fs::read(&path).unwrap(), b"winner");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn own_symlinks_are_followed_and_replaced_files_are_new() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real.svg");
+        let link = dir.path().join("link.svg");
+        std::os::unix::fs::symlink("real.svg", &link).unwrap();
+        let written = write_file(&link, "test file", b"svg", Access::Shared).unwrap();
+        assert_eq!(written, real);
+        assert_eq!(std::fs::read(&real).unwrap(), b"svg");
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+        // A hard link to the old file keeps the old content: the name is replaced.
+        let other = dir.path().join("other");
+        std::fs::hard_link(&real, &other).unwrap();
+        write_file(&real, "test file", b"new", Access::Shared).unwrap();
+        assert_eq!(std::fs::read(&other).unwrap(), b"svg");
+        assert_ne!(
+            std::fs::metadata(&other).unwrap().ino(),
+            std::fs::metadata(&real).unwrap().ino()
+        );
+    }
+
+    #[test]
+    fn directories_and_empty_names_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            write_file(dir.path(), "test file", b"", Access::Shared),
+            Err(OutputError::NotAFile(..))
+        ));
+        assert!(write_file(
+            &dir.path().join("no/such/dir/x"),
+            "test file",
+            b"",
+            Access::Shared
+        )
+        .is_err());
+    }
+}
