@@ -219,21 +219,12 @@ fn killing_mprof_at_any_moment_never_harms_the_target() {
     );
 }
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
-}
-
 /// A running static python whose executable was deleted (every running Debian python3 after
 /// a package upgrade): root attaches and samples it; an unprivileged user, who cannot read
 /// the deleted file, gets a message that says why.
 #[test]
 fn attach_to_an_interpreter_whose_file_was_deleted() {
-    use common::procs::{attach_once, Target};
+    use common::procs::{as_nobody, attach_once, is_root, Target};
     let debian = std::path::Path::new("/usr/bin/python3.11");
     if !debian.is_file() || !is_root() {
         eprintln!("SKIPPED deleted-executable test: needs root and Debian's /usr/bin/python3.11");
@@ -244,13 +235,6 @@ fn attach_to_an_interpreter_whose_file_was_deleted() {
     std::fs::copy(debian, &copy).unwrap();
     let code = "import os, time\nprint('ready', os.getpid(), flush=True)\n\
                 while True:\n    x = [bytearray(1000) for _ in range(100)]\n    time.sleep(0.01)\n";
-    let as_nobody = |cmd: &mut Command| {
-        let mut c = Command::new("setpriv");
-        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .arg(cmd.get_program())
-            .args(cmd.get_args());
-        c
-    };
     let target = Target::start(Command::new(&copy).args(["-c", code]));
     let nobody_target = Target::start(&mut as_nobody(Command::new(&copy).args(["-c", code])));
     std::fs::remove_file(&copy).unwrap();
@@ -270,7 +254,7 @@ fn attach_to_an_interpreter_whose_file_was_deleted() {
     if scope.trim().is_empty() || scope.trim() == "0" {
         let out = common::run_with_timeout(
             as_nobody(
-                mprof()
+                &mut mprof()
                     .args(["attach", "--pid", &nobody_target.pid.to_string(), "-o"])
                     .arg(dir.path().join("n.mprof")),
             )
@@ -364,4 +348,68 @@ fn concurrent_attaches_to_one_pid() {
         drop(target);
     }
     eprintln!("losers said: {outcomes:?}");
+}
+
+/// A hostile target running as `nobody` swaps every mprof memory file it holds for an O_PATH
+/// descriptor of a root-only file, racing root's attach: mprof never writes through such a
+/// descriptor (it takes the target's descriptors with pidfd_getfd and checks them), so the
+/// root-only file is never touched, and the target comes to no harm it did not ask for.
+#[test]
+fn a_target_that_swaps_its_descriptors_cannot_make_root_write_a_file() {
+    use common::procs::{attach_once, is_root, Target};
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !is_root() {
+        eprintln!("SKIPPED descriptor-swap attack: needs root (mprof as root, target as nobody)");
+        return;
+    }
+    let pys = pythons();
+    let dir = common::tempdir();
+    let victim = dir.path().join("root-only");
+    let content = b"root's precious data\n".repeat(100);
+    std::fs::write(&victim, &content).unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let before = std::fs::metadata(&victim).unwrap();
+    let hostile = dir.path().join("hostile_fd_swap.py");
+    std::fs::copy(script("hostile_fd_swap.py"), &hostile).unwrap();
+    let mut outcomes = std::collections::BTreeMap::<String, usize>::new();
+    for py in &pys {
+        let mut cmd = Command::new(&py.path);
+        cmd.arg(&hostile).arg(&victim);
+        let target = Target::start(&mut cmd);
+        for round in 0..4 {
+            let capture = dir.path().join(format!("c{round}.mprof"));
+            let (status, err) = attach_once(
+                target.pid,
+                &["--duration", "0.1", "-q", "-o", capture.to_str().unwrap()],
+            );
+            let outcome = if status.success() {
+                "attached".to_string()
+            } else {
+                assert_eq!(err.trim().lines().count(), 1, "{}: {err}", py.label);
+                let text = err.split(':').nth(2).unwrap_or(&err).trim();
+                // "PID 123 interfered ... (descriptor 4 ...": keep what does not vary.
+                let words: Vec<&str> = text.split_whitespace().collect();
+                words
+                    .iter()
+                    .skip(2)
+                    .take(5)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            *outcomes.entry(outcome).or_default() += 1;
+        }
+        let after = std::fs::metadata(&victim).unwrap();
+        assert_eq!(
+            std::fs::read(&victim).unwrap(),
+            content,
+            "{}: victim changed",
+            py.label
+        );
+        assert_eq!(
+            (after.len(), after.mtime(), after.mode()),
+            (before.len(), before.mtime(), before.mode())
+        );
+    }
+    eprintln!("outcomes of attaching to a descriptor-swapping target: {outcomes:?}");
 }

@@ -208,3 +208,22 @@ pub fn attach_once(pid: u32, args: &[&str]) -> (ExitStatus, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// `cmd`, run as `nobody` (uid and gid 65534, no supplementary groups) through `setpriv`.
+pub fn as_nobody(cmd: &Command) -> Command {
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    c
+}
+
+/// Whether the tests run as root (the hostile-target tests need to).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
