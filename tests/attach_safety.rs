@@ -254,7 +254,7 @@ fn attach_to_an_interpreter_whose_file_was_deleted() {
     if scope.trim().is_empty() || scope.trim() == "0" {
         let out = common::run_with_timeout(
             as_nobody(
-                &mut mprof()
+                mprof()
                     .args(["attach", "--pid", &nobody_target.pid.to_string(), "-o"])
                     .arg(dir.path().join("n.mprof")),
             )
