@@ -72,6 +72,11 @@ fn inject(
     timeout: Duration,
 ) -> Result<Attached> {
     let pid = injector.pid();
+    // Decided before anything changes in the target: a target too close to its address-space
+    // limit is refused as it is.
+    let data_size =
+        crate::session::ring_data_size(sampling.rate, crate::session::address_space_headroom(pid))
+            .map_err(|why| anyhow::anyhow!("cannot attach to PID {pid}: {why}"))?;
     let liveness = injector.liveness();
     let reused = injector.agent_loaded();
     let mut prepared = injector.prepare(timeout)?;
@@ -81,7 +86,7 @@ fn inject(
         None => format!("thread {tid}, running"),
     };
     let fd = prepared.take_ring_fd().context("the ring's descriptor")?;
-    let ring = RingMem::from_fd(fd, sampling)?;
+    let ring = RingMem::from_fd(fd, sampling, data_size)?;
     let beat = || ring.heartbeat();
     beat();
     let launched = prepared.launch()?;

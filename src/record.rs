@@ -128,7 +128,12 @@ pub fn run(
     }
     let program_output = live.then(|| program_output_path(output));
     let mut capture = CaptureWriter::create(output)?;
-    let ring = RingMem::create(sampling, true)?;
+    let data_size =
+        crate::session::ring_data_size(sampling.rate, crate::session::inherited_headroom())
+            .map_err(|why| {
+                anyhow::anyhow!("cannot profile under this address-space limit: {why}")
+            })?;
+    let ring = RingMem::create(sampling, true, data_size)?;
     let agent = mprof_injector::agent::agent_memfd()?;
     signals::install();
     let (mut child, program_output_file) =

@@ -12,10 +12,79 @@ use std::collections::HashSet;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-/// Size of the ring's data area. Large, to ride out the reader's stalls (a slow disk) at high
-/// sample rates; it costs memory only while full, because the reader gives drained pages back
-/// (`RingMem::release`).
-pub const RING_DATA_SIZE: usize = 256 << 20;
+/// Largest ring data area: at `--rate 1` it rides out the reader's stalls (a slow disk). It
+/// costs memory only while full, because the reader gives drained pages back
+/// (`RingMem::release`), but its mapping counts against the target's address-space limit.
+const MAX_RING: usize = 256 << 20;
+/// Smallest ring mprof makes.
+const MIN_RING: usize = 1 << 20;
+/// Address space mprof adds to a target besides the ring: the agent image and its data, the
+/// trampoline region.
+const AGENT_SPACE: u64 = 16 << 20;
+
+/// The data size of the ring for sampling at `rate` in a process that has `headroom` bytes of
+/// address space left under its limit (`None`: no limit): big enough for the sample rate
+/// (samples of `--rate 1` arrive a thousand times faster than at the default rate), and at most
+/// a quarter of the headroom.
+pub fn ring_data_size(rate: u64, headroom: Option<u64>) -> Result<usize, String> {
+    let wanted = match rate {
+        0..=4096 => MAX_RING,
+        4097..=65536 => 64 << 20,
+        _ => 16 << 20,
+    };
+    let Some(headroom) = headroom else {
+        return Ok(wanted);
+    };
+    let allowed = headroom.saturating_sub(AGENT_SPACE) / 4;
+    if allowed < MIN_RING as u64 {
+        return Err(format!(
+            "only {} MiB of address space are left under its limit (ulimit -v), too little for \
+             mprof's agent and ring (at least {} MiB)",
+            headroom >> 20,
+            (AGENT_SPACE + 4 * MIN_RING as u64) >> 20
+        ));
+    }
+    let fit = 1usize << (63 - allowed.leading_zeros());
+    Ok(wanted.min(fit))
+}
+
+/// Address space `pid` has left under its `RLIMIT_AS` (`None`: unlimited or unknown).
+pub fn address_space_headroom(pid: u32) -> Option<u64> {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max address space"))?;
+    let soft: u64 = line["Max address space".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let size_kb: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmSize:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(soft.saturating_sub(size_kb * 1024))
+}
+
+/// For `record`: the headroom to size the ring by when the child inherits an `RLIMIT_AS` from
+/// mprof. The program needs most of its limit, so only half of it counts (the ring then takes
+/// at most an eighth).
+pub fn inherited_headroom() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } != 0
+        || lim.rlim_cur == libc::RLIM_INFINITY
+    {
+        return None;
+    }
+    Some(lim.rlim_cur / 2)
+}
 
 /// A ring in an anonymous memory file, mapped here. Everything in it is written by the target
 /// too, which may be hostile: the ring is read only through [`RingReader`], which trusts
@@ -98,7 +167,7 @@ fn size_and_seal(fd: &OwnedFd, len: usize) -> Result<(), RingSetupError> {
 impl RingMem {
     /// Makes a ring configured for `sampling`. The memory file is inheritable (no CLOEXEC) when
     /// `inheritable` is set, so that a child can map it.
-    pub fn create(sampling: &SamplingArgs, inheritable: bool) -> Result<RingMem> {
+    pub fn create(sampling: &SamplingArgs, inheritable: bool, data_size: usize) -> Result<RingMem> {
         let mut flags = libc::MFD_ALLOW_SEALING;
         if !inheritable {
             flags |= libc::MFD_CLOEXEC;
@@ -107,13 +176,13 @@ impl RingMem {
         if fd < 0 {
             return Err(std::io::Error::last_os_error()).context("memfd_create for the ring");
         }
-        RingMem::from_fd(unsafe { OwnedFd::from_raw_fd(fd) }, sampling)
+        RingMem::from_fd(unsafe { OwnedFd::from_raw_fd(fd) }, sampling, data_size)
     }
 
     /// Makes a ring in the memory file `fd` (for attach: the target's own memfd, made with
     /// `MFD_ALLOW_SEALING`): sizes and seals it, maps it and writes a fresh header.
-    pub fn from_fd(fd: OwnedFd, sampling: &SamplingArgs) -> Result<RingMem> {
-        let len = ring::region_size(RING_DATA_SIZE);
+    pub fn from_fd(fd: OwnedFd, sampling: &SamplingArgs, data_size: usize) -> Result<RingMem> {
+        let len = ring::region_size(data_size);
         size_and_seal(&fd, len).context("cannot set up the ring")?;
         let base = unsafe {
             libc::mmap(
@@ -132,14 +201,14 @@ impl RingMem {
         unsafe {
             Ring::init(
                 base,
-                RING_DATA_SIZE,
+                data_size,
                 sampling.rate,
                 sampling.seed,
                 sampling.max_depth,
                 0,
             )
         };
-        let reader = unsafe { RingReader::new(base, RING_DATA_SIZE) };
+        let reader = unsafe { RingReader::new(base, data_size) };
         Ok(RingMem {
             fd,
             base,
@@ -158,7 +227,7 @@ impl RingMem {
     /// lost; the next write there faults in a fresh zero page.
     pub fn release(&self, from: u64, to: u64) {
         const PAGE: u64 = 4096;
-        let size = RING_DATA_SIZE as u64;
+        let size = (self.len - ring::HEADER_SIZE) as u64;
         let (mut at, end) = (from.div_ceil(PAGE) * PAGE, to / PAGE * PAGE);
         while at < end {
             let offset = at % size;

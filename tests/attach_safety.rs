@@ -413,3 +413,93 @@ fn a_target_that_swaps_its_descriptors_cannot_make_root_write_a_file() {
     }
     eprintln!("outcomes of attaching to a descriptor-swapping target: {outcomes:?}");
 }
+
+/// The MiB a fill run held before MemoryError, from its "max N" line.
+fn held_mib(lines: &[String]) -> u64 {
+    lines
+        .iter()
+        .find_map(|l| l.strip_prefix("max ")?.parse().ok())
+        .unwrap_or_else(|| panic!("no max line in {lines:?}"))
+}
+
+/// Under an address-space limit (ulimit -v 400 MiB), the ring is sized to fit: a program
+/// profiled by `record` or `attach` can hold nearly as much as unprofiled before MemoryError;
+/// and a target at its limit is refused, with the reason, and left as it was.
+#[test]
+fn the_ring_fits_under_an_address_space_limit() {
+    use common::procs::{attach_once, touch, wait_line, Attach, Target, LIMIT};
+    let all = pythons();
+    let py = all
+        .iter()
+        .find(|p| p.label.contains("3.11"))
+        .unwrap_or(&all[0]);
+    let limit = "400";
+    let baseline = {
+        let t = Target::python(&py.path, "ulimit_target.py", &["fill", limit]);
+        held_mib(&t.finish(LIMIT).1)
+    };
+    let dir = common::tempdir();
+    let out = common::run_with_timeout(
+        Command::new("prlimit")
+            .arg(format!("--as={}", 400u64 << 20))
+            .arg(env!("CARGO_BIN_EXE_mprof"))
+            .args(["record", "-q", "-o"])
+            .arg(dir.path().join("r.mprof"))
+            .arg("--")
+            .arg(&py.path)
+            .arg(script("ulimit_target.py"))
+            .args(["fill", "0"]),
+        LIMIT,
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let recorded = held_mib(&text.lines().map(String::from).collect::<Vec<_>>());
+
+    let target = Target::python(
+        &py.path,
+        "ulimit_target.py",
+        &["fill", limit, dir.path().to_str().unwrap()],
+    );
+    let mut attach = Attach::start(
+        target.pid,
+        &["-o", dir.path().join("a.mprof").to_str().unwrap()],
+    );
+    attach.attached();
+    touch(dir.path(), "go");
+    let (_, lines) = target.finish(LIMIT);
+    let attached = held_mib(&lines);
+    let _ = attach.finish();
+    eprintln!(
+        "{}: under ulimit -v {limit} MiB, held before MemoryError: unprofiled {baseline} MiB, \
+         record {recorded} MiB, attach {attached} MiB",
+        py.label
+    );
+    assert!(
+        recorded * 100 >= baseline * 90,
+        "record: {recorded} of {baseline} MiB"
+    );
+    assert!(
+        attached * 100 >= baseline * 90,
+        "attach: {attached} of {baseline} MiB"
+    );
+
+    // A target with almost nothing left is refused before anything changes in it.
+    let mut near = Target::python(&py.path, "ulimit_target.py", &["near", limit]);
+    wait_line(&near.out, "full", LIMIT, &mut Vec::new()).expect("target filled up");
+    let (status, err) = attach_once(
+        near.pid,
+        &["-o", dir.path().join("n.mprof").to_str().unwrap()],
+    );
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("ulimit -v") && err.contains("address space"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(!near.maps().contains("mprof"), "something was injected");
+    assert!(near.alive());
+}
