@@ -200,3 +200,109 @@ fn an_orphaned_session_is_taken_over_by_the_next_attach() {
         eprintln!("{}: orphaned session taken over in {took:?}", py.label);
     }
 }
+
+fn row_hex(row: &mprof_common::layout::PyLayout) -> String {
+    // SAFETY: PyLayout is repr(C), made of integers with no padding.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            row as *const _ as *const u8,
+            std::mem::size_of::<mprof_common::layout::PyLayout>(),
+        )
+    };
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The agent checks a layout row against the real interpreter before trusting it: loaded into
+/// each interpreter, it accepts that version's row and refuses rows with `ob_type`, a frame's
+/// code or a code object's file name in the wrong place (as a debug build or a vendor patch
+/// would have them), without crashing the process.
+#[test]
+fn a_layout_that_does_not_fit_the_interpreter_is_refused_not_walked() {
+    use mprof_common::layout::for_version;
+    let dir = common::tempdir();
+    let agent = dir.path().join("agent.so");
+    std::fs::write(&agent, mprof_injector::agent::AGENT_SO).unwrap();
+    for py in pythons() {
+        let version = std::process::Command::new(&py.path)
+            .args(["-c", "import sys; print(sys.version_info[1])"])
+            .output()
+            .unwrap();
+        let minor: u8 = String::from_utf8_lossy(&version.stdout)
+            .trim()
+            .parse()
+            .unwrap();
+        let good = *for_version(3, minor).expect("a supported version");
+        let mut debug_object = good;
+        debug_object.object_type += 16; // Py_TRACE_REFS puts two pointers first
+        let mut frame_code = good;
+        frame_code.frame_code += 8;
+        let mut filename = good;
+        filename.code_filename += 4;
+        let rows = [good, debug_object, frame_code, filename];
+        let out = run_with_timeout(
+            std::process::Command::new(&py.path)
+                .arg(script("layout_check.py"))
+                .arg(&agent)
+                .args(rows.iter().map(row_hex)),
+            LIMIT,
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            out.status.success(),
+            "{}: {text} {}",
+            py.label,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(lines.len(), 5, "{}: {text}", py.label);
+        assert_eq!(lines[0], "ok", "{}: its own row was refused", py.label);
+        for (i, line) in lines[1..4].iter().enumerate() {
+            assert!(
+                line.starts_with("refused: "),
+                "{}: wrong row {i} accepted: {line}",
+                py.label
+            );
+        }
+        assert_eq!(lines[4], "alive");
+        eprintln!("{}: {}", py.label, lines[1..4].join(" | "));
+    }
+}
+
+/// A realloc that fails (MemoryError) leaves its block live: at `--rate 1` the report shows
+/// the bytearray made in `keeper()` still allocated at the end, on every interpreter.
+#[test]
+fn a_failed_realloc_leaves_the_old_block_live() {
+    for py in pythons() {
+        let dir = common::tempdir();
+        let capture = dir.path().join("r.mprof");
+        let out = run_with_timeout(
+            mprof()
+                .args(["record", "-q", "--rate", "1", "-o"])
+                .arg(&capture)
+                .arg("--")
+                .arg(&py.path)
+                .arg(script("failed_realloc.py")),
+            LIMIT,
+        );
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            py.label,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "100000");
+        let report = report_json(
+            &capture,
+            &["--view", "live", "--by", "function", "--top", "0"],
+        );
+        let live = by_function(&report)
+            .get("keeper")
+            .and_then(|l| l["live_bytes"].as_u64())
+            .unwrap_or(0);
+        assert!(
+            live >= 100_000,
+            "{}: keeper's block counted as freed by the failed realloc ({live} B live)",
+            py.label
+        );
+    }
+}

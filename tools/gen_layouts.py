@@ -52,6 +52,7 @@ FIELDS = [
     "compact_size",
     "owner_generator",
     "owner_cstack",
+    "object_type",
 ]
 
 # Bits of the PyASCIIObject.state word the agent relies on: member -> (value to set, mask).
@@ -127,6 +128,7 @@ def field_exprs(minor):
         "compact_size": "sizeof(PyCompactUnicodeObject)",
         "owner_generator": "FRAME_OWNED_BY_GENERATOR" if since_311 else None,
         "owner_cstack": "FRAME_OWNED_BY_CSTACK" if minor >= 12 else None,
+        "object_type": "offsetof(PyObject, ob_type)",
     }
 
 

@@ -16,7 +16,10 @@ pub const ABSENT: u16 = u16::MAX;
 ///   (`previous`, `f_code`, `prev_instr`, `owner`).
 /// - 3.13: `PyThreadState.current_frame` → `_PyInterpreterFrame`
 ///   (`previous`, `f_executable`, `instr_ptr`, `owner`).
+///
+/// `repr(C)`: the agent's `mprof_agent_check_layout` takes a row across the C ABI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
 pub struct PyLayout {
     pub major: u8,
     pub minor: u8,
@@ -56,6 +59,8 @@ pub struct PyLayout {
     pub owner_generator: u16,
     /// `FRAME_OWNED_BY_CSTACK` (≥3.12), else `ABSENT`.
     pub owner_cstack: u16,
+    /// `PyObject.ob_type`: 8 in release builds, more in a debug build that traces references.
+    pub object_type: u16,
 }
 
 include!("layout_table.rs");

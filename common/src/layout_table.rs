@@ -25,6 +25,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         compact_size: 72,
         owner_generator: ABSENT,
         owner_cstack: ABSENT,
+        object_type: 8,
     },
     // CPython 3.9.18
     PyLayout {
@@ -48,6 +49,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         compact_size: 72,
         owner_generator: ABSENT,
         owner_cstack: ABSENT,
+        object_type: 8,
     },
     // CPython 3.10.13
     PyLayout {
@@ -71,6 +73,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         compact_size: 72,
         owner_generator: ABSENT,
         owner_cstack: ABSENT,
+        object_type: 8,
     },
     // CPython 3.11.7
     PyLayout {
@@ -94,6 +97,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         compact_size: 72,
         owner_generator: 1,
         owner_cstack: ABSENT,
+        object_type: 8,
     },
     // CPython 3.12.1
     PyLayout {
@@ -117,6 +121,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         compact_size: 56,
         owner_generator: 1,
         owner_cstack: 3,
+        object_type: 8,
     },
     // CPython 3.13.0
     PyLayout {
@@ -140,5 +145,6 @@ pub const LAYOUTS: &[PyLayout] = &[
         compact_size: 56,
         owner_generator: 1,
         owner_cstack: 3,
+        object_type: 8,
     },
 ];

@@ -88,6 +88,24 @@ impl AddrSet {
         }
     }
 
+    /// Whether `addr` is in the set.
+    pub fn contains(&self, addr: usize) -> bool {
+        if self.cap == 0 {
+            return false;
+        }
+        let mut i = self.home(addr);
+        loop {
+            let e = unsafe { *self.entry(i) };
+            if e == EMPTY {
+                return false;
+            }
+            if e == addr {
+                return true;
+            }
+            i = (i + 1) & (self.cap - 1);
+        }
+    }
+
     /// Removes `addr`; returns whether it was there.
     pub fn remove(&mut self, addr: usize) -> bool {
         if self.cap == 0 {

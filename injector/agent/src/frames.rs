@@ -22,12 +22,30 @@ unsafe fn top_frame(l: &PyLayout, tstate: *const c_void) -> *const c_void {
     }
 }
 
-/// The frame's code object and byte offset of its current instruction, or None for a frame that
-/// must be skipped (owned by the C stack, not started, or not running a code object).
-unsafe fn code_and_offset(api: &Api, l: &PyLayout, f: *const c_void) -> Option<(*mut c_void, i32)> {
+/// What a frame holds.
+enum Found {
+    /// A code object and the byte offset of its current instruction.
+    Code(*mut c_void, i32),
+    /// A frame to skip: owned by the C stack, not started, or (3.13) running no code object.
+    Skip,
+    /// Not a code object where one must be: the layout does not fit this interpreter, or the
+    /// frame is being torn down. The walk ends here.
+    Broken,
+}
+
+unsafe fn code_and_offset(api: &Api, l: &PyLayout, f: *const c_void) -> Found {
     let code: *mut c_void = read(f, l.frame_code);
     if code.is_null() {
-        return None;
+        return Found::Skip;
+    }
+    let is_code = read::<*mut c_void>(code, l.object_type) == api.code_type;
+    if !is_code {
+        // 3.13's f_executable may hold other objects; before, f_code is always a code object.
+        return if l.minor >= 13 {
+            Found::Skip
+        } else {
+            Found::Broken
+        };
     }
     if l.frame_owner == ABSENT {
         // 3.8–3.10: PyFrameObject with an int f_lasti (in code units from 3.10).
@@ -37,29 +55,24 @@ unsafe fn code_and_offset(api: &Api, l: &PyLayout, f: *const c_void) -> Option<(
         } else {
             lasti * 2
         };
-        return Some((code, offset));
+        return Found::Code(code, offset);
     }
     let owner: u8 = read(f, l.frame_owner);
     if l.owner_cstack != ABSENT && owner as u16 == l.owner_cstack {
-        return None;
-    }
-    if l.minor >= 13 {
-        let ty: *mut c_void = read(code, 8);
-        if ty != api.code_type {
-            return None;
-        }
+        return Found::Skip;
     }
     let instr: usize = read(f, l.frame_instr);
     let start = code as usize + l.code_adaptive as usize;
     let first_traceable: i32 = read(code, l.code_firsttraceable);
     let incomplete = instr < start + first_traceable as usize * 2;
     if owner as u16 != l.owner_generator && incomplete {
-        return None;
+        return Found::Skip;
     }
-    Some((code, instr as isize as i32 - start as i32))
+    Found::Code(code, instr as isize as i32 - start as i32)
 }
 
-/// A frame as the walk finds it: its code object and the byte offset of its instruction.
+/// A frame as the walk finds it: its code object and the byte offset of its instruction. A
+/// null code marks where the walk stopped at something it could not read as a frame.
 #[derive(Clone, Copy)]
 pub struct RawFrame {
     pub code: *mut c_void,
@@ -84,12 +97,21 @@ pub unsafe fn walk(
     let mut guard = 0;
     while !f.is_null() && guard < 100_000 {
         guard += 1;
-        if let Some((code, offset)) = code_and_offset(api, l, f) {
-            if n == max {
-                return (n, true);
+        let (code, offset) = match code_and_offset(api, l, f) {
+            Found::Code(code, offset) => (code, offset),
+            Found::Skip => {
+                f = read(f, l.frame_back);
+                continue;
             }
-            out[n].write(RawFrame { code, offset });
-            n += 1;
+            Found::Broken => (std::ptr::null_mut(), 0),
+        };
+        if n == max {
+            return (n, true);
+        }
+        out[n].write(RawFrame { code, offset });
+        n += 1;
+        if code.is_null() {
+            break;
         }
         f = read(f, l.frame_back);
     }

@@ -113,7 +113,6 @@ unsafe extern "C" fn hook_realloc<const D: usize, const L: usize>(
     ptr: *mut c_void,
     size: usize,
 ) -> *mut c_void {
-    free_check(ptr);
     let p = chain::prev(L, D);
     // A realloc may move a block between pymalloc and the RAW domain whatever its size.
     let call = || {
@@ -123,10 +122,11 @@ unsafe extern "C" fn hook_realloc<const D: usize, const L: usize>(
             nested(|| (p.realloc)(p.ctx, ptr, size))
         }
     };
-    if count_down::<D, L>(size) {
-        return call();
+    let ran_out = !count_down::<D, L>(size);
+    if ran_out || maybe_sampled(ptr as usize) {
+        return sampling::sampled_realloc(D, L, ptr as usize, size, ran_out, call);
     }
-    sampling::sampled_alloc(D, L, size, call)
+    call()
 }
 
 unsafe extern "C" fn hook_free<const D: usize, const L: usize>(

@@ -15,6 +15,7 @@ mod addrset;
 mod chain;
 mod frames;
 mod hooks;
+mod layout_check;
 mod lifecycle;
 mod lock;
 mod python;
@@ -153,6 +154,33 @@ pub unsafe extern "C" fn mprof_agent_start(fd: c_int) -> c_int {
     match map_ring(fd) {
         Some((base, len)) => claim_and_start(base, len),
         None => 2,
+    }
+}
+
+/// Checks the layout `row` (a `PyLayout`) against the running interpreter, as every session
+/// start does with the row of its version; writes why it does not fit into `msg` (NUL
+/// terminated, at most `cap` bytes). Returns 0 when it fits. Exported so that a test can hand
+/// the agent a deliberately wrong row in a real interpreter.
+///
+/// # Safety
+/// `row` must point to a `PyLayout`; `msg` to `cap` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn mprof_agent_check_layout(
+    row: *const mprof_common::layout::PyLayout,
+    msg: *mut u8,
+    cap: usize,
+) -> c_int {
+    let Some(api) = python::api() else { return 2 };
+    match layout_check::check(api, &*row) {
+        Ok(()) => 0,
+        Err(why) => {
+            let n = why.len().min(cap.saturating_sub(1));
+            std::ptr::copy_nonoverlapping(why.as_ptr(), msg, n);
+            if cap > 0 {
+                *msg.add(n) = 0;
+            }
+            1
+        }
     }
 }
 

@@ -92,6 +92,8 @@ pub enum StartError {
     BadRing(&'static str),
     Busy,
     Hooks(&'static str),
+    /// The interpreter's structures are not laid out as the row for its version says.
+    Layout(String),
 }
 
 impl StartError {
@@ -105,6 +107,10 @@ impl StartError {
             StartError::BadRing(why) => why.to_string(),
             StartError::Busy => "a profiling session is already running".into(),
             StartError::Hooks(why) => why.to_string(),
+            StartError::Layout(why) => format!(
+                "this Python{} is not laid out as mprof expects: {why}",
+                python::api().map_or(String::new(), |a| format!(" {}.{}", a.major, a.minor))
+            ),
         }
     }
 }
@@ -136,6 +142,7 @@ pub unsafe fn start(
     let api = python::api().ok_or(StartError::NotPython)?;
     let layout = layout::for_version(api.major, api.minor)
         .ok_or(StartError::Unsupported(api.major, api.minor))?;
+    crate::layout_check::check(api, layout).map_err(StartError::Layout)?;
     let ring = Ring::attach(base, len).map_err(StartError::BadRing)?;
     let mut s = SESSION.lock();
     if let Some(old) = s.mapped {

@@ -29,8 +29,11 @@ pub struct Api {
     pub addr2line: Addr2Line,
     pub is_initialized: NoArgInt,
     pub is_finalizing: Option<NoArgInt>,
-    /// `&PyCode_Type`, to check 3.13's `f_executable`.
+    /// `&PyCode_Type`: every code object's type (checked per frame).
     pub code_type: *mut c_void,
+    /// `&PyType_Type` and `&PyUnicode_Type`, to check a layout against the interpreter.
+    pub type_type: *mut c_void,
+    pub unicode_type: *mut c_void,
 }
 
 unsafe impl Send for Api {}
@@ -93,6 +96,8 @@ fn resolve() -> Option<Api> {
         is_initialized: func!(c"Py_IsInitialized" as NoArgInt),
         is_finalizing: finalizing,
         code_type: sym(c"PyCode_Type"),
+        type_type: sym(c"PyType_Type"),
+        unicode_type: sym(c"PyUnicode_Type"),
     })
 }
 

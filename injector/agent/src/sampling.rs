@@ -84,10 +84,49 @@ fn tid(t: &ThreadState) -> u32 {
 }
 
 unsafe fn record_alloc(t: &ThreadState, addr: usize, size: usize) {
+    record_alloc_locked(&mut SESSION.lock(), t, addr, size)
+}
+
+/// Slow path of a realloc that may free a sampled block, or whose countdown ran out. The call
+/// runs under the session lock: the old block's FREE is recorded only if the realloc
+/// succeeded (a failed one leaves the block live), and still before any other thread can
+/// record an allocation at the released address.
+pub unsafe fn sampled_realloc(
+    domain: usize,
+    layer: usize,
+    old: usize,
+    size: usize,
+    countdown_ran_out: bool,
+    call: impl FnOnce() -> *mut c_void,
+) -> *mut c_void {
+    THREAD.with(|t| {
+        let was_busy = t.busy.replace(true);
+        if was_busy {
+            let ptr = call();
+            t.busy.set(was_busy);
+            return ptr;
+        }
+        let sample = countdown_ran_out && decide(domain, layer, t, size);
+        let mut shared = SESSION.lock();
+        let was_sampled = shared.set.contains(old);
+        let ptr = call();
+        if was_sampled && (!ptr.is_null() || size == 0) {
+            shared.set.remove(old);
+            record_free_locked(&mut shared, old);
+        }
+        if sample && !ptr.is_null() {
+            record_alloc_locked(&mut shared, t, ptr as usize, size);
+        }
+        drop(shared);
+        t.busy.set(was_busy);
+        ptr
+    })
+}
+
+unsafe fn record_alloc_locked(shared: &mut Session, t: &ThreadState, addr: usize, size: usize) {
     // Uninitialised: zeroing 8 KiB per sample cost more than the walk itself.
     let mut raw = [const { MaybeUninit::<RawFrame>::uninit() }; MAX_FRAMES];
     let mut frames = [const { MaybeUninit::<Frame>::uninit() }; MAX_FRAMES];
-    let mut shared = SESSION.lock();
     let Some(api) = python::api() else { return };
     let (Some(mapped), Some(layout)) = (shared.mapped, shared.layout) else {
         return;
@@ -96,17 +135,22 @@ unsafe fn record_alloc(t: &ThreadState, addr: usize, size: usize) {
     if !ENABLED.load(Ordering::Relaxed) {
         return;
     }
-    if let Some(reason) = lifecycle::stop_reason(&shared, api) {
-        lifecycle::stop_locked(&mut shared, reason);
+    if let Some(reason) = lifecycle::stop_reason(shared, api) {
+        lifecycle::stop_locked(shared, reason);
         return;
     }
     let (n, truncated) = walk_this_thread(api, layout, &mut raw, shared.max_depth);
     for (f, out) in raw[..n].iter().zip(frames.iter_mut()) {
         let f = f.assume_init();
-        let key = announce(&mut shared, ring, layout, f.code);
+        if f.code.is_null() {
+            // Never announced: the reader shows it as `<unknown>`.
+            out.write(Frame { code: 0, line: 0 });
+            continue;
+        }
+        let key = announce(shared, ring, layout, f.code);
         out.write(Frame {
             code: f.code as u64,
-            line: line(&mut shared, api, layout, key, f),
+            line: line(shared, api, layout, key, f),
         });
     }
     let body = ALLOC_FIXED + n * FRAME_SIZE;
@@ -183,20 +227,26 @@ pub fn sampled_free(addr: usize) {
         t.busy.set(true);
         let mut shared = SESSION.lock();
         if shared.set.remove(addr) {
-            if let (Some(mapped), Some(api)) = (shared.mapped, python::api()) {
-                if let Some(reason) = lifecycle::stop_reason(&shared, api) {
-                    lifecycle::stop_locked(&mut shared, reason);
-                } else {
-                    mapped.ring.try_write(KIND_FREE, 0, 8, |b| {
-                        b[..8].copy_from_slice(&(addr as u64).to_le_bytes())
-                    });
-                    mapped.ring.header().frees.fetch_add(1, Ordering::Relaxed);
-                }
-            }
+            record_free_locked(&mut shared, addr);
         }
         drop(shared);
         t.busy.set(false);
     })
+}
+
+/// Writes the FREE record of a sampled block (or ends the session, if it must end).
+fn record_free_locked(shared: &mut Session, addr: usize) {
+    let (Some(mapped), Some(api)) = (shared.mapped, python::api()) else {
+        return;
+    };
+    if let Some(reason) = lifecycle::stop_reason(shared, api) {
+        lifecycle::stop_locked(shared, reason);
+        return;
+    }
+    mapped.ring.try_write(KIND_FREE, 0, 8, |b| {
+        b[..8].copy_from_slice(&(addr as u64).to_le_bytes())
+    });
+    mapped.ring.header().frees.fetch_add(1, Ordering::Relaxed);
 }
 
 /// The line of a frame, through a direct-mapped cache: scanning line tables is the most
