@@ -10,9 +10,10 @@
 //!
 //! The consumer's side lives in `ring_reader`, which trusts nothing the producers wrote.
 //!
-//! Producers never wait. A producer reserves `len` bytes by advancing `head` with a CAS; if the
-//! reservation would overrun unread data it counts a drop and gives up. It fills the body, then
-//! publishes the record by storing its length word with release ordering. A record never
+//! There is one producer at a time: the agent writes records only under its session lock, and
+//! [`Ring::try_write`] takes `&mut self`. The producer never waits: if a record would overrun
+//! unread data it counts a drop and gives up. It fills the body, publishes the record by
+//! storing its length word with release ordering, then advances `head`. A record never
 //! straddles the end of the data area: a PAD record fills the gap instead. The consumer reads the
 //! record at `tail` once its length word is non-zero, zeroes the bytes it consumed (so stale bytes
 //! never look like a published record), then advances `tail`.
@@ -89,21 +90,24 @@ pub fn padded(len: usize) -> usize {
     (len + 7) & !7
 }
 
-/// A view of a ring in memory (shared or not). Cheap to copy.
-#[derive(Clone, Copy)]
+/// The producer's end of a ring in memory (shared or not). Not `Clone`: its owner is the one
+/// producer, and the geometry is copied out of the header once, when it is made.
 pub struct Ring {
     base: *mut u8,
+    /// Size of the data area, a power of two.
+    size: u64,
 }
 
+// SAFETY: a `Ring` owns the producer's role on a region that `attach`'s caller keeps mapped
+// while it lives; moving it to another thread moves that role. Shared state is only touched
+// through atomics or by the one producer (`try_write` takes `&mut self`).
 unsafe impl Send for Ring {}
-unsafe impl Sync for Ring {}
 
 impl Ring {
     /// Writes a fresh header into `base` (a zeroed region of `region_size(data_size)` bytes).
     ///
     /// # Safety
-    /// `base` must point to at least `region_size(data_size)` writable, zeroed, 8-aligned bytes
-    /// that outlive every `Ring` made from it.
+    /// `base` must point to at least `region_size(data_size)` writable, zeroed, 8-aligned bytes.
     pub unsafe fn init(
         base: *mut u8,
         data_size: usize,
@@ -111,7 +115,7 @@ impl Ring {
         seed: u64,
         max_depth: u32,
         config_flags: u32,
-    ) -> Ring {
+    ) {
         assert!(data_size.is_power_of_two() && data_size >= 4096);
         // Raw writes, no reference: in `attach` the target can already reach this memory.
         let h = base as *mut RingHeader;
@@ -124,17 +128,19 @@ impl Ring {
         std::ptr::addr_of_mut!((*h).max_depth).write_volatile(max_depth);
         std::ptr::addr_of_mut!((*h).config_flags).write_volatile(config_flags);
         fence(Ordering::Release);
-        Ring { base }
     }
 
-    /// Wraps an existing ring, checking its header.
+    /// The producer of an existing ring, after checking its header.
     ///
     /// # Safety
-    /// `base` must point to a mapped region of at least `len` bytes that outlives the `Ring`.
+    /// `base` must point to a mapped, 8-aligned region of at least `len` bytes that stays
+    /// mapped as long as the returned `Ring` lives, and no other `Ring` may write to that
+    /// region meanwhile.
     pub unsafe fn attach(base: *mut u8, len: usize) -> Result<Ring, &'static str> {
         if len < HEADER_SIZE {
             return Err("region smaller than the ring header");
         }
+        // SAFETY: at least HEADER_SIZE mapped bytes (checked above), aligned (caller).
         let h = &*(base as *const RingHeader);
         if h.magic != RING_MAGIC {
             return Err("bad ring magic");
@@ -145,34 +151,37 @@ impl Ring {
         let data = h.data_size as usize;
         if h.header_size as usize != HEADER_SIZE
             || !data.is_power_of_two()
+            || data < 4096
             || len < region_size(data)
         {
             return Err("ring sizes do not match the region");
         }
-        Ok(Ring { base })
+        Ok(Ring {
+            base,
+            size: data as u64,
+        })
     }
 
     /// The header.
     pub fn header(&self) -> &RingHeader {
+        // SAFETY: `attach` checked that the header is mapped, for as long as `self` lives.
         unsafe { &*(self.base as *const RingHeader) }
     }
 
-    fn data(&self) -> *mut u8 {
-        unsafe { self.base.add(HEADER_SIZE) }
+    /// A pointer to ring position `pos` (taken modulo the size) of the data area.
+    fn at(&self, pos: u64) -> *mut u8 {
+        // SAFETY: `pos & (size - 1)` < size, and `attach` checked that header and data area
+        // (`region_size(size)` bytes) are mapped.
+        unsafe {
+            self.base
+                .add(HEADER_SIZE + (pos & (self.size - 1)) as usize)
+        }
     }
 
-    fn size(&self) -> u64 {
-        self.header().data_size
-    }
-
-    fn len_word(&self, pos: u64) -> &AtomicU32 {
-        unsafe { &*(self.data().add(pos as usize) as *const AtomicU32) }
-    }
-
-    /// Producer side: writes one record of `body_len` bytes whose body `fill` writes.
-    /// Returns false (and counts a drop) when the ring has no room. Never blocks.
+    /// Writes one record of `body_len` bytes whose body `fill` writes. Returns false (and
+    /// counts a drop) when the ring has no room. Never blocks.
     pub fn try_write(
-        &self,
+        &mut self,
         kind: u16,
         aux: u16,
         body_len: usize,
@@ -180,49 +189,49 @@ impl Ring {
     ) -> bool {
         let h = self.header();
         let len = padded(PREAMBLE + body_len) as u64;
-        let size = self.size();
+        let size = self.size;
         if len > size / 4 {
             h.dropped.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        let (start, pad) = loop {
-            let head = h.head.load(Ordering::Relaxed);
-            let tail = h.tail.load(Ordering::Acquire);
-            let pos = head & (size - 1);
-            let pad = if pos + len > size { size - pos } else { 0 };
-            if head + pad + len - tail > size {
-                h.dropped.fetch_add(1, Ordering::Relaxed);
-                return false;
-            }
-            if h.head
-                .compare_exchange_weak(head, head + pad + len, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                break (pos, pad);
-            }
-        };
-        if pad > 0 {
-            self.publish(start, pad, KIND_PAD, 0);
+        // Only the producer moves `head`; the reader moves `tail` (acquire: the bytes it
+        // consumed are zeroed before it lets us reuse them).
+        let head = h.head.load(Ordering::Relaxed);
+        let tail = h.tail.load(Ordering::Acquire);
+        let pos = head & (size - 1);
+        let pad = if pos + len > size { size - pos } else { 0 };
+        if (head + pad + len).wrapping_sub(tail) > size {
+            h.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
         }
-        let at = (start + pad) & (size - 1);
+        if pad > 0 {
+            self.publish(head, pad, KIND_PAD, 0);
+        }
+        let start = head + pad;
+        // SAFETY: `start` is at a record boundary with `len` bytes to the end of the data
+        // area (padding made sure of it), and those bytes are free: the reader is behind.
         let body = unsafe {
-            std::slice::from_raw_parts_mut(
-                self.data().add(at as usize + PREAMBLE),
-                len as usize - PREAMBLE,
-            )
+            std::slice::from_raw_parts_mut(self.at(start).add(PREAMBLE), len as usize - PREAMBLE)
         };
         fill(body);
-        self.publish(at, len, kind, aux);
+        self.publish(start, len, kind, aux);
+        self.header()
+            .head
+            .store(head + pad + len, Ordering::Release);
         true
     }
 
+    /// Writes a record's kind and aux, then its length word (release): the record is now
+    /// visible to the reader.
     fn publish(&self, pos: u64, len: u64, kind: u16, aux: u16) {
+        let p = self.at(pos);
+        // SAFETY: a record's 8-byte preamble at an 8-aligned position inside the data area;
+        // the length word is 4-aligned for the atomic.
         unsafe {
-            let p = self.data().add(pos as usize);
             std::ptr::write(p.add(4) as *mut u16, kind);
             std::ptr::write(p.add(6) as *mut u16, aux);
+            (*(p as *const AtomicU32)).store(len as u32, Ordering::Release);
         }
-        self.len_word(pos).store(len as u32, Ordering::Release);
     }
 }
 
@@ -232,7 +241,6 @@ mod tests {
     use crate::record::{decode, Record, KIND_FREE};
     use crate::ring_reader::RingReader;
     use std::sync::atomic::AtomicBool;
-    use std::sync::Arc;
 
     struct Region(Vec<u64>);
 
@@ -241,11 +249,17 @@ mod tests {
             Region(vec![0u64; region_size(data_size) / 8])
         }
         fn ring(&mut self, data_size: usize) -> Ring {
-            unsafe { Ring::init(self.0.as_mut_ptr() as *mut u8, data_size, 1, 0, 64, 0) }
+            let base = self.0.as_mut_ptr() as *mut u8;
+            // SAFETY: the region is zeroed, aligned and as big as the data size needs; it
+            // outlives the ring in every test.
+            unsafe {
+                Ring::init(base, data_size, 1, 0, 64, 0);
+                Ring::attach(base, region_size(data_size)).unwrap()
+            }
         }
     }
 
-    fn write_free(ring: &Ring, addr: u64) -> bool {
+    fn write_free(ring: &mut Ring, addr: u64) -> bool {
         ring.try_write(KIND_FREE, 0, 8, |b| {
             b[..8].copy_from_slice(&addr.to_le_bytes())
         })
@@ -254,12 +268,12 @@ mod tests {
     #[test]
     fn records_come_out_in_order_across_the_wrap_point() {
         let mut region = Region::new(4096);
-        let ring = ring_of(&mut region);
+        let mut ring = ring_of(&mut region);
         let reader = reader_of(&ring, 4096);
         let mut seen = Vec::new();
         for round in 0..100u64 {
             for i in 0..7 {
-                assert!(write_free(&ring, round * 10 + i));
+                assert!(write_free(&mut ring, round * 10 + i));
             }
             reader
                 .drain(|b| match decode(b).unwrap().0 {
@@ -279,18 +293,19 @@ mod tests {
     }
 
     fn reader_of(ring: &Ring, data_size: usize) -> RingReader {
+        // SAFETY: the ring's region, alive for the test.
         unsafe { RingReader::new(ring.base, data_size) }
     }
 
     #[test]
     fn release_sees_each_consumed_range_once_before_producers_can_reuse_it() {
         let mut region = Region::new(4096);
-        let ring = ring_of(&mut region);
+        let mut ring = ring_of(&mut region);
         let reader = reader_of(&ring, 4096);
         let mut released = Vec::new();
         for round in 0..20u64 {
             for i in 0..30 {
-                assert!(write_free(&ring, round * 100 + i));
+                assert!(write_free(&mut ring, round * 100 + i));
             }
             while reader
                 .drain_then(
@@ -315,10 +330,10 @@ mod tests {
     #[test]
     fn a_full_ring_drops_and_counts_instead_of_blocking() {
         let mut region = Region::new(4096);
-        let ring = ring_of(&mut region);
+        let mut ring = ring_of(&mut region);
         let mut written = 0;
         for i in 0..1000 {
-            if write_free(&ring, i) {
+            if write_free(&mut ring, i) {
                 written += 1;
             }
         }
@@ -331,35 +346,49 @@ mod tests {
         let mut n = 0;
         while reader.drain(|_| n += 1).unwrap() > 0 {}
         assert_eq!(n, written);
-        assert!(write_free(&ring, 1), "room again after draining");
+        assert!(write_free(&mut ring, 1), "room again after draining");
     }
 
+    /// As in the agent: producer threads take turns under a lock (the agent's session lock),
+    /// one consumer drains concurrently.
     #[test]
-    fn many_producers_one_consumer_lose_nothing_they_did_not_count() {
+    fn producers_under_a_lock_and_one_consumer_lose_nothing_they_did_not_count() {
+        struct Base(*mut u8);
+        // SAFETY: the region outlives both threads; the reader only uses atomics on it.
+        unsafe impl Send for Base {}
         let mut region = Region::new(1 << 16);
         let ring = region.ring(1 << 16);
-        let done = Arc::new(AtomicBool::new(false));
-        let producers: Vec<_> = (0..4u64)
-            .map(|t| {
-                std::thread::spawn(move || {
-                    let mut ok = 0u64;
-                    for i in 0..50_000u64 {
-                        // Variable lengths exercise padding at the wrap point.
-                        let extra = (i % 5) as usize * 8;
-                        if ring.try_write(KIND_FREE, 0, 8 + extra, |b| {
-                            b[..8].copy_from_slice(&(t << 32 | i).to_le_bytes())
-                        }) {
-                            ok += 1;
+        let base = Base(ring.base);
+        let ring = std::sync::Mutex::new(ring);
+        let done = AtomicBool::new(false);
+        let (written, read) = std::thread::scope(|s| {
+            let producers: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let ring = &ring;
+                    s.spawn(move || {
+                        let mut ok = 0u64;
+                        for i in 0..50_000u64 {
+                            // Variable lengths exercise padding at the wrap point.
+                            let extra = (i % 5) as usize * 8;
+                            if ring
+                                .lock()
+                                .unwrap()
+                                .try_write(KIND_FREE, 0, 8 + extra, |b| {
+                                    b[..8].copy_from_slice(&(t << 32 | i).to_le_bytes())
+                                })
+                            {
+                                ok += 1;
+                            }
                         }
-                    }
-                    ok
+                        ok
+                    })
                 })
-            })
-            .collect();
-        let consumer = {
-            let done = done.clone();
-            std::thread::spawn(move || {
-                let reader = reader_of(&ring, 1 << 16);
+                .collect();
+            let done = &done;
+            let consumer = s.spawn(move || {
+                let base = base;
+                // SAFETY: the ring's region, alive until the scope ends.
+                let reader = unsafe { RingReader::new(base.0, 1 << 16) };
                 let mut last = [None::<u64>; 4];
                 let mut n = 0u64;
                 loop {
@@ -379,13 +408,18 @@ mod tests {
                         return n;
                     }
                 }
-            })
-        };
-        let written: u64 = producers.into_iter().map(|p| p.join().unwrap()).sum();
-        done.store(true, Ordering::Release);
-        let read = consumer.join().unwrap();
+            });
+            let written: u64 = producers.into_iter().map(|p| p.join().unwrap()).sum();
+            done.store(true, Ordering::Release);
+            (written, consumer.join().unwrap())
+        });
         assert_eq!(read, written);
-        let dropped = ring.header().dropped.load(Ordering::Relaxed);
+        let dropped = ring
+            .lock()
+            .unwrap()
+            .header()
+            .dropped
+            .load(Ordering::Relaxed);
         assert_eq!(written + dropped, 200_000);
     }
 }

@@ -248,6 +248,7 @@ mod tests {
     impl Scribbled {
         fn new() -> Scribbled {
             let mut mem = vec![0u64; region_size(SIZE) / 8];
+            // SAFETY: a zeroed, aligned region of the right size.
             unsafe { Ring::init(mem.as_mut_ptr() as *mut u8, SIZE, 1, 0, 64, 0) };
             Scribbled { mem }
         }
@@ -270,7 +271,7 @@ mod tests {
         }
     }
 
-    fn free(ring: &Ring, addr: u64) {
+    fn free(ring: &mut Ring, addr: u64) {
         assert!(ring.try_write(KIND_FREE, 0, 8, |b| b[..8]
             .copy_from_slice(&addr.to_le_bytes())));
     }
@@ -289,9 +290,9 @@ mod tests {
     fn impossible_lengths_are_errors_and_nothing_is_read_past_the_data() {
         for len in [1u32, 7, 12, 2048, 4096, 8192, u32::MAX] {
             let mut s = Scribbled::new();
-            let ring = s.ring();
-            free(&ring, 1);
-            free(&ring, 2);
+            let mut ring = s.ring();
+            free(&mut ring, 1);
+            free(&mut ring, 2);
             let reader = s.reader();
             // The second record's length word claims more than is there.
             s.poke_u32(HEADER_SIZE + 16, len);

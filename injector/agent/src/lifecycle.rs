@@ -46,12 +46,22 @@ pub struct LineEntry {
     pub line: u32,
 }
 
-/// The ring of a running session, mapped here.
-#[derive(Clone, Copy)]
+/// The ring of a running session, mapped here: the mapping lives as long as this value (it is
+/// unmapped only by `stop_locked`, which takes it out of the session first).
 pub struct Mapped {
     pub ring: Ring,
     base: *mut u8,
     len: usize,
+}
+
+/// What the slow path remembers between samples: code objects already announced and lines
+/// already computed.
+pub struct Caches {
+    /// Bumped at every session start: cache entries of older sessions no longer match. (Cheaper
+    /// than clearing the caches, which would touch a megabyte of the target's memory.)
+    pub generation: u32,
+    pub codes: [Option<(u32, CodeKey)>; CODE_CACHE],
+    pub lines: [Option<LineEntry>; LINE_CACHE],
 }
 
 /// Everything a session owns. Only touched under `SESSION`'s lock.
@@ -61,11 +71,7 @@ pub struct Session {
     pub max_depth: usize,
     /// The sampled blocks that are still live.
     pub set: AddrSet,
-    /// Bumped at every session start: cache entries of older sessions no longer match. (Cheaper
-    /// than clearing the caches, which would touch a megabyte of the target's memory.)
-    pub generation: u32,
-    pub codes: [Option<(u32, CodeKey)>; CODE_CACHE],
-    pub lines: [Option<LineEntry>; LINE_CACHE],
+    pub caches: Caches,
     /// The hooks the session installed.
     table: Option<&'static HookTable>,
 }
@@ -79,9 +85,11 @@ pub static SESSION: SpinLock<Session> = SpinLock::new(Session {
     layout: None,
     max_depth: 0,
     set: AddrSet::new(),
-    generation: 0,
-    codes: [None; CODE_CACHE],
-    lines: [None; LINE_CACHE],
+    caches: Caches {
+        generation: 0,
+        codes: [None; CODE_CACHE],
+        lines: [None; LINE_CACHE],
+    },
     table: None,
 });
 
@@ -145,7 +153,7 @@ pub unsafe fn start(
     crate::layout_check::check(api, layout).map_err(StartError::Layout)?;
     let ring = Ring::attach(base, len).map_err(StartError::BadRing)?;
     let mut s = SESSION.lock();
-    if let Some(old) = s.mapped {
+    if let Some(old) = &s.mapped {
         match reader_stopped(old.ring.header(), READER_TIMEOUT_NS) {
             Some(reason) => stop_locked(&mut s, reason),
             None => return Err(StartError::Busy),
@@ -153,14 +161,15 @@ pub unsafe fn start(
     }
     let layer = chain::install(api, table).map_err(StartError::Hooks)?;
     let h = ring.header();
-    s.mapped = Some(Mapped { ring, base, len });
+    let (max_depth, rate, seed) = (h.max_depth, h.rate, h.seed);
     s.layout = Some(layout);
-    s.max_depth = (h.max_depth as usize).clamp(1, crate::frames::MAX_FRAMES);
-    s.generation = s.generation.wrapping_add(1);
+    s.max_depth = (max_depth as usize).clamp(1, crate::frames::MAX_FRAMES);
+    s.caches.generation = s.caches.generation.wrapping_add(1);
     s.table = Some(table);
-    sampler::configure(h.rate, h.seed, layer);
+    sampler::configure(rate, seed, layer);
     ENABLED.store(true, Ordering::Release);
-    h.state.store(STATE_ACTIVE, Ordering::Release);
+    ring.header().state.store(STATE_ACTIVE, Ordering::Release);
+    s.mapped = Some(Mapped { ring, base, len });
     Ok(())
 }
 
@@ -185,8 +194,7 @@ pub fn stop_locked(s: &mut Session, reason: EndReason) {
         _ => chain::Lost::default(),
     };
     s.set.clear();
-    let Some(m) = s.mapped.take() else { return };
-    let h = m.ring.header();
+    let Some(mut m) = s.mapped.take() else { return };
     if lost.any() {
         let names = ["raw", "mem", "obj"];
         let which: Vec<&str> = (0..3)
@@ -194,7 +202,7 @@ pub fn stop_locked(s: &mut Session, reason: EndReason) {
             .map(|d| names[d])
             .collect();
         write_message(
-            h,
+            m.ring.header(),
             &format!(
                 "the program replaced mprof's hooks on the {} allocator during the session \
                  (tracemalloc.stop() or another allocator hook): allocations after that were \
@@ -206,7 +214,10 @@ pub fn stop_locked(s: &mut Session, reason: EndReason) {
     m.ring.try_write(KIND_END, reason as u16, 8, |b| {
         b[..8].copy_from_slice(&now_ns().to_le_bytes())
     });
-    h.state.store(STATE_STOPPED, Ordering::Release);
+    m.ring
+        .header()
+        .state
+        .store(STATE_STOPPED, Ordering::Release);
     // SAFETY: the mapping made for this session; nothing else uses it once `mapped` is None.
     unsafe { sys::munmap(m.base.cast(), m.len) };
 }

@@ -5,7 +5,7 @@
 
 use crate::chain;
 use crate::frames::{self, CodeKey, RawFrame, MAX_FRAMES};
-use crate::lifecycle::{self, LineEntry, Session, ENABLED, LINE_CACHE, SESSION};
+use crate::lifecycle::{self, Caches, LineEntry, Session, ENABLED, LINE_CACHE, SESSION};
 use crate::python::{self, Api};
 use crate::sampler::{self, ThreadState, EPOCH, GIL_COUNTDOWN, IDLE_COUNTDOWN, THREAD};
 use crate::sys::{self, now_ns};
@@ -128,11 +128,8 @@ unsafe fn record_alloc_locked(shared: &mut Session, t: &ThreadState, addr: usize
     let mut raw = [const { MaybeUninit::<RawFrame>::uninit() }; MAX_FRAMES];
     let mut frames = [const { MaybeUninit::<Frame>::uninit() }; MAX_FRAMES];
     let Some(api) = python::api() else { return };
-    let (Some(mapped), Some(layout)) = (shared.mapped, shared.layout) else {
-        return;
-    };
-    let ring = mapped.ring;
-    if !ENABLED.load(Ordering::Relaxed) {
+    let Some(layout) = shared.layout else { return };
+    if shared.mapped.is_none() || !ENABLED.load(Ordering::Relaxed) {
         return;
     }
     if let Some(reason) = lifecycle::stop_reason(shared, api) {
@@ -140,6 +137,16 @@ unsafe fn record_alloc_locked(shared: &mut Session, t: &ThreadState, addr: usize
         return;
     }
     let (n, truncated) = walk_this_thread(api, layout, &mut raw, shared.max_depth);
+    let Session {
+        mapped: Some(mapped),
+        caches,
+        set,
+        ..
+    } = shared
+    else {
+        return;
+    };
+    let ring = &mut mapped.ring;
     for (f, out) in raw[..n].iter().zip(frames.iter_mut()) {
         let f = f.assume_init();
         if f.code.is_null() {
@@ -147,10 +154,10 @@ unsafe fn record_alloc_locked(shared: &mut Session, t: &ThreadState, addr: usize
             out.write(Frame { code: 0, line: 0 });
             continue;
         }
-        let key = announce(shared, ring, layout, f.code);
+        let key = announce(caches, ring, layout, f.code);
         out.write(Frame {
             code: f.code as u64,
-            line: line(shared, api, layout, key, f),
+            line: line(caches, api, layout, key, f),
         });
     }
     let body = ALLOC_FIXED + n * FRAME_SIZE;
@@ -172,7 +179,7 @@ unsafe fn record_alloc_locked(shared: &mut Session, t: &ThreadState, addr: usize
     if written {
         ring.header().samples.fetch_add(1, Ordering::Relaxed);
         // Without room for it in the set, its free would go unrecorded: it stays live.
-        shared.set.insert(addr);
+        set.insert(addr);
     }
 }
 
@@ -193,10 +200,15 @@ unsafe fn walk_this_thread(
 }
 
 /// Writes a CODE record for `code` unless the same code object was announced already.
-unsafe fn announce(shared: &mut Session, ring: Ring, l: &PyLayout, code: *mut c_void) -> CodeKey {
+unsafe fn announce(
+    caches: &mut Caches,
+    ring: &mut Ring,
+    l: &PyLayout,
+    code: *mut c_void,
+) -> CodeKey {
     let key = frames::code_key(l, code);
     let slot = (key.code >> 4).wrapping_mul(0x9E37_79B9) % lifecycle::CODE_CACHE;
-    if shared.codes[slot] == Some((shared.generation, key)) {
+    if caches.codes[slot] == Some((caches.generation, key)) {
         return key;
     }
     let mut filename = [0u8; 1024];
@@ -213,7 +225,7 @@ unsafe fn announce(shared: &mut Session, ring: Ring, l: &PyLayout, code: *mut c_
         b[CODE_FIXED + flen..CODE_FIXED + flen + nlen].copy_from_slice(&name[..nlen]);
     });
     if written {
-        shared.codes[slot] = Some((shared.generation, key));
+        caches.codes[slot] = Some((caches.generation, key));
     }
     key
 }
@@ -236,13 +248,14 @@ pub fn sampled_free(addr: usize) {
 
 /// Writes the FREE record of a sampled block (or ends the session, if it must end).
 fn record_free_locked(shared: &mut Session, addr: usize) {
-    let (Some(mapped), Some(api)) = (shared.mapped, python::api()) else {
-        return;
-    };
+    let Some(api) = python::api() else { return };
     if let Some(reason) = lifecycle::stop_reason(shared, api) {
         lifecycle::stop_locked(shared, reason);
         return;
     }
+    let Some(mapped) = shared.mapped.as_mut() else {
+        return;
+    };
     mapped.ring.try_write(KIND_FREE, 0, 8, |b| {
         b[..8].copy_from_slice(&(addr as u64).to_le_bytes())
     });
@@ -251,7 +264,7 @@ fn record_free_locked(shared: &mut Session, addr: usize) {
 
 /// The line of a frame, through a direct-mapped cache: scanning line tables is the most
 /// expensive part of a sample.
-unsafe fn line(s: &mut Session, api: &Api, l: &PyLayout, key: CodeKey, f: RawFrame) -> u32 {
+unsafe fn line(s: &mut Caches, api: &Api, l: &PyLayout, key: CodeKey, f: RawFrame) -> u32 {
     let h = (key.code as u64 >> 4 ^ (f.offset as u64) << 20).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let slot = (h >> 40) as usize % LINE_CACHE;
     if let Some(e) = s.lines[slot] {
