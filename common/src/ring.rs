@@ -39,6 +39,9 @@ pub const STATE_STOPPED: u32 = 3;
 /// `state`: the agent could not start; `message` says why.
 pub const STATE_FAILED: u32 = 4;
 
+/// `config_flags`: do not hook the C allocator family (`--python-only`).
+pub const CONFIG_PYTHON_ONLY: u32 = 1;
+
 /// Where the reader's heartbeat sits in the header (read by a later attach to tell an orphaned
 /// session from a running one).
 pub const HEARTBEAT_OFFSET: usize = std::mem::offset_of!(RingHeader, reader_heartbeat_ns);

@@ -14,10 +14,12 @@
 mod addrset;
 mod chain;
 mod frames;
+mod got;
 mod hooks;
 mod layout_check;
 mod lifecycle;
 mod lock;
+mod native;
 mod python;
 mod sampler;
 mod sampling;

@@ -23,7 +23,9 @@ use crate::sampler;
 use crate::sys::{self, now_ns};
 use mprof_common::layout::{self, PyLayout};
 use mprof_common::record::{EndReason, KIND_END};
-use mprof_common::ring::{Ring, RingHeader, STATE_ACTIVE, STATE_STOPPED, STATE_STOP_REQUESTED};
+use mprof_common::ring::{
+    Ring, RingHeader, CONFIG_PYTHON_ONLY, STATE_ACTIVE, STATE_STOPPED, STATE_STOP_REQUESTED,
+};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Whether a session is running. Read by the slow path only.
@@ -162,14 +164,22 @@ pub unsafe fn start(
     let layer = chain::install(api, table).map_err(StartError::Hooks)?;
     let h = ring.header();
     let (max_depth, rate, seed) = (h.max_depth, h.rate, h.seed);
+    let native = h.config_flags & CONFIG_PYTHON_ONLY == 0;
     s.layout = Some(layout);
     s.max_depth = (max_depth as usize).clamp(1, crate::frames::MAX_FRAMES);
     s.caches.generation = s.caches.generation.wrapping_add(1);
     s.table = Some(table);
     sampler::configure(rate, seed, layer);
     ENABLED.store(true, Ordering::Release);
+    let serial = crate::got::SERIAL.fetch_add(1, Ordering::AcqRel) + 1;
     ring.header().state.store(STATE_ACTIVE, Ordering::Release);
     s.mapped = Some(Mapped { ring, base, len });
+    drop(s);
+    // Outside the session lock: the GOT scan takes the loader's lock, which a thread inside
+    // `dlopen` holds while it allocates (and may wait for the session lock in a hook).
+    if native {
+        crate::native::install(api.get_version, serial);
+    }
     Ok(())
 }
 
@@ -186,6 +196,8 @@ pub fn stop(reason: EndReason) -> bool {
 pub fn stop_locked(s: &mut Session, reason: EndReason) {
     ENABLED.store(false, Ordering::Release);
     sampler::idle();
+    crate::got::SERIAL.fetch_add(1, Ordering::AcqRel);
+    crate::native::uninstall(reason != EndReason::Finalizing);
     let lost = match (s.table, python::api()) {
         (Some(table), Some(api)) if reason != EndReason::Finalizing => {
             // SAFETY: under the session lock.

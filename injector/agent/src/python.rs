@@ -20,6 +20,8 @@ unsafe impl Send for Allocator {}
 unsafe impl Sync for Allocator {}
 
 pub struct Api {
+    /// `Py_GetVersion`: an address inside the interpreter's image.
+    pub get_version: *const c_void,
     pub major: u8,
     pub minor: u8,
     pub version: &'static CStr,
@@ -86,6 +88,7 @@ fn resolve() -> Option<Api> {
         (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, NoArgInt>(p) })
     };
     Some(Api {
+        get_version: get_version as *const c_void,
         major,
         minor,
         version,

@@ -35,6 +35,10 @@ pub struct ThreadState {
     pub busy: Cell<bool>,
     /// The session `countdown` was drawn in, per layer.
     pub epoch: [Cell<u32>; LAYERS],
+    /// Bytes left before the next sample of the C allocator family and `mmap`, and the session
+    /// it was drawn in.
+    pub native_countdown: Cell<i64>,
+    pub native_epoch: Cell<u32>,
     pub tid: Cell<u32>,
 }
 
@@ -44,6 +48,8 @@ thread_local! {
             countdown: [const { Cell::new(0) }; LAYERS],
             busy: Cell::new(false),
             epoch: [const { Cell::new(u32::MAX) }; LAYERS],
+            native_countdown: Cell::new(0),
+            native_epoch: Cell::new(u32::MAX),
             tid: Cell::new(0),
         }
     };

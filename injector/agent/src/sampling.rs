@@ -11,17 +11,31 @@ use crate::sampler::{self, ThreadState, EPOCH, GIL_COUNTDOWN, IDLE_COUNTDOWN, TH
 use crate::sys::{self, now_ns};
 use mprof_common::layout::PyLayout;
 use mprof_common::record::{
-    Frame, ALLOC_FIXED, ALLOC_TRUNCATED, CODE_FIXED, FRAME_SIZE, KIND_ALLOC, KIND_CODE, KIND_FREE,
+    Allocator, Frame, ALLOC_FIXED, ALLOC_TRUNCATED, CODE_FIXED, FRAME_SIZE, KIND_ALLOC, KIND_CODE,
+    KIND_FREE,
 };
 use mprof_common::ring::Ring;
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering;
 
-/// The RAW domain, the only one called without the GIL (its countdowns are per thread).
+/// The RAW domain, called without the GIL (its countdowns are per thread).
 pub const RAW: usize = 0;
 pub const MEM: usize = 1;
 pub const OBJ: usize = 2;
+/// The C allocator family and anonymous `mmap`, seen through the GOT hooks (`native`): any
+/// thread, any moment; one per-thread countdown for both.
+pub const NATIVE: usize = 3;
+pub const MMAP: usize = 4;
+
+/// The allocator an allocation of `domain` is recorded as.
+fn allocator_of(domain: usize) -> Allocator {
+    match domain {
+        NATIVE => Allocator::Native,
+        MMAP => Allocator::Mmap,
+        _ => Allocator::Python,
+    }
+}
 
 /// Slow path of an allocation whose countdown ran out: allocate, then record the sample.
 #[cold]
@@ -37,7 +51,7 @@ pub unsafe fn sampled_alloc(
         let sample = !was_busy && decide(domain, layer, t, size);
         let ptr = call();
         if sample && !ptr.is_null() {
-            record_alloc(t, ptr as usize, size);
+            record_alloc(t, ptr as usize, size, allocator_of(domain));
         }
         t.busy.set(was_busy);
         ptr
@@ -47,6 +61,10 @@ pub unsafe fn sampled_alloc(
 /// Whether this allocation, whose countdown in `layer` ran out, is sampled; re-arms the
 /// countdown. Only the active layer samples: the others go idle.
 fn decide(domain: usize, layer: usize, t: &ThreadState, size: usize) -> bool {
+    if domain >= NATIVE {
+        let enabled = ENABLED.load(Ordering::Acquire) && crate::native::on();
+        return decide_per_thread(enabled, &t.native_countdown, &t.native_epoch, size);
+    }
     let enabled = ENABLED.load(Ordering::Acquire) && chain::active() == layer;
     if domain != RAW {
         let next = if enabled {
@@ -57,15 +75,25 @@ fn decide(domain: usize, layer: usize, t: &ThreadState, size: usize) -> bool {
         GIL_COUNTDOWN[layer].store(next, Ordering::Relaxed);
         return enabled;
     }
-    let countdown = &t.countdown[layer];
+    decide_per_thread(enabled, &t.countdown[layer], &t.epoch[layer], size)
+}
+
+/// `decide` for a per-thread countdown (RAW, native).
+fn decide_per_thread(
+    enabled: bool,
+    countdown: &std::cell::Cell<i64>,
+    drawn_in: &std::cell::Cell<u32>,
+    size: usize,
+) -> bool {
     if !enabled {
         countdown.set(IDLE_COUNTDOWN);
         return false;
     }
     let epoch = EPOCH.load(Ordering::Relaxed);
-    if t.epoch[layer].get() != epoch {
-        // First RAW allocation of this thread in this session: its countdown starts here.
-        t.epoch[layer].set(epoch);
+    if drawn_in.get() != epoch {
+        // This thread's first allocation of the kind in this session: its countdown starts
+        // here.
+        drawn_in.set(epoch);
         let c = sampler::draw() - size as i64;
         if c > 0 {
             countdown.set(c);
@@ -83,8 +111,8 @@ fn tid(t: &ThreadState) -> u32 {
     t.tid.get()
 }
 
-unsafe fn record_alloc(t: &ThreadState, addr: usize, size: usize) {
-    record_alloc_locked(&mut SESSION.lock(), t, addr, size)
+unsafe fn record_alloc(t: &ThreadState, addr: usize, size: usize, allocator: Allocator) {
+    record_alloc_locked(&mut SESSION.lock(), t, addr, size, allocator)
 }
 
 /// Slow path of a realloc that may free a sampled block, or whose countdown ran out. The call
@@ -115,7 +143,7 @@ pub unsafe fn sampled_realloc(
             record_free_locked(&mut shared, old);
         }
         if sample && !ptr.is_null() {
-            record_alloc_locked(&mut shared, t, ptr as usize, size);
+            record_alloc_locked(&mut shared, t, ptr as usize, size, allocator_of(domain));
         }
         drop(shared);
         t.busy.set(was_busy);
@@ -123,7 +151,13 @@ pub unsafe fn sampled_realloc(
     })
 }
 
-unsafe fn record_alloc_locked(shared: &mut Session, t: &ThreadState, addr: usize, size: usize) {
+unsafe fn record_alloc_locked(
+    shared: &mut Session,
+    t: &ThreadState,
+    addr: usize,
+    size: usize,
+    allocator: Allocator,
+) {
     // Uninitialised: zeroing 8 KiB per sample cost more than the walk itself.
     let mut raw = [const { MaybeUninit::<RawFrame>::uninit() }; MAX_FRAMES];
     let mut frames = [const { MaybeUninit::<Frame>::uninit() }; MAX_FRAMES];
@@ -162,7 +196,7 @@ unsafe fn record_alloc_locked(shared: &mut Session, t: &ThreadState, addr: usize
     }
     let body = ALLOC_FIXED + n * FRAME_SIZE;
     let tid = tid(t);
-    let flags = if truncated { ALLOC_TRUNCATED } else { 0 };
+    let flags = allocator.flags() | if truncated { ALLOC_TRUNCATED } else { 0 };
     let written = ring.try_write(KIND_ALLOC, n as u16, body, |b| {
         b[0..4].copy_from_slice(&tid.to_le_bytes());
         b[4..8].copy_from_slice(&flags.to_le_bytes());

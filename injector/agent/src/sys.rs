@@ -23,8 +23,30 @@ pub struct Timespec {
     pub tv_nsec: i64,
 }
 
+pub const SC_PAGESIZE: c_int = 30;
+
 extern "C" {
     pub fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
+    pub fn dlopen(name: *const c_char, flags: c_int) -> *mut c_void;
+    pub fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int;
+    pub fn sysconf(name: c_int) -> c_long;
+    pub fn malloc(size: usize) -> *mut c_void;
+    pub fn calloc(n: usize, size: usize) -> *mut c_void;
+    pub fn realloc(p: *mut c_void, size: usize) -> *mut c_void;
+    pub fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void;
+    pub fn free(p: *mut c_void);
+    pub fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int;
+    pub fn aligned_alloc(align: usize, size: usize) -> *mut c_void;
+    pub fn memalign(align: usize, size: usize) -> *mut c_void;
+    pub fn valloc(size: usize) -> *mut c_void;
+    pub fn pvalloc(size: usize) -> *mut c_void;
+    pub fn mremap(
+        old: *mut c_void,
+        old_len: usize,
+        new_len: usize,
+        flags: c_int,
+        ...
+    ) -> *mut c_void;
     pub fn mmap(
         addr: *mut c_void,
         len: usize,

@@ -1,0 +1,349 @@
+//! Redirecting other objects' calls of the C allocator family to the agent: the entries of
+//! `malloc`, `free`, `mmap`... in the global offset table (GOT) of every loaded ELF object are
+//! pointed at the native hooks, and put back when the session ends.
+//!
+//! - Every loaded object is found with `dl_iterate_phdr`; its dynamic section gives the
+//!   relocations (`DT_JMPREL` for PLT calls, `DT_RELA` for `-fno-plt` calls and address-taken
+//!   functions) and the symbols they name.
+//! - Entries under RELRO are read-only once relocated: the page is made writable for the write
+//!   and read-only again after it.
+//! - Objects loaded later are caught by the hook of `dlopen`, which scans again; a scan leaves
+//!   entries that already point to a hook alone, so it can run any number of times.
+//! - Not patched: the agent itself, the dynamic loader, and, for the allocator family, the
+//!   interpreter's own image (libpython, or the executable of a static Python): its calls of
+//!   `malloc` serve `PyMem_RawMalloc` and pymalloc's arenas, which the PEP 445 hooks count
+//!   already. Its `dlopen` is patched, to see extension modules being imported.
+//!
+//! `GOT_LOCK` serializes scans and restores. It is never taken under the loader's lock (scans
+//! call `dl_iterate_phdr` with it held, never the other way round), and the hooks' fast and slow
+//! paths never take it.
+
+use crate::lock::SpinLock;
+use crate::sys;
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+const PT_DYNAMIC: u32 = 2;
+const PT_GNU_RELRO: u32 = 0x6474_e552;
+const DT_NULL: i64 = 0;
+const DT_PLTRELSZ: i64 = 2;
+const DT_STRTAB: i64 = 5;
+const DT_SYMTAB: i64 = 6;
+const DT_RELA: i64 = 7;
+const DT_RELASZ: i64 = 8;
+const DT_STRSZ: i64 = 10;
+const DT_JMPREL: i64 = 23;
+#[cfg(target_arch = "x86_64")]
+const R_GLOB_DAT: u32 = 6;
+#[cfg(target_arch = "x86_64")]
+const R_JUMP_SLOT: u32 = 7;
+#[cfg(target_arch = "aarch64")]
+const R_GLOB_DAT: u32 = 1025;
+#[cfg(target_arch = "aarch64")]
+const R_JUMP_SLOT: u32 = 1026;
+
+#[repr(C)]
+struct Phdr {
+    p_type: u32,
+    p_flags: u32,
+    p_offset: u64,
+    p_vaddr: u64,
+    p_paddr: u64,
+    p_filesz: u64,
+    p_memsz: u64,
+    p_align: u64,
+}
+
+#[repr(C)]
+pub struct DlPhdrInfo {
+    addr: usize,
+    name: *const c_char,
+    phdr: *const Phdr,
+    phnum: u16,
+}
+
+#[repr(C)]
+struct Dyn {
+    tag: i64,
+    val: u64,
+}
+
+#[repr(C)]
+struct Rela {
+    offset: u64,
+    info: u64,
+    addend: i64,
+}
+
+#[repr(C)]
+struct Sym {
+    name: u32,
+    info: u8,
+    other: u8,
+    shndx: u16,
+    value: u64,
+    size: u64,
+}
+
+/// Which objects a hook is installed in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Every object but the interpreter's image (the allocator family).
+    NotInterpreter,
+    /// Every object.
+    Everywhere,
+    /// The interpreter's image and CPython extension modules only (`dlsym`: nobody there asks
+    /// for `RTLD_NEXT`, whose answer depends on the caller).
+    PythonCode,
+}
+
+/// A hooked function: its name and the hook's address.
+pub struct Hook {
+    pub name: &'static CStr,
+    pub addr: usize,
+    pub scope: Scope,
+}
+
+/// Whether an object's file name is that of a CPython extension module.
+fn is_extension_module(name: &[u8]) -> bool {
+    let has = |needle: &[u8]| name.windows(needle.len()).any(|w| w == needle);
+    name.ends_with(b".so") && (has(b".cpython-") || has(b".abi3.") || has(b"/lib-dynload/"))
+}
+
+/// A GOT entry the agent changed: where it is and what it held.
+#[derive(Clone, Copy)]
+struct Slot {
+    addr: usize,
+    original: usize,
+    hook: usize,
+    /// Under RELRO: read-only but while the agent writes it.
+    read_only: bool,
+}
+
+struct Patched {
+    slots: Vec<Slot>,
+    /// Whether entries should point to the hooks (a session with native hooks runs).
+    wanted: bool,
+}
+
+static GOT_LOCK: SpinLock<Patched> = SpinLock::new(Patched {
+    slots: Vec::new(),
+    wanted: false,
+});
+
+/// What a scan needs to know besides the hooks.
+struct Scan<'a> {
+    hooks: &'a [Hook],
+    /// An address inside the agent and one inside the interpreter's image.
+    agent: usize,
+    interpreter: usize,
+    slots: &'a mut Vec<Slot>,
+}
+
+const PT_LOAD: u32 = 1;
+
+/// Whether `addr` lies in one of the object's loaded segments.
+unsafe fn contains(info: &DlPhdrInfo, addr: usize) -> bool {
+    std::slice::from_raw_parts(info.phdr, info.phnum as usize)
+        .iter()
+        .filter(|p| p.p_type == PT_LOAD)
+        .any(|p| {
+            let lo = info.addr + p.p_vaddr as usize;
+            lo <= addr && addr < lo + p.p_memsz as usize
+        })
+}
+
+/// The session that wants the hooks: bumped (under the session lock) at every start and stop.
+pub static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Points every hookable GOT entry of every loaded object at its hook, and keeps them so from
+/// now on (`dlopen` calls `rescan`), unless session `serial` is over already (then it returns
+/// false). `agent` and `interpreter` are addresses inside the agent and the interpreter's image.
+pub fn patch_all(hooks: &[Hook], agent: usize, interpreter: usize, serial: u64) -> bool {
+    let mut p = GOT_LOCK.lock();
+    if SERIAL.load(std::sync::atomic::Ordering::Acquire) != serial {
+        return false;
+    }
+    p.wanted = true;
+    scan(&mut p, hooks, agent, interpreter);
+    true
+}
+
+/// Patches the objects loaded since the last scan, if hooks are wanted.
+pub fn rescan(hooks: &[Hook], agent: usize, interpreter: usize) {
+    let mut p = GOT_LOCK.lock();
+    if p.wanted {
+        scan(&mut p, hooks, agent, interpreter);
+    }
+}
+
+fn scan(p: &mut Patched, hooks: &[Hook], agent: usize, interpreter: usize) {
+    let mut s = Scan {
+        hooks,
+        agent,
+        interpreter,
+        slots: &mut p.slots,
+    };
+    // SAFETY: the callback only reads the program headers and dynamic sections the loader
+    // hands it, and writes GOT entries it found there.
+    unsafe { dl_iterate_phdr(visit, &mut s as *mut Scan as *mut c_void) };
+}
+
+/// Puts back every entry that still points to a hook. Entries of objects unloaded meanwhile
+/// are skipped (their memory is checked to be readable first).
+pub fn restore_all() {
+    let mut p = GOT_LOCK.lock();
+    p.wanted = false;
+    for slot in p.slots.drain(..) {
+        let mut now = [0usize];
+        if sys::read_own(slot.addr, &mut now) && now[0] == slot.hook {
+            // SAFETY: a GOT entry (still mapped, as just read) that the agent wrote itself.
+            unsafe { write_entry(slot.addr, slot.original, slot.read_only) };
+        }
+    }
+}
+
+extern "C" {
+    fn dl_iterate_phdr(
+        callback: unsafe extern "C" fn(*mut DlPhdrInfo, usize, *mut c_void) -> c_int,
+        data: *mut c_void,
+    ) -> c_int;
+}
+
+unsafe extern "C" fn visit(info: *mut DlPhdrInfo, _size: usize, data: *mut c_void) -> c_int {
+    let s = &mut *(data as *mut Scan);
+    let info = &*info;
+    let name = if info.name.is_null() {
+        &[][..]
+    } else {
+        CStr::from_ptr(info.name).to_bytes()
+    };
+    let skip = contains(info, s.agent)
+        || name.windows(7).any(|w| w == b"ld-linux")
+        || name.windows(7).any(|w| w == b"ld-musl")
+        || name.starts_with(b"linux-vdso")
+        || name.starts_with(b"linux-gate");
+    if !skip {
+        patch_object(s, info, is_extension_module(name));
+    }
+    0
+}
+
+/// The dynamic section's pointers, relocated (glibc has already added the load address to most
+/// of them; musl has not).
+fn fix(ptr: u64, bias: usize) -> usize {
+    if (ptr as usize) < bias {
+        ptr as usize + bias
+    } else {
+        ptr as usize
+    }
+}
+
+unsafe fn patch_object(s: &mut Scan, info: &DlPhdrInfo, extension: bool) {
+    let phdrs = std::slice::from_raw_parts(info.phdr, info.phnum as usize);
+    let bias = info.addr;
+    let Some(dynamic) = phdrs.iter().find(|p| p.p_type == PT_DYNAMIC) else {
+        return;
+    };
+    let relro = phdrs.iter().find(|p| p.p_type == PT_GNU_RELRO).map(|p| {
+        (
+            bias + p.p_vaddr as usize,
+            bias + (p.p_vaddr + p.p_memsz) as usize,
+        )
+    });
+    let (mut strtab, mut strsz, mut symtab) = (0, 0, 0);
+    let (mut jmprel, mut pltrelsz, mut rela, mut relasz) = (0, 0, 0, 0);
+    let mut d = (bias + dynamic.p_vaddr as usize) as *const Dyn;
+    while (*d).tag != DT_NULL {
+        let v = (*d).val;
+        match (*d).tag {
+            DT_STRTAB => strtab = fix(v, bias),
+            DT_STRSZ => strsz = v as usize,
+            DT_SYMTAB => symtab = fix(v, bias),
+            DT_JMPREL => jmprel = fix(v, bias),
+            DT_PLTRELSZ => pltrelsz = v as usize,
+            DT_RELA => rela = fix(v, bias),
+            DT_RELASZ => relasz = v as usize,
+            _ => {}
+        }
+        d = d.add(1);
+    }
+    if strtab == 0 || symtab == 0 {
+        return;
+    }
+    let in_interpreter = contains(info, s.interpreter);
+    for (table, size) in [(jmprel, pltrelsz), (rela, relasz)] {
+        if table == 0 {
+            continue;
+        }
+        let relocs =
+            std::slice::from_raw_parts(table as *const Rela, size / std::mem::size_of::<Rela>());
+        for r in relocs {
+            let kind = (r.info & 0xffff_ffff) as u32;
+            if kind != R_JUMP_SLOT && kind != R_GLOB_DAT {
+                continue;
+            }
+            let sym = &*(symtab as *const Sym).add((r.info >> 32) as usize);
+            if sym.name as usize >= strsz || sym.shndx != 0 {
+                continue; // defined here, not imported
+            }
+            let name = CStr::from_ptr((strtab + sym.name as usize) as *const c_char);
+            let Some(hook) = s.hooks.iter().find(|h| {
+                h.name == name
+                    && match h.scope {
+                        Scope::NotInterpreter => !in_interpreter,
+                        Scope::Everywhere => true,
+                        Scope::PythonCode => in_interpreter || extension,
+                    }
+            }) else {
+                continue;
+            };
+            let addr = bias + r.offset as usize;
+            let original = *(addr as *const usize);
+            if original == hook.addr {
+                continue; // patched by an earlier scan
+            }
+            let read_only = relro.is_some_and(|(lo, hi)| lo <= addr && addr < hi);
+            write_entry(addr, hook.addr, read_only);
+            s.slots.retain(|slot| slot.addr != addr);
+            s.slots.push(Slot {
+                addr,
+                original,
+                hook: hook.addr,
+                read_only,
+            });
+        }
+    }
+}
+
+/// Makes the page of a RELRO entry writable (`true`) or read-only again.
+unsafe fn make_writable(addr: usize, writable: bool) {
+    let page = addr & !(page_size() - 1);
+    let prot = if writable {
+        sys::PROT_READ | sys::PROT_WRITE
+    } else {
+        sys::PROT_READ
+    };
+    sys::mprotect(page as *mut c_void, page_size(), prot);
+}
+
+/// Writes a GOT entry (an aligned word: threads calling through it see the old or the new
+/// function, never a mix), making a read-only page writable for the time of the write.
+unsafe fn write_entry(addr: usize, value: usize, read_only: bool) {
+    if read_only {
+        make_writable(addr, true);
+    }
+    std::ptr::write_volatile(addr as *mut usize, value);
+    if read_only {
+        make_writable(addr, false);
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { sys::sysconf(sys::SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}

@@ -1,0 +1,313 @@
+//! Hooks of the C allocator family (`malloc`, `calloc`, `realloc`, `reallocarray`, `free`,
+//! `posix_memalign`, `aligned_alloc`, `memalign`, `valloc`, `pvalloc`) and of anonymous
+//! memory mappings (`mmap`, `mmap64`, `munmap`, `mremap`), reached through the GOT entries
+//! that `got` points here, plus `dlopen` to patch the objects it loads.
+//!
+//! The fast path is the RAW domain's: one per-thread countdown, shared by the allocator family
+//! and `mmap` (bytes are bytes), then the real function (the agent's own GOT, never patched).
+//! Frees go through the same filter of sampled addresses as Python's. File-backed mappings are
+//! not heap: they pass straight through.
+
+use crate::addrset::maybe_sampled;
+use crate::got::{self, Hook, Scope};
+use crate::sampler::THREAD;
+use crate::sampling::{self, MMAP, NATIVE};
+use crate::sys;
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+/// Whether native allocations are sampled in the running session.
+static ON: AtomicBool = AtomicBool::new(false);
+/// An address inside the interpreter's image (`Py_GetVersion`), set at install.
+static INTERPRETER: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether the running session samples native allocations (read by the slow path).
+pub fn on() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+#[inline(always)]
+fn count_down(size: usize) -> bool {
+    THREAD.with(|t| {
+        if t.busy.get() {
+            return true;
+        }
+        let c = t.native_countdown.get() - size as i64;
+        t.native_countdown.set(c);
+        c > 0
+    })
+}
+
+#[inline(always)]
+unsafe fn alloc(size: usize, domain: usize, call: impl FnOnce() -> *mut c_void) -> *mut c_void {
+    if count_down(size) {
+        return call();
+    }
+    sampling::sampled_alloc(domain, 0, size, call)
+}
+
+#[inline(always)]
+fn free_check(ptr: *mut c_void) {
+    if maybe_sampled(ptr as usize) {
+        sampling::sampled_free(ptr as usize);
+    }
+}
+
+unsafe extern "C" fn hook_malloc(size: usize) -> *mut c_void {
+    alloc(size, NATIVE, || sys::malloc(size))
+}
+
+unsafe extern "C" fn hook_calloc(n: usize, size: usize) -> *mut c_void {
+    alloc(n.saturating_mul(size), NATIVE, || sys::calloc(n, size))
+}
+
+unsafe extern "C" fn hook_realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
+    let ran_out = !count_down(size);
+    if ran_out || maybe_sampled(ptr as usize) {
+        return sampling::sampled_realloc(NATIVE, 0, ptr as usize, size, ran_out, || {
+            sys::realloc(ptr, size)
+        });
+    }
+    sys::realloc(ptr, size)
+}
+
+unsafe extern "C" fn hook_reallocarray(ptr: *mut c_void, n: usize, size: usize) -> *mut c_void {
+    let total = n.saturating_mul(size);
+    let ran_out = !count_down(total);
+    if ran_out || maybe_sampled(ptr as usize) {
+        return sampling::sampled_realloc(NATIVE, 0, ptr as usize, total, ran_out, || {
+            sys::reallocarray(ptr, n, size)
+        });
+    }
+    sys::reallocarray(ptr, n, size)
+}
+
+unsafe extern "C" fn hook_free(ptr: *mut c_void) {
+    free_check(ptr);
+    sys::free(ptr)
+}
+
+unsafe extern "C" fn hook_posix_memalign(
+    out: *mut *mut c_void,
+    align: usize,
+    size: usize,
+) -> c_int {
+    let mut ret = 0;
+    let p = alloc(size, NATIVE, || {
+        ret = sys::posix_memalign(out, align, size);
+        if ret == 0 {
+            *out
+        } else {
+            std::ptr::null_mut()
+        }
+    });
+    let _ = p;
+    ret
+}
+
+unsafe extern "C" fn hook_aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    alloc(size, NATIVE, || sys::aligned_alloc(align, size))
+}
+
+unsafe extern "C" fn hook_memalign(align: usize, size: usize) -> *mut c_void {
+    alloc(size, NATIVE, || sys::memalign(align, size))
+}
+
+unsafe extern "C" fn hook_valloc(size: usize) -> *mut c_void {
+    alloc(size, NATIVE, || sys::valloc(size))
+}
+
+unsafe extern "C" fn hook_pvalloc(size: usize) -> *mut c_void {
+    alloc(size, NATIVE, || sys::pvalloc(size))
+}
+
+unsafe extern "C" fn hook_mmap(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: i64,
+) -> *mut c_void {
+    let call = || {
+        let p = sys::mmap(addr, len, prot, flags, fd, off);
+        if p == sys::MAP_FAILED {
+            std::ptr::null_mut()
+        } else {
+            p
+        }
+    };
+    let p = if flags & sys::MAP_ANONYMOUS != 0 {
+        alloc(len, MMAP, call)
+    } else {
+        call()
+    };
+    if p.is_null() {
+        sys::MAP_FAILED
+    } else {
+        p
+    }
+}
+
+unsafe extern "C" fn hook_munmap(addr: *mut c_void, len: usize) -> c_int {
+    // A mapping is counted as freed when its start is unmapped (all of it, or its head).
+    free_check(addr);
+    sys::munmap(addr, len)
+}
+
+unsafe extern "C" fn hook_mremap(
+    old: *mut c_void,
+    old_len: usize,
+    new_len: usize,
+    flags: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
+    let call = || {
+        let p = sys::mremap(old, old_len, new_len, flags, new_addr);
+        if p == sys::MAP_FAILED {
+            std::ptr::null_mut()
+        } else {
+            p
+        }
+    };
+    let ran_out = !count_down(new_len);
+    let p = if ran_out || maybe_sampled(old as usize) {
+        sampling::sampled_realloc(MMAP, 0, old as usize, new_len, ran_out, call)
+    } else {
+        call()
+    };
+    if p.is_null() {
+        sys::MAP_FAILED
+    } else {
+        p
+    }
+}
+
+unsafe extern "C" fn hook_dlopen(name: *const c_char, flags: c_int) -> *mut c_void {
+    let handle = sys::dlopen(name, flags);
+    if !handle.is_null() {
+        // Whatever it loaded imports the allocator family too.
+        THREAD.with(|t| {
+            let was = t.busy.replace(true);
+            got::rescan(&hooks(), agent(), INTERPRETER.load(Ordering::Relaxed));
+            t.busy.set(was);
+        });
+    }
+    handle
+}
+
+/// `dlsym`: a lookup of a hooked function (ctypes' `libc.malloc`, cffi) gets its hook.
+unsafe extern "C" fn hook_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    let found = sys::dlsym(handle, name);
+    if found.is_null() || !on() {
+        return found;
+    }
+    real_to_hook()
+        .iter()
+        .find(|&&(real, _)| real == found as usize)
+        .map_or(found, |&(_, hook)| hook as *mut c_void)
+}
+
+/// The real functions (as the agent itself calls them) and their hooks.
+fn real_to_hook() -> [(usize, usize); 12] {
+    let p = |f: *const ()| f as usize;
+    [
+        (p(sys::malloc as *const ()), p(hook_malloc as *const ())),
+        (p(sys::calloc as *const ()), p(hook_calloc as *const ())),
+        (p(sys::realloc as *const ()), p(hook_realloc as *const ())),
+        (
+            p(sys::reallocarray as *const ()),
+            p(hook_reallocarray as *const ()),
+        ),
+        (p(sys::free as *const ()), p(hook_free as *const ())),
+        (
+            p(sys::posix_memalign as *const ()),
+            p(hook_posix_memalign as *const ()),
+        ),
+        (
+            p(sys::aligned_alloc as *const ()),
+            p(hook_aligned_alloc as *const ()),
+        ),
+        (p(sys::memalign as *const ()), p(hook_memalign as *const ())),
+        (p(sys::valloc as *const ()), p(hook_valloc as *const ())),
+        (p(sys::pvalloc as *const ()), p(hook_pvalloc as *const ())),
+        (p(sys::mmap as *const ()), p(hook_mmap as *const ())),
+        (p(sys::munmap as *const ()), p(hook_munmap as *const ())),
+    ]
+}
+
+fn hook(name: &'static std::ffi::CStr, addr: usize, scope: Scope) -> Hook {
+    Hook { name, addr, scope }
+}
+
+/// The hooked functions.
+fn hooks() -> [Hook; 16] {
+    use Scope::{Everywhere, NotInterpreter, PythonCode};
+    [
+        hook(c"malloc", hook_malloc as *const () as usize, NotInterpreter),
+        hook(c"calloc", hook_calloc as *const () as usize, NotInterpreter),
+        hook(
+            c"realloc",
+            hook_realloc as *const () as usize,
+            NotInterpreter,
+        ),
+        hook(
+            c"reallocarray",
+            hook_reallocarray as *const () as usize,
+            NotInterpreter,
+        ),
+        hook(c"free", hook_free as *const () as usize, NotInterpreter),
+        hook(
+            c"posix_memalign",
+            hook_posix_memalign as *const () as usize,
+            NotInterpreter,
+        ),
+        hook(
+            c"aligned_alloc",
+            hook_aligned_alloc as *const () as usize,
+            NotInterpreter,
+        ),
+        hook(
+            c"memalign",
+            hook_memalign as *const () as usize,
+            NotInterpreter,
+        ),
+        hook(c"valloc", hook_valloc as *const () as usize, NotInterpreter),
+        hook(
+            c"pvalloc",
+            hook_pvalloc as *const () as usize,
+            NotInterpreter,
+        ),
+        hook(c"mmap", hook_mmap as *const () as usize, NotInterpreter),
+        hook(c"mmap64", hook_mmap as *const () as usize, NotInterpreter),
+        hook(c"munmap", hook_munmap as *const () as usize, NotInterpreter),
+        hook(c"mremap", hook_mremap as *const () as usize, NotInterpreter),
+        hook(c"dlopen", hook_dlopen as *const () as usize, Everywhere),
+        hook(c"dlsym", hook_dlsym as *const () as usize, PythonCode),
+    ]
+}
+
+/// An address inside the agent.
+fn agent() -> usize {
+    hook_malloc as *const () as usize
+}
+
+/// Starts sampling native allocations for the session numbered `serial`: points every loaded
+/// object's GOT entries at the hooks. `interpreter` is an address inside the interpreter's
+/// image (`Py_GetVersion`). Called without the session lock held (the scan takes the loader's
+/// lock); does nothing if that session ended meanwhile.
+pub fn install(interpreter: *const c_void, serial: u64) {
+    INTERPRETER.store(interpreter as usize, Ordering::Relaxed);
+    if got::patch_all(&hooks(), agent(), interpreter as usize, serial) {
+        ON.store(true, Ordering::Release);
+    }
+}
+
+/// Stops sampling native allocations; with `restore`, puts every patched GOT entry back.
+/// Called with the session lock held, after the session serial moved on.
+pub fn uninstall(restore: bool) {
+    ON.store(false, Ordering::Release);
+    if restore {
+        got::restore_all();
+    }
+}
