@@ -227,14 +227,19 @@ fn may_trace_anyone() -> bool {
         .is_some_and(|caps| caps & (1 << CAP_SYS_PTRACE) != 0)
 }
 
-/// Why seizing `tid` was refused.
-fn seize_refused(t: &Target, tid: u32) -> AttachError {
-    // An exiting process refuses tracing too.
+/// Why seizing `tid` was refused; `None` when the thread was just exiting (an exiting thread
+/// refuses tracing too).
+fn seize_refused(t: &Target, tid: u32) -> Option<AttachError> {
     std::thread::sleep(Duration::from_millis(20));
     if !remote::alive(t.pid, t.start_time) {
-        return AttachError::Exited(t.pid);
+        return Some(AttachError::Exited(t.pid));
     }
-    match remote::thread_status(t.pid, tid).map(|s| s.tracer) {
+    match remote::thread_status(t.pid, tid) {
+        Err(_) => return None,
+        Ok(s) if matches!(s.state, 'Z' | 'X') => return None,
+        Ok(_) => {}
+    }
+    Some(match remote::thread_status(t.pid, tid).map(|s| s.tracer) {
         Ok(tracer) if tracer != 0 => already_traced(t.pid, tracer),
         // Allowed to trace anyone: someone else was tracing it a moment ago.
         _ if may_trace_anyone() => AttachError::AlreadyTraced {
@@ -243,7 +248,7 @@ fn seize_refused(t: &Target, tid: u32) -> AttachError {
             name: String::new(),
         },
         _ => permission_denied(t.pid),
-    }
+    })
 }
 
 /// Seizes and stops `tid`; hijacks it if it is at a safe point, else lets it go at once.
@@ -271,7 +276,10 @@ fn try_thread(
     if let Err(e) = ptrace::seize(tid) {
         return match e.raw_os_error() {
             Some(libc::ESRCH) => Ok(None),
-            Some(libc::EPERM) | Some(libc::EACCES) => Err(seize_refused(t, tid)),
+            Some(libc::EPERM) | Some(libc::EACCES) => match seize_refused(t, tid) {
+                Some(e) => Err(e),
+                None => Ok(None),
+            },
             _ => Err(other("PTRACE_SEIZE", e)),
         };
     }
