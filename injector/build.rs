@@ -30,6 +30,9 @@ fn main() {
     }
     let out_s = out.to_str().unwrap();
     let common_rlib = out.join("libmprof_common.rlib");
+    // The agent is built for the same target as the CLI that carries it.
+    let target = env::var("TARGET").unwrap();
+    let target_arg = format!("--target={target}");
     let opt = [
         "-C",
         "opt-level=3",
@@ -40,6 +43,7 @@ fn main() {
     ];
     let mut args = vec![
         "--edition=2021",
+        &target_arg,
         "--crate-type=rlib",
         "--crate-name=mprof_common",
     ];
@@ -54,10 +58,16 @@ fn main() {
     let so = out.join("libmprof_agent.so");
     let mut args = vec![
         "--edition=2021",
+        &target_arg,
         "--crate-type=cdylib",
         "--crate-name=mprof_agent",
     ];
     args.extend(opt);
+    // The linker cargo picked for the target (set for cross builds in .cargo/config.toml).
+    let linker = env::var("RUSTC_LINKER").map(|l| format!("linker={l}"));
+    if let Ok(linker) = &linker {
+        args.extend(["-C", linker]);
+    }
     args.extend([
         "-C",
         "link-arg=-Wl,-z,nodelete",

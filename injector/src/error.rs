@@ -171,6 +171,7 @@ impl fmt::Display for AttachError {
 impl std::error::Error for AttachError {}
 
 /// Wraps an I/O error with what mprof was doing.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub fn other(what: &str, e: impl fmt::Display) -> AttachError {
     AttachError::Other(format!("{what}: {e}"))
 }

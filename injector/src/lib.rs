@@ -2,15 +2,27 @@
 //! means of loading it (a preload for `record`, ptrace for `attach`).
 
 pub mod agent;
+#[cfg(target_arch = "x86_64")]
 pub mod attach;
+#[cfg(not(target_arch = "x86_64"))]
+#[path = "attach_unsupported.rs"]
+pub mod attach;
+#[cfg(target_arch = "x86_64")]
 mod elf;
 mod error;
+#[cfg(target_arch = "x86_64")]
 mod hijack;
+#[cfg(target_arch = "x86_64")]
 mod procmaps;
+#[cfg(target_arch = "x86_64")]
 mod ptrace;
+#[cfg(target_arch = "x86_64")]
 mod remote;
+#[cfg(target_arch = "x86_64")]
 mod safepoint;
+#[cfg(target_arch = "x86_64")]
 mod target;
+#[cfg(target_arch = "x86_64")]
 mod trampoline;
 
 pub use error::AttachError;
