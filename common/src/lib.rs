@@ -2,6 +2,8 @@
 //! the shared-memory ring, the record encoding (also used by capture files) and the per-version
 //! CPython layouts. No dependencies, so the agent can be built with a bare `rustc`.
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 pub mod layout;
 pub mod record;
 pub mod ring;

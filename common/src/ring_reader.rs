@@ -77,6 +77,7 @@ impl RingReader {
         debug_assert!(
             offset.is_multiple_of(4) && offset + 4 <= HEADER_SIZE + self.data_size as usize
         );
+        // SAFETY: `offset` is a field of the header, which `new`'s caller keeps mapped; 4-aligned.
         unsafe { &*(self.base.add(offset) as *const AtomicU32) }
     }
 
@@ -84,6 +85,7 @@ impl RingReader {
         debug_assert!(
             offset.is_multiple_of(8) && offset + 8 <= HEADER_SIZE + self.data_size as usize
         );
+        // SAFETY: `offset` is a field of the header, which `new`'s caller keeps mapped; 8-aligned.
         unsafe { &*(self.base.add(offset) as *const AtomicU64) }
     }
 
@@ -256,9 +258,11 @@ mod tests {
             self.mem.as_mut_ptr() as *mut u8
         }
         fn ring(&mut self) -> Ring {
+            // SAFETY: the test's region, initialised by `new`, outlives the ring.
             unsafe { Ring::attach(self.base(), region_size(SIZE)).unwrap() }
         }
         fn reader(&mut self) -> RingReader {
+            // SAFETY: the test's region, initialised by `new`, outlives the reader.
             unsafe { RingReader::new(self.base(), SIZE) }
         }
         fn poke_u64(&mut self, offset: usize, v: u64) {

@@ -13,10 +13,12 @@ pub static AGENT_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libmprof_
 pub fn memfd_with(name: &str, bytes: &[u8], cloexec: bool) -> Result<OwnedFd> {
     let cname = CString::new(name).unwrap();
     let flags = if cloexec { libc::MFD_CLOEXEC } else { 0 };
+    // SAFETY: memfd_create with a NUL-terminated name; the result is checked.
     let fd = unsafe { libc::memfd_create(cname.as_ptr(), flags) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error()).context("memfd_create");
     }
+    // SAFETY: a fresh descriptor that nothing else owns.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     let mut file = File::from(owned.try_clone()?);
     file.write_all(bytes).context("writing the agent image")?;

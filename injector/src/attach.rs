@@ -133,6 +133,7 @@ impl Injector {
 }
 
 fn pidfd_open(pid: u32) -> Result<OwnedFd, AttachError> {
+    // SAFETY: pidfd_open takes a pid and flags; the result is checked.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if fd < 0 {
         let e = std::io::Error::last_os_error();
@@ -352,6 +353,7 @@ fn release(tid: u32, regs: &Regs, safe_regs: &Regs, stashed: &[i32]) {
     let first = stashed.first().copied().unwrap_or(0);
     let _ = ptrace::detach(tid, first);
     for &sig in stashed.iter().skip(1) {
+        // SAFETY: tgkill sends a signal; no memory is involved.
         unsafe { libc::syscall(libc::SYS_tgkill, std::process::id(), tid, sig) };
     }
 }
@@ -444,6 +446,7 @@ impl Prepared {
     /// anything under that number since (a hostile one: a root-only file opened with O_PATH):
     /// mprof never reopens `/proc/PID/fd/N`, and writes nothing before this check.
     fn take_fd(&self, fd: i64, name: &str) -> Result<OwnedFd, AttachError> {
+        // SAFETY: pidfd_getfd on our pidfd; the result is checked.
         let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, self.pidfd.as_raw_fd(), fd, 0) };
         if r < 0 {
             let e = std::io::Error::last_os_error();
@@ -670,15 +673,19 @@ impl Drop for Prepared {
 /// `memfd_create` just returned in the target), not some other file.
 fn check_fresh_memfd(fd: &OwnedFd, name: &str) -> Result<(), String> {
     let raw = fd.as_raw_fd();
+    // SAFETY: fcntl on a descriptor we own.
     let flags = unsafe { libc::fcntl(raw, libc::F_GETFL) };
     if flags < 0 || flags & libc::O_PATH != 0 || flags & libc::O_ACCMODE != libc::O_RDWR {
         return Err("not open for reading and writing".into());
     }
     // Only memory files (and tmpfs files) know seals.
+    // SAFETY: fcntl on a descriptor we own.
     if unsafe { libc::fcntl(raw, libc::F_GET_SEALS) } < 0 {
         return Err("not a memory file".into());
     }
+    // SAFETY: `stat` is plain data; all zeroes is a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes into `st`, a local.
     if unsafe { libc::fstat(raw, &mut st) } != 0 {
         return Err(std::io::Error::last_os_error().to_string());
     }

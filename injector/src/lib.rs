@@ -1,6 +1,8 @@
 //! What enters the target process: the agent library, embedded in the mprof binary, and the
 //! means of loading it (a preload for `record`, ptrace for `attach`).
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 pub mod agent;
 #[cfg(target_arch = "x86_64")]
 pub mod attach;

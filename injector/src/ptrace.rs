@@ -27,31 +27,38 @@ unsafe fn request(req: libc::c_uint, tid: u32, addr: usize, data: usize) -> io::
 /// kill it.
 pub fn seize(tid: u32) -> io::Result<()> {
     let options = libc::PTRACE_O_TRACESYSGOOD as usize;
+    // SAFETY: no memory is passed.
     unsafe { request(libc::PTRACE_SEIZE, tid, 0, options) }.map(drop)
 }
 
 /// Asks a seized thread to stop; [`wait`] reports the stop.
 pub fn interrupt(tid: u32) -> io::Result<()> {
+    // SAFETY: no memory is passed.
     unsafe { request(libc::PTRACE_INTERRUPT, tid, 0, 0) }.map(drop)
 }
 
 /// Resumes a stopped thread, delivering `sig` (0 = none).
 pub fn cont(tid: u32, sig: i32) -> io::Result<()> {
+    // SAFETY: no memory is passed.
     unsafe { request(libc::PTRACE_CONT, tid, 0, sig as usize) }.map(drop)
 }
 
 /// Resumes a stopped thread until its next system-call entry or exit, delivering `sig`.
 pub fn syscall(tid: u32, sig: i32) -> io::Result<()> {
+    // SAFETY: no memory is passed.
     unsafe { request(libc::PTRACE_SYSCALL, tid, 0, sig as usize) }.map(drop)
 }
 
 /// Stops tracing a stopped thread and resumes it, delivering `sig` (0 = none).
 pub fn detach(tid: u32, sig: i32) -> io::Result<()> {
+    // SAFETY: no memory is passed.
     unsafe { request(libc::PTRACE_DETACH, tid, 0, sig as usize) }.map(drop)
 }
 
 pub fn get_regs(tid: u32) -> io::Result<Regs> {
+    // SAFETY: plain registers; all zeroes is a valid value.
     let mut regs: Regs = unsafe { std::mem::zeroed() };
+    // SAFETY: the kernel writes a `user_regs_struct` into `regs`.
     unsafe {
         request(
             libc::PTRACE_GETREGS,
@@ -64,6 +71,7 @@ pub fn get_regs(tid: u32) -> io::Result<Regs> {
 }
 
 pub fn set_regs(tid: u32, regs: &Regs) -> io::Result<()> {
+    // SAFETY: the kernel reads a `user_regs_struct` from `regs`.
     unsafe { request(libc::PTRACE_SETREGS, tid, 0, regs as *const Regs as usize) }.map(drop)
 }
 
@@ -97,6 +105,7 @@ fn get_regset(tid: u32, kind: usize, buf: &mut [u8]) -> io::Result<usize> {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
+    // SAFETY: the kernel writes at most `iov_len` bytes into `buf`.
     unsafe {
         request(
             libc::PTRACE_GETREGSET,
@@ -125,6 +134,7 @@ pub fn syscall_info(tid: u32) -> io::Result<SyscallStop> {
     // struct ptrace_syscall_info: op (u8), pad, arch (u32), ip, sp, then for an entry the
     // number and six arguments, for an exit the return value and an error flag.
     let mut info = [0u64; 11];
+    // SAFETY: the kernel writes at most `size_of_val(&info)` bytes into `info`.
     unsafe {
         request(
             PTRACE_GET_SYSCALL_INFO,
@@ -190,6 +200,7 @@ pub fn wait(tid: u32, timeout: Duration) -> io::Result<Option<Stop>> {
     let mut pause = Duration::from_micros(20);
     loop {
         let mut status = 0;
+        // SAFETY: waitpid writes into `status`, a local.
         let r = unsafe { libc::waitpid(tid as pid_t, &mut status, libc::__WALL | libc::WNOHANG) };
         if r == tid as pid_t {
             return Ok(Some(decode(status)));

@@ -279,6 +279,7 @@ mod tests {
     use super::*;
 
     fn regs(orig_rax: i64, rax: i64) -> Regs {
+        // SAFETY: plain registers; all zeroes is a valid value.
         let mut r: Regs = unsafe { std::mem::zeroed() };
         r.orig_rax = orig_rax as u64;
         r.rax = rax as u64;

@@ -23,6 +23,7 @@ fn monotonic_ns() -> u64 {
         tv_sec: 0,
         tv_nsec: 0,
     };
+    // SAFETY: clock_gettime writes into `ts`, a local.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
@@ -170,6 +171,7 @@ impl FileMap {
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "empty file"));
         }
+        // SAFETY: a private read-only mapping of a file we opened; failure is checked.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -194,6 +196,7 @@ impl FileMap {
 
 impl Drop for FileMap {
     fn drop(&mut self) {
+        // SAFETY: the mapping this value made; nothing else uses it.
         unsafe { libc::munmap(self.ptr, self.len) };
     }
 }

@@ -40,6 +40,7 @@ pub struct AddrSet {
     live: usize,
 }
 
+// SAFETY: the table is anonymous memory owned by the set alone; used under the session lock.
 unsafe impl Send for AddrSet {}
 
 impl AddrSet {
@@ -56,8 +57,19 @@ impl AddrSet {
         (addr as u64 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) as usize >> 7 & (self.cap - 1)
     }
 
-    fn entry(&self, i: usize) -> *mut usize {
-        unsafe { self.table.add(i) }
+    /// Entry `i` (`i < cap`).
+    fn get(&self, i: usize) -> usize {
+        debug_assert!(i < self.cap);
+        // SAFETY: `table` maps `cap` words (made by `grow`), and every caller masks `i` with
+        // `cap - 1`.
+        unsafe { *self.table.add(i) }
+    }
+
+    /// Sets entry `i` (`i < cap`).
+    fn set(&mut self, i: usize, value: usize) {
+        debug_assert!(i < self.cap);
+        // SAFETY: as for `get`; `&mut self` makes this the only access.
+        unsafe { *self.table.add(i) = value }
     }
 
     /// Adds `addr`; returns false when memory for the table could not be had.
@@ -67,12 +79,12 @@ impl AddrSet {
         }
         let mut i = self.home(addr);
         loop {
-            let e = unsafe { *self.entry(i) };
+            let e = self.get(i);
             if e == EMPTY || e == TOMBSTONE {
                 if e == EMPTY {
                     self.used += 1;
                 }
-                unsafe { *self.entry(i) = addr };
+                self.set(i, addr);
                 self.live += 1;
                 let c = &FILTER[slot(addr)];
                 let v = c.load(Ordering::Relaxed);
@@ -95,7 +107,7 @@ impl AddrSet {
         }
         let mut i = self.home(addr);
         loop {
-            let e = unsafe { *self.entry(i) };
+            let e = self.get(i);
             if e == EMPTY {
                 return false;
             }
@@ -113,12 +125,12 @@ impl AddrSet {
         }
         let mut i = self.home(addr);
         loop {
-            let e = unsafe { *self.entry(i) };
+            let e = self.get(i);
             if e == EMPTY {
                 return false;
             }
             if e == addr {
-                unsafe { *self.entry(i) = TOMBSTONE };
+                self.set(i, TOMBSTONE);
                 self.live -= 1;
                 let c = &FILTER[slot(addr)];
                 let v = c.load(Ordering::Relaxed);
@@ -149,12 +161,14 @@ impl AddrSet {
             live: 0,
         };
         for i in 0..old_cap {
+            // SAFETY: the old table maps `old_cap` words until it is unmapped below.
             let e = unsafe { *old.add(i) };
             if e != EMPTY && e != TOMBSTONE {
                 self.reinsert(e);
             }
         }
         if !old.is_null() {
+            // SAFETY: the old table, which nothing refers to any more.
             unsafe { munmap(old.cast(), old_cap * std::mem::size_of::<usize>()) };
         }
         true
@@ -162,10 +176,10 @@ impl AddrSet {
 
     fn reinsert(&mut self, addr: usize) {
         let mut i = self.home(addr);
-        while unsafe { *self.entry(i) } != EMPTY {
+        while self.get(i) != EMPTY {
             i = (i + 1) & (self.cap - 1);
         }
-        unsafe { *self.entry(i) = addr };
+        self.set(i, addr);
         self.used += 1;
         self.live += 1;
     }
@@ -173,6 +187,7 @@ impl AddrSet {
     /// Forgets every address and zeroes the filter, so that frees take the fast path again.
     pub fn clear(&mut self) {
         if !self.table.is_null() {
+            // SAFETY: the table, forgotten right after.
             unsafe { munmap(self.table.cast(), self.cap * std::mem::size_of::<usize>()) };
         }
         *self = AddrSet::new();

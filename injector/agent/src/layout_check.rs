@@ -56,6 +56,7 @@ pub fn check(api: &Api, l: &PyLayout) -> Result<(), String> {
     if unsafe { (api.is_initialized)() } == 0 {
         return Ok(());
     }
+    // SAFETY: PyGILState_GetThisThreadState reads a thread-local; no GIL needed.
     let tstate = unsafe { (api.this_thread_state)() } as usize;
     if tstate == 0 {
         return Ok(());

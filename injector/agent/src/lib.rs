@@ -5,6 +5,8 @@
 //! It links nothing but libc, finds CPython's symbols with `dlsym`, never calls into Python on
 //! the hot path, and is never unloaded.
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 //!
 //! Modules, bottom up: `sys` (libc), `lock`, `python` (the interpreter's API), `frames` (stack
 //! walking), `addrset` (sampled blocks), `sampler` (countdowns), `chain` (the allocator chain
@@ -40,16 +42,20 @@ const ENV_AGENT_FD: &CStr = c"MPROF_AGENT_FD";
 const ENV_SAVED_PRELOAD: &CStr = c"MPROF_SAVED_LD_PRELOAD";
 
 fn env_fd(name: &CStr) -> Option<c_int> {
+    // SAFETY: getenv with a NUL-terminated name; the result is read before any setenv.
     let v = unsafe { sys::getenv(name.as_ptr()) };
     if v.is_null() {
         return None;
     }
+    // SAFETY: a non-null getenv result is a NUL-terminated string.
     unsafe { CStr::from_ptr(v) }.to_str().ok()?.parse().ok()
 }
 
 /// Removes mprof's variables from the environment so that the program and its children see the
 /// environment they would have had without mprof.
 fn restore_environment() {
+    // SAFETY: NUL-terminated names and values; runs in the loader's constructor, before any
+    // other thread of the program exists.
     unsafe {
         let saved = sys::getenv(ENV_SAVED_PRELOAD.as_ptr());
         if saved.is_null() || *saved == 0 {
@@ -65,10 +71,12 @@ fn restore_environment() {
 
 /// Maps the ring behind `fd`.
 fn map_ring(fd: c_int) -> Option<(*mut u8, usize)> {
+    // SAFETY: lseek on a descriptor this process owns; no memory is touched.
     let len = unsafe { sys::lseek(fd, 0, sys::SEEK_END) };
     if len <= 0 {
         return None;
     }
+    // SAFETY: a fresh shared mapping of the ring's memory file; failure is checked.
     let p = unsafe {
         sys::mmap(
             std::ptr::null_mut(),
@@ -126,6 +134,7 @@ extern "C" fn preload_init() {
     let agent_fd = env_fd(ENV_AGENT_FD);
     restore_environment();
     let mapped = map_ring(ring_fd);
+    // SAFETY: descriptors inherited for the agent alone; nothing else in the process uses them.
     unsafe {
         sys::close(ring_fd);
         if let Some(fd) = agent_fd {
@@ -133,10 +142,13 @@ extern "C" fn preload_init() {
         }
     }
     if let Some((base, len)) = mapped {
+        // SAFETY: `map_ring` mapped at least the header (it checked the length).
         let h = unsafe { &*(base as *const RingHeader) };
         if h.state.load(Ordering::Acquire) == STATE_WAITING {
+            // SAFETY: the mapping just made, owned by the session from now on.
             unsafe { claim_and_start(base, len) };
         } else {
+            // SAFETY: the mapping just made; nothing else uses it.
             unsafe { sys::munmap(base.cast(), len) };
         }
     }
@@ -218,6 +230,7 @@ extern "C" fn after_fork_child() {
 }
 
 fn register_fork_handlers() {
+    // SAFETY: pthread_atfork with handlers that live as long as the process (never unloaded).
     FORK_HANDLERS.call_once(|| unsafe {
         sys::pthread_atfork(
             Some(before_fork),

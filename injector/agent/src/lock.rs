@@ -11,6 +11,8 @@ pub struct SpinLock<T> {
     value: UnsafeCell<T>,
 }
 
+// SAFETY: the lock gives one thread at a time access to the `T` inside, so sharing the
+// lock between threads is sound when `T` may be sent between them.
 unsafe impl<T: Send> Sync for SpinLock<T> {}
 
 pub struct Guard<'a, T> {
@@ -34,6 +36,7 @@ impl<T> SpinLock<T> {
         {
             spins += 1;
             if spins > 64 {
+                // SAFETY: sched_yield has no preconditions.
                 unsafe { sched_yield() };
             } else {
                 std::hint::spin_loop();
@@ -59,12 +62,14 @@ impl<T> SpinLock<T> {
 impl<T> Deref for Guard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
+        // SAFETY: the guard exists only while the lock is held: no other reference to the value.
         unsafe { &*self.lock.value.get() }
     }
 }
 
 impl<T> DerefMut for Guard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: the guard exists only while the lock is held: no other reference to the value.
         unsafe { &mut *self.lock.value.get() }
     }
 }

@@ -16,7 +16,10 @@ pub struct Allocator {
     pub free: unsafe extern "C" fn(*mut c_void, *mut c_void),
 }
 
+// SAFETY: function pointers and an opaque `ctx` the interpreter owns; the agent never
+// dereferences `ctx` itself.
 unsafe impl Send for Allocator {}
+// SAFETY: as for Send: the agent only copies and passes these values.
 unsafe impl Sync for Allocator {}
 
 pub struct Api {
@@ -38,12 +41,16 @@ pub struct Api {
     pub unicode_type: *mut c_void,
 }
 
+// SAFETY: function pointers and addresses of interpreter globals, valid for the life of
+// the process (libpython is never unloaded while it runs).
 unsafe impl Send for Api {}
+// SAFETY: as for Send: read-only after `resolve`.
 unsafe impl Sync for Api {}
 
 static API: OnceLock<Option<Api>> = OnceLock::new();
 
 fn sym(name: &CStr) -> *mut c_void {
+    // SAFETY: dlsym with a NUL-terminated name.
     unsafe { dlsym(RTLD_DEFAULT, name.as_ptr()) }
 }
 
@@ -55,6 +62,7 @@ macro_rules! func {
         if p.is_null() {
             return None;
         }
+        // SAFETY: the symbol is the named CPython function, whose C signature is `$ty`.
         unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
     }};
 }
@@ -76,6 +84,7 @@ pub fn parse_version(v: &[u8]) -> Option<(u8, u8)> {
 
 fn resolve() -> Option<Api> {
     let get_version = func!(c"Py_GetVersion" as unsafe extern "C" fn() -> *const c_char);
+    // SAFETY: Py_GetVersion returns a static NUL-terminated string; it allocates nothing.
     let version = unsafe { CStr::from_ptr(get_version()) };
     let (major, minor) = parse_version(version.to_bytes())?;
     let finalizing = {
@@ -85,6 +94,7 @@ fn resolve() -> Option<Api> {
         } else {
             p
         };
+        // SAFETY: Py_IsFinalizing / _Py_IsFinalizing take no argument and return an int.
         (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, NoArgInt>(p) })
     };
     Some(Api {
@@ -111,5 +121,6 @@ pub fn api() -> Option<&'static Api> {
 
 /// Whether the interpreter has started shutting down (the program itself is done).
 pub fn finalizing(api: &Api) -> bool {
+    // SAFETY: reads a runtime flag; callable with or without the GIL.
     api.is_finalizing.is_some_and(|f| unsafe { f() } != 0)
 }

@@ -204,6 +204,7 @@ unsafe fn record_alloc_locked(
         b[16..24].copy_from_slice(&(size as u64).to_le_bytes());
         b[24..32].copy_from_slice(&now_ns().to_le_bytes());
         for (i, f) in frames[..n].iter().enumerate() {
+            // SAFETY: the first `n` frames were written by the loop above.
             let f = unsafe { f.assume_init() };
             let at = ALLOC_FIXED + i * FRAME_SIZE;
             b[at..at + 8].copy_from_slice(&f.code.to_le_bytes());

@@ -78,17 +78,20 @@ pub fn now_ns() -> u64 {
         tv_sec: 0,
         tv_nsec: 0,
     };
+    // SAFETY: clock_gettime writes into `ts`, a local.
     unsafe { clock_gettime(CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The calling thread's kernel id.
 pub fn gettid() -> u32 {
+    // SAFETY: gettid takes no argument and cannot fail.
     unsafe { syscall(SYS_GETTID) as u32 }
 }
 
 /// Anonymous private memory straight from the kernel: never from malloc, so never from a hook.
 pub fn map_anon(len: usize) -> *mut u8 {
+    // SAFETY: an anonymous private mapping; failure is checked below.
     let p = unsafe {
         mmap(
             std::ptr::null_mut(),
