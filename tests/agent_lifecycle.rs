@@ -365,3 +365,74 @@ fn raw_allocations_from_eight_threads_without_the_gil() {
         );
     }
 }
+
+/// `PYTHONMALLOC` (every value) and `-X dev` make the interpreter reset its allocators after
+/// the preloaded agent hooked them: `record` puts its hooks back and reports the known
+/// allocations exactly at `--rate 1` (malloc-backed objects once), and the program exits
+/// cleanly (no debug-allocator complaint about the agent's own block).
+#[test]
+fn every_allocator_setting_is_profiled() {
+    let settings: [(&str, Option<&str>); 6] = [
+        ("PYTHONMALLOC=malloc", Some("malloc")),
+        ("PYTHONMALLOC=pymalloc", Some("pymalloc")),
+        ("PYTHONMALLOC=debug", Some("debug")),
+        ("PYTHONMALLOC=malloc_debug", Some("malloc_debug")),
+        ("PYTHONMALLOC=pymalloc_debug", Some("pymalloc_debug")),
+        ("-X dev", None),
+    ];
+    for py in pythons() {
+        for (label, pymalloc) in settings {
+            let dir = common::tempdir();
+            let capture = dir.path().join("c.mprof");
+            let truth_file = dir.path().join("truth.json");
+            let mut cmd = mprof();
+            cmd.args(["record", "-q", "--rate", "1", "-o"])
+                .arg(&capture)
+                .arg("--")
+                .arg(&py.path);
+            match pymalloc {
+                Some(value) => {
+                    cmd.env("PYTHONMALLOC", value);
+                }
+                None => {
+                    cmd.args(["-X", "dev"]).env_remove("PYTHONMALLOC");
+                }
+            }
+            cmd.arg(script("known_allocs.py")).arg(&truth_file);
+            let out = run_with_timeout(&mut cmd, LIMIT);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success(),
+                "{} {label}: {} {err}",
+                py.label,
+                out.status
+            );
+            assert!(
+                !err.contains("Debug memory block") && !err.contains("Fatal"),
+                "{err}"
+            );
+            let truth: std::collections::HashMap<String, f64> =
+                serde_json::from_str(&std::fs::read_to_string(&truth_file).unwrap()).unwrap();
+            let report = report_json(
+                &capture,
+                &["--view", "live", "--by", "function", "--top", "0"],
+            );
+            let sites = by_function(&report);
+            for (name, want) in &truth {
+                let got = sites
+                    .get(name)
+                    .and_then(|s| s["live_bytes"].as_f64())
+                    .unwrap_or(0.0);
+                assert!(
+                    (got - want).abs() / want < 0.01,
+                    "{} {label}: {name} live {got} vs {want}",
+                    py.label
+                );
+            }
+        }
+        eprintln!(
+            "{}: every PYTHONMALLOC value and -X dev profiled exactly",
+            py.label
+        );
+    }
+}

@@ -87,6 +87,22 @@ pub unsafe fn install(api: &Api, table: &HookTable) -> Result<usize, &'static st
     Ok(layer)
 }
 
+/// Whether every domain's chain still calls the sampling layer's hooks (they are the current
+/// allocators, or behind a wrapper that keeps them).
+///
+/// # Safety
+/// Call with the session lock held.
+pub unsafe fn still_reached(api: &Api, table: &HookTable) -> bool {
+    let layer = active();
+    if layer == NONE {
+        return true;
+    }
+    (0..3).all(|d| {
+        let now = current(api, d);
+        same_hook(&now, &table[layer][d]) || reaches(&now, &table[layer][d])
+    })
+}
+
 /// The domains whose chain no longer reaches the sampling layer, found when it is uninstalled.
 #[derive(Clone, Copy, Default)]
 pub struct Lost {

@@ -133,9 +133,84 @@ unsafe extern "C" fn hook_free<const D: usize, const L: usize>(
     _ctx: *mut c_void,
     ptr: *mut c_void,
 ) {
+    if D == RAW && escape::owns(ptr) {
+        return escape::free(ptr);
+    }
     free_check(ptr);
     let p = chain::prev(L, D);
     (p.free)(p.ctx, ptr)
+}
+
+/// The one RAW block the agent makes the interpreter allocate before it sets up its own
+/// allocators (the entry of the agent's audit hook, see `watch_allocator_setup` in lib.rs):
+/// freed with the allocator that made it, whatever the interpreter installed meanwhile.
+pub mod escape {
+    use crate::python::{Allocator, Api};
+    use std::ffi::c_void;
+    use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+
+    /// The block, 0 if none.
+    static BLOCK: AtomicUsize = AtomicUsize::new(0);
+    /// The RAW allocator that made it (leaked: it must outlive every call).
+    static MAKER: AtomicPtr<Allocator> = AtomicPtr::new(std::ptr::null_mut());
+
+    #[inline(always)]
+    pub fn owns(ptr: *mut c_void) -> bool {
+        ptr as usize == BLOCK.load(Ordering::Relaxed) && !ptr.is_null()
+    }
+
+    fn maker() -> &'static Allocator {
+        // SAFETY: set (to a leaked Allocator) before any of these functions can run.
+        unsafe { &*MAKER.load(Ordering::Acquire) }
+    }
+
+    /// Frees the block with the allocator that made it.
+    ///
+    /// # Safety
+    /// `ptr` is the block (`owns(ptr)`).
+    pub unsafe fn free(ptr: *mut c_void) {
+        BLOCK.store(0, Ordering::Relaxed);
+        (maker().free)(maker().ctx, ptr)
+    }
+
+    unsafe extern "C" fn capture_malloc(_ctx: *mut c_void, size: usize) -> *mut c_void {
+        let p = (maker().malloc)(maker().ctx, size);
+        BLOCK.store(p as usize, Ordering::Relaxed);
+        p
+    }
+
+    unsafe extern "C" fn pass_calloc(_ctx: *mut c_void, n: usize, size: usize) -> *mut c_void {
+        (maker().calloc)(maker().ctx, n, size)
+    }
+
+    unsafe extern "C" fn pass_realloc(_: *mut c_void, p: *mut c_void, size: usize) -> *mut c_void {
+        (maker().realloc)(maker().ctx, p, size)
+    }
+
+    unsafe extern "C" fn pass_free(_ctx: *mut c_void, p: *mut c_void) {
+        (maker().free)(maker().ctx, p)
+    }
+
+    /// Runs `f` with the RAW allocator swapped for one that remembers the block `f` makes.
+    ///
+    /// # Safety
+    /// No other thread may use the RAW allocator meanwhile (call it from the constructor).
+    pub unsafe fn capture_raw(api: &Api, f: impl FnOnce()) {
+        let mut current = std::mem::MaybeUninit::<Allocator>::uninit();
+        (api.get_allocator)(0, current.as_mut_ptr());
+        let made: &'static mut Allocator = Box::leak(Box::new(current.assume_init()));
+        MAKER.store(made, Ordering::Release);
+        let capture = Allocator {
+            ctx: std::ptr::null_mut(),
+            malloc: capture_malloc,
+            calloc: pass_calloc,
+            realloc: pass_realloc,
+            free: pass_free,
+        };
+        (api.set_allocator)(0, &capture);
+        f();
+        (api.set_allocator)(0, maker());
+    }
 }
 
 const fn hooks<const D: usize, const L: usize>() -> Allocator {

@@ -146,12 +146,53 @@ extern "C" fn preload_init() {
         let h = unsafe { &*(base as *const RingHeader) };
         if h.state.load(Ordering::Acquire) == STATE_WAITING {
             // SAFETY: the mapping just made, owned by the session from now on.
-            unsafe { claim_and_start(base, len) };
+            if unsafe { claim_and_start(base, len) } == 0 {
+                watch_allocator_setup();
+            }
         } else {
             // SAFETY: the mapping just made; nothing else uses it.
             unsafe { sys::munmap(base.cast(), len) };
         }
     }
+}
+
+/// Record mode: the agent installs its hooks before `main`, and the interpreter may reset its
+/// allocators while it initialises (`PYTHONMALLOC`, `-X dev`). An audit hook (PEP 578; it may
+/// be added before the interpreter exists and survives its initialisation) gets the first
+/// event after start-up (`import`, `cpython.run_file`...), with the GIL held: the agent then
+/// puts its hooks back if they were replaced. Later events cost one load.
+///
+/// The interpreter keeps the hook in a block it allocates now, with the allocator of this
+/// moment, and frees at exit with the allocator of that moment; a debug allocator
+/// (`PYTHONMALLOC=debug`, `-X dev`) would then find no header and abort the program. So the
+/// block is allocated through `escape::capture_raw`, which remembers it, and the RAW hooks free
+/// it with the allocator that made it.
+fn watch_allocator_setup() {
+    let Some(api) = python::api() else { return };
+    let Some(add) = api.add_audit_hook else {
+        return;
+    };
+    // SAFETY: still in the loader's constructor: no other thread runs, so the RAW allocator
+    // can be swapped around the call; PySys_AddAuditHook may be called before Py_Initialize;
+    // the hook lives as long as the process.
+    unsafe {
+        hooks::escape::capture_raw(api, || {
+            add(first_audit_event, std::ptr::null_mut());
+        });
+    }
+}
+
+static AUDITED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+unsafe extern "C" fn first_audit_event(
+    _event: *const c_char,
+    _args: *mut std::ffi::c_void,
+    _data: *mut std::ffi::c_void,
+) -> c_int {
+    if !AUDITED.swap(true, Ordering::AcqRel) {
+        lifecycle::reinstall_if_replaced();
+    }
+    0
 }
 
 #[used]

@@ -183,6 +183,31 @@ pub unsafe fn start(
     Ok(())
 }
 
+/// Puts the hooks back in front of the allocators if the interpreter replaced them since the
+/// session started: at start-up, `PYTHONMALLOC` and `-X dev` make it reset its allocators
+/// after the preloaded agent installed its hooks. Called with the GIL held (from an audit
+/// hook), so no allocation runs through the tables while they change.
+pub fn reinstall_if_replaced() {
+    let mut s = SESSION.lock();
+    let (Some(table), Some(api)) = (s.table, python::api()) else {
+        return;
+    };
+    // SAFETY: under the session lock.
+    if s.mapped.is_none() || unsafe { chain::still_reached(api, table) } {
+        return;
+    }
+    // SAFETY: under the session lock, with the GIL held.
+    match unsafe { chain::install(api, table) } {
+        Ok(layer) => sampler::arm_layer(layer),
+        Err(why) => {
+            if let Some(m) = &s.mapped {
+                write_message(m.ring.header(), why);
+            }
+            stop_locked(&mut s, EndReason::Detached);
+        }
+    }
+}
+
 /// Ends the running session, if any, for `reason`; returns whether there was one.
 pub fn stop(reason: EndReason) -> bool {
     let mut s = SESSION.lock();

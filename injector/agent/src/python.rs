@@ -36,6 +36,8 @@ pub struct Api {
     pub is_finalizing: Option<NoArgInt>,
     /// `&PyCode_Type`: every code object's type (checked per frame).
     pub code_type: *mut c_void,
+    /// `PySys_AddAuditHook` (3.8+), callable before the interpreter is initialised.
+    pub add_audit_hook: Option<AddAuditHook>,
     /// `&PyType_Type` and `&PyUnicode_Type`, to check a layout against the interpreter.
     pub type_type: *mut c_void,
     pub unicode_type: *mut c_void,
@@ -66,6 +68,10 @@ macro_rules! func {
         unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
     }};
 }
+
+/// `Py_AuditHookFunction`.
+pub type AuditHook = unsafe extern "C" fn(*const c_char, *mut c_void, *mut c_void) -> c_int;
+type AddAuditHook = unsafe extern "C" fn(AuditHook, *mut c_void) -> c_int;
 
 type GetAllocator = unsafe extern "C" fn(c_int, *mut Allocator);
 type SetAllocator = unsafe extern "C" fn(c_int, *const Allocator);
@@ -109,6 +115,11 @@ fn resolve() -> Option<Api> {
         is_initialized: func!(c"Py_IsInitialized" as NoArgInt),
         is_finalizing: finalizing,
         code_type: sym(c"PyCode_Type"),
+        add_audit_hook: {
+            let p = sym(c"PySys_AddAuditHook");
+            // SAFETY: PySys_AddAuditHook's C signature is `AddAuditHook`.
+            (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, AddAuditHook>(p) })
+        },
         type_type: sym(c"PyType_Type"),
         unicode_type: sym(c"PyUnicode_Type"),
     })

@@ -76,6 +76,12 @@ pub fn configure(rate: u64, seed: u64, layer: usize) {
     GIL_COUNTDOWN[layer].store(draw(), Ordering::Relaxed);
 }
 
+/// Arms the countdowns of `layer`, which takes over sampling within the running session.
+pub fn arm_layer(layer: usize) {
+    EPOCH.fetch_add(1, Ordering::Relaxed);
+    GIL_COUNTDOWN[layer].store(draw(), Ordering::Relaxed);
+}
+
 /// Switches every countdown to idle.
 pub fn idle() {
     EPOCH.fetch_add(1, Ordering::Relaxed);
