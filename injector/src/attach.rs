@@ -206,14 +206,26 @@ fn choose_thread(
             return Err(AttachError::NoSafePoint {
                 pid: t.pid,
                 waited: started.elapsed(),
-                threads: seen
-                    .into_iter()
-                    .map(|(tid, what)| format!("thread {tid}: {what}"))
-                    .collect(),
+                threads: describe_sightings(seen),
             });
         }
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// What the threads were doing, for the message: the first few, and how many more.
+fn describe_sightings(seen: Sightings) -> Vec<String> {
+    const SHOWN: usize = 6;
+    let total = seen.len();
+    let mut out: Vec<String> = seen
+        .into_iter()
+        .take(SHOWN)
+        .map(|(tid, what)| format!("thread {tid}: {what}"))
+        .collect();
+    if total > SHOWN {
+        out.push(format!("and {} more threads", total - SHOWN));
+    }
+    out
 }
 
 /// Whether this process may trace any process (root, or CAP_SYS_PTRACE).
@@ -305,7 +317,7 @@ fn try_thread(
             return Ok(None);
         }
     };
-    let stack_low = t.mapping_at(regs.rsp).map_or(regs.rsp, |m| m.start);
+    let stack_low = t.mapping_now(regs.rsp).map_or(regs.rsp, |m| m.start);
     if regs.rsp.saturating_sub(stack_low) < MIN_STACK_ROOM {
         seen.insert(tid, "too close to the end of its stack".into());
         release(tid, &regs, &safe_regs, &stashed);

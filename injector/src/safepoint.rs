@@ -234,7 +234,7 @@ enum Scan {
 /// end of its mapping, at most `limit` bytes).
 fn scan_stack(t: &Target, mem: &Mem, sp: u64, limit: u64, ranges: &[(u64, u64)]) -> Scan {
     let sp = sp & !7;
-    let Some(end) = t.mapping_at(sp).map(|m| m.end) else {
+    let Some(end) = t.mapping_now(sp).map(|m| m.end) else {
         return Scan::Unreadable;
     };
     if end - sp > limit {

@@ -327,6 +327,17 @@ impl Target {
         self.maps.iter().find(|m| m.contains(addr))
     }
 
+    /// The mapping at `addr` now: from the snapshot taken at inspection, or, for memory mapped
+    /// since (the stack of a thread started later), from `/proc/PID/maps` again.
+    pub fn mapping_now(&self, addr: u64) -> Option<Mapping> {
+        self.mapping_at(addr).cloned().or_else(|| {
+            procmaps::read(self.pid)
+                .ok()?
+                .into_iter()
+                .find(|m| m.contains(addr))
+        })
+    }
+
     /// The executable ranges of an agent an earlier attach or `record` loaded.
     pub fn agent_text(&self) -> Vec<(u64, u64)> {
         self.maps
