@@ -125,7 +125,11 @@ fn two_hundred_fast_reattaches_each_capture_samples() {
     let target = Target::python(&py.path, "lifecycle_target.py", &["churn"]);
     let started = Instant::now();
     let rounds = 200;
+    let mut rss_at_100 = 0;
     for i in 0..rounds {
+        if i == 100 {
+            rss_at_100 = rss_kib(target.pid);
+        }
         let capture = dir.path().join(format!("c{i}.mprof"));
         let (status, err) = attach_once(
             target.pid,
@@ -142,6 +146,12 @@ fn two_hundred_fast_reattaches_each_capture_samples() {
         assert!(status.success(), "round {i}: {err}");
     }
     let took = started.elapsed();
+    let rss_at_200 = rss_kib(target.pid);
+    eprintln!("RSS after 100 sessions {rss_at_100} KiB, after 200 {rss_at_200} KiB");
+    assert!(
+        rss_at_200 <= rss_at_100 + rss_at_100 / 20,
+        "sessions leave memory behind: {rss_at_100} KiB after 100, {rss_at_200} after 200"
+    );
     let mut empty = Vec::new();
     for i in 0..rounds {
         let report = report_json(&dir.path().join(format!("c{i}.mprof")), &["--top", "1"]);
@@ -435,4 +445,18 @@ fn every_allocator_setting_is_profiled() {
             py.label
         );
     }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("VmRSS:")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap()
 }

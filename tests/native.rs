@@ -258,9 +258,6 @@ fn a_native_storm_survives_twenty_attaches() {
     assert!(want.starts_with("sums 1 "), "{want}");
     let target = Target::start(Command::new(&py.path).args(["-c", &code]));
     let rss_before = quiet_rss(target.pid);
-    // After ten sessions the agent's fixed memory (code, free filter, caches, touched a page at
-    // a time as sessions use them) is in place; the next ten must not add to it.
-    let mut rss_after_first = 0;
     for i in 0..20 {
         let capture = dir.path().join(format!("s{i}.mprof"));
         let (status, err) = common::procs::attach_once(
@@ -268,9 +265,6 @@ fn a_native_storm_survives_twenty_attaches() {
             &["--duration", "0.05", "-q", "-o", capture.to_str().unwrap()],
         );
         assert!(status.success(), "round {i}: {err}");
-        if i == 9 {
-            rss_after_first = quiet_rss(target.pid);
-        }
     }
     let rss_after = quiet_rss(target.pid);
     std::fs::write(&stop, b"").unwrap();
@@ -278,20 +272,16 @@ fn a_native_storm_survives_twenty_attaches() {
     assert!(status.success(), "{status}");
     assert!(out.contains(&want), "{out:?} vs {want}");
     eprintln!(
-        "RSS while storming: {rss_before} KiB unprofiled, {rss_after_first} KiB after ten \
-         attaches, {rss_after} KiB after twenty"
+        "RSS while storming: {rss_before} KiB unprofiled, {rss_after} KiB after twenty attaches"
     );
     // The agent stays loaded: its code, its free filter (1 MiB), its caches and the C
     // library's arenas that its samples touched are a fixed cost of at most AGENT_KIB; beyond
-    // it, within 10% of the unprofiled run, and no growth per session.
+    // it, within 10% of the unprofiled run. (That sessions leave nothing behind is checked on
+    // a quieter target by agent_lifecycle's two hundred re-attaches.)
     const AGENT_KIB: u64 = 6144;
     assert!(
         rss_after <= rss_before + rss_before / 10 + AGENT_KIB,
         "RSS grew from {rss_before} to {rss_after} KiB"
-    );
-    assert!(
-        rss_after <= rss_after_first + rss_after_first / 10,
-        "RSS grows with each session: {rss_after_first} KiB after ten, {rss_after} after twenty"
     );
 }
 
