@@ -1,110 +1,470 @@
-//! Flamegraphs: one view of a capture as an interactive SVG (drawn by `inferno`), or as folded
-//! stacks for other tools.
+//! Flamegraphs: one view of a capture as an interactive SVG, drawn by `inferno`.
 //!
-//! A folded line is the stack from outermost to innermost frame, each frame written
-//! `function (file:line)` and separated by `;`, then a space and the view's estimated bytes,
-//! rounded. Stacks that round to 0 bytes in the view are left out.
+//! Frames are labelled `function (short/file.py:line)` (see [`crate::frames`]) and truncated
+//! from the right, so the function name is what survives in a narrow box. Each box's tooltip
+//! has the full path, the estimated bytes ± standard error, the estimated allocations, the
+//! samples behind it and its share. Import-system frames are folded away unless asked for
+//! (an import of a module that allocates shows as the importer calling the module), colours
+//! say which kind of code a frame runs (a legend is drawn under the title), `--inverted`
+//! puts the allocation sites on top, `--thread` keeps one thread. `--diff BASE` draws the new
+//! capture's boxes coloured by their growth since BASE (red grew, blue shrank), with the change
+//! ± its combined standard error in the tooltip.
 //!
-//! When the output path ends in `.folded`, the folded lines are written instead of an SVG (for
-//! speedscope, inferno's own tools or a diff). When the view has no bytes at all (e.g. `live` for
-//! a program that freed everything), a small valid SVG that says so is written, with a warning.
+//! When the output path ends in `.folded`, the folded stacks of [`crate::export::folded`] are
+//! written instead of an SVG. When the view has no bytes at all (e.g. `live` for a program that
+//! freed everything), a small valid SVG that says so is written, with a warning.
 
-use crate::profile::{Profile, View};
+use crate::export::{check_output, folded, write_file, Format};
+use crate::frames::{self, Kind};
+use crate::profile::{Estimate, Profile, View};
 use crate::report::{rate_text, view_title};
+use crate::text::xml_escape;
 use crate::units::human_bytes;
 use anyhow::{Context, Result};
-use inferno::flamegraph::color::{BasicPalette, Palette};
-use inferno::flamegraph::{self as inferno_fg, Options};
-use std::collections::BTreeMap;
+use inferno::flamegraph::color::{Color, PaletteMap};
+use inferno::flamegraph::{self as inferno_fg, Direction, Options, TextTruncateDirection};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
 use std::path::Path;
 
-/// `mprof flamegraph`: writes the flamegraph of `path`'s `view` to `out`.
-pub fn run(path: &Path, out: &Path, view: View) -> Result<()> {
+/// Width of the picture in pixels.
+pub const WIDTH: usize = 1200;
+
+/// What to draw.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub view: View,
+    /// Only this thread's allocations.
+    pub thread: Option<u32>,
+    /// Keep the import system's frames instead of folding them away.
+    pub keep_imports: bool,
+    /// Allocation sites on top (an icicle of callers).
+    pub inverted: bool,
+}
+
+/// `mprof flamegraph`: writes the flamegraph of `path` (or its folded stacks) to `out`; with
+/// `diff`, the growth since that base capture.
+pub fn run(path: &Path, out: &Path, settings: &Settings, diff: Option<&Path>) -> Result<()> {
+    let folded_out = Format::of_path(out) == Some(Format::Folded);
+    check_output(
+        out,
+        if folded_out {
+            Format::Folded
+        } else {
+            Format::Svg
+        },
+    )?;
     let p = Profile::load(path)?;
-    let lines = folded(&p, view);
-    let bytes = if out.extension().is_some_and(|e| e == "folded") {
-        lines
+    let bytes = if folded_out {
+        folded::lines(&p, settings.view)
             .iter()
             .flat_map(|l| [l.as_str(), "\n"])
             .collect::<String>()
             .into_bytes()
-    } else if lines.is_empty() {
+    } else {
+        let base = diff.map(Profile::load).transpose()?;
+        svg(&p, settings, base.as_ref())?.into_bytes()
+    };
+    write_file(out, &bytes)
+}
+
+/// The flamegraph as SVG text; with `base`, the difference from it.
+pub fn svg(p: &Profile, settings: &Settings, base: Option<&Profile>) -> Result<String> {
+    let mut stacks = drawn(p, settings);
+    if let Some(base) = base {
+        for (labels, b) in drawn(base, settings) {
+            let entry = stacks.entry(labels).or_insert_with(|| Drawn {
+                frames: b.frames.clone(),
+                new: Estimate::default(),
+                base: None,
+            });
+            entry.base = Some(b.new);
+        }
+        for s in stacks.values_mut() {
+            s.base.get_or_insert_with(Estimate::default);
+        }
+    }
+    if stacks.values().all(|s| whole(s.new.bytes) == 0) {
         eprintln!(
             "mprof: warning: no {} in this capture; the flamegraph is empty",
-            view_title(view)
+            view_title(settings.view)
         );
-        empty_svg(&p, view).into_bytes()
-    } else {
-        svg(&p, view, &lines)?
+        return Ok(empty_svg(p, settings.view));
+    }
+    let boxes = layout(&stacks);
+    let lines: Vec<String> = stacks
+        .iter()
+        .map(|(labels, s)| match s.base {
+            Some(b) => format!(
+                "{} {} {}",
+                labels.join(";"),
+                whole(b.bytes),
+                whole(s.new.bytes)
+            ),
+            None => format!("{} {}", labels.join(";"), whole(s.new.bytes)),
+        })
+        .collect();
+    let mut palette = PaletteMap::default();
+    for s in stacks.values() {
+        for f in &s.frames {
+            palette.insert(&f.label, colour(f.kind, &f.label));
+        }
+    }
+    let mut options = Options::default();
+    options.title = match base {
+        Some(_) => format!(
+            "mprof: growth of {} since the base capture",
+            view_title(settings.view)
+        ),
+        None => format!("mprof: {}", view_title(settings.view)),
     };
-    std::fs::write(out, bytes).with_context(|| format!("cannot write {}", out.display()))?;
-    eprintln!("mprof: wrote {}", out.display());
-    Ok(())
+    options.subtitle = Some(subtitle(p, settings));
+    options.count_name = "bytes".to_owned();
+    options.deterministic = true;
+    options.no_sort = true;
+    options.image_width = Some(WIDTH);
+    options.text_truncate_direction = TextTruncateDirection::Right;
+    options.palette_map = Some(&mut palette);
+    if settings.inverted {
+        options.direction = Direction::Inverted;
+    }
+    let mut out = Vec::new();
+    inferno_fg::from_lines(&mut options, lines.iter().map(String::as_str), &mut out)
+        .context("drawing the flamegraph")?;
+    let svg = String::from_utf8(out).context("inferno wrote invalid UTF-8")?;
+    let total = total_of(&stacks);
+    Ok(add_legend(&retitle(&svg, &boxes, &total), base.is_some()))
 }
 
-/// The folded stacks of a view, sorted.
-pub fn folded(p: &Profile, view: View) -> Vec<String> {
-    let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
-    for (id, figures) in p.stacks() {
-        let bytes = figures.get(view).bytes.round().max(0.0) as u64;
-        if bytes == 0 {
+/// One frame as drawn.
+#[derive(Clone, Debug)]
+struct DrawnFrame {
+    label: String,
+    /// `/full/path.py:line` (or the pseudo-frame's name), for the tooltip.
+    place: String,
+    kind: Kind,
+}
+
+/// One stack as drawn: frames from the bottom of the picture up, and its figures.
+#[derive(Clone, Debug)]
+struct Drawn {
+    frames: Vec<DrawnFrame>,
+    new: Estimate,
+    /// The base capture's figures, when drawing a difference.
+    base: Option<Estimate>,
+}
+
+fn labels_of(frames: &[DrawnFrame]) -> Vec<String> {
+    frames.iter().map(|f| f.label.clone()).collect()
+}
+
+fn whole(x: f64) -> u64 {
+    x.round().max(0.0) as u64
+}
+
+/// The stacks of `p` as drawn, by their labels (the order inferno merges them in).
+fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<String>, Drawn> {
+    let mut out: BTreeMap<Vec<String>, Drawn> = BTreeMap::new();
+    for (id, figures) in p.stacks_of(settings.thread) {
+        let estimate = *figures.get(settings.view);
+        if estimate.samples == 0 {
             continue;
         }
-        let mut frames: Vec<String> = p.frames(id).map(|f| frame_name(&f.to_string())).collect();
-        frames.reverse();
-        *stacks.entry(frames.join(";")).or_default() += bytes;
+        let mut frames: Vec<DrawnFrame> = Vec::new();
+        let all: Vec<_> = p.frames(id).collect(); // innermost first
+        for loc in all.iter().rev() {
+            if !settings.keep_imports && frames::is_import(loc) {
+                continue;
+            }
+            frames.push(DrawnFrame {
+                label: frame_name(&frames::label(loc)),
+                place: if loc.file == loc.function {
+                    loc.function.to_owned()
+                } else {
+                    format!("{}:{}", loc.file, loc.line)
+                },
+                kind: frames::kind(loc.file, loc.function),
+            });
+        }
+        if frames.is_empty() {
+            // Only import frames: the allocation happened in the import system itself.
+            frames.push(DrawnFrame {
+                label: "<import system>".into(),
+                place: "importlib".into(),
+                kind: Kind::Import,
+            });
+        }
+        if settings.inverted {
+            frames.reverse();
+        }
+        let entry = out.entry(labels_of(&frames)).or_insert_with(|| Drawn {
+            frames,
+            new: Estimate::default(),
+            base: None,
+        });
+        entry.new.merge(&estimate);
     }
-    stacks
-        .into_iter()
-        .map(|(stack, bytes)| format!("{stack} {bytes}"))
-        .collect()
+    out
 }
 
-/// A frame name that cannot break a folded line: no `;` (the separator) and no line breaks.
-fn frame_name(name: &str) -> String {
-    name.chars()
-        .map(|c| match c {
-            ';' => ',',
-            c if c.is_control() => ' ',
-            c => c,
-        })
-        .collect()
+/// A frame name that cannot break a folded line: no `;` (the separator) and no control
+/// characters.
+pub fn frame_name(name: &str) -> String {
+    crate::text::printable(name).replace(';', ",")
 }
 
-/// The title of the graph: `mprof: allocated bytes`.
-fn title(view: View) -> String {
-    format!("mprof: {}", view_title(view))
+/// What one box of the picture stands for.
+#[derive(Clone, Debug, Default)]
+struct BoxInfo {
+    new: Estimate,
+    base: Option<Estimate>,
+    place: String,
 }
 
-fn subtitle(p: &Profile, view: View) -> String {
-    let total = p.totals().get(view);
-    format!(
+/// The boxes inferno will draw, keyed by (first byte, width in bytes, label), found by merging
+/// the lines in order exactly as inferno does (`no_sort`): consecutive lines that share a
+/// prefix share its boxes. Boxes of zero width are not drawn and not listed.
+fn layout(stacks: &BTreeMap<Vec<String>, Drawn>) -> HashMap<(u64, u64, String), BoxInfo> {
+    let mut done = HashMap::new();
+    // Open boxes: (label, start, info).
+    let mut open: Vec<(String, u64, BoxInfo)> = Vec::new();
+    let mut t = 0u64;
+    let mut close = |open: &mut Vec<(String, u64, BoxInfo)>, keep: usize, t: u64| {
+        while open.len() > keep {
+            let (label, start, info) = open.pop().unwrap();
+            if t > start {
+                done.insert((start, t - start, label), info);
+            }
+        }
+    };
+    for s in stacks.values() {
+        let width = whole(s.new.bytes);
+        if width == 0 {
+            continue;
+        }
+        let shared = open
+            .iter()
+            .zip(&s.frames)
+            .take_while(|((label, _, _), f)| *label == f.label)
+            .count();
+        close(&mut open, shared, t);
+        for f in &s.frames[shared..] {
+            let info = BoxInfo {
+                place: f.place.clone(),
+                base: s.base.map(|_| Estimate::default()),
+                ..BoxInfo::default()
+            };
+            open.push((f.label.clone(), t, info));
+        }
+        for (_, _, info) in open.iter_mut() {
+            info.new.merge(&s.new);
+            if let (Some(b), Some(sb)) = (info.base.as_mut(), s.base) {
+                b.merge(&sb);
+            }
+        }
+        t += width;
+    }
+    close(&mut open, 0, t);
+    done
+}
+
+/// Totals of the drawn stacks (the root box).
+fn total_of(stacks: &BTreeMap<Vec<String>, Drawn>) -> BoxInfo {
+    let mut total = BoxInfo {
+        place: "all".into(),
+        ..BoxInfo::default()
+    };
+    for s in stacks.values() {
+        if whole(s.new.bytes) == 0 {
+            continue;
+        }
+        total.new.merge(&s.new);
+        if let Some(b) = s.base {
+            total.base.get_or_insert_with(Estimate::default).merge(&b);
+        }
+    }
+    total
+}
+
+/// A tooltip's figures. Parentheses are avoided inside: inferno's script finds a box's label
+/// by removing the last parenthesised group of its title.
+fn tooltip(info: &BoxInfo, total: f64) -> String {
+    let place = info.place.replace(['(', ')'], "");
+    let share = if total > 0.0 {
+        100.0 * info.new.bytes / total
+    } else {
+        0.0
+    };
+    let e = &info.new;
+    match info.base {
+        None => format!(
+            "{place}: {} ± {}, {} allocations, {} samples, {share:.2}%",
+            human_bytes(e.bytes),
+            human_bytes(e.stderr()),
+            whole(e.count),
+            e.samples
+        ),
+        Some(b) => {
+            let change = e.bytes - b.bytes;
+            let sigma = (e.variance + b.variance).sqrt();
+            let noise = if change.abs() <= 2.0 * sigma {
+                " — within 2σ: noise"
+            } else {
+                ""
+            };
+            format!(
+                "{place}: {} → {}, change {}{} ± {}{noise}, samples {} → {}",
+                human_bytes(b.bytes),
+                human_bytes(e.bytes),
+                if change >= 0.0 { "+" } else { "" },
+                human_bytes(change),
+                human_bytes(sigma),
+                b.samples,
+                e.samples
+            )
+        }
+    }
+}
+
+/// Replaces inferno's tooltips (`label (N bytes, P%)`) by mprof's, box by box.
+fn retitle(svg: &str, boxes: &HashMap<(u64, u64, String), BoxInfo>, total: &BoxInfo) -> String {
+    let mut out = String::with_capacity(svg.len() + svg.len() / 2);
+    let mut rest = svg;
+    while let Some(at) = rest.find("<title>") {
+        let (before, after) = rest.split_at(at);
+        out.push_str(before);
+        let Some(end) = after.find("</title>") else {
+            break;
+        };
+        let title = &after["<title>".len()..end];
+        let tail = &after[end..];
+        let rect_end = tail.find("/>").unwrap_or(0);
+        let rect = &tail[..rect_end];
+        let info = match (attr(rect, "fg:x"), attr(rect, "fg:w")) {
+            (Some(x), Some(w)) => {
+                let label = title.rsplit_once(" (").map_or(title, |(l, _)| l);
+                boxes.get(&(x, w, unescape(label))).map(|b| (label, b))
+            }
+            _ => None,
+        };
+        let info = match info {
+            Some(found) => Some(found),
+            None if title.starts_with("all (") => Some(("all", total)),
+            None => None,
+        };
+        match info {
+            Some((label, b)) => {
+                let _ = write!(
+                    out,
+                    "<title>{label} ({})</title>",
+                    xml_escape(&tooltip(b, total.new.bytes))
+                );
+            }
+            None => {
+                let _ = write!(out, "<title>{title}</title>");
+            }
+        }
+        rest = &tail["</title>".len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The numeric value of `name="…"` in an element's text.
+fn attr(element: &str, name: &str) -> Option<u64> {
+    let key = format!("{name}=\"");
+    let start = element.find(&key)? + key.len();
+    let len = element[start..].find('"')?;
+    element[start..start + len].parse().ok()
+}
+
+/// XML text back to the string inferno was given.
+fn unescape(s: &str) -> String {
+    s.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&apos;", "'")
+        .replace("&#39;", "'")
+        .replace("&amp;", "&")
+}
+
+/// The fill of a frame: its kind's colour, a little lighter or darker by name so that
+/// neighbours stand apart.
+fn colour(kind: Kind, label: &str) -> Color {
+    let (r, g, b) = kind.rgb();
+    let hash = label
+        .bytes()
+        .fold(0u32, |h, c| h.wrapping_mul(31).wrapping_add(c as u32));
+    let shift = (hash % 31) as i32 - 15;
+    let adjust = |c: u8| (c as i32 + shift).clamp(0, 255) as u8;
+    Color {
+        r: adjust(r),
+        g: adjust(g),
+        b: adjust(b),
+    }
+}
+
+/// The legend: one swatch per kind of code (or the diff's two colours), under the subtitle.
+fn add_legend(svg: &str, diff: bool) -> String {
+    let mut legend = String::from("<g id=\"legend\" font-size=\"11\" font-family=\"Verdana\">");
+    let entries: Vec<((u8, u8, u8), &str)> = if diff {
+        vec![
+            ((230, 80, 80), "grew since the base"),
+            ((80, 120, 230), "shrank since the base"),
+        ]
+    } else {
+        Kind::ALL.iter().map(|k| (k.rgb(), k.name())).collect()
+    };
+    let mut x = 10usize;
+    for ((r, g, b), name) in entries {
+        let _ = write!(
+            legend,
+            "<rect x=\"{x}\" y=\"50\" width=\"10\" height=\"10\" fill=\"rgb({r},{g},{b})\"/>\
+             <text x=\"{}\" y=\"59\">{}</text>",
+            x + 14,
+            xml_escape(name)
+        );
+        x += 14 + 7 * name.len() + 18;
+    }
+    legend.push_str("</g>");
+    match svg.find("<svg id=\"frames\"") {
+        Some(at) => format!("{}{legend}{}", &svg[..at], &svg[at..]),
+        None => svg.to_owned(),
+    }
+}
+
+fn subtitle(p: &Profile, settings: &Settings) -> String {
+    let total = p.totals().get(settings.view);
+    let mut text = format!(
         "{}, {} samples, {} dropped; total {} ± {}",
         rate_text(p),
         p.samples,
         p.dropped,
         human_bytes(total.bytes),
         human_bytes(total.stderr())
-    )
-}
-
-fn svg(p: &Profile, view: View, lines: &[String]) -> Result<Vec<u8>> {
-    let mut options = Options::default();
-    options.title = title(view);
-    options.subtitle = Some(subtitle(p, view));
-    options.count_name = "bytes".to_owned();
-    options.colors = Palette::Basic(BasicPalette::Mem);
-    options.deterministic = true;
-    let mut svg = Vec::new();
-    inferno_fg::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
-        .context("drawing the flamegraph")?;
-    Ok(svg)
+    );
+    if let Some(tid) = settings.thread {
+        let _ = write!(text, "; thread {}", p.thread_label(tid));
+    }
+    if !settings.keep_imports {
+        text.push_str("; import frames folded");
+    }
+    if p.incomplete().is_some() {
+        text.push_str("; INCOMPLETE capture (no END record)");
+    }
+    text
 }
 
 /// A valid SVG that says the view has nothing to draw.
 fn empty_svg(p: &Profile, view: View) -> String {
-    let title = title(view);
-    let note = format!("No samples in this view ({})", subtitle(p, view));
+    let title = format!("mprof: {}", view_title(view));
+    let settings = Settings {
+        view,
+        thread: None,
+        keep_imports: true,
+        inverted: false,
+    };
+    let note = format!("No samples in this view ({})", subtitle(p, &settings));
     format!(
         concat!(
             "<?xml version=\"1.0\" standalone=\"no\"?>\n",
@@ -123,86 +483,5 @@ fn empty_svg(p: &Profile, view: View) -> String {
     )
 }
 
-fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use mprof_common::record::{Frame, Record};
-
-    fn profile() -> Profile {
-        let alloc = |addr: u64, size: u64, frames: Vec<Frame>| Record::Alloc {
-            tid: 1,
-            flags: 0,
-            addr,
-            size,
-            time_ns: 0,
-            frames,
-        };
-        Profile::from_records(&[
-            Record::Meta {
-                text: "rate=1".into(),
-            },
-            Record::Code {
-                code: 1,
-                firstline: 1,
-                filename: "a;b.py".into(),
-                name: "<module>".into(),
-            },
-            Record::Code {
-                code: 2,
-                firstline: 3,
-                filename: "a;b.py".into(),
-                name: "f".into(),
-            },
-            alloc(
-                1,
-                10,
-                vec![Frame { code: 2, line: 4 }, Frame { code: 1, line: 9 }],
-            ),
-            alloc(2, 5, vec![Frame { code: 1, line: 9 }]),
-            alloc(3, 7, vec![]),
-            Record::Free { addr: 2 },
-        ])
-    }
-
-    #[test]
-    fn folded_lines_go_outermost_first_and_are_safe() {
-        let p = profile();
-        assert_eq!(
-            folded(&p, View::Allocated),
-            [
-                "<module> (a,b.py:9) 5",
-                "<module> (a,b.py:9);f (a,b.py:4) 10",
-                "<no Python frame> 7",
-            ]
-        );
-        assert_eq!(folded(&p, View::Live).len(), 2);
-    }
-
-    #[test]
-    fn svg_has_title_and_frames() {
-        let p = profile();
-        let svg =
-            String::from_utf8(svg(&p, View::Allocated, &folded(&p, View::Allocated)).unwrap())
-                .unwrap();
-        assert!(svg.starts_with("<?xml"));
-        assert!(svg.contains("mprof: allocated bytes"));
-        assert!(svg.contains("f (a,b.py:4)"));
-    }
-
-    #[test]
-    fn an_empty_view_is_a_valid_svg() {
-        let p = Profile::from_records(&[]);
-        let svg = empty_svg(&p, View::Peak);
-        assert!(svg.starts_with("<?xml"));
-        assert!(svg.trim_end().ends_with("</svg>"));
-        assert!(svg.contains("mprof: live bytes at the peak"));
-        assert!(!svg.contains("<no"));
-    }
-}
+mod tests;

@@ -3,8 +3,9 @@
 //! from the current drawing (review the diff before committing).
 
 use super::keys::{Key, ViewState};
-use super::model::{Column, Group, Model, Snapshot};
+use super::model::{Column, Model, Snapshot};
 use super::{ui, Mode, Target};
+use crate::grouping::Grouping;
 use mprof_common::record::Record;
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
@@ -16,7 +17,7 @@ const MAIN: u32 = 4242;
 const WORKER: u32 = 4250;
 const KIB: u64 = 1024;
 
-use crate::profile::test_records::{alloc, code};
+use crate::testing::{alloc, code};
 
 /// A small web shop's first ten seconds, sampled at 64 KiB: a catalogue loader that keeps
 /// half of what it parses, a page renderer that frees everything, a cache filled by a worker
@@ -174,7 +175,7 @@ fn by_function_total_sorted_by_live() {
     let t = target(Mode::Record);
     let keys = [Key::Group, Key::Inclusive, Key::Sort(Some(Column::Live))];
     let v = view(&keys, &snap);
-    assert_eq!(v.settings.group, Group::Function);
+    assert_eq!(v.settings.group, Grouping::Function);
     check(
         "live-80x24-function-total-live",
         &render(&t, &m, &snap, &v, 80, 24),

@@ -17,8 +17,9 @@
 //! the one sorted by), and paths lose their beginning, not their end.
 
 use super::keys::ViewState;
-use super::model::{rows, Column, Group, Model, Row, Snapshot};
+use super::model::{rows, Column, Model, Row, Snapshot};
 use super::{Mode, Target};
+use crate::grouping::Grouping;
 use crate::units::human_bytes;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};
@@ -86,7 +87,11 @@ fn header_lines(s: &Screen, width: usize) -> Vec<Line<'static>> {
         Mode::Record => "record",
         Mode::Attach => "attach",
     };
-    let title = format!(" mprof {mode} · PID {} · {}", t.pid, t.command);
+    let title = format!(
+        " mprof {mode} · PID {} · {}",
+        t.pid,
+        crate::text::printable(&t.command)
+    );
     let python = if snap.python.is_empty() {
         "Python ?".to_owned()
     } else {
@@ -240,7 +245,7 @@ fn column_width(c: Column) -> usize {
 /// The table of allocation sites.
 fn site_table<'a>(s: &Screen, rows: &[Row], width: usize) -> Table<'a> {
     let sort = s.view.settings.sort;
-    let by_file = s.view.settings.group == Group::File;
+    let by_file = s.view.settings.group == Grouping::File;
     let columns = figure_columns(width, sort);
     let names = width.saturating_sub(columns.iter().map(|&c| column_width(c) + 1).sum());
     let longest = rows
@@ -306,10 +311,10 @@ fn site_table<'a>(s: &Screen, rows: &[Row], width: usize) -> Table<'a> {
 
 /// `file:line` (the function's first line by function, the file alone by file, `-` for a
 /// pseudo-frame).
-fn location(r: &Row, group: Group) -> String {
+fn location(r: &Row, group: Grouping) -> String {
     match group {
-        _ if r.is_pseudo() && group != Group::File => "-".to_owned(),
-        Group::File => r.file.to_owned(),
+        _ if r.is_pseudo() && group != Grouping::File => "-".to_owned(),
+        Grouping::File => r.file.to_owned(),
         _ => format!("{}:{}", r.file, r.line),
     }
 }

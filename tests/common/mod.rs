@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod views;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
