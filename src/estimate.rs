@@ -116,6 +116,11 @@ pub struct Sample {
 }
 
 impl Sample {
+    /// The bytes the sample stands for.
+    pub fn bytes(&self) -> f64 {
+        self.bytes
+    }
+
     /// The sample of a block of `size` bytes taken at mean distance `rate`.
     pub fn new(size: u64, rate: u64) -> Sample {
         if size == 0 {

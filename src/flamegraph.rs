@@ -172,8 +172,13 @@ fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<String>, Drawn> {
         }
         let mut frames: Vec<DrawnFrame> = Vec::new();
         let all: Vec<_> = p.frames(id).collect(); // innermost first
+        let mut caller_is_site = false;
         for loc in all.iter().rev() {
-            if !settings.keep_imports && frames::is_import(loc) {
+            // A `.pth` line runs as `<string>` code called from site.py: import system too.
+            let import = frames::is_import(loc) || (caller_is_site && loc.file == "<string>");
+            caller_is_site =
+                frames::is_site(loc.file) || (caller_is_site && loc.file == "<string>");
+            if !settings.keep_imports && import {
                 continue;
             }
             frames.push(DrawnFrame {
@@ -326,48 +331,93 @@ fn tooltip(info: &BoxInfo, total: f64) -> String {
     }
 }
 
-/// Replaces inferno's tooltips (`label (N bytes, P%)`) by mprof's, box by box.
+/// Rewrites inferno's boxes: mprof's tooltip instead of `label (N bytes, P%)`, and a label
+/// that fits the box (see [`fitted_label`]).
 fn retitle(svg: &str, boxes: &HashMap<(u64, u64, String), BoxInfo>, total: &BoxInfo) -> String {
+    let frames_width = (WIDTH - 20) as f64;
+    let root_width = whole(total.new.bytes).max(1) as f64;
     let mut out = String::with_capacity(svg.len() + svg.len() / 2);
     let mut rest = svg;
-    while let Some(at) = rest.find("<title>") {
+    while let Some(at) = rest.find("<g><title>") {
         let (before, after) = rest.split_at(at);
         out.push_str(before);
-        let Some(end) = after.find("</title>") else {
+        let Some(end) = after.find("</g>") else {
             break;
         };
-        let title = &after["<title>".len()..end];
-        let tail = &after[end..];
-        let rect_end = tail.find("/>").unwrap_or(0);
-        let rect = &tail[..rect_end];
-        let info = match (attr(rect, "fg:x"), attr(rect, "fg:w")) {
-            (Some(x), Some(w)) => {
-                let label = title.rsplit_once(" (").map_or(title, |(l, _)| l);
-                boxes.get(&(x, w, unescape(label))).map(|b| (label, b))
-            }
-            _ => None,
+        let (group, tail) = after.split_at(end);
+        rest = tail;
+        let Some(rewritten) = rewrite_box(group, boxes, total, |w| {
+            w as f64 / root_width * frames_width
+        }) else {
+            out.push_str(group);
+            continue;
         };
-        let info = match info {
-            Some(found) => Some(found),
-            None if title.starts_with("all (") => Some(("all", total)),
-            None => None,
-        };
-        match info {
-            Some((label, b)) => {
-                let _ = write!(
-                    out,
-                    "<title>{label} ({})</title>",
-                    xml_escape(&tooltip(b, total.new.bytes))
-                );
-            }
-            None => {
-                let _ = write!(out, "<title>{title}</title>");
-            }
-        }
-        rest = &tail["</title>".len()..];
+        out.push_str(&rewritten);
     }
     out.push_str(rest);
     out
+}
+
+/// One `<g><title>…</title><rect …/><text …>…</text>` group rewritten, if it is a box mprof
+/// knows.
+fn rewrite_box(
+    group: &str,
+    boxes: &HashMap<(u64, u64, String), BoxInfo>,
+    total: &BoxInfo,
+    pixels: impl Fn(u64) -> f64,
+) -> Option<String> {
+    let title_end = group.find("</title>")?;
+    let title = &group["<g><title>".len()..title_end];
+    let rect_end = title_end + group[title_end..].find("/>")? + 2;
+    let rect = &group[title_end + "</title>".len()..rect_end];
+    let text_start = rect_end + group[rect_end..].find('>')? + 1;
+    let text_end = text_start + group[text_start..].find("</text>")?;
+    let (x, w) = (attr(rect, "fg:x")?, attr(rect, "fg:w")?);
+    let label = unescape(title.rsplit_once(" (").map_or(title, |(l, _)| l));
+    let (label, info) = match boxes.get(&(x, w, label.clone())) {
+        Some(info) => (label, info),
+        None if title.starts_with("all (") => ("all".to_owned(), total),
+        None => return None,
+    };
+    Some(format!(
+        "<g><title>{} ({})</title>{rect}{}{}{}",
+        xml_escape(&label),
+        xml_escape(&tooltip(info, total.new.bytes)),
+        &group[rect_end..text_start],
+        xml_escape(&fitted_label(&label, pixels(w))),
+        &group[text_end..]
+    ))
+}
+
+/// Characters of inferno's font (12 px, 0.59 em wide) that fit in `pixels`, less its margin.
+fn chars_that_fit(pixels: f64) -> usize {
+    ((pixels - 3.0) / (12.0 * 0.59)).max(0.0) as usize
+}
+
+/// The label shown in a box `pixels` wide: `function (pkg/file.py:line)` when it fits, else
+/// `function (file.py:line)`, else the function alone, else the function cut from the right.
+/// The function name is the last thing to go.
+pub fn fitted_label(label: &str, pixels: f64) -> String {
+    let fit = chars_that_fit(pixels);
+    let len = |s: &str| s.chars().count();
+    if len(label) <= fit {
+        return label.to_owned();
+    }
+    if let Some((function, place)) = label.rsplit_once(" (") {
+        let file = place.rsplit('/').next().unwrap_or(place);
+        let shorter = format!("{function} ({file}");
+        if len(&shorter) <= fit {
+            return shorter;
+        }
+        if len(function) <= fit {
+            return function.to_owned();
+        }
+    }
+    if fit < 3 {
+        return String::new();
+    }
+    let kept: String = label.chars().take(fit - 2).collect();
+    format!("{kept}..")
 }
 
 /// The numeric value of `name="…"` in an element's text.
@@ -404,8 +454,19 @@ fn colour(kind: Kind, label: &str) -> Color {
     }
 }
 
+/// Pixels added under the subtitle for the legend.
+const LEGEND_HEIGHT: usize = 18;
+
 /// The legend: one swatch per kind of code (or the diff's two colours), under the subtitle.
+/// The picture grows by [`LEGEND_HEIGHT`] and the frames and the bottom line move down.
 fn add_legend(svg: &str, diff: bool) -> String {
+    let Some(height) = svg
+        .find("<svg version=")
+        .and_then(|at| attr(&svg[at..at + svg[at..].find('>').unwrap_or(0)], "height"))
+    else {
+        return svg.to_owned();
+    };
+    let grown = height as usize + LEGEND_HEIGHT;
     let mut legend = String::from("<g id=\"legend\" font-size=\"11\" font-family=\"Verdana\">");
     let entries: Vec<((u8, u8, u8), &str)> = if diff {
         vec![
@@ -419,16 +480,56 @@ fn add_legend(svg: &str, diff: bool) -> String {
     for ((r, g, b), name) in entries {
         let _ = write!(
             legend,
-            "<rect x=\"{x}\" y=\"50\" width=\"10\" height=\"10\" fill=\"rgb({r},{g},{b})\"/>\
-             <text x=\"{}\" y=\"59\">{}</text>",
+            "<rect x=\"{x}\" y=\"58\" width=\"10\" height=\"10\" fill=\"rgb({r},{g},{b})\"/>\
+             <text x=\"{}\" y=\"67\">{}</text>",
             x + 14,
             xml_escape(name)
         );
         x += 14 + 7 * name.len() + 18;
     }
     legend.push_str("</g>");
-    match svg.find("<svg id=\"frames\"") {
-        Some(at) => format!("{}{legend}{}", &svg[..at], &svg[at..]),
+    let mut out = svg
+        .replacen(
+            &format!("height=\"{height}\""),
+            &format!("height=\"{grown}\""),
+            1,
+        )
+        .replacen(
+            &format!("viewBox=\"0 0 {WIDTH} {height}\""),
+            &format!("viewBox=\"0 0 {WIDTH} {grown}\""),
+            1,
+        )
+        .replacen(
+            &format!("height=\"{height}\" fill=\"url(#background)\""),
+            &format!("height=\"{grown}\" fill=\"url(#background)\""),
+            1,
+        );
+    for id in ["details", "matched"] {
+        let key = format!("<text id=\"{id}\"");
+        if let Some(at) = out.find(&key) {
+            let end = at + out[at..].find('>').unwrap_or(0);
+            let element = &out[at..end];
+            if let Some(y) = element
+                .split("y=\"")
+                .nth(1)
+                .and_then(|v| v.split('"').next())
+                .and_then(|v| v.parse::<f64>().ok())
+            {
+                let moved = element.replace(
+                    &format!("y=\"{y:.2}\""),
+                    &format!("y=\"{:.2}\"", y + LEGEND_HEIGHT as f64),
+                );
+                out.replace_range(at..end, &moved);
+            }
+        }
+    }
+    match out.find("<svg id=\"frames\" x=\"10\"") {
+        Some(at) => {
+            let frames = format!("<svg id=\"frames\" x=\"10\" y=\"{LEGEND_HEIGHT}\"");
+            out.replace_range(at..at + "<svg id=\"frames\" x=\"10\"".len(), &frames);
+            out.insert_str(at, &legend);
+            out
+        }
         None => svg.to_owned(),
     }
 }

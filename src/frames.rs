@@ -111,6 +111,11 @@ pub fn is_import_file(file: &str) -> bool {
     )
 }
 
+/// Whether `file` is `site.py`, which runs the `.pth` files at start-up.
+pub fn is_site(file: &str) -> bool {
+    file == "<frozen site>" || stdlib_start(file).is_some_and(|start| &file[start..] == "site.py")
+}
+
 /// Whether a frame belongs to the import system (see [`is_import_file`]).
 pub fn is_import(loc: &Location) -> bool {
     is_import_file(loc.file)
