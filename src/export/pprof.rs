@@ -181,7 +181,9 @@ pub fn profile(p: &Profile) -> PprofProfile {
                 function.push(Function {
                     id: next,
                     name: strings.id(loc.function),
-                    system_name: strings.id(loc.function),
+                    // pprof demangles a system name as C++, turning `<module>` into
+                    // nothing: Python names have no system form.
+                    system_name: 0,
                     filename: strings.id(loc.file),
                     start_line: loc.firstline as i64,
                 });

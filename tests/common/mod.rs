@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod tools;
 pub mod views;
 
 use std::path::{Path, PathBuf};
