@@ -726,3 +726,34 @@ fn privileges() {
         "{err}"
     );
 }
+
+/// An attach capture says whom it profiled: every view shows the target's PID and command
+/// line (text report header, JSON meta).
+#[test]
+fn attach_captures_name_the_pid_and_command_line() {
+    let all = pythons();
+    let py = main_python(&all);
+    let dir = common::tempdir();
+    let target = Target::python(&py.path, "attach_idle.py", &["sleep"]);
+    let capture = dir.path().join("who.mprof");
+    let (status, err) = attach_once(
+        target.pid,
+        &["--duration", "0.2", "-q", "-o", capture.to_str().unwrap()],
+    );
+    assert!(status.success(), "{err}");
+    let report = run_with_timeout(mprof().arg("report").arg(&capture), LIMIT);
+    let text = String::from_utf8_lossy(&report.stdout);
+    let want = format!(
+        "attach PID {}: {} {} sleep",
+        target.pid,
+        py.path.display(),
+        script("attach_idle.py").display()
+    );
+    assert!(text.contains(&want), "{want:?} not in:\n{text}");
+    let json = report_json(&capture, &[]);
+    assert_eq!(json["meta"]["pid"], target.pid.to_string());
+    assert!(json["meta"]["command"]
+        .as_str()
+        .unwrap()
+        .ends_with("attach_idle.py sleep"));
+}

@@ -154,8 +154,9 @@ pub fn run(
         (None, None) => bail!("say which format: --format pprof|speedscope|folded|json"),
     };
     let Some(exporter) = exporter(format) else {
+        let what = output.map_or_else(|| format.name().to_owned(), |o| o.display().to_string());
         bail!(
-            "export writes pprof, speedscope, folded or json; {}",
+            "{what}: export writes pprof, speedscope, folded or json; {}",
             hint(format)
         );
     };
