@@ -236,17 +236,22 @@ fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::
                 RGBColor(200, 200, 200).filled(),
             )
         });
-    // Stacked: draw the largest cumulative area first, each smaller one over it.
-    for k in (0..t.sites.len()).rev() {
+    // The legend lists the sites largest first; the areas are stacked by drawing the largest
+    // cumulative area first and each smaller one over it.
+    for (k, site) in t.sites.iter().enumerate() {
         let colour = SITE_COLOURS[k % SITE_COLOURS.len()];
         chart
-            .draw_series(AreaSeries::new(
-                series(&|pt| pt.sites[..=k].iter().sum()),
-                0.0,
-                colour.mix(0.85),
-            ))?
-            .label(t.sites[k].clone())
+            .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())?
+            .label(site.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled()));
+    }
+    for k in (0..t.sites.len()).rev() {
+        let colour = SITE_COLOURS[k % SITE_COLOURS.len()];
+        chart.draw_series(AreaSeries::new(
+            series(&|pt| pt.sites[..=k].iter().sum()),
+            0.0,
+            colour.mix(0.85),
+        ))?;
     }
     chart
         .draw_series(LineSeries::new(
