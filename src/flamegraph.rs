@@ -20,7 +20,7 @@ use crate::profile::{Estimate, Profile, View};
 use crate::report::{rate_text, view_title};
 use crate::text::xml_escape;
 use crate::units::human_bytes;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use inferno::flamegraph::color::{Color, PaletteMap};
 use inferno::flamegraph::{self as inferno_fg, Direction, Options, TextTruncateDirection};
 use std::collections::{BTreeMap, HashMap};
@@ -54,7 +54,24 @@ pub fn run(path: &Path, out: &Path, settings: &Settings, diff: Option<&Path>) ->
             Format::Svg
         },
     )?;
+    if folded_out && (diff.is_some() || settings.thread.is_some() || settings.inverted) {
+        bail!(
+            "{}: folded stacks hold one whole view; --diff, --thread and --inverted draw SVG",
+            out.display()
+        );
+    }
     let p = Profile::load(path)?;
+    if let Some(tid) = settings.thread {
+        let tids = p.thread_ids();
+        if !tids.contains(&tid) {
+            let known: Vec<String> = tids.iter().map(|&t| p.thread_label(t)).collect();
+            bail!(
+                "thread {tid} allocated nothing in {}; its threads: {}",
+                path.display(),
+                known.join(", ")
+            );
+        }
+    }
     let bytes = if folded_out {
         folded::lines(&p, settings.view)
             .iter()

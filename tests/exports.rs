@@ -342,6 +342,7 @@ fn an_output_name_of_another_format_is_refused() {
             "x.speedscope.json",
         ),
         (vec!["export", s(&f), "-o"], "x.svg"),
+        (vec!["flamegraph", s(&f), "--diff", s(&f), "-o"], "d.folded"),
     ] {
         let out = d.join(needle);
         let mut args = args.clone();
@@ -356,6 +357,15 @@ fn an_output_name_of_another_format_is_refused() {
         );
         assert!(!out.exists(), "{needle} was written");
     }
+    let t99 = d.join("t99.svg");
+    let o = mprof(&["flamegraph", s(&f), "--thread", "99", "-o", s(&t99)]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("its threads: 1 MainThread"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!t99.exists());
     let o = mprof(&["export", s(&f), "-o", s(&d.join("x.out"))]);
     assert!(stderr(&o).contains("say which format"), "{}", stderr(&o));
 }
