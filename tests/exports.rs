@@ -369,3 +369,53 @@ fn an_output_name_of_another_format_is_refused() {
     let o = mprof(&["export", s(&f), "-o", s(&d.join("x.out"))]);
     assert!(stderr(&o).contains("say which format"), "{}", stderr(&o));
 }
+
+#[test]
+fn bad_inputs_fail_cleanly_in_every_new_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let missing = d.join("nope.mprof");
+    let garbage = d.join("garbage.mprof");
+    std::fs::write(&garbage, b"this is not a capture file at all\n").unwrap();
+    let good = write(&fixture(), d, "good.mprof");
+    for bad in [&missing, &garbage] {
+        let b = s(bad);
+        for args in [
+            vec!["timeline", b, "-o", s(&d.join("t.svg"))],
+            vec!["html", b, "-o", s(&d.join("r.html"))],
+            vec!["export", b, "-o", s(&d.join("x.pb.gz"))],
+            vec!["export", b, "-o", s(&d.join("x.speedscope.json"))],
+            vec!["diff", b, s(&good)],
+            vec!["diff", s(&good), b],
+            vec![
+                "flamegraph",
+                s(&good),
+                "--diff",
+                b,
+                "-o",
+                s(&d.join("d.svg")),
+            ],
+        ] {
+            let o = mprof(&args);
+            let err = stderr(&o);
+            assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+            assert!(!err.contains("panicked"), "{err}");
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+            assert!(err.starts_with("mprof: error: "), "{err}");
+        }
+    }
+    for out in ["t.svg", "r.html", "x.pb.gz", "x.speedscope.json", "d.svg"] {
+        assert!(!d.join(out).exists(), "{out} written for a bad input");
+    }
+    // A header-only capture draws and exports without a sample and without failing.
+    let empty = write(&Capture::new(), d, "empty.mprof");
+    for (cmd, out) in [
+        ("timeline", "e.svg"),
+        ("html", "e.html"),
+        ("flamegraph", "f.svg"),
+        ("export", "e.pb.gz"),
+        ("export", "e.speedscope.json"),
+    ] {
+        ok(&[cmd, s(&empty), "-o", s(&d.join(out))]);
+    }
+}
