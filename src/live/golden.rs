@@ -217,3 +217,31 @@ fn very_small_terminals_do_not_panic() {
         }
     }
 }
+
+/// Names from the target are untrusted: a function, file, thread or command carrying
+/// terminal escapes is drawn with them spelled out, never sent to the terminal.
+#[test]
+fn hostile_names_are_drawn_escaped() {
+    let mut m = Model::new(1, T0);
+    for r in [
+        code(1, "evil\x1b[2J.py", "f\x1b]52;c;aGk=\x07", 1),
+        alloc(7, 1, 4096, T0, &[(1, 2)]),
+        Record::Thread {
+            tid: 7,
+            name: "w\x1b[31m".into(),
+        },
+    ] {
+        m.apply(&r);
+    }
+    let snap = m.roll(T0 + SECOND);
+    let mut t = target(Mode::Attach);
+    t.command = "python3 \x1b[2Jevil.py".into();
+    for keys in [&[][..], &[Key::Thread], &[Key::Group, Key::Group]] {
+        let screen = render(&t, &m, &snap, &view(keys, &snap), 100, 24);
+        assert!(
+            !screen.contains('\x1b') && !screen.contains('\x07'),
+            "{screen}"
+        );
+        assert!(screen.contains("\\u{1b}"), "{screen}");
+    }
+}
