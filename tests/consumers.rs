@@ -113,6 +113,17 @@ fn go_pprof_prints_the_known_top_site_with_its_bytes() {
             got.0
         );
     }
+    // The capture's meta and the threads are labels pprof can group by.
+    let tags = pprof(&go, &["-tags", path_str(&pb)]);
+    for needle in [
+        "mode: Total",
+        "record",
+        "pid: Total",
+        "thread_name: Total",
+        "main (",
+    ] {
+        assert!(tags.contains(needle), "{needle:?} not in:\n{tags}");
+    }
     eprintln!("go tool pprof: large_objects {bytes} B (truth {want})");
 }
 

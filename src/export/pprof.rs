@@ -4,8 +4,8 @@
 //! Sample types, in order: `alloc_objects`/`alloc_space` (allocated), `inuse_objects`/
 //! `inuse_space` (live at the end, the default, as in Go's heap profiles) and `peak_objects`/
 //! `peak_space` (live at the peak). One sample per stack and thread, with a `thread` label
-//! (and `thread_name` when known); values are the estimates rounded to whole bytes and
-//! allocations. The period is the sampling rate (`space`/`bytes`). The capture's meta goes in
+//! (and `thread_name` when known) and the capture's `mode`, `pid`, `command` and `python`;
+//! values are the estimates rounded to whole bytes and allocations. The period is the sampling rate (`space`/`bytes`). The capture's meta goes in
 //! the profile's comments as `key=value` (`go tool pprof -comments`). Messages are declared
 //! here with prost's derive, field numbers as in profile.proto.
 
@@ -15,6 +15,10 @@ use flate2::write::GzEncoder;
 use prost::Message;
 use std::collections::HashMap;
 use std::io::Write;
+
+/// Meta keys that also label every sample (what tools that group by labels, like Pyroscope,
+/// can filter on); all of the meta is in the comments.
+const META_LABELS: [&str; 4] = ["mode", "pid", "command", "python"];
 
 /// The pprof export.
 pub struct Pprof;
@@ -219,6 +223,15 @@ pub fn profile(p: &Profile) -> PprofProfile {
                 str: strings.id(name),
                 ..Label::default()
             });
+        }
+        for key in META_LABELS {
+            if let Some(value) = p.meta.get(key) {
+                label.push(Label {
+                    key: strings.id(key),
+                    str: strings.id(value),
+                    ..Label::default()
+                });
+            }
         }
         sample.push(Sample {
             location_id: ids,
