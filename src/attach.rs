@@ -56,6 +56,19 @@ fn unix_ms() -> u128 {
         .unwrap_or(0)
 }
 
+/// The command line of `pid`, from /proc (arguments joined by spaces; empty if unreadable).
+pub fn command_line(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|raw| {
+            raw.split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(String::from_utf8_lossy)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default()
+}
+
 /// An agent running in the target, writing into `ring`.
 struct Attached {
     ring: RingMem,
@@ -260,6 +273,10 @@ pub fn run(
             unix_ms(),
             attached.took.as_millis(),
         ),
+    })?;
+    // The views show who was profiled: the command line, like record's.
+    capture.write(&Record::Meta {
+        text: format!("command={}\n", command_line(pid).replace('\n', "\\n")),
     })?;
     if !quiet {
         let until = match duration {

@@ -72,7 +72,7 @@ pub const MAX_CAPTURE_RECORD: usize = 4 << 20;
 
 /// A capture file opened for reading. It is read through one descriptor and only up to the
 /// size it had when opened, so every pass over it sees the same bytes unless someone rewrites
-/// it in place meanwhile, which [`Pass::digest`] lets the caller notice.
+/// it in place meanwhile, which the [`Digest`] handed with each record lets the caller notice.
 pub struct CaptureFile {
     file: File,
     /// Bytes read at most.
@@ -121,6 +121,11 @@ impl CaptureFile {
             size,
             path: path.to_path_buf(),
         })
+    }
+
+    /// The path it was opened at.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Streams the records to `f`, one at a time, without holding the file in memory, until

@@ -1,111 +1,406 @@
-//! Flamegraphs: one view of a capture as an interactive SVG (drawn by `inferno`), or as folded
-//! stacks for other tools.
+//! Flamegraphs: one view of a capture as an interactive SVG, drawn by `inferno`.
 //!
-//! A folded line is the stack from outermost to innermost frame, each frame written
-//! `function (file:line)` and separated by `;`, then a space and the view's estimated bytes,
-//! rounded. Stacks that round to 0 bytes in the view are left out.
+//! Frames are labelled `function (short/file.py:line)` (see [`crate::frames`]) and truncated
+//! from the right, so the function name is what survives in a narrow box. Each box's tooltip
+//! has the full path, the estimated bytes ± standard error, the estimated allocations, the
+//! samples behind it and its share. Import-system frames are folded away unless asked for
+//! (an import of a module that allocates shows as the importer calling the module), colours
+//! say which kind of code a frame runs (a legend is drawn under the title), `--inverted`
+//! puts the allocation sites on top, `--thread` keeps one thread. `--diff BASE` draws the new
+//! capture's boxes coloured by their growth since BASE (red grew, blue shrank), with the change
+//! ± its combined standard error in the tooltip.
 //!
-//! When the output path ends in `.folded`, the folded lines are written instead of an SVG (for
-//! speedscope, inferno's own tools or a diff). When the view has no bytes at all (e.g. `live` for
-//! a program that freed everything), a small valid SVG that says so is written, with a warning.
+//! When the output path ends in `.folded`, the folded stacks of [`crate::export::folded`] are
+//! written instead of an SVG. When the view has no bytes at all (e.g. `live` for a program that
+//! freed everything), a small valid SVG that says so is written, with a warning.
 
-use crate::profile::{Profile, View};
+use crate::export::{check_output, folded, write_file, Format};
+use crate::frames::{self, Kind};
+use crate::profile::{Estimate, Profile, View};
 use crate::report::{rate_text, view_title};
+use crate::text::xml_escape;
 use crate::units::human_bytes;
-use anyhow::{Context, Result};
-use inferno::flamegraph::color::{BasicPalette, Palette};
-use inferno::flamegraph::{self as inferno_fg, Options};
+use anyhow::{bail, Context, Result};
+pub use boxes::fitted_label;
+use boxes::{attr, layout, retitle, total_of};
+use inferno::flamegraph::color::{Color, PaletteMap};
+use inferno::flamegraph::{self as inferno_fg, Direction, Options, TextTruncateDirection};
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::path::Path;
 
-/// `mprof flamegraph`: writes the flamegraph of `path`'s `view` to `out`.
-pub fn run(path: &Path, out: &Path, view: View) -> Result<()> {
+/// Width of the picture in pixels.
+pub const WIDTH: usize = 1200;
+
+/// What to draw.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub view: View,
+    /// Only this thread's allocations.
+    pub thread: Option<u32>,
+    /// Keep the import system's frames instead of folding them away.
+    pub keep_imports: bool,
+    /// Allocation sites on top (an icicle of callers).
+    pub inverted: bool,
+}
+
+/// `mprof flamegraph`: writes the flamegraph of `path` (or its folded stacks) to `out`; with
+/// `diff`, the growth since that base capture.
+pub fn run(path: &Path, out: &Path, settings: &Settings, diff: Option<&Path>) -> Result<()> {
+    let folded_out = Format::of_path(out) == Some(Format::Folded);
+    check_output(
+        out,
+        if folded_out {
+            Format::Folded
+        } else {
+            Format::Svg
+        },
+    )?;
+    if folded_out && (diff.is_some() || settings.thread.is_some() || settings.inverted) {
+        bail!(
+            "{}: folded stacks hold one whole view; --diff, --thread and --inverted draw SVG",
+            out.display()
+        );
+    }
     let p = Profile::load(path)?;
-    let lines = folded(&p, view);
-    let bytes = if out.extension().is_some_and(|e| e == "folded") {
-        lines
+    if let Some(tid) = settings.thread {
+        let tids = p.thread_ids();
+        if !tids.contains(&tid) {
+            let known: Vec<String> = tids.iter().map(|&t| p.thread_label(t)).collect();
+            bail!(
+                "thread {tid} allocated nothing in {}; its threads: {}",
+                path.display(),
+                known.join(", ")
+            );
+        }
+    }
+    let bytes = if folded_out {
+        folded::lines(&p, settings.view)
             .iter()
             .flat_map(|l| [l.as_str(), "\n"])
             .collect::<String>()
             .into_bytes()
-    } else if lines.is_empty() {
+    } else {
+        let base = diff.map(Profile::load).transpose()?;
+        svg(&p, settings, base.as_ref())?.into_bytes()
+    };
+    write_file(out, "flamegraph", &bytes)
+}
+
+/// The flamegraph as SVG text; with `base`, the difference from it.
+pub fn svg(p: &Profile, settings: &Settings, base: Option<&Profile>) -> Result<String> {
+    let mut stacks = drawn(p, settings);
+    if let Some(base) = base {
+        for (labels, b) in drawn(base, settings) {
+            let entry = stacks.entry(labels).or_insert_with(|| Drawn {
+                frames: b.frames.clone(),
+                new: Estimate::default(),
+                base: None,
+            });
+            entry.base = Some(b.new);
+        }
+        for s in stacks.values_mut() {
+            s.base.get_or_insert_with(Estimate::default);
+        }
+    }
+    if stacks.values().all(|s| whole(s.new.bytes) == 0) {
         eprintln!(
             "mprof: warning: no {} in this capture; the flamegraph is empty",
-            view_title(view)
+            view_title(settings.view)
         );
-        empty_svg(&p, view).into_bytes()
-    } else {
-        svg(&p, view, &lines)?
+        return Ok(empty_svg(p, settings.view));
+    }
+    let unit = unit_of(&stacks);
+    // inferno takes the lines sorted as strings (it checks); the layout follows the same order.
+    let mut lines: Vec<(String, &Drawn)> = stacks
+        .iter()
+        .map(|(labels, s)| {
+            let line = match s.base {
+                Some(b) => format!(
+                    "{} {} {}",
+                    labels.join(";"),
+                    width(b.bytes, unit),
+                    width(s.new.bytes, unit)
+                ),
+                None => format!("{} {}", labels.join(";"), width(s.new.bytes, unit)),
+            };
+            (line, s)
+        })
+        .collect();
+    lines.sort_by(|a, b| a.0.cmp(&b.0));
+    let boxes = layout(lines.iter().map(|(_, s)| *s), unit);
+    let mut palette = PaletteMap::default();
+    for s in stacks.values() {
+        for f in &s.frames {
+            palette.insert(&f.label, colour(f.kind, &f.label));
+        }
+    }
+    let mut options = Options::default();
+    options.title = match base {
+        Some(_) => format!(
+            "mprof: growth of {} since the base capture",
+            view_title(settings.view)
+        ),
+        None => format!("mprof: {}", view_title(settings.view)),
     };
-    let written =
-        crate::output::write_file(out, "flamegraph", &bytes, crate::output::Access::Shared)?;
-    eprintln!("mprof: wrote {}", written.display());
-    Ok(())
+    options.subtitle = Some(subtitle(p, settings));
+    options.count_name = "bytes".to_owned();
+    options.deterministic = true;
+    options.no_sort = true;
+    options.image_width = Some(WIDTH);
+    options.text_truncate_direction = TextTruncateDirection::Right;
+    options.palette_map = Some(&mut palette);
+    if settings.inverted {
+        options.direction = Direction::Inverted;
+    }
+    let mut out = Vec::new();
+    inferno_fg::from_lines(
+        &mut options,
+        lines.iter().map(|(l, _)| l.as_str()),
+        &mut out,
+    )
+    .context("drawing the flamegraph")?;
+    let svg = String::from_utf8(out).context("inferno wrote invalid UTF-8")?;
+    let total = total_of(&stacks, unit);
+    Ok(add_legend(
+        &retitle(&svg, &boxes, &total, unit),
+        base.is_some(),
+    ))
 }
 
-/// The folded stacks of a view, sorted.
-pub fn folded(p: &Profile, view: View) -> Vec<String> {
-    let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
-    for (id, figures) in p.stacks() {
-        let bytes = figures.get(view).bytes.round().max(0.0) as u64;
-        if bytes == 0 {
+/// One frame as drawn.
+#[derive(Clone, Debug)]
+struct DrawnFrame {
+    label: String,
+    /// `/full/path.py:line` (or the pseudo-frame's name), for the tooltip.
+    place: String,
+    kind: Kind,
+}
+
+/// One stack as drawn: frames from the bottom of the picture up, and its figures.
+#[derive(Clone, Debug)]
+struct Drawn {
+    frames: Vec<DrawnFrame>,
+    new: Estimate,
+    /// The base capture's figures, when drawing a difference.
+    base: Option<Estimate>,
+}
+
+fn labels_of(frames: &[DrawnFrame]) -> Vec<String> {
+    frames.iter().map(|f| f.label.clone()).collect()
+}
+
+fn whole(x: f64) -> u64 {
+    x.round().max(0.0) as u64
+}
+
+/// Largest sum of widths handed to inferno, which adds them up in a `u64`.
+const MAX_WIDTHS: f64 = (1u64 << 60) as f64;
+
+/// Bytes per unit of width: 1, unless the widths would not add up in a `u64` (only a crafted
+/// capture comes near; then every width is scaled down alike).
+fn unit_of(stacks: &BTreeMap<Vec<String>, Drawn>) -> f64 {
+    let sum: f64 = stacks
+        .values()
+        .map(|s| s.new.bytes.max(s.base.map_or(0.0, |b| b.bytes)).max(0.0))
+        .sum();
+    (sum / MAX_WIDTHS).ceil().max(1.0)
+}
+
+/// The width inferno draws `bytes` with.
+fn width(bytes: f64, unit: f64) -> u64 {
+    whole(bytes / unit)
+}
+
+/// The stacks of `p` as drawn, by their labels (the order inferno merges them in).
+fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<String>, Drawn> {
+    let mut out: BTreeMap<Vec<String>, Drawn> = BTreeMap::new();
+    for (id, figures) in p.stacks_of(settings.thread) {
+        let estimate = *figures.get(settings.view);
+        if estimate.samples == 0 {
             continue;
         }
-        let mut frames: Vec<String> = p.frames(id).map(|f| frame_name(&f.to_string())).collect();
-        frames.reverse();
-        *stacks.entry(frames.join(";")).or_default() += bytes;
+        let mut frames: Vec<DrawnFrame> = Vec::new();
+        let all: Vec<_> = p.frames(id).collect(); // innermost first
+        let mut caller_is_site = false;
+        for loc in all.iter().rev() {
+            // A `.pth` line runs as `<string>` code called from site.py: import system too.
+            let import = frames::is_import(loc) || (caller_is_site && loc.file == "<string>");
+            caller_is_site =
+                frames::is_site(loc.file) || (caller_is_site && loc.file == "<string>");
+            if !settings.keep_imports && import {
+                continue;
+            }
+            frames.push(DrawnFrame {
+                label: frame_name(&frames::label(loc)),
+                place: if loc.file == loc.function {
+                    loc.function.to_owned()
+                } else {
+                    format!("{}:{}", loc.file, loc.line)
+                },
+                kind: frames::kind(loc.file, loc.function),
+            });
+        }
+        if frames.is_empty() {
+            // Only import frames: the allocation happened in the import system itself.
+            frames.push(DrawnFrame {
+                label: "<import system>".into(),
+                place: "importlib".into(),
+                kind: Kind::Import,
+            });
+        }
+        if settings.inverted {
+            frames.reverse();
+        }
+        let entry = out.entry(labels_of(&frames)).or_insert_with(|| Drawn {
+            frames,
+            new: Estimate::default(),
+            base: None,
+        });
+        entry.new.merge(&estimate);
     }
-    stacks
-        .into_iter()
-        .map(|(stack, bytes)| format!("{stack} {bytes}"))
-        .collect()
+    out
 }
 
-/// A frame name that cannot break a folded line: no `;` (the separator) and no line breaks.
-fn frame_name(name: &str) -> String {
-    name.chars()
-        .map(|c| match c {
-            ';' => ',',
-            c if c.is_control() => ' ',
-            c => c,
-        })
-        .collect()
+/// A frame name that cannot break a folded line: no `;` (the separator), no control
+/// characters, no surrounding blanks (inferno trims lines), never empty.
+pub fn frame_name(name: &str) -> String {
+    let name = crate::text::printable(name).replace(';', ",");
+    match name.trim() {
+        "" => "<no name>".to_owned(),
+        trimmed if trimmed.len() == name.len() => name,
+        trimmed => trimmed.to_owned(),
+    }
 }
 
-/// The title of the graph: `mprof: allocated bytes`.
-fn title(view: View) -> String {
-    format!("mprof: {}", view_title(view))
+/// The fill of a frame: its kind's colour, a little lighter or darker by name so that
+/// neighbours stand apart.
+fn colour(kind: Kind, label: &str) -> Color {
+    let (r, g, b) = kind.rgb();
+    let hash = label
+        .bytes()
+        .fold(0u32, |h, c| h.wrapping_mul(31).wrapping_add(c as u32));
+    let shift = (hash % 31) as i32 - 15;
+    let adjust = |c: u8| (c as i32 + shift).clamp(0, 255) as u8;
+    Color {
+        r: adjust(r),
+        g: adjust(g),
+        b: adjust(b),
+    }
 }
 
-fn subtitle(p: &Profile, view: View) -> String {
-    let total = p.totals().get(view);
-    format!(
+/// Pixels added under the subtitle for the legend.
+const LEGEND_HEIGHT: usize = 18;
+
+/// The legend: one swatch per kind of code (or the diff's two colours), under the subtitle.
+/// The picture grows by [`LEGEND_HEIGHT`] and the frames and the bottom line move down.
+fn add_legend(svg: &str, diff: bool) -> String {
+    let Some(height) = svg
+        .find("<svg version=")
+        .and_then(|at| attr(&svg[at..at + svg[at..].find('>').unwrap_or(0)], "height"))
+    else {
+        return svg.to_owned();
+    };
+    let grown = height as usize + LEGEND_HEIGHT;
+    let mut legend = String::from("<g id=\"legend\" font-size=\"11\" font-family=\"Verdana\">");
+    let entries: Vec<((u8, u8, u8), &str)> = if diff {
+        vec![
+            ((230, 80, 80), "grew since the base"),
+            ((80, 120, 230), "shrank since the base"),
+        ]
+    } else {
+        Kind::ALL.iter().map(|k| (k.rgb(), k.name())).collect()
+    };
+    let mut x = 10usize;
+    for ((r, g, b), name) in entries {
+        let _ = write!(
+            legend,
+            "<rect x=\"{x}\" y=\"58\" width=\"10\" height=\"10\" fill=\"rgb({r},{g},{b})\"/>\
+             <text x=\"{}\" y=\"67\">{}</text>",
+            x + 14,
+            xml_escape(name)
+        );
+        x += 14 + 7 * name.len() + 18;
+    }
+    legend.push_str("</g>");
+    let mut out = svg
+        .replacen(
+            &format!("height=\"{height}\""),
+            &format!("height=\"{grown}\""),
+            1,
+        )
+        .replacen(
+            &format!("viewBox=\"0 0 {WIDTH} {height}\""),
+            &format!("viewBox=\"0 0 {WIDTH} {grown}\""),
+            1,
+        )
+        .replacen(
+            &format!("height=\"{height}\" fill=\"url(#background)\""),
+            &format!("height=\"{grown}\" fill=\"url(#background)\""),
+            1,
+        );
+    for id in ["details", "matched"] {
+        let key = format!("<text id=\"{id}\"");
+        if let Some(at) = out.find(&key) {
+            let end = at + out[at..].find('>').unwrap_or(0);
+            let element = &out[at..end];
+            if let Some(y) = element
+                .split("y=\"")
+                .nth(1)
+                .and_then(|v| v.split('"').next())
+                .and_then(|v| v.parse::<f64>().ok())
+            {
+                let moved = element.replace(
+                    &format!("y=\"{y:.2}\""),
+                    &format!("y=\"{:.2}\"", y + LEGEND_HEIGHT as f64),
+                );
+                out.replace_range(at..end, &moved);
+            }
+        }
+    }
+    match out.find("<svg id=\"frames\" x=\"10\"") {
+        Some(at) => {
+            let frames = format!("<svg id=\"frames\" x=\"10\" y=\"{LEGEND_HEIGHT}\"");
+            out.replace_range(at..at + "<svg id=\"frames\" x=\"10\"".len(), &frames);
+            out.insert_str(at, &legend);
+            out
+        }
+        None => svg.to_owned(),
+    }
+}
+
+fn subtitle(p: &Profile, settings: &Settings) -> String {
+    let total = p.totals().get(settings.view);
+    let mut text = format!(
         "{}, {} samples, {} dropped; total {} ± {}",
         rate_text(p),
         p.samples,
         p.dropped,
         human_bytes(total.bytes),
         human_bytes(total.stderr())
-    )
-}
-
-fn svg(p: &Profile, view: View, lines: &[String]) -> Result<Vec<u8>> {
-    let mut options = Options::default();
-    options.title = title(view);
-    options.subtitle = Some(subtitle(p, view));
-    options.count_name = "bytes".to_owned();
-    options.colors = Palette::Basic(BasicPalette::Mem);
-    options.deterministic = true;
-    let mut svg = Vec::new();
-    inferno_fg::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
-        .context("drawing the flamegraph")?;
-    Ok(svg)
+    );
+    if let Some(tid) = settings.thread {
+        let _ = write!(text, "; thread {}", p.thread_label(tid));
+    }
+    if !settings.keep_imports {
+        text.push_str("; import frames folded");
+    }
+    if p.incomplete().is_some() {
+        text.push_str("; INCOMPLETE capture (no END record)");
+    }
+    text
 }
 
 /// A valid SVG that says the view has nothing to draw.
 fn empty_svg(p: &Profile, view: View) -> String {
-    let title = title(view);
-    let note = format!("No samples in this view ({})", subtitle(p, view));
+    let title = format!("mprof: {}", view_title(view));
+    let settings = Settings {
+        view,
+        thread: None,
+        keep_imports: true,
+        inverted: false,
+    };
+    let note = format!("No samples in this view ({})", subtitle(p, &settings));
     format!(
         concat!(
             "<?xml version=\"1.0\" standalone=\"no\"?>\n",
@@ -124,86 +419,6 @@ fn empty_svg(p: &Profile, view: View) -> String {
     )
 }
 
-fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
+mod boxes;
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use mprof_common::record::{Frame, Record};
-
-    fn profile() -> Profile {
-        let alloc = |addr: u64, size: u64, frames: Vec<Frame>| Record::Alloc {
-            tid: 1,
-            flags: 0,
-            addr,
-            size,
-            time_ns: 0,
-            frames,
-        };
-        Profile::from_records(&[
-            Record::Meta {
-                text: "rate=1".into(),
-            },
-            Record::Code {
-                code: 1,
-                firstline: 1,
-                filename: "a;b.py".into(),
-                name: "<module>".into(),
-            },
-            Record::Code {
-                code: 2,
-                firstline: 3,
-                filename: "a;b.py".into(),
-                name: "f".into(),
-            },
-            alloc(
-                1,
-                10,
-                vec![Frame { code: 2, line: 4 }, Frame { code: 1, line: 9 }],
-            ),
-            alloc(2, 5, vec![Frame { code: 1, line: 9 }]),
-            alloc(3, 7, vec![]),
-            Record::Free { addr: 2 },
-        ])
-    }
-
-    #[test]
-    fn folded_lines_go_outermost_first_and_are_safe() {
-        let p = profile();
-        assert_eq!(
-            folded(&p, View::Allocated),
-            [
-                "<module> (a,b.py:9) 5",
-                "<module> (a,b.py:9);f (a,b.py:4) 10",
-                "<no Python frame> 7",
-            ]
-        );
-        assert_eq!(folded(&p, View::Live).len(), 2);
-    }
-
-    #[test]
-    fn svg_has_title_and_frames() {
-        let p = profile();
-        let svg =
-            String::from_utf8(svg(&p, View::Allocated, &folded(&p, View::Allocated)).unwrap())
-                .unwrap();
-        assert!(svg.starts_with("<?xml"));
-        assert!(svg.contains("mprof: allocated bytes"));
-        assert!(svg.contains("f (a,b.py:4)"));
-    }
-
-    #[test]
-    fn an_empty_view_is_a_valid_svg() {
-        let p = Profile::from_records(&[]);
-        let svg = empty_svg(&p, View::Peak);
-        assert!(svg.starts_with("<?xml"));
-        assert!(svg.trim_end().ends_with("</svg>"));
-        assert!(svg.contains("mprof: live bytes at the peak"));
-        assert!(!svg.contains("<no"));
-    }
-}
+mod tests;

@@ -1,16 +1,19 @@
 //! The capture fuzzer: any bytes, given to the capture reader, the aggregation and every
-//! rendering, must give a profile or a clear error, never a panic, within bounded memory and
-//! with bounded output.
+//! rendering (reports, summary, folded stacks, flamegraphs, timeline, HTML, diff, pprof,
+//! speedscope, JSON export), must give a profile or a clear error, never a panic, within
+//! bounded memory and with bounded output, and no control character in what people read.
 //!
 //! [`check`] runs one input and asserts the bounds. Two drivers use it:
 //! - `cargo test` (CI): [`tests::mutated_captures_keep_every_bound`], a deterministic loop of
-//!   mutations of real and synthetic captures, plus crafted worst cases. `MPROF_FUZZ_ITERATIONS`
-//!   makes the loop longer.
+//!   mutations of real and synthetic captures (every [`VIEWS_EVERY`]th input through the
+//!   slower views too), plus crafted worst cases. `MPROF_FUZZ_ITERATIONS` makes the loop
+//!   longer.
 //! - cargo-fuzz (long runs, nightly): `fuzz/fuzz_targets/capture.rs` (see `fuzz/README.md`).
 
-use crate::flamegraph::folded;
+use crate::export::folded;
+use crate::grouping::Grouping;
 use crate::profile::{Profile, View, MEMORY_FIXED, MEMORY_PER_BYTE};
-use crate::report::{render, By};
+use crate::report::render;
 use std::path::Path;
 
 /// The most a report limited to its default 20 rows may print, whatever the capture: 20 rows
@@ -21,6 +24,10 @@ pub const TOP_20_OUTPUT: usize = 20 << 20;
 /// many bytes per byte of capture, plus [`TOP_20_OUTPUT`]. (A frame costs 16 bytes in the
 /// capture and at most about 3.2 KB in the JSON, once per stack that holds it.)
 pub const OUTPUT_PER_BYTE: usize = 200;
+
+/// The bounded fuzz run in `cargo test` renders the views beyond the reports for one input in
+/// this many (they take most of its time); cargo-fuzz renders them for every input.
+pub const VIEWS_EVERY: usize = 8;
 
 /// What one input cost.
 #[derive(Debug, Default, Clone, Copy)]
@@ -44,6 +51,12 @@ pub fn memory_bound(len: usize) -> usize {
 /// Runs the capture `bytes` (written to `path`) through the reader and every rendering; panics
 /// (the fuzz failure) if a bound is broken. The caller has the thread to itself.
 pub fn check(bytes: &[u8], path: &Path) -> Cost {
+    check_some(bytes, path, true)
+}
+
+/// [`check`], with the views beyond the reports (flamegraph, timeline, HTML, diff, exports:
+/// slower) only if `views`.
+pub fn check_some(bytes: &[u8], path: &Path, views: bool) -> Cost {
     std::fs::write(path, bytes).expect("writing the fuzz input");
     let base = crate::memory::in_use();
     crate::memory::reset_peak();
@@ -63,29 +76,34 @@ pub fn check(bytes: &[u8], path: &Path) -> Cost {
         return cost;
     };
     for (view, by, json) in [
-        (View::Allocated, By::Line, false),
-        (View::Live, By::Stack, false),
-        (View::Peak, By::Function, true),
-        (View::Allocated, By::Stack, true),
+        (View::Allocated, Grouping::Line, false),
+        (View::Live, Grouping::Stack, false),
+        (View::Peak, Grouping::Function, true),
+        (View::Allocated, Grouping::Stack, true),
     ] {
         let top = render(&p, view, by, 20, json).expect("rendering");
         cost.top_output = cost.top_output.max(top.len());
         let all = render(&p, view, by, 0, json).expect("rendering");
         cost.all_output = cost.all_output.max(all.len());
-        if !json {
+        if json {
+            serde_json::from_str::<serde_json::Value>(&all).expect("the JSON report parses");
+        } else {
             assert!(
                 !top.contains('\x1b'),
                 "a control character reached a text report"
             );
         }
     }
-    let lines: usize = folded(&p, View::Allocated)
+    let lines: usize = folded::lines(&p, View::Allocated)
         .iter()
         .map(|l| l.len() + 1)
         .sum();
     cost.all_output = cost.all_output.max(lines);
     let summary = crate::report::summary(&p);
     assert!(!summary.contains('\x1b'));
+    if views {
+        other_views(&p, path);
+    }
     assert!(
         cost.top_output <= TOP_20_OUTPUT,
         "a 20-row report of {} bytes of capture printed {} bytes",
@@ -99,6 +117,57 @@ pub fn check(bytes: &[u8], path: &Path) -> Cost {
         cost.all_output
     );
     cost
+}
+
+/// Renders every other view of `p` (read from `path`), asserting that each succeeds and that no
+/// control character reaches the ones people read.
+fn other_views(p: &Profile, path: &Path) {
+    use crate::export::{exporter, Format, Options};
+    let mut outputs: Vec<(&str, Vec<u8>)> = Vec::new();
+    // The HTML report draws the plain flamegraph of every view (and the timeline): this one
+    // takes the other paths (one thread, inverted, imports kept, a difference).
+    let settings = crate::flamegraph::Settings {
+        view: View::Allocated,
+        thread: p.thread_ids().first().copied(),
+        keep_imports: true,
+        inverted: true,
+    };
+    if settings.thread.is_some() {
+        let svg = crate::flamegraph::svg(p, &settings, Some(p)).expect("flamegraph");
+        outputs.push(("flamegraph", svg.into_bytes()));
+    }
+    let file = crate::capture::CaptureFile::open(path).expect("the input is still there");
+    let timeline = crate::timeline::load(&file, p, 5).expect("timeline");
+    outputs.push((
+        "timeline",
+        crate::timeline::svg(p, &timeline)
+            .expect("timeline")
+            .into_bytes(),
+    ));
+    let html = crate::html::page(p, &timeline).expect("html");
+    outputs.push(("html", html.into_bytes()));
+    let diff = crate::diff::text(p, p, View::Live, Grouping::Stack, 0);
+    outputs.push(("diff", diff.into_bytes()));
+    for format in [Format::Speedscope, Format::Json, Format::Pprof] {
+        let options = Options { view: View::Live };
+        let bytes = exporter(format)
+            .expect("an exporter")
+            .export(p, &options)
+            .expect("export");
+        if format != Format::Pprof {
+            serde_json::from_slice::<serde_json::Value>(&bytes).expect("the export parses");
+            outputs.push((format.name(), bytes));
+        }
+    }
+    let strings = crate::export::pprof::profile(p).string_table.join("\n");
+    outputs.push(("pprof", strings.into_bytes()));
+    for (what, bytes) in &outputs {
+        let text = String::from_utf8_lossy(bytes);
+        assert!(
+            !text.contains(['\x1b', '\x07', '\u{9b}']),
+            "a control character reached the {what} output"
+        );
+    }
 }
 
 #[cfg(test)]

@@ -1,25 +1,12 @@
-//! mprof: a low-overhead sampling memory profiler for CPython.
-
-mod attach;
-mod capture;
-mod flamegraph;
-#[cfg(any(test, fuzzing))]
-mod fuzzing;
-mod live;
-mod memory;
-mod output;
-mod profile;
-mod record;
-mod report;
-mod session;
-mod signals;
-mod text;
-mod units;
+//! mprof: a low-overhead sampling memory profiler for CPython. This is the command-line front
+//! end; everything it runs lives in the `mprof` library.
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use profile::View;
-use report::By;
+use mprof::export::Format;
+use mprof::grouping::Grouping;
+use mprof::profile::View;
+use mprof::{attach, diff, export, flamegraph, html, record, report, timeline, SamplingArgs};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -30,21 +17,6 @@ use std::time::Duration;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-}
-
-/// Sampling settings shared by `record` and `attach`.
-#[derive(clap::Args, Clone)]
-pub struct SamplingArgs {
-    /// Mean bytes allocated between two samples (`512KiB`, `1MiB`, plain bytes); 1 records
-    /// every allocation.
-    #[arg(long, default_value = "128KiB", value_parser = units::parse_size)]
-    pub rate: u64,
-    /// Deepest Python stack recorded, innermost frames kept.
-    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub max_depth: u32,
-    /// Seed for the sampling random numbers, for repeatable runs (0 picks one).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
 }
 
 #[derive(Subcommand)]
@@ -100,7 +72,7 @@ enum Command {
         view: View,
         /// How to group.
         #[arg(long, value_enum, default_value = "line")]
-        by: By,
+        by: Grouping,
         /// How many rows (0 = all).
         #[arg(long, default_value_t = 20)]
         top: usize,
@@ -118,6 +90,71 @@ enum Command {
         /// Which bytes to count.
         #[arg(long, value_enum, default_value = "allocated")]
         view: View,
+        /// Only this thread's allocations (a thread id, as `report --by thread` lists them).
+        #[arg(long)]
+        thread: Option<u32>,
+        /// Keep the import system's frames (importlib, site.py) instead of folding them away.
+        #[arg(long)]
+        keep_imports: bool,
+        /// Allocation sites on top, callers below (an icicle graph, for leak hunting).
+        #[arg(long)]
+        inverted: bool,
+        /// Draw the growth since this base capture instead (red grew, blue shrank).
+        #[arg(long, value_name = "BASE")]
+        diff: Option<PathBuf>,
+    },
+    /// Write a timeline SVG: RSS, the estimated live heap and the top sites over time.
+    Timeline {
+        /// Capture file.
+        file: PathBuf,
+        /// SVG file to write.
+        #[arg(short, long, default_value = "mprof-timeline.svg")]
+        output: PathBuf,
+        /// How many allocation sites get their own area.
+        #[arg(long, default_value_t = 5)]
+        top: usize,
+    },
+    /// Write a self-contained HTML report (summary, timeline, flamegraphs, top sites).
+    Html {
+        /// Capture file.
+        file: PathBuf,
+        /// HTML file to write.
+        #[arg(short, long, default_value = "mprof-report.html")]
+        output: PathBuf,
+    },
+    /// Compare two captures: per site the change in bytes ± its standard error, largest
+    /// growth first; changes within 2 standard errors are marked as noise.
+    Diff {
+        /// The capture to compare against (before).
+        base: PathBuf,
+        /// The capture compared (after).
+        new: PathBuf,
+        /// Which bytes to count.
+        #[arg(long, value_enum, default_value = "live")]
+        view: View,
+        /// How to group.
+        #[arg(long, value_enum, default_value = "line")]
+        by: Grouping,
+        /// How many rows (0 = all).
+        #[arg(long, default_value_t = 20)]
+        top: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a capture in a format other tools read: pprof, speedscope, folded stacks, JSON.
+    Export {
+        /// Capture file.
+        file: PathBuf,
+        /// Output format (default: the one the output name says).
+        #[arg(short, long, value_enum)]
+        format: Option<Format>,
+        /// File to write (default: beside the capture, with the format's extension).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// The view of single-view formats (folded); the others hold every view.
+        #[arg(long, value_enum, default_value = "allocated")]
+        view: View,
     },
 }
 
@@ -129,6 +166,7 @@ fn parse_timeout(text: &str) -> Result<f64, String> {
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
+    let done = |r: Result<()>| r.map(|()| ExitCode::SUCCESS);
     match cli.command {
         Command::Record {
             output,
@@ -160,10 +198,45 @@ fn run(cli: Cli) -> Result<ExitCode> {
             by,
             top,
             json,
-        } => report::run(&file, view, by, top, json).map(|()| ExitCode::SUCCESS),
-        Command::Flamegraph { file, output, view } => {
-            flamegraph::run(&file, &output, view).map(|()| ExitCode::SUCCESS)
+        } => done(report::run(&file, view, by, top, json)),
+        Command::Flamegraph {
+            file,
+            output,
+            view,
+            thread,
+            keep_imports,
+            inverted,
+            diff,
+        } => {
+            let settings = flamegraph::Settings {
+                view,
+                thread,
+                keep_imports,
+                inverted,
+            };
+            done(flamegraph::run(&file, &output, &settings, diff.as_deref()))
         }
+        Command::Timeline { file, output, top } => done(timeline::run(&file, &output, top)),
+        Command::Html { file, output } => done(html::run(&file, &output)),
+        Command::Diff {
+            base,
+            new,
+            view,
+            by,
+            top,
+            json,
+        } => done(diff::run(&base, &new, view, by, top, json)),
+        Command::Export {
+            file,
+            format,
+            output,
+            view,
+        } => done(export::run(
+            &file,
+            format,
+            output.as_deref(),
+            &export::Options { view },
+        )),
     }
 }
 

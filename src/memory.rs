@@ -72,13 +72,13 @@ pub fn in_use() -> isize {
 }
 
 /// The highest [`in_use`] since the last [`reset_peak`] (or since the thread started).
-#[cfg(test)]
+#[cfg(any(test, fuzzing))]
 pub fn peak() -> isize {
     PEAK.with(Cell::get)
 }
 
 /// Starts measuring a new peak from what the thread holds now.
-#[cfg(test)]
+#[cfg(any(test, fuzzing))]
 pub fn reset_peak() {
     PEAK.with(|p| p.set(IN_USE.with(Cell::get)));
 }

@@ -1,6 +1,6 @@
-//! Every file mprof writes (captures, `CAPTURE.out`, flamegraphs) is created here, so that a
-//! user who owns the output directory cannot make mprof (perhaps running as root) write
-//! anywhere else.
+//! Every file mprof writes (captures, `CAPTURE.out`, pictures, reports, exports) is created
+//! here, so that a user who owns the output directory cannot make mprof (perhaps running as
+//! root) write anywhere else.
 //!
 //! A file is first created under a fresh temporary name in the directory of the final name,
 //! with `O_CREAT|O_EXCL|O_NOFOLLOW` (so nothing planted there is opened), then `rename`d over
@@ -30,7 +30,7 @@ pub enum Access {
     /// Mode 0600: captures and the program's output (they hold the full command line and
     /// whatever the program printed).
     Private,
-    /// Mode 0666 less the umask, like any file a tool writes (flamegraphs).
+    /// Mode 0666 less the umask, like any file a tool writes (pictures, reports, exports).
     Shared,
 }
 

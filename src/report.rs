@@ -1,150 +1,40 @@
-//! Text and JSON reports: a capture's allocation sites, grouped and sorted by one view.
-//!
-//! Rows are sorted by the view's bytes (rounded to whole bytes), largest first; ties go by file,
-//! function, line and then the stack, so the same capture always prints the same report. Every
-//! location that has at least one sample is a row, in every view; the text report leaves out
-//! rows whose bytes in the view are zero (the JSON keeps them, at the end).
+//! The text report: a capture's allocation sites, grouped and sorted by one view (the rows come
+//! from [`crate::sites`]), and the short summary `record` and `attach` print at the end. The
+//! text report leaves out rows whose bytes in the view are zero; `--json` (see
+//! [`crate::export::json`]) keeps them, at the end.
 
-use crate::profile::{Figures, Location, Profile, View};
-use crate::text::escape_control;
+use crate::grouping::Grouping;
+use crate::profile::{Profile, View};
+use crate::sites::{rows, whole, Row};
+use crate::text::printable;
 use crate::units::human_bytes;
 use anyhow::Result;
-use serde::Serialize;
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::Path;
 
-/// How rows are grouped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum By {
-    /// The innermost frame's file, function and line.
-    Line,
-    /// The innermost frame's function (its line is the function's first line).
-    Function,
-    /// The innermost frame's file (line 0, function empty).
-    File,
-    /// The whole stack.
-    Stack,
-}
-
-impl By {
-    /// The name used on the command line and in JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            By::Line => "line",
-            By::Function => "function",
-            By::File => "file",
-            By::Stack => "stack",
-        }
-    }
-}
-
-/// One row of a report: a location and its figures.
-#[derive(Debug)]
-pub struct Row<'a> {
-    pub file: &'a str,
-    /// Empty when grouping by file.
-    pub function: &'a str,
-    /// The line (the function's first line when grouping by function, 0 by file).
-    pub line: u32,
-    pub figures: Figures,
-    /// When grouping by stack: the frames, innermost first. Empty otherwise.
-    pub stack: Vec<Location<'a>>,
-}
-
-impl Row<'_> {
-    /// The location as the text report shows it.
-    pub fn label(&self) -> String {
-        if self.function.is_empty() {
-            return self.file.to_owned();
-        }
-        let loc = Location {
-            file: self.file,
-            function: self.function,
-            line: self.line,
-            firstline: self.line,
-        };
-        loc.to_string()
-    }
-}
-
-/// Whole bytes, as reports and JSON show them.
-fn whole(x: f64) -> u64 {
-    x.round().max(0.0) as u64
-}
-
-/// The profile's rows for `by`, sorted by `view` (see the module doc for the order).
-pub fn rows(p: &Profile, view: View, by: By) -> Vec<Row<'_>> {
-    let mut rows: Vec<Row> = if by == By::Stack {
-        p.stacks()
-            .map(|(id, f)| {
-                let loc = p.innermost(id);
-                Row {
-                    file: loc.file,
-                    function: loc.function,
-                    line: loc.line,
-                    figures: *f,
-                    stack: p.frames(id).collect(),
-                }
-            })
-            .collect()
-    } else {
-        let mut groups: HashMap<(&str, &str, u32), Figures> = HashMap::new();
-        for (id, f) in p.stacks() {
-            let loc = p.innermost(id);
-            let key = match by {
-                By::Line => (loc.file, loc.function, loc.line),
-                By::Function => (loc.file, loc.function, loc.firstline),
-                _ => (loc.file, "", 0),
-            };
-            groups.entry(key).or_default().merge(f);
-        }
-        groups
-            .into_iter()
-            .map(|((file, function, line), figures)| Row {
-                file,
-                function,
-                line,
-                figures,
-                stack: Vec::new(),
-            })
-            .collect()
-    };
-    rows.sort_by(|a, b| {
-        let bytes = |r: &Row| Reverse(whole(r.figures.get(view).bytes));
-        bytes(a)
-            .cmp(&bytes(b))
-            .then_with(|| (a.file, a.function, a.line).cmp(&(b.file, b.function, b.line)))
-            .then_with(|| a.stack.cmp(&b.stack))
-    });
-    rows
-}
-
 /// `mprof report`: prints the report of a capture to stdout.
-pub fn run(path: &Path, view: View, by: By, top: usize, json: bool) -> Result<()> {
+pub fn run(path: &Path, view: View, by: Grouping, top: usize, json: bool) -> Result<()> {
     let p = Profile::load(path)?;
     let out = render(&p, view, by, top, json)?;
-    let mut stdout = std::io::stdout().lock();
-    match stdout
-        .write_all(out.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
-        // `mprof report x | head` is not an error.
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        other => Ok(other?),
+    write_stdout(out.as_bytes())
+}
+
+/// The report as `mprof report` prints it: JSON (see [`crate::export::json`]) or text.
+pub fn render(p: &Profile, view: View, by: Grouping, top: usize, json: bool) -> Result<String> {
+    if json {
+        crate::export::json::render(p, view, by, top)
+    } else {
+        Ok(text_report(p, view, by, top))
     }
 }
 
-/// The report as `mprof report` prints it: JSON or text.
-pub fn render(p: &Profile, view: View, by: By, top: usize, json: bool) -> Result<String> {
-    if json {
-        let mut s = serde_json::to_string_pretty(&json_report(p, view, by, top))?;
-        s.push('\n');
-        Ok(s)
-    } else {
-        Ok(text_report(p, view, by, top))
+/// Writes to stdout; a closed pipe (`mprof report x | head`) is not an error.
+pub fn write_stdout(bytes: &[u8]) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
     }
 }
 
@@ -157,18 +47,59 @@ pub fn view_title(view: View) -> &'static str {
     }
 }
 
-/// The rate as reports show it.
+/// The rate as reports show it. A capture that never announced its rate says so rather than
+/// claim every allocation was recorded.
 pub fn rate_text(p: &Profile) -> String {
-    if p.rate <= 1 {
-        "rate 1 (every allocation recorded)".to_owned()
-    } else {
-        format!("rate {}", human_bytes(p.rate as f64))
+    match (p.rate_known, p.rate <= 1) {
+        (false, _) if p.samples == 0 => "rate unknown (no sample, no rate in the capture)".into(),
+        (false, _) => "rate unknown (assumed 1: every allocation)".to_owned(),
+        (true, true) => "rate 1 (every allocation recorded)".to_owned(),
+        (true, false) => format!("rate {}", human_bytes(p.rate as f64)),
     }
 }
 
 /// `X ± Y` for an estimate's bytes.
-fn plus_minus(bytes: f64, stderr: f64) -> String {
+pub fn plus_minus(bytes: f64, stderr: f64) -> String {
     format!("{} ± {}", human_bytes(bytes), human_bytes(stderr))
+}
+
+/// Who was profiled: `record PID 4242: python app.py` or `attach PID 1234: ...`, when the
+/// capture says; made printable (the metadata is untrusted).
+pub fn target_text(p: &Profile) -> Option<String> {
+    let mode = p.meta.get("mode").map(String::as_str).unwrap_or("capture");
+    let text = match (p.meta.get("pid"), p.meta.get("command")) {
+        (Some(pid), Some(c)) => format!("{mode} PID {pid}: {c}"),
+        (Some(pid), None) => format!("{mode} PID {pid} (command line not recorded)"),
+        (None, Some(c)) => format!("{mode}: {c}"),
+        (None, None) => return None,
+    };
+    Some(printable(&text).into_owned())
+}
+
+/// The Python version (the number only: `sys.version` goes on with build details).
+pub fn python_version(p: &Profile) -> Option<&str> {
+    p.meta
+        .get("python")
+        .and_then(|v| v.split_whitespace().next())
+}
+
+/// The peak line: `peak live heap X ± Y, 1.2 s in; peak RSS Z`.
+pub fn peak_text(p: &Profile) -> String {
+    let t = p.totals();
+    let mut out = format!(
+        "peak live heap {}",
+        plus_minus(t.peak.bytes, t.peak.stderr())
+    );
+    if let Some(s) = p.peak_seconds {
+        let _ = write!(out, " at {s:.3} s");
+    }
+    match p.max_rss {
+        Some(rss) => {
+            let _ = write!(out, "; peak RSS {}", human_bytes(rss as f64));
+        }
+        None => out.push_str("; no RSS reading"),
+    }
+    out
 }
 
 /// Width of the columns before the location.
@@ -176,47 +107,48 @@ const COLUMNS: usize = 11 + 1 + 11 + 1 + 6 + 1 + 8 + 2;
 /// Callers shown under a row of `--by stack`; the JSON has them all.
 const MAX_CALLERS: usize = 16;
 
-/// The text report.
-pub fn text_report(p: &Profile, view: View, by: By, top: usize) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "mprof report: {}, by {}", view_title(view), by.name());
+/// The lines every text view starts with: the target, rate and counts, the warnings.
+pub fn header_lines(p: &Profile) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(target) = target_text(p) {
+        lines.push(target);
+    }
     let mut about = vec![
         rate_text(p),
         format!("{} samples", p.samples),
         format!("{} dropped", p.dropped),
     ];
-    // `sys.version` goes on with build details: the version number is enough here.
-    if let Some(python) = p
-        .meta
-        .get("python")
-        .and_then(|v| v.split_whitespace().next())
-    {
-        about.push(format!("python {}", escape_control(python)));
+    if let Some(python) = python_version(p) {
+        about.push(format!("python {}", printable(python)));
     }
-    let _ = writeln!(out, "{}", about.join(", "));
-    if let Some(command) = p.meta.get("command") {
-        let _ = writeln!(out, "command: {}", escape_control(command));
+    lines.push(about.join(", "));
+    if let Some(w) = p.incomplete() {
+        lines.push(format!("warning: {w}"));
+    }
+    if p.dropped > 0 {
+        lines.push(format!(
+            "warning: the agent dropped {} records (its buffer was full); the figures miss them",
+            p.dropped
+        ));
+    }
+    lines
+}
+
+/// The text report.
+pub fn text_report(p: &Profile, view: View, by: Grouping, top: usize) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "mprof report: {}, by {}", view_title(view), by.name());
+    for line in header_lines(p) {
+        let _ = writeln!(out, "{line}");
     }
     let total = p.totals().get(view);
-    let _ = write!(
+    let _ = writeln!(
         out,
         "total {}: {}",
         view.name(),
         plus_minus(total.bytes, total.stderr())
     );
-    match (view, p.peak_seconds) {
-        (View::Peak, Some(s)) => {
-            let _ = writeln!(out, ", {s:.3} s into the capture");
-        }
-        _ => out.push('\n'),
-    }
-    if p.dropped > 0 {
-        let _ = writeln!(
-            out,
-            "warning: the agent dropped {} records (its buffer was full); the figures miss them",
-            p.dropped
-        );
-    }
+    let _ = writeln!(out, "{}", peak_text(p));
     out.push('\n');
     let rows = rows(p, view, by);
     let shown: Vec<&Row> = rows
@@ -250,12 +182,12 @@ pub fn text_report(p: &Profile, view: View, by: By, top: usize) -> String {
             human_bytes(e.stderr()),
             format!("{share:.1}%"),
             e.samples,
-            escape_control(&row.label())
+            printable(&row.label_in(p))
         );
         let callers = row.stack.len().saturating_sub(1);
         for caller in row.stack.iter().skip(1).take(MAX_CALLERS) {
             let caller = caller.to_string();
-            let _ = writeln!(out, "{:COLUMNS$}  <- {}", "", escape_control(&caller));
+            let _ = writeln!(out, "{:COLUMNS$}  <- {}", "", printable(&caller));
         }
         if callers > MAX_CALLERS {
             let more = callers - MAX_CALLERS;
@@ -270,133 +202,6 @@ pub fn text_report(p: &Profile, view: View, by: By, top: usize) -> String {
         );
     }
     out
-}
-
-#[derive(Serialize)]
-struct JsonReport<'a> {
-    view: &'static str,
-    by: &'static str,
-    rate: u64,
-    rate_known: bool,
-    samples: u64,
-    dropped: u64,
-    peak_seconds: Option<f64>,
-    max_rss_bytes: Option<u64>,
-    meta: &'a BTreeMap<String, String>,
-    totals: BTreeMap<&'static str, JsonEstimate>,
-    locations_total: usize,
-    locations: Vec<JsonLocation<'a>>,
-}
-
-#[derive(Serialize)]
-struct JsonEstimate {
-    bytes: u64,
-    stderr: u64,
-    count: u64,
-    samples: u64,
-}
-
-impl From<&crate::profile::Estimate> for JsonEstimate {
-    fn from(e: &crate::profile::Estimate) -> JsonEstimate {
-        JsonEstimate {
-            bytes: whole(e.bytes),
-            stderr: whole(e.stderr()),
-            count: whole(e.count),
-            samples: e.samples,
-        }
-    }
-}
-
-#[derive(Serialize)]
-struct JsonFrame<'a> {
-    file: &'a str,
-    function: &'a str,
-    line: u32,
-}
-
-#[derive(Serialize)]
-struct JsonLocation<'a> {
-    file: &'a str,
-    function: &'a str,
-    line: u32,
-    samples: u64,
-    alloc_bytes: u64,
-    alloc_stderr: u64,
-    alloc_count: u64,
-    alloc_samples: u64,
-    live_bytes: u64,
-    live_stderr: u64,
-    live_count: u64,
-    live_samples: u64,
-    peak_bytes: u64,
-    peak_stderr: u64,
-    peak_count: u64,
-    peak_samples: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    stack: Option<Vec<JsonFrame<'a>>>,
-}
-
-fn json_location<'a>(row: &Row<'a>, view: View, by: By) -> JsonLocation<'a> {
-    let (a, l, k) = (
-        JsonEstimate::from(&row.figures.allocated),
-        JsonEstimate::from(&row.figures.live),
-        JsonEstimate::from(&row.figures.peak),
-    );
-    JsonLocation {
-        file: row.file,
-        function: row.function,
-        line: row.line,
-        samples: row.figures.get(view).samples,
-        alloc_bytes: a.bytes,
-        alloc_stderr: a.stderr,
-        alloc_count: a.count,
-        alloc_samples: a.samples,
-        live_bytes: l.bytes,
-        live_stderr: l.stderr,
-        live_count: l.count,
-        live_samples: l.samples,
-        peak_bytes: k.bytes,
-        peak_stderr: k.stderr,
-        peak_count: k.count,
-        peak_samples: k.samples,
-        stack: (by == By::Stack).then(|| {
-            row.stack
-                .iter()
-                .map(|f| JsonFrame {
-                    file: f.file,
-                    function: f.function,
-                    line: f.line,
-                })
-                .collect()
-        }),
-    }
-}
-
-fn json_report(p: &Profile, view: View, by: By, top: usize) -> JsonReport<'_> {
-    let rows = rows(p, view, by);
-    let limit = if top == 0 { rows.len() } else { top };
-    let totals = View::ALL
-        .iter()
-        .map(|&v| (v.name(), JsonEstimate::from(p.totals().get(v))))
-        .collect();
-    JsonReport {
-        view: view.name(),
-        by: by.name(),
-        rate: p.rate,
-        rate_known: p.rate_known,
-        samples: p.samples,
-        dropped: p.dropped,
-        peak_seconds: p.peak_seconds,
-        max_rss_bytes: p.max_rss,
-        meta: &p.meta,
-        totals,
-        locations_total: rows.len(),
-        locations: rows
-            .iter()
-            .take(limit)
-            .map(|r| json_location(r, view, by))
-            .collect(),
-    }
 }
 
 /// The few lines `mprof record` prints at the end: samples, totals and the top five sites
@@ -421,8 +226,9 @@ pub fn summary(p: &Profile) -> String {
         plus_minus(t.allocated.bytes, t.allocated.stderr()),
         plus_minus(t.peak.bytes, t.peak.stderr())
     );
+
     let _ = write!(out, "mprof: top allocation sites:");
-    for row in rows(p, View::Allocated, By::Line).iter().take(5) {
+    for row in rows(p, View::Allocated, Grouping::Line).iter().take(5) {
         let e = &row.figures.allocated;
         let share = 100.0 * e.bytes / t.allocated.bytes.max(f64::MIN_POSITIVE);
         let _ = write!(
@@ -430,7 +236,7 @@ pub fn summary(p: &Profile) -> String {
             "\n  {:>11} {:>6}  {}",
             human_bytes(e.bytes),
             format!("{share:.1}%"),
-            escape_control(&row.label())
+            printable(&row.label())
         );
     }
     out
@@ -439,6 +245,7 @@ pub fn summary(p: &Profile) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::export::json::json_report;
     use mprof_common::record::{Frame, Record};
 
     fn records() -> Vec<Record> {
@@ -489,7 +296,7 @@ mod tests {
     #[test]
     fn groups_by_line_function_and_file() {
         let p = Profile::from_records(&records());
-        let by_line = rows(&p, View::Allocated, By::Line);
+        let by_line = rows(&p, View::Allocated, Grouping::Line);
         assert_eq!(
             keys(&by_line),
             [
@@ -498,15 +305,15 @@ mod tests {
                 ("build".into(), 12, 50)
             ]
         );
-        let by_function = rows(&p, View::Allocated, By::Function);
+        let by_function = rows(&p, View::Allocated, Grouping::Function);
         assert_eq!(
             keys(&by_function),
             [("build".into(), 10, 300), ("other".into(), 1, 200)]
         );
-        let by_file = rows(&p, View::Allocated, By::File);
+        let by_file = rows(&p, View::Allocated, Grouping::File);
         assert_eq!(keys(&by_file), [("".into(), 0, 500)]);
         assert_eq!(by_file[0].label(), "app.py");
-        let by_stack = rows(&p, View::Allocated, By::Stack);
+        let by_stack = rows(&p, View::Allocated, Grouping::Stack);
         assert_eq!(by_stack.len(), 4);
         assert_eq!(by_stack[0].stack.len(), 2);
     }
@@ -514,12 +321,12 @@ mod tests {
     #[test]
     fn sorting_follows_the_view_with_stable_ties() {
         let p = Profile::from_records(&records());
-        let live = rows(&p, View::Live, By::Line);
+        let live = rows(&p, View::Live, Grouping::Line);
         let order: Vec<_> = live.iter().map(|r| (r.function, r.line)).collect();
         // build:11 has 250 live; build:12 has 50; other:5 was freed (0) and goes last.
         assert_eq!(order, [("build", 11), ("build", 12), ("other", 5)]);
         // Everything was live at the peak.
-        let by_stack = rows(&p, View::Peak, By::Stack);
+        let by_stack = rows(&p, View::Peak, Grouping::Stack);
         let lines: Vec<_> = by_stack.iter().map(|r| r.stack[1].line).collect();
         assert_eq!(lines, [40, 32, 30, 31]);
     }
@@ -549,7 +356,7 @@ mod tests {
             alloc(4, 2, 15, 1),
         ]);
         let p = Profile::from_records(&recs);
-        let order: Vec<_> = rows(&p, View::Allocated, By::Stack)
+        let order: Vec<_> = rows(&p, View::Allocated, Grouping::Stack)
             .iter()
             .map(|r| (r.function, r.line, r.stack[1].line))
             .collect();
@@ -567,7 +374,7 @@ mod tests {
     #[test]
     fn text_report_has_header_table_and_omits_empty_rows() {
         let p = Profile::from_records(&records());
-        let text = text_report(&p, View::Live, By::Line, 0);
+        let text = text_report(&p, View::Live, Grouping::Line, 0);
         assert!(text.contains("total live: 300 B ± 0 B"), "{text}");
         assert!(text.contains("rate 1 (every allocation recorded)"));
         assert!(text.contains("build (app.py:11)"));
@@ -585,24 +392,30 @@ mod tests {
             frames: (0..40).map(|line| Frame { code: 9, line }).collect(),
         }])
         .collect();
-        let deep = text_report(&Profile::from_records(&deep), View::Live, By::Stack, 0);
+        let deep = text_report(
+            &Profile::from_records(&deep),
+            View::Live,
+            Grouping::Stack,
+            0,
+        );
         assert_eq!(deep.matches("<- <unknown>").count(), MAX_CALLERS, "{deep}");
         assert!(deep.contains("<- ... 23 more (see --json)"), "{deep}");
-        let top1 = text_report(&p, View::Allocated, By::Line, 1);
+        let top1 = text_report(&p, View::Allocated, Grouping::Line, 1);
         assert!(top1.contains("... 2 more locations"), "{top1}");
     }
 
     #[test]
     fn json_has_the_schema_fields() {
         let p = Profile::from_records(&records());
-        let v = serde_json::to_value(json_report(&p, View::Allocated, By::Stack, 2)).unwrap();
+        let v = serde_json::to_value(json_report(&p, View::Allocated, Grouping::Stack, 2)).unwrap();
         assert_eq!(v["locations"].as_array().unwrap().len(), 2);
         assert_eq!(v["locations_total"], 4);
         assert_eq!(v["totals"]["allocated"]["bytes"], 500);
         assert_eq!(v["totals"]["live"]["bytes"], 300);
         assert_eq!(v["locations"][0]["stack"][1]["function"], "<module>");
         assert_eq!(v["meta"]["python"], "3.12.1");
-        let line = serde_json::to_value(json_report(&p, View::Allocated, By::Line, 0)).unwrap();
+        let line =
+            serde_json::to_value(json_report(&p, View::Allocated, Grouping::Line, 0)).unwrap();
         assert!(line["locations"][0].get("stack").is_none());
     }
 

@@ -264,13 +264,13 @@ impl RingMem {
 
     /// The agent's message, if it wrote one (control characters escaped).
     pub fn message(&self) -> String {
-        crate::text::escape_control(&self.reader.message()).into_owned()
+        crate::text::printable(&self.reader.message()).into_owned()
     }
 
     /// The interpreter's version string as the agent read it (control characters escaped,
     /// so it cannot add lines to the capture's metadata).
     pub fn python_version(&self) -> String {
-        crate::text::escape_control(&self.reader.python_version()).into_owned()
+        crate::text::printable(&self.reader.python_version()).into_owned()
     }
 
     /// Records the agent has dropped so far because the ring was full.

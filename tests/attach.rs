@@ -6,7 +6,9 @@
 mod common;
 
 use common::procs::{attach_once, signal, touch, wait_file, Attach, Target, LIMIT};
-use common::{by_function, pythons, report_json, run_with_timeout, script, ChildGuard, Python};
+use common::{
+    by_function, mprof, pythons, report_json, run_with_timeout, script, ChildGuard, Python,
+};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
@@ -580,4 +582,35 @@ fn attach_while_the_only_thread_is_busy_in_a_native_library() {
         assert!(out.contains(&expected), "{}: {out:?}", py.label);
         eprintln!("{}: {}", py.label, err.lines().next().unwrap_or(""));
     }
+}
+
+/// An attach capture says whom it profiled: every view shows the target's PID and command
+/// line (text report header, JSON meta).
+#[test]
+fn attach_captures_name_the_pid_and_command_line() {
+    let all = pythons();
+    let py = main_python(&all);
+    let dir = common::tempdir();
+    let target = Target::python(&py.path, "attach_idle.py", &["sleep"]);
+    let capture = dir.path().join("who.mprof");
+    let (status, err) = attach_once(
+        target.pid,
+        &["--duration", "0.2", "-q", "-o", capture.to_str().unwrap()],
+    );
+    assert!(status.success(), "{err}");
+    let report = run_with_timeout(mprof().arg("report").arg(&capture), LIMIT);
+    let text = String::from_utf8_lossy(&report.stdout);
+    let want = format!(
+        "attach PID {}: {} {} sleep",
+        target.pid,
+        py.path.display(),
+        script("attach_idle.py").display()
+    );
+    assert!(text.contains(&want), "{want:?} not in:\n{text}");
+    let json = report_json(&capture, &[]);
+    assert_eq!(json["meta"]["pid"], target.pid.to_string());
+    assert!(json["meta"]["command"]
+        .as_str()
+        .unwrap()
+        .ends_with("attach_idle.py sleep"));
 }

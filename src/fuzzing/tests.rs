@@ -232,9 +232,9 @@ fn mutated_captures_keep_every_bound() {
     let mut rng = Rng(0x6d70_726f_6620_6675);
     let (mut loaded, mut worst_excess, mut worst_ratio, mut worst_output) =
         (0, 0isize, 0.0f64, 0.0f64);
-    let (mut max_top, mut bytes_in) = (0, 0);
+    let (mut max_top, mut bytes_in, mut with_views) = (0, 0, 0);
     let n = iterations();
-    for _ in 0..n {
+    for i in 0..n {
         let mut input = match rng.below(3) {
             0 => generated(&mut rng),
             _ => window(&seeds[rng.below(seeds.len())], &mut rng),
@@ -242,8 +242,10 @@ fn mutated_captures_keep_every_bound() {
         for _ in 0..rng.below(8) {
             mutate(&mut input, &mut rng);
         }
-        let cost = check(&input, &path);
+        let views = i % VIEWS_EVERY == 0;
+        let cost = check_some(&input, &path, views);
         loaded += cost.loaded as usize;
+        with_views += (views && cost.loaded) as usize;
         bytes_in += input.len();
         let len = input.len().max(1) as f64;
         worst_excess = worst_excess.max(cost.peak_memory as isize - 4 * input.len() as isize);
@@ -264,10 +266,10 @@ fn mutated_captures_keep_every_bound() {
         );
     }
     eprintln!(
-        "fuzz: {n} inputs ({} MB), {loaded} loaded, 0 panics; memory: at most {} KiB beyond 4x \
-         the input (allowance {} MiB), at most {worst_ratio:.2}x for inputs of 64 KiB or more; \
-         output: at most {worst_output:.1} bytes per input byte, longest 20-row report {max_top} \
-         bytes",
+        "fuzz: {n} inputs ({} MB), {loaded} loaded ({with_views} of them through every view), \
+         0 panics; memory: at most {} KiB beyond 4x the input (allowance {} MiB), at most \
+         {worst_ratio:.2}x for inputs of 64 KiB or more; output: at most {worst_output:.1} bytes \
+         per input byte, longest 20-row report {max_top} bytes",
         bytes_in >> 20,
         worst_excess >> 10,
         MEMORY_FIXED >> 20

@@ -3,8 +3,9 @@
 //! from the current drawing (review the diff before committing).
 
 use super::keys::{Key, ViewState};
-use super::model::{Column, Group, Model, Snapshot};
+use super::model::{Column, Model, Snapshot};
 use super::{ui, Mode, Target};
+use crate::grouping::Grouping;
 use mprof_common::record::Record;
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
@@ -16,7 +17,7 @@ const MAIN: u32 = 4242;
 const WORKER: u32 = 4250;
 const KIB: u64 = 1024;
 
-use crate::profile::test_records::{alloc, code};
+use crate::testing::{alloc, code};
 
 /// A small web shop's first ten seconds, sampled at 64 KiB: a catalogue loader that keeps
 /// half of what it parses, a page renderer that frees everything, a cache filled by a worker
@@ -174,7 +175,7 @@ fn by_function_total_sorted_by_live() {
     let t = target(Mode::Record);
     let keys = [Key::Group, Key::Inclusive, Key::Sort(Some(Column::Live))];
     let v = view(&keys, &snap);
-    assert_eq!(v.settings.group, Group::Function);
+    assert_eq!(v.settings.group, Grouping::Function);
     check(
         "live-80x24-function-total-live",
         &render(&t, &m, &snap, &v, 80, 24),
@@ -214,5 +215,33 @@ fn very_small_terminals_do_not_panic() {
         for keys in [&[][..], &[Key::Help], &[Key::Group, Key::Group]] {
             render(&t, &m, &snap, &view(keys, &snap), w, h);
         }
+    }
+}
+
+/// Names from the target are untrusted: a function, file, thread or command carrying
+/// terminal escapes is drawn with them spelled out, never sent to the terminal.
+#[test]
+fn hostile_names_are_drawn_escaped() {
+    let mut m = Model::new(1, T0);
+    for r in [
+        code(1, "evil\x1b[2J.py", "f\x1b]52;c;aGk=\x07", 1),
+        alloc(7, 1, 4096, T0, &[(1, 2)]),
+        Record::Thread {
+            tid: 7,
+            name: "w\x1b[31m".into(),
+        },
+    ] {
+        m.apply(&r);
+    }
+    let snap = m.roll(T0 + SECOND);
+    let mut t = target(Mode::Attach);
+    t.command = "python3 \x1b[2Jevil.py".into();
+    for keys in [&[][..], &[Key::Thread], &[Key::Group, Key::Group]] {
+        let screen = render(&t, &m, &snap, &view(keys, &snap), 100, 24);
+        assert!(
+            !screen.contains('\x1b') && !screen.contains('\x07'),
+            "{screen}"
+        );
+        assert!(screen.contains("\\u{1b}"), "{screen}");
     }
 }

@@ -129,7 +129,7 @@ impl ViewState {
         match key {
             Key::Quit | Key::Interrupt => return Some(key),
             Key::Sort(column) => s.sort = column.unwrap_or(s.sort.next()),
-            Key::Group => s.group = s.group.next(),
+            Key::Group => s.group = s.group.next_in_live_view(),
             Key::Inclusive => s.inclusive = !s.inclusive,
             Key::Thread => s.thread = next_thread(s.thread, threads),
             Key::Pause => self.paused = !self.paused,
@@ -174,7 +174,7 @@ fn next_thread(current: Option<u32>, threads: &[Thread]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::live::model::Group;
+    use crate::grouping::Grouping;
 
     #[test]
     fn bytes_parse_into_keys() {
@@ -224,7 +224,7 @@ mod tests {
         assert_eq!(v.settings.sort, Column::Allocated);
         v.apply(Key::Group, &threads, 10);
         v.apply(Key::Group, &threads, 10);
-        assert_eq!(v.settings.group, Group::File);
+        assert_eq!(v.settings.group, Grouping::File);
         let tids: Vec<_> = (0..3)
             .map(|_| {
                 v.apply(Key::Thread, &threads, 10);

@@ -76,15 +76,7 @@ pub struct Target {
 impl Target {
     /// The target of `mprof attach --live`: its command line is read from /proc.
     pub fn attach(pid: u32, rate: u64, capture: &Path) -> Target {
-        let command = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|raw| {
-                raw.split(|&b| b == 0)
-                    .filter(|a| !a.is_empty())
-                    .map(String::from_utf8_lossy)
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            })
-            .unwrap_or_default();
+        let command = crate::attach::command_line(pid);
         Target {
             mode: Mode::Attach,
             pid,

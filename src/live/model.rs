@@ -5,7 +5,9 @@
 //! Every refresh [`Model::roll`]s the interval over and takes a [`Snapshot`]; the screen is drawn
 //! from snapshots only, so pausing the display is keeping an old one.
 
-use crate::profile::{Aggregator, Change, Estimate, FastMap, Location, StackId};
+use crate::aggregate::{Aggregator, Change};
+use crate::grouping::Grouping;
+use crate::profile::{Estimate, FastMap, Location, StackId};
 use mprof_common::record::{self, Record, KIND_ALLOC};
 use std::collections::{HashMap, VecDeque};
 
@@ -127,7 +129,7 @@ impl Model {
     /// Applies the next record.
     pub fn apply(&mut self, record: &Record) {
         if let Record::Thread { tid, name } = record {
-            self.thread(*tid).name = Some(name.clone());
+            self.thread(*tid).name = Some(crate::text::printable(name).into_owned());
         }
         match self.agg.apply(record) {
             Change::Alloc {
@@ -228,36 +230,6 @@ impl Model {
     }
 }
 
-/// How the table groups stacks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Group {
-    /// The frame's file, function and line.
-    Line,
-    /// The frame's file and function (shown at its first line).
-    Function,
-    /// The frame's file.
-    File,
-}
-
-impl Group {
-    /// The next grouping, in the order the `g` key cycles.
-    pub fn next(self) -> Group {
-        match self {
-            Group::Line => Group::Function,
-            Group::Function => Group::File,
-            Group::File => Group::Line,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Group::Line => "line",
-            Group::Function => "function",
-            Group::File => "file",
-        }
-    }
-}
-
 /// A column the table can be sorted by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Column {
@@ -309,7 +281,8 @@ impl Column {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Settings {
     pub sort: Column,
-    pub group: Group,
+    /// Line, function or file (the live view cycles through these three).
+    pub group: Grouping,
     /// Total (a site plus everything it calls) instead of own bytes.
     pub inclusive: bool,
     /// Only this thread's allocations, or all threads.
@@ -320,7 +293,7 @@ impl Default for Settings {
     fn default() -> Settings {
         Settings {
             sort: Column::Rate,
-            group: Group::Line,
+            group: Grouping::Line,
             inclusive: false,
             thread: None,
         }
@@ -345,15 +318,6 @@ impl Row<'_> {
     }
 }
 
-/// The row key of a frame under `group`.
-fn key<'a>(loc: &Location<'a>, group: Group) -> (&'a str, &'a str, u32) {
-    match group {
-        Group::Line => (loc.file, loc.function, loc.line),
-        Group::Function => (loc.file, loc.function, loc.firstline),
-        Group::File => (loc.file, "", 0),
-    }
-}
-
 /// The table's rows for a snapshot, sorted by `settings.sort` (largest first; ties by the
 /// allocated bytes, then file, function and line, so the order never flickers).
 pub fn rows<'a>(model: &'a Model, snap: &Snapshot, settings: &Settings) -> Vec<Row<'a>> {
@@ -367,13 +331,13 @@ pub fn rows<'a>(model: &'a Model, snap: &Snapshot, settings: &Settings) -> Vec<R
         if settings.inclusive {
             // A recursive function counts once per stack, not once per frame.
             for loc in model.frames(*stack) {
-                let k = key(&loc, settings.group);
+                let k = settings.group.frame_key(&loc);
                 if !keys.contains(&k) {
                     keys.push(k);
                 }
             }
         } else {
-            keys.push(key(&model.innermost(*stack), settings.group));
+            keys.push(settings.group.frame_key(&model.innermost(*stack)));
         }
         for k in &keys {
             groups.entry(*k).or_default().merge(figures);
@@ -400,10 +364,10 @@ pub fn rows<'a>(model: &'a Model, snap: &Snapshot, settings: &Settings) -> Vec<R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::test_records::code;
+    use crate::testing::code;
 
     fn alloc(tid: u32, addr: u64, size: u64, frames: &[(u64, u32)]) -> Record {
-        crate::profile::test_records::alloc(tid, addr, size, addr, frames)
+        crate::testing::alloc(tid, addr, size, addr, frames)
     }
 
     /// rate 1 (exact figures): main → build (twice, recursive) → leaf, and a second thread.
@@ -458,7 +422,7 @@ mod tests {
             ]
         );
         let by_file = Settings {
-            group: Group::File,
+            group: Grouping::File,
             ..settings
         };
         assert_eq!(
@@ -476,7 +440,7 @@ mod tests {
         let s = m.roll(1_000_000_000);
         let settings = Settings {
             sort: Column::Allocated,
-            group: Group::Function,
+            group: Grouping::Function,
             inclusive: true,
             thread: None,
         };

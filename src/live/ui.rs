@@ -17,9 +17,10 @@
 //! the one sorted by), and paths lose their beginning, not their end.
 
 use super::keys::ViewState;
-use super::model::{rows, Column, Group, Model, Row, Snapshot};
+use super::model::{rows, Column, Model, Row, Snapshot};
 use super::{Mode, Target};
-use crate::text::escape_control;
+use crate::grouping::Grouping;
+use crate::text::printable;
 use crate::units::human_bytes;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};
@@ -87,15 +88,11 @@ fn header_lines(s: &Screen, width: usize) -> Vec<Line<'static>> {
         Mode::Record => "record",
         Mode::Attach => "attach",
     };
-    let title = format!(
-        " mprof {mode} · PID {} · {}",
-        t.pid,
-        escape_control(&t.command)
-    );
+    let title = format!(" mprof {mode} · PID {} · {}", t.pid, printable(&t.command));
     let python = if snap.python.is_empty() {
         "Python ?".to_owned()
     } else {
-        format!("Python {}", escape_control(&snap.python))
+        format!("Python {}", printable(&snap.python))
     };
     let rate = if snap.rate <= 1 {
         "rate 1 (every allocation)".to_owned()
@@ -201,7 +198,7 @@ fn table_title(s: &Screen, rows: &[Row], first: usize, page: usize, width: usize
     parts.push(match set.thread {
         None => "all threads".to_owned(),
         Some(tid) => match s.snap.threads.iter().find(|t| t.tid == tid) {
-            Some(t) => format!("thread {}", escape_control(&t.label())),
+            Some(t) => format!("thread {}", printable(&t.label())),
             None => format!("thread {tid}"),
         },
     });
@@ -245,7 +242,7 @@ fn column_width(c: Column) -> usize {
 /// The table of allocation sites.
 fn site_table<'a>(s: &Screen, rows: &[Row], width: usize) -> Table<'a> {
     let sort = s.view.settings.sort;
-    let by_file = s.view.settings.group == Group::File;
+    let by_file = s.view.settings.group == Grouping::File;
     let columns = figure_columns(width, sort);
     let names = width.saturating_sub(columns.iter().map(|&c| column_width(c) + 1).sum());
     let longest = rows
@@ -297,12 +294,12 @@ fn site_table<'a>(s: &Screen, rows: &[Row], width: usize) -> Table<'a> {
             .collect();
         if !by_file {
             cells.push(Cell::from(cut_right(
-                &escape_control(r.function),
+                &printable(r.function),
                 function_width,
             )));
         }
         cells.push(Cell::from(cut_left(
-            &escape_control(&location(r, s.view.settings.group)),
+            &printable(&location(r, s.view.settings.group)),
             location_width,
         )));
         TableRow::new(cells)
@@ -314,10 +311,10 @@ fn site_table<'a>(s: &Screen, rows: &[Row], width: usize) -> Table<'a> {
 
 /// `file:line` (the function's first line by function, the file alone by file, `-` for a
 /// pseudo-frame).
-fn location(r: &Row, group: Group) -> String {
+fn location(r: &Row, group: Grouping) -> String {
     match group {
-        _ if r.is_pseudo() && group != Group::File => "-".to_owned(),
-        Group::File => r.file.to_owned(),
+        _ if r.is_pseudo() && group != Grouping::File => "-".to_owned(),
+        Grouping::File => r.file.to_owned(),
         _ => format!("{}:{}", r.file, r.line),
     }
 }

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod procs;
+pub mod tools;
+pub mod views;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};

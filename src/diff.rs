@@ -1,0 +1,275 @@
+//! `mprof diff BASE NEW`: per site the change in estimated bytes between two captures, with
+//! the standard error of the change, largest growth first.
+//!
+//! The two captures are independent samplings, so the variance of a change is the sum of the
+//! two variances: `σ = √(σ_base² + σ_new²)`. A change within 2σ of zero is marked as noise: at
+//! that size, sampling alone would produce it about one time in twenty.
+
+use crate::estimate::Estimate;
+use crate::grouping::Grouping;
+use crate::profile::{Profile, View};
+use crate::report::{header_lines, plus_minus, view_title, write_stdout};
+use crate::sites::{rows, whole};
+use crate::text::printable;
+use crate::units::human_bytes;
+use anyhow::Result;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// How many standard errors a change must exceed not to be noise.
+pub const NOISE_SIGMAS: f64 = 2.0;
+
+/// One site in both captures.
+#[derive(Clone, Debug)]
+pub struct Change {
+    /// The site, as the text report labels it.
+    pub label: String,
+    pub base: Estimate,
+    pub new: Estimate,
+}
+
+impl Change {
+    /// New bytes minus base bytes.
+    pub fn bytes(&self) -> f64 {
+        self.new.bytes - self.base.bytes
+    }
+
+    /// The standard error of the change.
+    pub fn stderr(&self) -> f64 {
+        (self.base.variance + self.new.variance).sqrt()
+    }
+
+    /// Whether the change is within [`NOISE_SIGMAS`] standard errors of zero.
+    pub fn is_noise(&self) -> bool {
+        self.bytes().abs() <= NOISE_SIGMAS * self.stderr()
+    }
+}
+
+/// Every site of either capture, largest growth first (ties by label).
+pub fn changes(base: &Profile, new: &Profile, view: View, by: Grouping) -> Vec<Change> {
+    let mut sites: BTreeMap<String, Change> = BTreeMap::new();
+    for (p, is_new) in [(base, false), (new, true)] {
+        for row in rows(p, view, by) {
+            let entry = sites.entry(row.key()).or_insert_with(|| Change {
+                label: printable(&row.label_in(p)).into_owned(),
+                base: Estimate::default(),
+                new: Estimate::default(),
+            });
+            let e = *row.figures.get(view);
+            if is_new {
+                entry.new = e;
+            } else {
+                entry.base = e;
+            }
+        }
+    }
+    let mut out: Vec<Change> = sites.into_values().collect();
+    out.sort_by(|a, b| {
+        b.bytes()
+            .round()
+            .total_cmp(&a.bytes().round())
+            .then_with(|| a.label.cmp(&b.label))
+    });
+    out
+}
+
+/// `+1.50 MiB` / `-512 B`.
+fn signed(bytes: f64) -> String {
+    if bytes >= 0.0 {
+        format!("+{}", human_bytes(bytes))
+    } else {
+        human_bytes(bytes)
+    }
+}
+
+/// The text of a diff.
+pub fn text(base: &Profile, new: &Profile, view: View, by: Grouping, top: usize) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "mprof diff: {}, by {}", view_title(view), by.name());
+    for (name, p) in [("base", base), ("new", new)] {
+        for line in header_lines(p) {
+            let _ = writeln!(out, "{name}: {line}");
+        }
+    }
+    let total = Change {
+        label: String::new(),
+        base: *base.totals().get(view),
+        new: *new.totals().get(view),
+    };
+    let _ = writeln!(
+        out,
+        "total {}: {} → {}, change {} ± {}{}",
+        view.name(),
+        plus_minus(total.base.bytes, total.base.stderr()),
+        plus_minus(total.new.bytes, total.new.stderr()),
+        signed(total.bytes()),
+        human_bytes(total.stderr()),
+        if total.is_noise() { " (noise)" } else { "" }
+    );
+    out.push('\n');
+    let all = changes(base, new, view, by);
+    let shown: Vec<&Change> = all.iter().filter(|c| whole(c.bytes().abs()) > 0).collect();
+    if shown.is_empty() {
+        let _ = writeln!(out, "no change in this view");
+        return out;
+    }
+    let limit = if top == 0 { shown.len() } else { top };
+    let _ = writeln!(
+        out,
+        "{:>12} {:>11} {:>11} {:>11} {:>15}  location",
+        "change", "± stderr", "base", "new", "samples"
+    );
+    for c in shown.iter().take(limit) {
+        let _ = writeln!(
+            out,
+            "{:>12} {:>11} {:>11} {:>11} {:>15}  {}{}",
+            signed(c.bytes()),
+            human_bytes(c.stderr()),
+            human_bytes(c.base.bytes),
+            human_bytes(c.new.bytes),
+            format!("{} → {}", c.base.samples, c.new.samples),
+            c.label,
+            if c.is_noise() { "  [noise]" } else { "" }
+        );
+    }
+    if shown.len() > limit {
+        let _ = writeln!(
+            out,
+            "... {} more sites (--top 0 shows all)",
+            shown.len() - limit
+        );
+    }
+    let _ = writeln!(
+        out,
+        "[noise]: the change is within {NOISE_SIGMAS} standard errors of zero"
+    );
+    out
+}
+
+#[derive(Serialize)]
+struct JsonDiff {
+    view: &'static str,
+    by: &'static str,
+    noise_sigmas: f64,
+    total: JsonChange,
+    sites: Vec<JsonChange>,
+}
+
+#[derive(Serialize)]
+struct JsonChange {
+    label: String,
+    base_bytes: u64,
+    base_stderr: u64,
+    base_samples: u64,
+    new_bytes: u64,
+    new_stderr: u64,
+    new_samples: u64,
+    change_bytes: i64,
+    change_stderr: u64,
+    noise: bool,
+}
+
+impl From<&Change> for JsonChange {
+    fn from(c: &Change) -> JsonChange {
+        JsonChange {
+            label: c.label.clone(),
+            base_bytes: whole(c.base.bytes),
+            base_stderr: whole(c.base.stderr()),
+            base_samples: c.base.samples,
+            new_bytes: whole(c.new.bytes),
+            new_stderr: whole(c.new.stderr()),
+            new_samples: c.new.samples,
+            change_bytes: c.bytes().round() as i64,
+            change_stderr: whole(c.stderr()),
+            noise: c.is_noise(),
+        }
+    }
+}
+
+/// The JSON of a diff.
+pub fn json(base: &Profile, new: &Profile, view: View, by: Grouping, top: usize) -> Result<String> {
+    let all = changes(base, new, view, by);
+    let limit = if top == 0 { all.len() } else { top };
+    let total = Change {
+        label: "total".into(),
+        base: *base.totals().get(view),
+        new: *new.totals().get(view),
+    };
+    let doc = JsonDiff {
+        view: view.name(),
+        by: by.name(),
+        noise_sigmas: NOISE_SIGMAS,
+        total: (&total).into(),
+        sites: all.iter().take(limit).map(JsonChange::from).collect(),
+    };
+    let mut s = serde_json::to_string_pretty(&doc)?;
+    s.push('\n');
+    Ok(s)
+}
+
+/// `mprof diff`: prints the diff of two captures.
+pub fn run(
+    base: &Path,
+    new: &Path,
+    view: View,
+    by: Grouping,
+    top: usize,
+    as_json: bool,
+) -> Result<()> {
+    let b = Profile::load(base)?;
+    let n = Profile::load(new)?;
+    let out = if as_json {
+        json(&b, &n, view, by, top)?
+    } else {
+        text(&b, &n, view, by, top)
+    };
+    write_stdout(out.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{alloc, code, meta};
+
+    fn profile(rate: u64, sizes: &[(u32, u64)]) -> Profile {
+        let mut records = vec![meta(&format!("rate={rate}")), code(1, "a.py", "f", 1)];
+        for (i, &(line, size)) in sizes.iter().enumerate() {
+            records.push(alloc(1, i as u64 + 1, size, i as u64, &[(1, line)]));
+        }
+        Profile::from_records(&records)
+    }
+
+    #[test]
+    fn changes_are_sorted_by_growth_with_combined_errors() {
+        let base = profile(1, &[(2, 100), (3, 500)]);
+        let new = profile(1, &[(2, 400), (3, 200), (4, 50)]);
+        let c = changes(&base, &new, View::Live, Grouping::Line);
+        let got: Vec<_> = c.iter().map(|c| (c.label.as_str(), c.bytes())).collect();
+        assert_eq!(
+            got,
+            [
+                ("f (a.py:2)", 300.0),
+                ("f (a.py:4)", 50.0),
+                ("f (a.py:3)", -300.0)
+            ]
+        );
+        assert!(c.iter().all(|c| c.stderr() == 0.0 && !c.is_noise()));
+    }
+
+    #[test]
+    fn a_change_within_two_sigma_is_noise() {
+        // One sample of 1000 B at rate 4096 in each: same estimate, large error.
+        let base = profile(4096, &[(2, 1000)]);
+        let new = profile(4096, &[(2, 1000), (2, 1000)]);
+        let c = &changes(&base, &new, View::Allocated, Grouping::Line)[0];
+        let one = crate::estimate::Sample::new(1000, 4096);
+        assert!((c.bytes() - one.bytes()).abs() < 1e-6);
+        let v = (-1000.0f64 / 4096.0).exp() * one.bytes().powi(2);
+        assert!((c.stderr() - (3.0 * v).sqrt()).abs() < 1e-6);
+        assert!(c.is_noise());
+        let t = text(&base, &new, View::Allocated, Grouping::Line, 0);
+        assert!(t.contains("[noise]"), "{t}");
+    }
+}

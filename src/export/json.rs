@@ -1,0 +1,177 @@
+//! The JSON report (`report --json`, `export --format json`): totals, meta and every
+//! location with its three estimates. The schema is in the README; fields are only added.
+//! Names, threads and metadata are exact, with control characters written as JSON escapes
+//! ([`crate::text::json_safe`]).
+
+use crate::grouping::Grouping;
+use crate::profile::{Completeness, Profile, View};
+use crate::sites::{rows, whole, Row};
+use anyhow::Result;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// The JSON report as text (pretty-printed, with a final newline).
+pub fn render(p: &Profile, view: View, by: Grouping, top: usize) -> Result<String> {
+    let mut s = crate::text::json_safe(serde_json::to_string_pretty(&json_report(
+        p, view, by, top,
+    ))?);
+    s.push('\n');
+    Ok(s)
+}
+
+/// The JSON export: the report by stack, every location, sorted by allocated bytes.
+pub struct Json;
+
+impl super::Exporter for Json {
+    fn format(&self) -> super::Format {
+        super::Format::Json
+    }
+
+    fn export(&self, p: &Profile, options: &super::Options) -> Result<Vec<u8>> {
+        Ok(render(p, options.view, Grouping::Stack, 0)?.into_bytes())
+    }
+}
+
+/// The serialised report.
+#[derive(Serialize)]
+pub struct JsonReport<'a> {
+    view: &'static str,
+    by: &'static str,
+    rate: u64,
+    rate_known: bool,
+    samples: u64,
+    dropped: u64,
+    peak_seconds: Option<f64>,
+    max_rss_bytes: Option<u64>,
+    duration_seconds: f64,
+    /// `ended` (END record), `finished` (mprof closed the file, no END) or `incomplete`.
+    completeness: &'static str,
+    warnings: Vec<String>,
+    meta: &'a BTreeMap<String, String>,
+    threads: &'a BTreeMap<u32, String>,
+    totals: BTreeMap<&'static str, JsonEstimate>,
+    locations_total: usize,
+    locations: Vec<JsonLocation<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonEstimate {
+    bytes: u64,
+    stderr: u64,
+    count: u64,
+    samples: u64,
+}
+
+impl From<&crate::profile::Estimate> for JsonEstimate {
+    fn from(e: &crate::profile::Estimate) -> JsonEstimate {
+        JsonEstimate {
+            bytes: whole(e.bytes),
+            stderr: whole(e.stderr()),
+            count: whole(e.count),
+            samples: e.samples,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct JsonFrame<'a> {
+    file: &'a str,
+    function: &'a str,
+    line: u32,
+}
+
+#[derive(Serialize)]
+struct JsonLocation<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thread: Option<u32>,
+    file: &'a str,
+    function: &'a str,
+    line: u32,
+    samples: u64,
+    alloc_bytes: u64,
+    alloc_stderr: u64,
+    alloc_count: u64,
+    alloc_samples: u64,
+    live_bytes: u64,
+    live_stderr: u64,
+    live_count: u64,
+    live_samples: u64,
+    peak_bytes: u64,
+    peak_stderr: u64,
+    peak_count: u64,
+    peak_samples: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stack: Option<Vec<JsonFrame<'a>>>,
+}
+
+fn json_location<'a>(row: &Row<'a>, view: View, by: Grouping) -> JsonLocation<'a> {
+    let (a, l, k) = (
+        JsonEstimate::from(&row.figures.allocated),
+        JsonEstimate::from(&row.figures.live),
+        JsonEstimate::from(&row.figures.peak),
+    );
+    JsonLocation {
+        thread: row.thread,
+        file: row.file,
+        function: row.function,
+        line: row.line,
+        samples: row.figures.get(view).samples,
+        alloc_bytes: a.bytes,
+        alloc_stderr: a.stderr,
+        alloc_count: a.count,
+        alloc_samples: a.samples,
+        live_bytes: l.bytes,
+        live_stderr: l.stderr,
+        live_count: l.count,
+        live_samples: l.samples,
+        peak_bytes: k.bytes,
+        peak_stderr: k.stderr,
+        peak_count: k.count,
+        peak_samples: k.samples,
+        stack: (by == Grouping::Stack).then(|| {
+            row.stack
+                .iter()
+                .map(|f| JsonFrame {
+                    file: f.file,
+                    function: f.function,
+                    line: f.line,
+                })
+                .collect()
+        }),
+    }
+}
+
+pub fn json_report(p: &Profile, view: View, by: Grouping, top: usize) -> JsonReport<'_> {
+    let rows = rows(p, view, by);
+    let limit = if top == 0 { rows.len() } else { top };
+    let totals = View::ALL
+        .iter()
+        .map(|&v| (v.name(), JsonEstimate::from(p.totals().get(v))))
+        .collect();
+    JsonReport {
+        view: view.name(),
+        by: by.name(),
+        rate: p.rate,
+        rate_known: p.rate_known,
+        samples: p.samples,
+        dropped: p.dropped,
+        peak_seconds: p.peak_seconds,
+        max_rss_bytes: p.max_rss,
+        duration_seconds: p.duration_seconds,
+        completeness: match p.completeness {
+            Completeness::Ended => "ended",
+            Completeness::Finished => "finished",
+            Completeness::Incomplete => "incomplete",
+        },
+        warnings: p.warnings(),
+        meta: &p.meta,
+        threads: &p.threads,
+        totals,
+        locations_total: rows.len(),
+        locations: rows
+            .iter()
+            .take(limit)
+            .map(|r| json_location(r, view, by))
+            .collect(),
+    }
+}

@@ -1,0 +1,57 @@
+//! mprof as a library: reading captures, estimating and aggregating, the views and exporters,
+//! and the profiling sessions. The `mprof` binary (`src/main.rs`) is a thin command-line front
+//! end over it; the integration tests build their captures with [`testing`].
+//!
+//! Layout, by what each module owns:
+//! - capture files: [`capture`] (reading, writing), [`testing`] (building them by hand);
+//! - analysis: [`estimate`] (what a sample stands for), [`names`] (interning, stacks),
+//!   [`aggregate`] (replaying records), [`profile`] (a whole capture, within its memory
+//!   allowance), [`grouping`] and [`sites`] (rows), [`frames`] (labels and kinds of code),
+//!   [`text`] (making untrusted names printable, bounding them), [`units`];
+//! - views: [`report`] (text), [`flamegraph`], [`timeline`], [`html`], [`diff`], [`export`]
+//!   (pprof, speedscope, folded, JSON), [`live`] (the terminal view);
+//! - sessions: [`record`], [`attach`], [`session`] (the ring reader), [`signals`];
+//! - safety: [`output`] (creating every output file), [`memory`] (the counting allocator),
+//!   `fuzzing` (the capture fuzzer, in tests and under `--cfg fuzzing`).
+
+pub mod aggregate;
+pub mod attach;
+pub mod capture;
+pub mod diff;
+pub mod estimate;
+pub mod export;
+pub mod flamegraph;
+pub mod frames;
+#[cfg(any(test, fuzzing))]
+pub mod fuzzing;
+pub mod grouping;
+pub mod html;
+pub mod live;
+pub mod memory;
+pub mod names;
+pub mod output;
+pub mod profile;
+pub mod record;
+pub mod report;
+pub mod session;
+pub mod signals;
+pub mod sites;
+pub mod testing;
+pub mod text;
+pub mod timeline;
+pub mod units;
+
+/// Sampling settings shared by `record` and `attach`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Mean bytes allocated between two samples (`512KiB`, `1MiB`, plain bytes); 1 records
+    /// every allocation.
+    #[arg(long, default_value = "128KiB", value_parser = units::parse_size)]
+    pub rate: u64,
+    /// Deepest Python stack recorded, innermost frames kept.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub max_depth: u32,
+    /// Seed for the sampling random numbers, for repeatable runs (0 picks one).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}

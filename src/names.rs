@@ -1,0 +1,283 @@
+//! Interning: strings, code objects, frames and the trie of stacks, and the resolution of the
+//! agent's raw frames (code addresses) into stacks.
+//!
+//! Stacks are interned in a trie (outermost frame at the root), so a stack is one node id and
+//! shared prefixes are stored once. A `Code` record applies to the allocations after it, so a
+//! reused code address gets its new meaning. Frames whose code was never announced are
+//! `<unknown>`; an allocation with no frames at all is attributed to the pseudo-frame
+//! `<no Python frame>`. A stack the agent cut at `max_depth` gets the pseudo-frame
+//! `<truncated stack>` as its outermost frame, so it does not pass for a whole stack.
+//!
+//! A capture is untrusted input: every string enters through [`Names::string`], which keeps
+//! it exact but cuts it to [`MAX_NAME`] bytes ([`crate::text::elide`]); the views make names
+//! printable when they show them ([`crate::text::printable`]). A stack deeper than
+//! [`MAX_DEPTH`] keeps its innermost frames and counts as truncated, and the memo of raw
+//! stacks is bounded (`CACHE_FRAMES`).
+
+use mprof_common::record::Frame;
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// File name of the pseudo-frame for allocations made while no Python code ran.
+pub const NO_PYTHON_FRAME: &str = "<no Python frame>";
+/// File and function name of a frame whose code object was never announced.
+pub const UNKNOWN: &str = "<unknown>";
+/// The outermost pseudo-frame of stacks the agent cut at `max_depth`.
+pub const TRUNCATED: &str = "<truncated stack>";
+
+/// Deepest stack kept (the agent records at most `--max-depth` 256 frames); a deeper stack in
+/// a capture keeps its innermost frames and counts as truncated.
+pub const MAX_DEPTH: usize = 256;
+/// Longest name (file, function) kept, in bytes; a longer one keeps its start and its end
+/// around an ellipsis.
+pub const MAX_NAME: usize = 256;
+/// Raw stacks remembered for reuse at most (in frames); the memo is cleared beyond that.
+const CACHE_FRAMES: usize = 1 << 20;
+
+/// A stack: a node of the trie, named by its innermost frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackId(pub(crate) u32);
+
+/// One resolved frame of a stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Location<'a> {
+    pub file: &'a str,
+    pub function: &'a str,
+    /// The line running in this frame (0 for the pseudo-frame).
+    pub line: u32,
+    /// The first line of the function.
+    pub firstline: u32,
+}
+
+impl fmt::Display for Location<'_> {
+    /// `function (file:line)`; the pseudo-frames (`<unknown>`, `<no Python frame>`) show their
+    /// name alone, with the line when there is one.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.file == self.function, self.line) {
+            (true, 0) => write!(f, "{}", self.function),
+            (true, line) => write!(f, "{}:{line}", self.function),
+            (false, line) => write!(f, "{} ({}:{line})", self.function, self.file),
+        }
+    }
+}
+
+/// A fast hasher for integer keys and frame slices (addresses are not attacker-chosen).
+#[derive(Default, Clone, Copy)]
+pub struct FastHasher(u64);
+
+impl FastHasher {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    fn mix(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::K);
+    }
+}
+
+impl Hasher for FastHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.mix(u64::from_le_bytes(word));
+        }
+    }
+    fn write_u8(&mut self, n: u8) {
+        self.mix(n.into());
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.mix(n.into());
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.mix(n);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.mix(n as u64);
+    }
+    fn finish(&self) -> u64 {
+        // The multiply leaves its best bits at the top; hash tables index with the bottom ones.
+        self.0.rotate_left(26)
+    }
+}
+
+/// A hash map with [`FastHasher`], for integer keys.
+pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+
+/// Interned strings, code objects, frames and the stack trie.
+#[derive(Default)]
+pub(crate) struct Names {
+    strings: Vec<String>,
+    string_ids: HashMap<String, u32>,
+    /// (file, name, firstline) string ids.
+    codes: Vec<(u32, u32, u32)>,
+    code_ids: FastMap<(u32, u32, u32), u32>,
+    /// (code id, line).
+    frames: Vec<(u32, u32)>,
+    frame_ids: FastMap<(u32, u32), u32>,
+    /// Trie nodes: (parent node, frame id). Node 0 is the root and no stack.
+    pub(crate) nodes: Vec<(u32, u32)>,
+    node_ids: FastMap<(u32, u32), u32>,
+}
+
+impl Names {
+    fn new() -> Names {
+        let mut names = Names::default();
+        names.nodes.push((0, u32::MAX));
+        names
+    }
+
+    /// The id of `s`, cut to [`MAX_NAME`] bytes first: the capture's names are untrusted.
+    pub(crate) fn string(&mut self, s: &str) -> u32 {
+        let s = &*crate::text::elide(s, MAX_NAME);
+        if let Some(&id) = self.string_ids.get(s) {
+            return id;
+        }
+        let id = self.strings.len() as u32;
+        self.strings.push(s.to_owned());
+        self.string_ids.insert(s.to_owned(), id);
+        id
+    }
+
+    fn code(&mut self, file: &str, name: &str, firstline: u32) -> u32 {
+        let key = (self.string(file), self.string(name), firstline);
+        let next = self.codes.len() as u32;
+        let id = *self.code_ids.entry(key).or_insert(next);
+        if id == next {
+            self.codes.push(key);
+        }
+        id
+    }
+
+    fn frame(&mut self, code: u32, line: u32) -> u32 {
+        let next = self.frames.len() as u32;
+        let id = *self.frame_ids.entry((code, line)).or_insert(next);
+        if id == next {
+            self.frames.push((code, line));
+        }
+        id
+    }
+
+    /// The trie node for `frame` called from `parent`.
+    fn child(&mut self, parent: u32, frame: u32) -> u32 {
+        let next = self.nodes.len() as u32;
+        let id = *self.node_ids.entry((parent, frame)).or_insert(next);
+        if id == next {
+            self.nodes.push((parent, frame));
+        }
+        id
+    }
+
+    /// The frames of the stack ending at `node`, innermost first.
+    pub(crate) fn frames(&self, node: u32) -> impl Iterator<Item = Location<'_>> + '_ {
+        let mut node = node;
+        std::iter::from_fn(move || {
+            if node == 0 {
+                return None;
+            }
+            let (parent, frame) = self.nodes[node as usize];
+            node = parent;
+            Some(self.location(frame))
+        })
+    }
+
+    /// The innermost frame of the stack ending at `node`.
+    pub(crate) fn innermost(&self, node: u32) -> Location<'_> {
+        self.location(self.nodes[node as usize].1)
+    }
+
+    fn location(&self, frame: u32) -> Location<'_> {
+        let (code, line) = self.frames[frame as usize];
+        let (file, name, firstline) = self.codes[code as usize];
+        Location {
+            file: &self.strings[file as usize],
+            function: &self.strings[name as usize],
+            line,
+            firstline,
+        }
+    }
+}
+
+/// Turns raw frames (code addresses) into stacks, following the Code records seen so far.
+pub(crate) struct StackResolver {
+    pub(crate) names: Names,
+    code_at: FastMap<u64, u32>,
+    unknown_code: u32,
+    empty_stack: u32,
+    /// The pseudo-frame node under which stacks cut at `max_depth` start.
+    truncated_root: u32,
+    /// Raw frames → stack, for whole and for truncated stacks; valid until an address changes
+    /// meaning.
+    cache: [FastMap<Vec<Frame>, u32>; 2],
+    cache_has_unknown: bool,
+    /// Frames held by `cache`.
+    cached_frames: usize,
+}
+
+impl StackResolver {
+    pub(crate) fn new() -> StackResolver {
+        let mut names = Names::new();
+        let unknown_code = names.code(UNKNOWN, UNKNOWN, 0);
+        let no_python = names.code(NO_PYTHON_FRAME, NO_PYTHON_FRAME, 0);
+        let frame = names.frame(no_python, 0);
+        let empty_stack = names.child(0, frame);
+        let truncated = names.code(TRUNCATED, TRUNCATED, 0);
+        let frame = names.frame(truncated, 0);
+        let truncated_root = names.child(0, frame);
+        StackResolver {
+            names,
+            code_at: FastMap::default(),
+            unknown_code,
+            empty_stack,
+            truncated_root,
+            cache: Default::default(),
+            cache_has_unknown: false,
+            cached_frames: 0,
+        }
+    }
+
+    fn clear_cache(&mut self) {
+        self.cache = Default::default();
+        self.cache_has_unknown = false;
+        self.cached_frames = 0;
+    }
+
+    pub(crate) fn announce(&mut self, addr: u64, file: &str, name: &str, firstline: u32) {
+        let code = self.names.code(file, name, firstline);
+        match self.code_at.insert(addr, code) {
+            Some(old) if old == code => {}
+            Some(_) => self.clear_cache(),
+            None if self.cache_has_unknown => self.clear_cache(),
+            None => {}
+        }
+    }
+
+    /// The stack of `frames` (innermost first); `truncated` when the agent cut it. A stack
+    /// deeper than [`MAX_DEPTH`] is cut here.
+    pub(crate) fn stack(&mut self, frames: &[Frame], truncated: bool) -> u32 {
+        if frames.is_empty() {
+            return self.empty_stack;
+        }
+        let truncated = truncated || frames.len() > MAX_DEPTH;
+        let frames = &frames[..frames.len().min(MAX_DEPTH)];
+        if let Some(&node) = self.cache[truncated as usize].get(frames) {
+            return node;
+        }
+        let mut node = if truncated { self.truncated_root } else { 0 };
+        for f in frames.iter().rev() {
+            let code = match self.code_at.get(&f.code) {
+                Some(&code) => code,
+                None => {
+                    self.cache_has_unknown = true;
+                    self.unknown_code
+                }
+            };
+            let frame = self.names.frame(code, f.line);
+            node = self.names.child(node, frame);
+        }
+        if self.cached_frames + frames.len() > CACHE_FRAMES {
+            self.clear_cache();
+        }
+        self.cached_frames += frames.len();
+        self.cache[truncated as usize].insert(frames.to_vec(), node);
+        node
+    }
+}

@@ -1,0 +1,137 @@
+//! A profile's allocation sites as rows: grouped by a [`Grouping`], sorted by a view.
+//!
+//! Rows are sorted by the view's bytes (rounded to whole bytes), largest first; ties go by file,
+//! function, line, thread and then the stack, so the same capture always gives the same rows.
+//! Every location that has at least one sample is a row, in every view.
+
+use crate::grouping::Grouping;
+use crate::profile::{Figures, Location, Profile, View};
+use std::cmp::Reverse;
+use std::collections::HashMap;
+
+/// One row: a location (or a thread) and its figures.
+#[derive(Debug, Clone)]
+pub struct Row<'a> {
+    pub file: &'a str,
+    /// Empty when grouping by file or thread.
+    pub function: &'a str,
+    /// The line (the function's first line when grouping by function, 0 by file or thread).
+    pub line: u32,
+    /// When grouping by thread: the thread id.
+    pub thread: Option<u32>,
+    pub figures: Figures,
+    /// When grouping by stack: the frames, innermost first. Empty otherwise.
+    pub stack: Vec<Location<'a>>,
+}
+
+impl Row<'_> {
+    /// The location as text reports show it: `function (file:line)`, the file alone, or
+    /// `thread 1234 name` (the name is added by [`Row::label_in`]).
+    pub fn label(&self) -> String {
+        if let Some(tid) = self.thread {
+            return format!("thread {tid}");
+        }
+        if self.function.is_empty() {
+            return self.file.to_owned();
+        }
+        let loc = Location {
+            file: self.file,
+            function: self.function,
+            line: self.line,
+            firstline: self.line,
+        };
+        loc.to_string()
+    }
+
+    /// [`Row::label`], with the thread's name from `p` when grouping by thread.
+    pub fn label_in(&self, p: &Profile) -> String {
+        match self.thread {
+            Some(tid) => format!("thread {}", p.thread_label(tid)),
+            None => self.label(),
+        }
+    }
+
+    /// A key that identifies the row across two captures (for a diff).
+    pub fn key(&self) -> String {
+        let mut key = format!("{}\u{0}{}\u{0}{}", self.file, self.function, self.line);
+        if let Some(tid) = self.thread {
+            key = format!("thread {tid}");
+        }
+        for f in self.stack.iter().skip(1) {
+            key.push_str(&format!(
+                "\u{0}{}\u{0}{}\u{0}{}",
+                f.file, f.function, f.line
+            ));
+        }
+        key
+    }
+}
+
+/// Whole bytes, as reports and JSON show them.
+pub fn whole(x: f64) -> u64 {
+    x.round().max(0.0) as u64
+}
+
+/// The profile's rows for `by`, sorted by `view` (see the module doc for the order).
+pub fn rows(p: &Profile, view: View, by: Grouping) -> Vec<Row<'_>> {
+    let mut rows: Vec<Row> = match by {
+        Grouping::Stack => p
+            .stacks()
+            .map(|(id, f)| {
+                let loc = p.innermost(id);
+                Row {
+                    file: loc.file,
+                    function: loc.function,
+                    line: loc.line,
+                    thread: None,
+                    figures: *f,
+                    stack: p.frames(id).collect(),
+                }
+            })
+            .collect(),
+        Grouping::Thread => {
+            let mut threads: HashMap<u32, Figures> = HashMap::new();
+            for ((_, tid), f) in p.sites() {
+                threads.entry(*tid).or_default().merge(f);
+            }
+            threads
+                .into_iter()
+                .map(|(tid, figures)| Row {
+                    file: "",
+                    function: "",
+                    line: 0,
+                    thread: Some(tid),
+                    figures,
+                    stack: Vec::new(),
+                })
+                .collect()
+        }
+        _ => {
+            let mut groups: HashMap<(&str, &str, u32), Figures> = HashMap::new();
+            for (id, f) in p.stacks() {
+                let key = by.frame_key(&p.innermost(id));
+                groups.entry(key).or_default().merge(f);
+            }
+            groups
+                .into_iter()
+                .map(|((file, function, line), figures)| Row {
+                    file,
+                    function,
+                    line,
+                    thread: None,
+                    figures,
+                    stack: Vec::new(),
+                })
+                .collect()
+        }
+    };
+    rows.sort_by(|a, b| {
+        let bytes = |r: &Row| Reverse(whole(r.figures.get(view).bytes));
+        bytes(a)
+            .cmp(&bytes(b))
+            .then_with(|| (a.file, a.function, a.line).cmp(&(b.file, b.function, b.line)))
+            .then_with(|| a.thread.cmp(&b.thread))
+            .then_with(|| a.stack.cmp(&b.stack))
+    });
+    rows
+}

@@ -1,0 +1,397 @@
+//! mprof's outputs read by their real consumers: `go tool pprof` (top site and bytes,
+//! `-diff_base`), speedscope (its published schema, and its app in headless Chromium), the HTML
+//! report in headless Chromium with no network, and the quick-start flamegraph's labels at
+//! 1200 px (with screenshots of it and of the timeline). A missing tool prints `SKIPPED`.
+
+mod common;
+
+use common::tools::{chromium, go, js_packages, run_chromium, Server};
+use common::views::{fixture, ok};
+use common::{mprof, pythons, run_with_timeout, script};
+use mprof::testing::CaptureBuilder;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// A real capture of tests/py/known_allocs.py at `--rate 1` (exact figures), made once per
+/// test run with the first interpreter found, and the truth the script wrote.
+fn known_capture() -> &'static (PathBuf, serde_json::Value) {
+    static CAPTURE: OnceLock<(PathBuf, serde_json::Value)> = OnceLock::new();
+    CAPTURE.get_or_init(|| {
+        let py = pythons().into_iter().next().expect("an interpreter");
+        let dir = tempfile::tempdir().unwrap().keep();
+        let capture = dir.join("known.mprof");
+        let truth = dir.join("truth.json");
+        let out = run_with_timeout(
+            mprof()
+                .args(["record", "-q", "--rate", "1", "-o"])
+                .arg(&capture)
+                .arg("--")
+                .arg(&py.path)
+                .arg(script("known_allocs.py"))
+                .arg(&truth),
+            Duration::from_secs(120),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("known_allocs recorded with {}", py.label);
+        let truth = serde_json::from_slice(&std::fs::read(&truth).unwrap()).unwrap();
+        (capture, truth)
+    })
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// `go tool pprof ARGS`, its stdout.
+fn pprof(go: &Path, args: &[&str]) -> String {
+    let out = run_with_timeout(
+        Command::new(go).args(["tool", "pprof"]).args(args),
+        Duration::from_secs(300),
+    );
+    assert!(
+        out.status.success(),
+        "pprof {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The rows of `pprof -top -unit=B`: (flat bytes, function).
+fn top_rows(text: &str) -> Vec<(f64, String)> {
+    text.lines()
+        .skip_while(|l| !l.trim_start().starts_with("flat"))
+        .skip(1)
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            let bytes = cols.first()?.strip_suffix('B')?.parse().ok()?;
+            Some((bytes, cols[5..].join(" ")))
+        })
+        .collect()
+}
+
+#[test]
+fn go_pprof_prints_the_known_top_site_with_its_bytes() {
+    let Some(go) = go("go_pprof_prints_the_known_top_site_with_its_bytes") else {
+        return;
+    };
+    let (capture, truth) = known_capture();
+    let dir = tempfile::tempdir().unwrap();
+    let pb = dir.path().join("known.pb.gz");
+    ok(&["export", path_str(capture), "-o", path_str(&pb)]);
+    let text = pprof(
+        &go,
+        &[
+            "-top",
+            "-sample_index=inuse_space",
+            "-unit=B",
+            path_str(&pb),
+        ],
+    );
+    let rows = top_rows(&text);
+    let want = truth["large_objects"].as_f64().unwrap();
+    let (bytes, function) = &rows[0];
+    assert_eq!(function, "large_objects", "{text}");
+    assert!(
+        (bytes - want).abs() / want < 0.01,
+        "{bytes} vs {want}\n{text}"
+    );
+    for f in ["medium_objects", "small_objects"] {
+        let want = truth[f].as_f64().unwrap();
+        let got = rows
+            .iter()
+            .find(|r| r.1 == f)
+            .unwrap_or_else(|| panic!("{f}: {text}"));
+        assert!(
+            (got.0 - want).abs() / want < 0.01,
+            "{f}: {} vs {want}",
+            got.0
+        );
+    }
+    // The capture's meta and the threads are labels pprof can group by.
+    let tags = pprof(&go, &["-tags", path_str(&pb)]);
+    for needle in [
+        "mode: Total",
+        "record",
+        "pid: Total",
+        "thread_name: Total",
+        "main (",
+    ] {
+        assert!(tags.contains(needle), "{needle:?} not in:\n{tags}");
+    }
+    eprintln!("go tool pprof: large_objects {bytes} B (truth {want})");
+}
+
+/// An exact capture (`rate=1`): `f` keeps `f_bytes` live, `g` keeps `g_bytes`.
+fn exact(f_bytes: u64, g_bytes: u64) -> CaptureBuilder {
+    let mut c = CaptureBuilder::new();
+    c.meta("mode=record\ncommand=python app.py\npid=7\nrate=1\n")
+        .code(1, "app.py", "<module>", 1)
+        .code(2, "app.py", "f", 10)
+        .code(3, "app.py", "g", 20);
+    if f_bytes > 0 {
+        c.alloc(0x10, f_bytes, 1, &[(2, 11), (1, 30)]);
+    }
+    if g_bytes > 0 {
+        c.alloc(0x20, g_bytes, 2, &[(3, 21), (1, 31)]);
+    }
+    c.push(mprof_common::record::Record::End {
+        reason: 1,
+        time_ns: 3,
+    });
+    c
+}
+
+#[test]
+fn go_pprof_diff_base_shows_the_growth() {
+    let Some(go) = go("go_pprof_diff_base_shows_the_growth") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let base = exact(1_000_000, 0).write(d, "base.mprof");
+    let new = exact(3_000_000, 500_000).write(d, "new.mprof");
+    for (capture, pb) in [(&base, "base.pb.gz"), (&new, "new.pb.gz")] {
+        ok(&[
+            "export",
+            path_str(capture),
+            "--format",
+            "pprof",
+            "-o",
+            path_str(&d.join(pb)),
+        ]);
+    }
+    let text = pprof(
+        &go,
+        &[
+            "-top",
+            "-unit=B",
+            "-sample_index=inuse_space",
+            "-diff_base",
+            path_str(&d.join("base.pb.gz")),
+            path_str(&d.join("new.pb.gz")),
+        ],
+    );
+    let rows = top_rows(&text);
+    assert_eq!(rows[0], (2_000_000.0, "f".to_owned()), "{text}");
+    assert_eq!(rows[1], (500_000.0, "g".to_owned()), "{text}");
+    // mprof's own diff agrees, with no noise at rate 1.
+    let diff = ok(&["diff", path_str(&base), path_str(&new)]);
+    let diff = String::from_utf8(diff.stdout).unwrap();
+    assert!(diff.contains("+1.91 MiB"), "{diff}");
+    assert!(!diff.contains("[noise]  "), "{diff}");
+}
+
+#[test]
+fn speedscope_file_validates_against_its_schema_and_loads_in_the_app() {
+    let test = "speedscope_file_validates_against_its_schema_and_loads_in_the_app";
+    let Some(js) = js_packages(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let fixture_capture = fixture().write(d, "app.mprof");
+    let (known, _) = known_capture();
+    let mut files = Vec::new();
+    for (capture, name) in [(&fixture_capture, "app"), (known, "known")] {
+        let out = d.join(format!("{name}.speedscope.json"));
+        ok(&["export", path_str(capture), "-o", path_str(&out)]);
+        files.push(out);
+    }
+    let validate = |files: &[PathBuf]| {
+        run_with_timeout(
+            Command::new("node")
+                .arg(js.join("validate-speedscope.js"))
+                .args(files),
+            Duration::from_secs(60),
+        )
+    };
+    let out = validate(&files);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // The validator does reject a file that breaks the schema.
+    let mut bad: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&files[0]).unwrap()).unwrap();
+    bad["profiles"][0]["unit"] = "furlongs".into();
+    let bad_path = d.join("bad.speedscope.json");
+    std::fs::write(&bad_path, bad.to_string()).unwrap();
+    assert!(!validate(&[bad_path]).status.success());
+
+    let Some(browser) = chromium(test) else {
+        return;
+    };
+    let site = d.join("site");
+    std::fs::create_dir(&site).unwrap();
+    let app = js.join("node_modules/speedscope/dist/release");
+    for entry in std::fs::read_dir(&app).unwrap().flatten() {
+        std::fs::copy(entry.path(), site.join(entry.file_name())).unwrap();
+    }
+    std::fs::copy(&files[0], site.join("profile.json")).unwrap();
+    let server = Server::start(&site);
+    let url = format!(
+        "http://127.0.0.1:{}/index.html#profileURL=/profile.json",
+        server.port
+    );
+    let out = run_chromium(
+        &browser,
+        &url,
+        &["--virtual-time-budget=15000", "--dump-dom"],
+        false,
+    );
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        dom.contains("<title>mprof: python app.py - speedscope</title>"),
+        "{dom}"
+    );
+    assert!(
+        dom.contains("allocated bytes"),
+        "the first profile is not shown: {dom}"
+    );
+    assert!(dom.contains("(1/3)"), "three views expected: {dom}");
+}
+
+/// The `<tbody>` of the sites table in a DOM dump.
+fn sites_body(dom: &str) -> &str {
+    let start = dom.find("<table id=\"sites\"").expect("sites table");
+    let body = &dom[start..];
+    let from = body.find("<tbody>").expect("tbody");
+    let to = body.find("</tbody>").expect("/tbody");
+    &body[from..to]
+}
+
+#[test]
+fn html_report_shows_the_top_site_with_the_network_off() {
+    let test = "html_report_shows_the_top_site_with_the_network_off";
+    let (capture, _) = known_capture();
+    let dir = tempfile::tempdir().unwrap();
+    let html = dir.path().join("report.html");
+    ok(&["html", path_str(capture), "-o", path_str(&html)]);
+    let text = std::fs::read_to_string(&html).unwrap();
+    assert!(text.contains("default-src 'none'"), "no CSP");
+    assert!(!text.contains("src=\"http"), "a remote resource");
+    let Some(browser) = chromium(test) else {
+        return;
+    };
+    let url = format!("file://{}", html.display());
+    let out = run_chromium(
+        &browser,
+        &url,
+        &["--virtual-time-budget=5000", "--dump-dom"],
+        true,
+    );
+    let dom = String::from_utf8_lossy(&out.stdout);
+    // The table is built by the page's script: its rows exist only if the script ran offline.
+    let body = sites_body(&dom);
+    let first_row = &body[..body.find("</tr>").expect("a row")];
+    assert!(first_row.contains("large_objects ("), "{first_row}");
+    assert!(dom.contains("live bytes at the end"), "summary missing");
+    assert!(dom.contains("id=\"fg-allocated\""), "flamegraph missing");
+    let shot = dir.path().join("report.png");
+    run_chromium(
+        &browser,
+        &url,
+        &[
+            "--window-size=1280,1600",
+            &format!("--screenshot={}", shot.display()),
+        ],
+        true,
+    );
+    assert_png(&shot);
+}
+
+fn assert_png(path: &Path) {
+    let png = std::fs::read(path).expect("screenshot written");
+    assert!(png.starts_with(b"\x89PNG"), "{} is no PNG", path.display());
+    assert!(png.len() > 10_000, "{} is nearly empty", path.display());
+}
+
+/// The (rect width in %, title, text) of each box of an inferno SVG.
+fn boxes(svg: &str) -> Vec<(f64, String, String)> {
+    svg.split("<g><title>")
+        .skip(1)
+        .filter_map(|g| {
+            let title = g[..g.find("</title>")?].to_owned();
+            let w = g
+                .split("width=\"")
+                .nth(1)?
+                .split('%')
+                .next()?
+                .parse()
+                .ok()?;
+            let text = g.split("<text").nth(1)?;
+            let text = text[text.find('>')? + 1..text.find("</text>")?].to_owned();
+            Some((w, title, text))
+        })
+        .collect()
+}
+
+#[test]
+fn quick_start_flamegraph_labels_are_readable_at_1200_px() {
+    let py = pythons().into_iter().next().expect("an interpreter");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let capture = d.join("example.mprof");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/leaky_cache.py");
+    let out = run_with_timeout(
+        mprof()
+            .args(["record", "-q", "-o", path_str(&capture), "--"])
+            .arg(&py.path)
+            .arg(&example),
+        Duration::from_secs(120),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svg_path = d.join("example.svg");
+    ok(&[
+        "flamegraph",
+        path_str(&capture),
+        "--view",
+        "live",
+        "-o",
+        path_str(&svg_path),
+    ]);
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    assert!(svg.contains("width=\"1200\""));
+    let wide: Vec<_> = boxes(&svg).into_iter().filter(|b| b.0 >= 20.0).collect();
+    assert!(wide.len() >= 3, "few wide frames: {wide:?}");
+    for (w, title, text) in &wide {
+        let function = title.split(" (").next().unwrap();
+        assert!(
+            text.starts_with(function) && !text.ends_with(".."),
+            "a {w}% frame shows {text:?} for {title:?}"
+        );
+    }
+    assert!(
+        wide.iter().any(|b| b.2.starts_with("render_profile (")),
+        "the top site is not labelled: {wide:?}"
+    );
+    let timeline = d.join("timeline.svg");
+    ok(&["timeline", path_str(&capture), "-o", path_str(&timeline)]);
+    let Some(browser) = chromium("quick_start screenshots") else {
+        return;
+    };
+    for (file, size) in [(&svg_path, "1200,420"), (&timeline, "1200,500")] {
+        let shot = file.with_extension("png");
+        run_chromium(
+            &browser,
+            &format!("file://{}", file.display()),
+            &[
+                &format!("--window-size={size}"),
+                &format!("--screenshot={}", shot.display()),
+            ],
+            true,
+        );
+        assert_png(&shot);
+    }
+}
