@@ -11,7 +11,7 @@
 use crate::estimate::Sample;
 use crate::names::{FastMap, Location, StackId, StackResolver, MAX_NAME};
 use crate::text::elide;
-use mprof_common::record::{Record, ALLOC_TRUNCATED};
+use mprof_common::record::{Allocator, Record, ALLOC_TRUNCATED};
 use std::collections::BTreeMap;
 
 /// Longest metadata value kept, in bytes (elided like names).
@@ -94,6 +94,8 @@ pub(crate) struct Aggregator {
     pub last_ns: Option<u64>,
     /// Estimated bytes of the live sampled blocks.
     pub live_bytes: f64,
+    /// [`Aggregator::live_bytes`] per allocator (indexed by its wire value).
+    pub live_split: [f64; 3],
     /// The highest `live_bytes` so far, the index of the record that reached it, and its time.
     peak: Option<(usize, f64, u64)>,
     applied: usize,
@@ -116,6 +118,7 @@ impl Aggregator {
             finished: false,
             last_ns: None,
             live_bytes: 0.0,
+            live_split: [0.0; 3],
             peak: None,
             first_ns: None,
             applied: 0,
@@ -153,7 +156,9 @@ impl Aggregator {
                 flags,
             } => {
                 self.saw_time(*time_ns);
-                let stack = self.resolver.stack(frames, flags & ALLOC_TRUNCATED != 0);
+                let allocator = Allocator::of_flags(*flags);
+                let truncated = flags & ALLOC_TRUNCATED != 0;
+                let stack = self.resolver.stack(frames, truncated, allocator);
                 self.samples += 1;
                 let block = Block {
                     stack: StackId(stack),
@@ -164,9 +169,10 @@ impl Aggregator {
                 let sample = block.sample();
                 let replaced = self.live.insert(*addr, block);
                 if let Some(old) = &replaced {
-                    self.live_bytes -= old.sample().bytes;
+                    self.take_live(old);
                 }
                 self.live_bytes += sample.bytes;
+                self.live_split[allocator as usize] += sample.bytes;
                 if self.peak.is_none_or(|(_, best, _)| self.live_bytes > best) {
                     self.peak = Some((index, self.live_bytes, *time_ns));
                 }
@@ -178,7 +184,7 @@ impl Aggregator {
             }
             Record::Free { addr } => {
                 if let Some(old) = self.live.remove(addr) {
-                    self.live_bytes -= old.sample().bytes;
+                    self.take_live(&old);
                     return Change::Free(old);
                 }
             }
@@ -202,6 +208,18 @@ impl Aggregator {
             Record::Unknown { .. } => {}
         }
         Change::Other
+    }
+
+    /// Takes a block that is no longer live out of the live heap.
+    fn take_live(&mut self, old: &Block) {
+        let bytes = old.sample().bytes;
+        self.live_bytes -= bytes;
+        self.live_split[self.allocator(old.stack) as usize] -= bytes;
+    }
+
+    /// The allocator the blocks of a stack came from.
+    pub fn allocator(&self, stack: StackId) -> Allocator {
+        self.resolver.names.allocator(stack.0)
     }
 
     /// Notes the time of a timed record.

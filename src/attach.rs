@@ -265,11 +265,8 @@ pub fn run(
     let python = attached.ring.python_version();
     capture.write(&Record::Meta {
         text: format!(
-            "mode=attach\npid={pid}\nrate={}\nmax_depth={}\nseed={}\nstart_unix_ms={}\n\
-             attach_ms={}\npython={python}\n",
-            sampling.rate,
-            sampling.max_depth,
-            sampling.seed,
+            "mode=attach\npid={pid}\n{}start_unix_ms={}\nattach_ms={}\npython={python}\n",
+            sampling.meta(),
             unix_ms(),
             attached.took.as_millis(),
         ),
@@ -292,7 +289,7 @@ pub fn run(
     }
     let mut reader = Reader::new(&attached.ring, capture, pid);
     // The agent is running: a view that cannot start must not end the session early.
-    let target = crate::live::Target::attach(pid, sampling.rate, output);
+    let target = crate::live::Target::attach(pid, sampling, output);
     let mut view = match live.then(|| crate::live::Live::start(target)) {
         Some(Ok(v)) => Some(v),
         Some(Err(e)) => {

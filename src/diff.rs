@@ -5,6 +5,7 @@
 //! two variances: `σ = √(σ_base² + σ_new²)`. A change within 2σ of zero is marked as noise: at
 //! that size, sampling alone would produce it about one time in twenty.
 
+use crate::allocators::Allocators;
 use crate::estimate::Estimate;
 use crate::grouping::Grouping;
 use crate::profile::{Profile, View};
@@ -57,11 +58,12 @@ pub fn changes(base: &Profile, new: &Profile, view: View, by: Grouping) -> Vec<C
                 base: Estimate::default(),
                 new: Estimate::default(),
             });
-            let e = *row.figures.get(view);
+            // By stack, the same frames can be a row per allocator: they add up.
+            let e = row.figures.get(view);
             if is_new {
-                entry.new = e;
+                entry.new.merge(e);
             } else {
-                entry.base = e;
+                entry.base.merge(e);
             }
         }
     }
@@ -152,6 +154,7 @@ pub fn text(base: &Profile, new: &Profile, view: View, by: Grouping, top: usize)
 struct JsonDiff {
     view: &'static str,
     by: &'static str,
+    allocators: Vec<&'static str>,
     noise_sigmas: f64,
     total: JsonChange,
     sites: Vec<JsonChange>,
@@ -200,6 +203,7 @@ pub fn json(base: &Profile, new: &Profile, view: View, by: Grouping, top: usize)
     let doc = JsonDiff {
         view: view.name(),
         by: by.name(),
+        allocators: new.selection().iter().map(|a| a.name()).collect(),
         noise_sigmas: NOISE_SIGMAS,
         total: (&total).into(),
         sites: all.iter().take(limit).map(JsonChange::from).collect(),
@@ -209,7 +213,7 @@ pub fn json(base: &Profile, new: &Profile, view: View, by: Grouping, top: usize)
     Ok(s)
 }
 
-/// `mprof diff`: prints the diff of two captures.
+/// `mprof diff`: prints the diff of two captures, of the allocators in `keep` only.
 pub fn run(
     base: &Path,
     new: &Path,
@@ -217,9 +221,12 @@ pub fn run(
     by: Grouping,
     top: usize,
     as_json: bool,
+    keep: Allocators,
 ) -> Result<()> {
-    let b = Profile::load(base)?;
-    let n = Profile::load(new)?;
+    let mut b = Profile::load(base)?;
+    let mut n = Profile::load(new)?;
+    b.select(keep);
+    n.select(keep);
     let out = if as_json {
         json(&b, &n, view, by, top)?
     } else {

@@ -10,10 +10,15 @@
 //! capture's boxes coloured by their growth since BASE (red grew, blue shrank), with the change
 //! ± its combined standard error in the tooltip.
 //!
+//! A box whose bytes are not all from Python's allocators says how the allocators share them
+//! in its tooltip (`native 80%, python 20%`); `--by-allocator` puts the allocator at the root
+//! of every stack instead (`<allocator native>`), and `--allocator` keeps only some.
+//!
 //! When the output path ends in `.folded`, the folded stacks of [`crate::export::folded`] are
 //! written instead of an SVG. When the view has no bytes at all (e.g. `live` for a program that
 //! freed everything), a small valid SVG that says so is written, with a warning.
 
+use crate::allocators::{Allocator, Allocators};
 use crate::export::{check_output, folded, write_file, Format};
 use crate::frames::{self, Kind};
 use crate::profile::{Estimate, Profile, View};
@@ -42,6 +47,29 @@ pub struct Settings {
     pub keep_imports: bool,
     /// Allocation sites on top (an icicle of callers).
     pub inverted: bool,
+    /// The allocator as the root frame of every stack.
+    pub by_allocator: bool,
+    /// The allocators drawn (the caller selects them in the profile, see [`Profile::select`]).
+    pub allocators: Allocators,
+}
+
+impl Settings {
+    /// The plain flamegraph of `view`: every thread and allocator, import frames folded.
+    pub fn of(view: View) -> Settings {
+        Settings {
+            view,
+            thread: None,
+            keep_imports: false,
+            inverted: false,
+            by_allocator: false,
+            allocators: Allocators::ALL,
+        }
+    }
+}
+
+/// The root frame of an allocator's stacks under `--by-allocator` (folded stacks too).
+pub fn allocator_frame(a: Allocator) -> String {
+    format!("<allocator {}>", a.name())
 }
 
 /// `mprof flamegraph`: writes the flamegraph of `path` (or its folded stacks) to `out`; with
@@ -62,7 +90,8 @@ pub fn run(path: &Path, out: &Path, settings: &Settings, diff: Option<&Path>) ->
             out.display()
         );
     }
-    let p = Profile::load(path)?;
+    let mut p = Profile::load(path)?;
+    p.select(settings.allocators);
     if let Some(tid) = settings.thread {
         let tids = p.thread_ids();
         if !tids.contains(&tid) {
@@ -75,13 +104,16 @@ pub fn run(path: &Path, out: &Path, settings: &Settings, diff: Option<&Path>) ->
         }
     }
     let bytes = if folded_out {
-        folded::lines(&p, settings.view)
+        folded::lines_by(&p, settings.view, settings.by_allocator)
             .iter()
             .flat_map(|l| [l.as_str(), "\n"])
             .collect::<String>()
             .into_bytes()
     } else {
-        let base = diff.map(Profile::load).transpose()?;
+        let mut base = diff.map(Profile::load).transpose()?;
+        if let Some(base) = &mut base {
+            base.select(settings.allocators);
+        }
         svg(&p, settings, base.as_ref())?.into_bytes()
     };
     write_file(out, "flamegraph", &bytes)
@@ -95,6 +127,7 @@ pub fn svg(p: &Profile, settings: &Settings, base: Option<&Profile>) -> Result<S
             let entry = stacks.entry(labels).or_insert_with(|| Drawn {
                 frames: b.frames.clone(),
                 new: Estimate::default(),
+                split: Default::default(),
                 base: None,
             });
             entry.base = Some(b.new);
@@ -182,6 +215,8 @@ struct DrawnFrame {
 struct Drawn {
     frames: Vec<DrawnFrame>,
     new: Estimate,
+    /// `new` per allocator.
+    split: [Estimate; 3],
     /// The base capture's figures, when drawing a difference.
     base: Option<Estimate>,
 }
@@ -252,12 +287,25 @@ fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<String>, Drawn> {
         if settings.inverted {
             frames.reverse();
         }
+        let allocator = p.allocator(id);
+        if settings.by_allocator {
+            frames.insert(
+                0,
+                DrawnFrame {
+                    label: allocator_frame(allocator),
+                    place: format!("{} allocations", allocator.name()),
+                    kind: Kind::Pseudo,
+                },
+            );
+        }
         let entry = out.entry(labels_of(&frames)).or_insert_with(|| Drawn {
             frames,
             new: Estimate::default(),
+            split: Default::default(),
             base: None,
         });
         entry.new.merge(&estimate);
+        entry.split[allocator as usize].merge(&estimate);
     }
     out
 }
@@ -382,6 +430,12 @@ fn subtitle(p: &Profile, settings: &Settings) -> String {
     if let Some(tid) = settings.thread {
         let _ = write!(text, "; thread {}", p.thread_label(tid));
     }
+    if !p.selection().is_all() {
+        let _ = write!(text, "; {} allocations only", p.selection().names());
+    }
+    if p.native_recorded() == Some(false) {
+        text.push_str("; native allocations not recorded");
+    }
     if !settings.keep_imports {
         text.push_str("; import frames folded");
     }
@@ -395,10 +449,8 @@ fn subtitle(p: &Profile, settings: &Settings) -> String {
 fn empty_svg(p: &Profile, view: View) -> String {
     let title = format!("mprof: {}", view_title(view));
     let settings = Settings {
-        view,
-        thread: None,
         keep_imports: true,
-        inverted: false,
+        ..Settings::of(view)
     };
     let note = format!("No samples in this view ({})", subtitle(p, &settings));
     format!(

@@ -127,10 +127,11 @@ fn other_views(p: &Profile, path: &Path) {
     // The HTML report draws the plain flamegraph of every view (and the timeline): this one
     // takes the other paths (one thread, inverted, imports kept, a difference).
     let settings = crate::flamegraph::Settings {
-        view: View::Allocated,
         thread: p.thread_ids().first().copied(),
         keep_imports: true,
         inverted: true,
+        by_allocator: true,
+        ..crate::flamegraph::Settings::of(View::Allocated)
     };
     if settings.thread.is_some() {
         let svg = crate::flamegraph::svg(p, &settings, Some(p)).expect("flamegraph");
@@ -149,7 +150,10 @@ fn other_views(p: &Profile, path: &Path) {
     let diff = crate::diff::text(p, p, View::Live, Grouping::Stack, 0);
     outputs.push(("diff", diff.into_bytes()));
     for format in [Format::Speedscope, Format::Json, Format::Pprof] {
-        let options = Options { view: View::Live };
+        let options = Options {
+            by_allocator: true,
+            ..Options::of(View::Live)
+        };
         let bytes = exporter(format)
             .expect("an exporter")
             .export(p, &options)

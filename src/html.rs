@@ -133,12 +133,7 @@ fn flamegraphs(html: &mut String, p: &Profile) -> Result<()> {
     }
     html.push_str("</select></label>\n");
     for (i, view) in View::ALL.into_iter().enumerate() {
-        let settings = Settings {
-            view,
-            thread: None,
-            keep_imports: false,
-            inverted: false,
-        };
+        let settings = Settings::of(view);
         let svg = flamegraph::svg(p, &settings, None)?;
         let height = svg
             .find("height=\"")

@@ -4,10 +4,11 @@
 //!
 //! Layout, by what each module owns:
 //! - capture files: [`capture`] (reading, writing), [`testing`] (building them by hand);
-//! - analysis: [`estimate`] (what a sample stands for), [`names`] (interning, stacks),
-//!   [`aggregate`] (replaying records), [`profile`] (a whole capture, within its memory
-//!   allowance), [`grouping`] and [`sites`] (rows), [`frames`] (labels and kinds of code),
-//!   [`text`] (making untrusted names printable, bounding them), [`units`];
+//! - analysis: [`estimate`] (what a sample stands for), [`allocators`] (which allocator the
+//!   bytes came from), [`names`] (interning, stacks), [`aggregate`] (replaying records),
+//!   [`profile`] (a whole capture, within its memory allowance), [`grouping`] and [`sites`]
+//!   (rows), [`frames`] (labels and kinds of code), [`text`] (making untrusted names
+//!   printable, bounding them), [`units`];
 //! - views: [`report`] (text), [`flamegraph`], [`timeline`], [`html`], [`diff`], [`export`]
 //!   (pprof, speedscope, folded, JSON), [`live`] (the terminal view);
 //! - sessions: [`record`], [`attach`], [`session`] (the ring reader), [`signals`];
@@ -15,6 +16,7 @@
 //!   `fuzzing` (the capture fuzzer, in tests and under `--cfg fuzzing`).
 
 pub mod aggregate;
+pub mod allocators;
 pub mod attach;
 pub mod capture;
 pub mod diff;
@@ -54,4 +56,32 @@ pub struct SamplingArgs {
     /// Seed for the sampling random numbers, for repeatable runs (0 picks one).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Sample Python's allocators only: leave the C allocator family and mmap alone (native
+    /// allocations are seen by default).
+    #[arg(long)]
+    pub python_only: bool,
+}
+
+impl SamplingArgs {
+    /// The ring's `config_flags` for these settings.
+    pub fn config_flags(&self) -> u32 {
+        if self.python_only {
+            mprof_common::ring::CONFIG_PYTHON_ONLY
+        } else {
+            0
+        }
+    }
+
+    /// The capture's metadata about these settings: `rate=…`, `max_depth=…`, `seed=…` and
+    /// `native=on|off`, one per line.
+    pub fn meta(&self) -> String {
+        format!(
+            "rate={}\nmax_depth={}\nseed={}\n{}={}\n",
+            self.rate,
+            self.max_depth,
+            self.seed,
+            allocators::NATIVE_META,
+            if self.python_only { "off" } else { "on" }
+        )
+    }
 }

@@ -3,6 +3,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use mprof::allocators::{self, Allocator, Allocators};
 use mprof::export::Format;
 use mprof::grouping::Grouping;
 use mprof::profile::View;
@@ -79,6 +80,11 @@ enum Command {
         /// Print JSON (schema in the README).
         #[arg(long)]
         json: bool,
+        /// Only these allocators: python, native, mmap (repeat it, or separate with commas;
+        /// default: all).
+        #[arg(long = "allocator", value_name = "ALLOCATOR", value_delimiter = ',',
+              value_parser = allocators::parse)]
+        allocators: Vec<Allocator>,
     },
     /// Write a flamegraph SVG of a capture.
     Flamegraph {
@@ -102,6 +108,14 @@ enum Command {
         /// Draw the growth since this base capture instead (red grew, blue shrank).
         #[arg(long, value_name = "BASE")]
         diff: Option<PathBuf>,
+        /// Only these allocators: python, native, mmap (repeat it, or separate with commas;
+        /// default: all).
+        #[arg(long = "allocator", value_name = "ALLOCATOR", value_delimiter = ',',
+              value_parser = allocators::parse)]
+        allocators: Vec<Allocator>,
+        /// The allocator as the root frame of every stack (`<allocator native>`).
+        #[arg(long)]
+        by_allocator: bool,
     },
     /// Write a timeline SVG: RSS, the estimated live heap and the top sites over time.
     Timeline {
@@ -141,6 +155,11 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Only these allocators: python, native, mmap (repeat it, or separate with commas;
+        /// default: all).
+        #[arg(long = "allocator", value_name = "ALLOCATOR", value_delimiter = ',',
+              value_parser = allocators::parse)]
+        allocators: Vec<Allocator>,
     },
     /// Write a capture in a format other tools read: pprof, speedscope, folded stacks, JSON.
     Export {
@@ -155,6 +174,15 @@ enum Command {
         /// The view of single-view formats (folded); the others hold every view.
         #[arg(long, value_enum, default_value = "allocated")]
         view: View,
+        /// Only these allocators: python, native, mmap (repeat it, or separate with commas;
+        /// default: all).
+        #[arg(long = "allocator", value_name = "ALLOCATOR", value_delimiter = ',',
+              value_parser = allocators::parse)]
+        allocators: Vec<Allocator>,
+        /// The allocator as the outermost frame of every stack (folded, speedscope; pprof has
+        /// an `allocator` label anyway).
+        #[arg(long)]
+        by_allocator: bool,
     },
 }
 
@@ -198,7 +226,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
             by,
             top,
             json,
-        } => done(report::run(&file, view, by, top, json)),
+            allocators,
+        } => done(report::run(
+            &file,
+            view,
+            by,
+            top,
+            json,
+            Allocators::of(&allocators),
+        )),
         Command::Flamegraph {
             file,
             output,
@@ -207,12 +243,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
             keep_imports,
             inverted,
             diff,
+            allocators,
+            by_allocator,
         } => {
             let settings = flamegraph::Settings {
                 view,
                 thread,
                 keep_imports,
                 inverted,
+                by_allocator,
+                allocators: Allocators::of(&allocators),
             };
             done(flamegraph::run(&file, &output, &settings, diff.as_deref()))
         }
@@ -225,17 +265,32 @@ fn run(cli: Cli) -> Result<ExitCode> {
             by,
             top,
             json,
-        } => done(diff::run(&base, &new, view, by, top, json)),
+            allocators,
+        } => done(diff::run(
+            &base,
+            &new,
+            view,
+            by,
+            top,
+            json,
+            Allocators::of(&allocators),
+        )),
         Command::Export {
             file,
             format,
             output,
             view,
+            allocators,
+            by_allocator,
         } => done(export::run(
             &file,
             format,
             output.as_deref(),
-            &export::Options { view },
+            &export::Options {
+                view,
+                allocators: Allocators::of(&allocators),
+                by_allocator,
+            },
         )),
     }
 }

@@ -8,13 +8,18 @@
 //! `<no Python frame>`. A stack the agent cut at `max_depth` gets the pseudo-frame
 //! `<truncated stack>` as its outermost frame, so it does not pass for a whole stack.
 //!
+//! Each allocator (see [`crate::allocators`]) has its own root, so a stack also says which
+//! allocator its blocks came from: the same Python frames calling `malloc` and making Python
+//! objects are two stacks with the same frames. The roots are no frames: [`Names::frames`]
+//! stops at them.
+//!
 //! A capture is untrusted input: every string enters through [`Names::string`], which keeps
 //! it exact but cuts it to [`MAX_NAME`] bytes ([`crate::text::elide`]); the views make names
 //! printable when they show them ([`crate::text::printable`]). A stack deeper than
 //! [`MAX_DEPTH`] keeps its innermost frames and counts as truncated, and the memo of raw
 //! stacks is bounded (`CACHE_FRAMES`).
 
-use mprof_common::record::Frame;
+use mprof_common::record::{Allocator, Frame};
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -113,16 +118,35 @@ pub(crate) struct Names {
     /// (code id, line).
     frames: Vec<(u32, u32)>,
     frame_ids: FastMap<(u32, u32), u32>,
-    /// Trie nodes: (parent node, frame id). Node 0 is the root and no stack.
+    /// Trie nodes: (parent node, frame id). Nodes `0..ROOTS` are the allocators' roots and no
+    /// stack.
     pub(crate) nodes: Vec<(u32, u32)>,
     node_ids: FastMap<(u32, u32), u32>,
+    /// The allocator of each node's stack (its root's), as its wire value.
+    allocators: Vec<u8>,
 }
+
+/// The roots of the trie: node `i` is the root of the stacks of allocator `i`.
+const ROOTS: u32 = Allocator::ALL.len() as u32;
 
 impl Names {
     fn new() -> Names {
         let mut names = Names::default();
-        names.nodes.push((0, u32::MAX));
+        for a in Allocator::ALL {
+            names.nodes.push((0, u32::MAX));
+            names.allocators.push(a as u8);
+        }
         names
+    }
+
+    /// The root of the stacks of allocator `a`.
+    fn root(a: Allocator) -> u32 {
+        a as u32
+    }
+
+    /// The allocator the blocks of the stack ending at `node` came from.
+    pub(crate) fn allocator(&self, node: u32) -> Allocator {
+        Allocator::ALL[self.allocators[node as usize] as usize]
     }
 
     /// The id of `s`, cut to [`MAX_NAME`] bytes first: the capture's names are untrusted.
@@ -162,6 +186,7 @@ impl Names {
         let id = *self.node_ids.entry((parent, frame)).or_insert(next);
         if id == next {
             self.nodes.push((parent, frame));
+            self.allocators.push(self.allocators[parent as usize]);
         }
         id
     }
@@ -170,7 +195,7 @@ impl Names {
     pub(crate) fn frames(&self, node: u32) -> impl Iterator<Item = Location<'_>> + '_ {
         let mut node = node;
         std::iter::from_fn(move || {
-            if node == 0 {
+            if node < ROOTS {
                 return None;
             }
             let (parent, frame) = self.nodes[node as usize];
@@ -201,15 +226,21 @@ pub(crate) struct StackResolver {
     pub(crate) names: Names,
     code_at: FastMap<u64, u32>,
     unknown_code: u32,
-    empty_stack: u32,
-    /// The pseudo-frame node under which stacks cut at `max_depth` start.
-    truncated_root: u32,
-    /// Raw frames → stack, for whole and for truncated stacks; valid until an address changes
-    /// meaning.
-    cache: [FastMap<Vec<Frame>, u32>; 2],
+    /// Per allocator: the stack of an allocation with no frame.
+    empty_stack: [u32; 3],
+    /// Per allocator: the pseudo-frame node under which stacks cut at `max_depth` start.
+    truncated_root: [u32; 3],
+    /// Raw frames → stack, per allocator for whole and for truncated stacks (`cache_slot`);
+    /// valid until an address changes meaning.
+    cache: [FastMap<Vec<Frame>, u32>; 6],
     cache_has_unknown: bool,
     /// Frames held by `cache`.
     cached_frames: usize,
+}
+
+/// The memo of raw stacks of `allocator`, whole or `truncated`.
+fn cache_slot(allocator: Allocator, truncated: bool) -> usize {
+    2 * allocator as usize + truncated as usize
 }
 
 impl StackResolver {
@@ -217,11 +248,15 @@ impl StackResolver {
         let mut names = Names::new();
         let unknown_code = names.code(UNKNOWN, UNKNOWN, 0);
         let no_python = names.code(NO_PYTHON_FRAME, NO_PYTHON_FRAME, 0);
-        let frame = names.frame(no_python, 0);
-        let empty_stack = names.child(0, frame);
+        let no_python = names.frame(no_python, 0);
         let truncated = names.code(TRUNCATED, TRUNCATED, 0);
-        let frame = names.frame(truncated, 0);
-        let truncated_root = names.child(0, frame);
+        let truncated = names.frame(truncated, 0);
+        let (mut empty_stack, mut truncated_root) = ([0; 3], [0; 3]);
+        for a in Allocator::ALL {
+            let root = Names::root(a);
+            empty_stack[a as usize] = names.child(root, no_python);
+            truncated_root[a as usize] = names.child(root, truncated);
+        }
         StackResolver {
             names,
             code_at: FastMap::default(),
@@ -250,18 +285,24 @@ impl StackResolver {
         }
     }
 
-    /// The stack of `frames` (innermost first); `truncated` when the agent cut it. A stack
-    /// deeper than [`MAX_DEPTH`] is cut here.
-    pub(crate) fn stack(&mut self, frames: &[Frame], truncated: bool) -> u32 {
+    /// The stack of `frames` (innermost first) under `allocator`'s root; `truncated` when the
+    /// agent cut it. A stack deeper than [`MAX_DEPTH`] is cut here.
+    pub(crate) fn stack(&mut self, frames: &[Frame], truncated: bool, allocator: Allocator) -> u32 {
+        let a = allocator as usize;
         if frames.is_empty() {
-            return self.empty_stack;
+            return self.empty_stack[a];
         }
         let truncated = truncated || frames.len() > MAX_DEPTH;
         let frames = &frames[..frames.len().min(MAX_DEPTH)];
-        if let Some(&node) = self.cache[truncated as usize].get(frames) {
+        let slot = cache_slot(allocator, truncated);
+        if let Some(&node) = self.cache[slot].get(frames) {
             return node;
         }
-        let mut node = if truncated { self.truncated_root } else { 0 };
+        let mut node = if truncated {
+            self.truncated_root[a]
+        } else {
+            Names::root(allocator)
+        };
         for f in frames.iter().rev() {
             let code = match self.code_at.get(&f.code) {
                 Some(&code) => code,
@@ -277,7 +318,7 @@ impl StackResolver {
             self.clear_cache();
         }
         self.cached_frames += frames.len();
-        self.cache[truncated as usize].insert(frames.to_vec(), node);
+        self.cache[slot].insert(frames.to_vec(), node);
         node
     }
 }

@@ -14,6 +14,7 @@
 
 use crate::aggregate::{meta_rate, Aggregator, Block, Change};
 pub use crate::aggregate::{MAX_META_KEYS, MAX_META_VALUE};
+use crate::allocators::{Allocator, Allocators, ByAllocator, NATIVE_META};
 use crate::capture::{CaptureFile, Digest};
 pub use crate::estimate::{Estimate, Figures, Sample, View};
 pub use crate::names::{
@@ -139,6 +140,9 @@ pub struct Profile {
     /// Thread names, from Thread records (exact, cut to [`MAX_NAME`] bytes).
     pub threads: BTreeMap<u32, String>,
     totals: Figures,
+    by_allocator: ByAllocator,
+    /// The allocators the figures keep ([`Profile::select`]).
+    selection: Allocators,
     names: Names,
     /// Figures per trie node; only nodes that end a sampled stack have samples.
     figures: Vec<Figures>,
@@ -340,10 +344,6 @@ impl Profile {
                 add_live(block, true);
             }
         }
-        let mut totals = Figures::default();
-        for f in &figures {
-            totals.merge(f);
-        }
         let mut sites: Vec<_> = sites.into_iter().collect();
         sites.sort_by_key(|(k, _)| *k);
         let completeness = match (agg.end, agg.finished) {
@@ -355,7 +355,7 @@ impl Profile {
             (Some(a), Some(b)) => b.saturating_sub(a) as f64 / 1e9,
             _ => 0.0,
         };
-        Ok(Profile {
+        let mut profile = Profile {
             meta: agg.meta,
             rate: agg.rate,
             rate_known: first_rate.is_some(),
@@ -368,11 +368,70 @@ impl Profile {
             completeness,
             damaged: None,
             threads: agg.threads,
-            totals,
+            totals: Figures::default(),
+            by_allocator: ByAllocator::default(),
+            selection: Allocators::ALL,
             names,
             figures,
             sites,
-        })
+        };
+        profile.add_up();
+        Ok(profile)
+    }
+
+    /// Sums the figures of the stacks into the totals, per allocator too.
+    fn add_up(&mut self) {
+        self.totals = Figures::default();
+        self.by_allocator = ByAllocator::default();
+        for (i, f) in self.figures.iter().enumerate() {
+            self.totals.merge(f);
+            self.by_allocator.add(self.names.allocator(i as u32), f);
+        }
+    }
+
+    /// Keeps only the blocks of the allocators in `keep` (the `--allocator` option): every
+    /// stack, site and total of the others is left out. The peak stays the moment the whole
+    /// live heap was highest, so the allocators' shares of the peak add up to it.
+    pub fn select(&mut self, keep: Allocators) {
+        self.selection = keep;
+        if keep.is_all() {
+            return;
+        }
+        let names = &self.names;
+        for (i, f) in self.figures.iter_mut().enumerate() {
+            if !keep.contains(names.allocator(i as u32)) {
+                *f = Figures::default();
+            }
+        }
+        self.sites
+            .retain(|((stack, _), _)| keep.contains(names.allocator(stack.0)));
+        self.add_up();
+    }
+
+    /// The allocators the figures keep (all, unless [`Profile::select`] left some out).
+    pub fn selection(&self) -> Allocators {
+        self.selection
+    }
+
+    /// The allocator the blocks of a stack came from.
+    pub fn allocator(&self, stack: StackId) -> Allocator {
+        self.names.allocator(stack.0)
+    }
+
+    /// Totals per allocator (those left out by [`Profile::select`] are zero).
+    pub fn by_allocator(&self) -> &ByAllocator {
+        &self.by_allocator
+    }
+
+    /// Whether the agent hooked the C allocator family: `Some(false)` for a capture recorded
+    /// with `--python-only`, `None` when the capture does not say (made before mprof saw
+    /// native allocations, or by hand).
+    pub fn native_recorded(&self) -> Option<bool> {
+        match self.meta.get(NATIVE_META).map(String::as_str) {
+            Some("off") => Some(false),
+            Some("on") => Some(true),
+            _ => None,
+        }
     }
 
     /// Stacks with at least one sample, in a fixed order (first sampled first).

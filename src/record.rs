@@ -152,11 +152,9 @@ pub fn run(
     }
     capture.write(&Record::Meta {
         text: format!(
-            "mode=record\ncommand={}\npid={pid}\nrate={}\nmax_depth={}\nseed={}\nstart_unix_ms={}\n",
+            "mode=record\ncommand={}\npid={pid}\n{}start_unix_ms={}\n",
             command.join(" ").replace('\n', "\\n"),
-            sampling.rate,
-            sampling.max_depth,
-            sampling.seed,
+            sampling.meta(),
             unix_ms()
         ),
     })?;
@@ -168,6 +166,7 @@ pub fn run(
             rate: sampling.rate,
             capture: output.to_path_buf(),
             program_output: Some(out.clone()),
+            python_only: sampling.python_only,
         })
     }) {
         None => None,

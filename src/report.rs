@@ -3,6 +3,7 @@
 //! text report leaves out rows whose bytes in the view are zero; `--json` (see
 //! [`crate::export::json`]) keeps them, at the end.
 
+use crate::allocators::{split_text, Allocators};
 use crate::grouping::Grouping;
 use crate::profile::{Profile, View};
 use crate::sites::{rows, whole, Row};
@@ -13,9 +14,17 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::Path;
 
-/// `mprof report`: prints the report of a capture to stdout.
-pub fn run(path: &Path, view: View, by: Grouping, top: usize, json: bool) -> Result<()> {
-    let p = Profile::load(path)?;
+/// `mprof report`: prints the report of a capture to stdout, of the allocators in `keep` only.
+pub fn run(
+    path: &Path,
+    view: View,
+    by: Grouping,
+    top: usize,
+    json: bool,
+    keep: Allocators,
+) -> Result<()> {
+    let mut p = Profile::load(path)?;
+    p.select(keep);
     let out = render(&p, view, by, top, json)?;
     write_stdout(out.as_bytes())
 }
@@ -122,6 +131,15 @@ pub fn header_lines(p: &Profile) -> Vec<String> {
         about.push(format!("python {}", printable(python)));
     }
     lines.push(about.join(", "));
+    if p.native_recorded() == Some(false) {
+        lines.push(NOT_NATIVE.to_owned());
+    }
+    if !p.selection().is_all() {
+        lines.push(format!(
+            "allocators shown: {} only (--allocator)",
+            p.selection().names()
+        ));
+    }
     if let Some(w) = p.incomplete() {
         lines.push(format!("warning: {w}"));
     }
@@ -134,6 +152,37 @@ pub fn header_lines(p: &Profile) -> Vec<String> {
     lines
 }
 
+/// What views say of a capture recorded with `--python-only`.
+pub const NOT_NATIVE: &str =
+    "native allocations were not recorded (--python-only): Python's allocators only";
+
+/// `total live: X ± Y`, then how the allocators shown share it (` = python A + native B +
+/// mmap C`) unless only Python's were recorded or one allocator is shown.
+pub fn total_text(p: &Profile, view: View) -> String {
+    let total = p.totals().get(view);
+    let mut out = format!(
+        "total {}: {}",
+        view.name(),
+        plus_minus(total.bytes, total.stderr())
+    );
+    let shown = p.selection();
+    if p.native_recorded() != Some(false) && shown.iter().count() > 1 {
+        let split = split_text(p.by_allocator(), view, shown);
+        let _ = write!(out, " = {}", split.replace(", ", " + "));
+    }
+    out
+}
+
+/// A row's location, with its allocator tag when its bytes are not all Python's
+/// (see [`crate::allocators::ByAllocator::tag`]).
+fn located(label: &str, row: &Row, view: View) -> String {
+    let tag = row.allocators.tag(view);
+    match tag.is_empty() {
+        true => printable(label).into_owned(),
+        false => format!("{}  {tag}", printable(label)),
+    }
+}
+
 /// The text report.
 pub fn text_report(p: &Profile, view: View, by: Grouping, top: usize) -> String {
     let mut out = String::new();
@@ -142,12 +191,7 @@ pub fn text_report(p: &Profile, view: View, by: Grouping, top: usize) -> String 
         let _ = writeln!(out, "{line}");
     }
     let total = p.totals().get(view);
-    let _ = writeln!(
-        out,
-        "total {}: {}",
-        view.name(),
-        plus_minus(total.bytes, total.stderr())
-    );
+    let _ = writeln!(out, "{}", total_text(p, view));
     let _ = writeln!(out, "{}", peak_text(p));
     out.push('\n');
     let rows = rows(p, view, by);
@@ -182,7 +226,7 @@ pub fn text_report(p: &Profile, view: View, by: Grouping, top: usize) -> String 
             human_bytes(e.stderr()),
             format!("{share:.1}%"),
             e.samples,
-            printable(&row.label_in(p))
+            located(&row.label_in(p), row, view)
         );
         let callers = row.stack.len().saturating_sub(1);
         for caller in row.stack.iter().skip(1).take(MAX_CALLERS) {
@@ -226,7 +270,12 @@ pub fn summary(p: &Profile) -> String {
         plus_minus(t.allocated.bytes, t.allocated.stderr()),
         plus_minus(t.peak.bytes, t.peak.stderr())
     );
-
+    if p.native_recorded() == Some(false) {
+        let _ = writeln!(out, "mprof: {NOT_NATIVE}");
+    } else {
+        let split = split_text(p.by_allocator(), View::Peak, p.selection());
+        let _ = writeln!(out, "mprof: peak live heap by allocator: {split}");
+    }
     let _ = write!(out, "mprof: top allocation sites:");
     for row in rows(p, View::Allocated, Grouping::Line).iter().take(5) {
         let e = &row.figures.allocated;
@@ -236,7 +285,7 @@ pub fn summary(p: &Profile) -> String {
             "\n  {:>11} {:>6}  {}",
             human_bytes(e.bytes),
             format!("{share:.1}%"),
-            printable(&row.label())
+            located(&row.label(), row, View::Allocated)
         );
     }
     out
@@ -423,7 +472,7 @@ mod tests {
     fn summary_is_short() {
         let p = Profile::from_records(&records());
         let s = summary(&p);
-        assert!(s.lines().count() <= 8, "{s}");
+        assert!(s.lines().count() <= 9, "{s}");
         assert!(
             s.contains("allocated 500 B ± 0 B, peak live heap 500 B ± 0 B"),
             "{s}"

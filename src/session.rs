@@ -205,7 +205,7 @@ impl RingMem {
                 sampling.rate,
                 sampling.seed,
                 sampling.max_depth,
-                0,
+                sampling.config_flags(),
             )
         };
         let reader = unsafe { RingReader::new(base, data_size) };

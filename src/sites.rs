@@ -4,6 +4,7 @@
 //! function, line, thread and then the stack, so the same capture always gives the same rows.
 //! Every location that has at least one sample is a row, in every view.
 
+use crate::allocators::ByAllocator;
 use crate::grouping::Grouping;
 use crate::profile::{Figures, Location, Profile, View};
 use std::cmp::Reverse;
@@ -20,6 +21,8 @@ pub struct Row<'a> {
     /// When grouping by thread: the thread id.
     pub thread: Option<u32>,
     pub figures: Figures,
+    /// `figures`, split by allocator (by stack, all of them are one allocator's).
+    pub allocators: ByAllocator,
     /// When grouping by stack: the frames, innermost first. Empty otherwise.
     pub stack: Vec<Location<'a>>,
 }
@@ -72,6 +75,13 @@ pub fn whole(x: f64) -> u64 {
     x.round().max(0.0) as u64
 }
 
+/// The figures of every allocator together.
+fn sum(split: &ByAllocator) -> Figures {
+    let mut all = Figures::default();
+    split.0.iter().for_each(|f| all.merge(f));
+    all
+}
+
 /// The profile's rows for `by`, sorted by `view` (see the module doc for the order).
 pub fn rows(p: &Profile, view: View, by: Grouping) -> Vec<Row<'_>> {
     let mut rows: Vec<Row> = match by {
@@ -79,47 +89,52 @@ pub fn rows(p: &Profile, view: View, by: Grouping) -> Vec<Row<'_>> {
             .stacks()
             .map(|(id, f)| {
                 let loc = p.innermost(id);
+                let mut allocators = ByAllocator::default();
+                allocators.add(p.allocator(id), f);
                 Row {
                     file: loc.file,
                     function: loc.function,
                     line: loc.line,
                     thread: None,
                     figures: *f,
+                    allocators,
                     stack: p.frames(id).collect(),
                 }
             })
             .collect(),
         Grouping::Thread => {
-            let mut threads: HashMap<u32, Figures> = HashMap::new();
-            for ((_, tid), f) in p.sites() {
-                threads.entry(*tid).or_default().merge(f);
+            let mut threads: HashMap<u32, ByAllocator> = HashMap::new();
+            for ((id, tid), f) in p.sites() {
+                threads.entry(*tid).or_default().add(p.allocator(*id), f);
             }
             threads
                 .into_iter()
-                .map(|(tid, figures)| Row {
+                .map(|(tid, allocators)| Row {
                     file: "",
                     function: "",
                     line: 0,
                     thread: Some(tid),
-                    figures,
+                    figures: sum(&allocators),
+                    allocators,
                     stack: Vec::new(),
                 })
                 .collect()
         }
         _ => {
-            let mut groups: HashMap<(&str, &str, u32), Figures> = HashMap::new();
+            let mut groups: HashMap<(&str, &str, u32), ByAllocator> = HashMap::new();
             for (id, f) in p.stacks() {
                 let key = by.frame_key(&p.innermost(id));
-                groups.entry(key).or_default().merge(f);
+                groups.entry(key).or_default().add(p.allocator(id), f);
             }
             groups
                 .into_iter()
-                .map(|((file, function, line), figures)| Row {
+                .map(|((file, function, line), allocators)| Row {
                     file,
                     function,
                     line,
                     thread: None,
-                    figures,
+                    figures: sum(&allocators),
+                    allocators,
                     stack: Vec::new(),
                 })
                 .collect()

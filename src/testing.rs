@@ -3,7 +3,7 @@
 //! change of the wire format is made in one place.
 
 use crate::capture::{FORMAT_VERSION, MAGIC};
-use mprof_common::record::{encode, Frame, Record};
+use mprof_common::record::{encode, Allocator, Frame, Record};
 use std::path::{Path, PathBuf};
 
 /// A Code record: the code object at address `code` is `name` in `file`, starting at
@@ -17,12 +17,24 @@ pub fn code(code: u64, file: &str, name: &str, firstline: u32) -> Record {
     }
 }
 
-/// A sample of `size` bytes at `addr` by thread `tid`; `frames` are (code, line), innermost
-/// first.
+/// A sample of `size` bytes at `addr` by thread `tid`, from Python's allocators; `frames` are
+/// (code, line), innermost first.
 pub fn alloc(tid: u32, addr: u64, size: u64, time_ns: u64, frames: &[(u64, u32)]) -> Record {
+    alloc_from(Allocator::Python, tid, addr, size, time_ns, frames)
+}
+
+/// [`alloc`] of a block from `allocator` (its ALLOC flags say so).
+pub fn alloc_from(
+    allocator: Allocator,
+    tid: u32,
+    addr: u64,
+    size: u64,
+    time_ns: u64,
+    frames: &[(u64, u32)],
+) -> Record {
     Record::Alloc {
         tid,
-        flags: 0,
+        flags: allocator.flags(),
         addr,
         size,
         time_ns,
@@ -97,6 +109,18 @@ impl CaptureBuilder {
         frames: &[(u64, u32)],
     ) -> &mut Self {
         self.push(alloc(tid, addr, size, time_ns, frames))
+    }
+
+    /// Appends a sample by thread 1 of a block from `allocator`.
+    pub fn alloc_by(
+        &mut self,
+        allocator: Allocator,
+        addr: u64,
+        size: u64,
+        time_ns: u64,
+        frames: &[(u64, u32)],
+    ) -> &mut Self {
+        self.push(alloc_from(allocator, 1, addr, size, time_ns, frames))
     }
 
     /// Appends a Free record.

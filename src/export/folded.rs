@@ -2,9 +2,10 @@
 //! `function (file:line)` with the full file path and separated by `;`, then a space and the
 //! view's estimated bytes, rounded. Stacks that round to 0 bytes in the view are left out;
 //! import frames are kept (this is data, not a picture). inferno, flamegraph.pl and speedscope
-//! read it.
+//! read it. With `--by-allocator` every stack starts with its allocator's frame
+//! (`<allocator native>`).
 
-use crate::flamegraph::frame_name;
+use crate::flamegraph::{allocator_frame, frame_name};
 use crate::profile::{Profile, View};
 use anyhow::Result;
 use std::collections::BTreeMap;
@@ -18,7 +19,7 @@ impl super::Exporter for Folded {
     }
 
     fn export(&self, p: &Profile, options: &super::Options) -> Result<Vec<u8>> {
-        let text: String = lines(p, options.view)
+        let text: String = lines_by(p, options.view, options.by_allocator)
             .iter()
             .flat_map(|l| [l.as_str(), "\n"])
             .collect();
@@ -28,6 +29,11 @@ impl super::Exporter for Folded {
 
 /// The folded stacks of a view, sorted.
 pub fn lines(p: &Profile, view: View) -> Vec<String> {
+    lines_by(p, view, false)
+}
+
+/// [`lines`], with the allocator as the outermost frame when `by_allocator`.
+pub fn lines_by(p: &Profile, view: View, by_allocator: bool) -> Vec<String> {
     let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
     for (id, figures) in p.stacks() {
         let bytes = figures.get(view).bytes.round().max(0.0) as u64;
@@ -35,6 +41,9 @@ pub fn lines(p: &Profile, view: View) -> Vec<String> {
             continue;
         }
         let mut frames: Vec<String> = p.frames(id).map(|f| frame_name(&f.to_string())).collect();
+        if by_allocator {
+            frames.push(allocator_frame(p.allocator(id)));
+        }
         frames.reverse();
         *stacks.entry(frames.join(";")).or_default() += bytes;
     }

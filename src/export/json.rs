@@ -3,8 +3,9 @@
 //! Names, threads and metadata are exact, with control characters written as JSON escapes
 //! ([`crate::text::json_safe`]).
 
+use crate::allocators::{Allocator, Allocators, ByAllocator};
 use crate::grouping::Grouping;
-use crate::profile::{Completeness, Profile, View};
+use crate::profile::{Completeness, Figures, Profile, View};
 use crate::sites::{rows, whole, Row};
 use anyhow::Result;
 use serde::Serialize;
@@ -49,7 +50,12 @@ pub struct JsonReport<'a> {
     warnings: Vec<String>,
     meta: &'a BTreeMap<String, String>,
     threads: &'a BTreeMap<u32, String>,
+    /// Whether the agent hooked the C allocator family (null: the capture does not say).
+    native_recorded: Option<bool>,
+    /// The allocators the figures keep (`--allocator`; all three without it).
+    allocators: Vec<&'static str>,
     totals: BTreeMap<&'static str, JsonEstimate>,
+    totals_by_allocator: JsonSplit,
     locations_total: usize,
     locations: Vec<JsonLocation<'a>>,
 }
@@ -70,6 +76,53 @@ impl From<&crate::profile::Estimate> for JsonEstimate {
             count: whole(e.count),
             samples: e.samples,
         }
+    }
+}
+
+/// The three views' estimates (the shape of `totals`).
+type JsonViews = BTreeMap<&'static str, JsonEstimate>;
+
+fn json_views(f: &Figures) -> JsonViews {
+    View::ALL
+        .iter()
+        .map(|&v| (v.name(), JsonEstimate::from(f.get(v))))
+        .collect()
+}
+
+/// Figures per allocator, in the order views list the allocators; an allocator left out is
+/// not written.
+#[derive(Serialize, Default)]
+struct JsonSplit {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    python: Option<JsonViews>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    native: Option<JsonViews>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mmap: Option<JsonViews>,
+}
+
+impl JsonSplit {
+    /// The allocators of `split` that `keep` says, with their figures.
+    fn of(split: &ByAllocator, keep: impl Fn(Allocator, &Figures) -> bool) -> JsonSplit {
+        let one = |a: Allocator| {
+            let f = split.get(a);
+            keep(a, f).then(|| json_views(f))
+        };
+        JsonSplit {
+            python: one(Allocator::Python),
+            native: one(Allocator::Native),
+            mmap: one(Allocator::Mmap),
+        }
+    }
+}
+
+/// `python`, `native` or `mmap` when a location's samples all come from one allocator, else
+/// `mixed`.
+fn allocator_name(split: &ByAllocator) -> &'static str {
+    let mut present = split.present().map(|(a, _)| a.name());
+    match (present.next(), present.next()) {
+        (Some(one), None) => one,
+        _ => "mixed",
     }
 }
 
@@ -100,6 +153,8 @@ struct JsonLocation<'a> {
     peak_stderr: u64,
     peak_count: u64,
     peak_samples: u64,
+    allocator: &'static str,
+    allocators: JsonSplit,
     #[serde(skip_serializing_if = "Option::is_none")]
     stack: Option<Vec<JsonFrame<'a>>>,
 }
@@ -128,6 +183,8 @@ fn json_location<'a>(row: &Row<'a>, view: View, by: Grouping) -> JsonLocation<'a
         peak_stderr: k.stderr,
         peak_count: k.count,
         peak_samples: k.samples,
+        allocator: allocator_name(&row.allocators),
+        allocators: JsonSplit::of(&row.allocators, |_, f| f.allocated.samples > 0),
         stack: (by == Grouping::Stack).then(|| {
             row.stack
                 .iter()
@@ -141,13 +198,11 @@ fn json_location<'a>(row: &Row<'a>, view: View, by: Grouping) -> JsonLocation<'a
     }
 }
 
+/// The report of `p` as the JSON document serialises it.
 pub fn json_report(p: &Profile, view: View, by: Grouping, top: usize) -> JsonReport<'_> {
     let rows = rows(p, view, by);
     let limit = if top == 0 { rows.len() } else { top };
-    let totals = View::ALL
-        .iter()
-        .map(|&v| (v.name(), JsonEstimate::from(p.totals().get(v))))
-        .collect();
+    let shown: Allocators = p.selection();
     JsonReport {
         view: view.name(),
         by: by.name(),
@@ -166,7 +221,10 @@ pub fn json_report(p: &Profile, view: View, by: Grouping, top: usize) -> JsonRep
         warnings: p.warnings(),
         meta: &p.meta,
         threads: &p.threads,
-        totals,
+        native_recorded: p.native_recorded(),
+        allocators: shown.iter().map(Allocator::name).collect(),
+        totals: json_views(p.totals()),
+        totals_by_allocator: JsonSplit::of(p.by_allocator(), |a, _| shown.contains(a)),
         locations_total: rows.len(),
         locations: rows
             .iter()

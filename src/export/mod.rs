@@ -10,6 +10,7 @@ pub mod json;
 pub mod pprof;
 pub mod speedscope;
 
+use crate::allocators::Allocators;
 use crate::profile::{Profile, View};
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
@@ -131,6 +132,22 @@ fn hint(format: Format) -> String {
 pub struct Options {
     /// The view of formats that hold one (folded); pprof and speedscope hold every view.
     pub view: View,
+    /// The allocators exported (`--allocator`); the others are left out.
+    pub allocators: Allocators,
+    /// The allocator as the outermost frame of every stack (folded, speedscope); pprof has it
+    /// as a label anyway.
+    pub by_allocator: bool,
+}
+
+impl Options {
+    /// Every allocator, one view, no allocator frames.
+    pub fn of(view: View) -> Options {
+        Options {
+            view,
+            allocators: Allocators::ALL,
+            by_allocator: false,
+        }
+    }
 }
 
 /// One output format of `mprof export`.
@@ -177,7 +194,8 @@ pub fn run(
         None => beside(input, format),
     };
     check_output(&output, format)?;
-    let p = Profile::load(input)?;
+    let mut p = Profile::load(input)?;
+    p.select(options.allocators);
     let bytes = exporter.export(&p, options)?;
     write_file(&output, format.label(), &bytes)
 }

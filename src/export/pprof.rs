@@ -4,10 +4,11 @@
 //! Sample types, in order: `alloc_objects`/`alloc_space` (allocated), `inuse_objects`/
 //! `inuse_space` (live at the end, the default, as in Go's heap profiles) and `peak_objects`/
 //! `peak_space` (live at the peak). One sample per stack and thread, with a `thread` label
-//! (and `thread_name` when known) and the capture's `mode`, `pid`, `command` and `python`;
-//! values are the estimates rounded to whole bytes and allocations. The period is the sampling rate (`space`/`bytes`). The capture's meta goes in
-//! the profile's comments as `key=value` (`go tool pprof -comments`). Messages are declared
-//! here with prost's derive, field numbers as in profile.proto.
+//! (and `thread_name` when known), an `allocator` label (`python`, `native` or `mmap`) and the
+//! capture's `mode`, `pid`, `command` and `python`; values are the estimates rounded to whole
+//! bytes and allocations. The period is the sampling rate (`space`/`bytes`). The capture's
+//! meta goes in the profile's comments as `key=value` (`go tool pprof -comments`). Messages
+//! are declared here with prost's derive, field numbers as in profile.proto.
 
 use crate::profile::{Profile, View};
 use anyhow::Result;
@@ -225,6 +226,11 @@ pub fn profile(p: &Profile) -> PprofProfile {
                 ..Label::default()
             });
         }
+        label.push(Label {
+            key: strings.id("allocator"),
+            str: strings.id(p.allocator(*stack).name()),
+            ..Label::default()
+        });
         for key in META_LABELS {
             if let Some(value) = p.meta.get(key) {
                 label.push(Label {

@@ -1,9 +1,11 @@
 //! speedscope's file format (<https://www.speedscope.app/file-format-schema.json>): one
 //! `sampled` profile per view (allocated, live at the end, live at the peak) in bytes, over
 //! shared frames with their file and line. Each stack is weighted by its estimated bytes,
-//! rounded; stacks that round to 0 are left out. Open it at speedscope.app (it stays in the
+//! rounded; stacks that round to 0 are left out. With `--by-allocator` every stack starts with
+//! its allocator's frame (`<allocator native>`). Open it at speedscope.app (it stays in the
 //! browser) or with `npx speedscope FILE`.
 
+use crate::flamegraph::allocator_frame;
 use crate::profile::{Profile, View};
 use crate::report::view_title;
 use crate::text::printable;
@@ -20,7 +22,7 @@ impl super::Exporter for Speedscope {
     }
 
     fn export(&self, p: &Profile, options: &super::Options) -> Result<Vec<u8>> {
-        let mut text = serde_json::to_string(&file(p, options.view))?;
+        let mut text = serde_json::to_string(&file(p, options.view, options.by_allocator))?;
         text.push('\n');
         Ok(text.into_bytes())
     }
@@ -67,8 +69,9 @@ struct SampledProfile {
     weights: Vec<u64>,
 }
 
-/// The speedscope file of a capture; `active` is the view shown first.
-pub fn file(p: &Profile, active: View) -> File {
+/// The speedscope file of a capture; `active` is the view shown first; `by_allocator` puts
+/// the allocator at the root of every stack.
+pub fn file(p: &Profile, active: View, by_allocator: bool) -> File {
     let mut frames: Vec<Frame> = Vec::new();
     let mut index: HashMap<(String, String, u32), usize> = HashMap::new();
     let mut stacks: Vec<(Vec<usize>, [u64; 3])> = Vec::new();
@@ -89,6 +92,19 @@ pub fn file(p: &Profile, active: View) -> File {
                 })
             })
             .collect();
+        if by_allocator {
+            let name = allocator_frame(p.allocator(id));
+            let next = frames.len();
+            let key = (name.clone(), name.clone(), 0);
+            stack.push(*index.entry(key).or_insert_with(|| {
+                frames.push(Frame {
+                    name,
+                    file: None,
+                    line: None,
+                });
+                next
+            }));
+        }
         stack.reverse();
         let bytes = View::ALL.map(|v| figures.get(v).bytes.round().max(0.0) as u64);
         stacks.push((stack, bytes));

@@ -3,6 +3,7 @@
 //! inferno's, and a label that fits the box.
 
 use super::{whole, width, Drawn, WIDTH};
+use crate::allocators::Allocator;
 use crate::profile::Estimate;
 use crate::text::xml_escape;
 use crate::units::human_bytes;
@@ -12,6 +13,8 @@ use std::collections::{BTreeMap, HashMap};
 #[derive(Clone, Debug, Default)]
 pub(super) struct BoxInfo {
     new: Estimate,
+    /// `new` per allocator.
+    split: [Estimate; 3],
     base: Option<Estimate>,
     place: String,
 }
@@ -56,6 +59,7 @@ pub(super) fn layout<'a>(
         }
         for (_, _, info) in open.iter_mut() {
             info.new.merge(&s.new);
+            merge_split(&mut info.split, &s.split);
             if let (Some(b), Some(sb)) = (info.base.as_mut(), s.base) {
                 b.merge(&sb);
             }
@@ -77,11 +81,35 @@ pub(super) fn total_of(stacks: &BTreeMap<Vec<String>, Drawn>, unit: f64) -> BoxI
             continue;
         }
         total.new.merge(&s.new);
+        merge_split(&mut total.split, &s.split);
         if let Some(b) = s.base {
             total.base.get_or_insert_with(Estimate::default).merge(&b);
         }
     }
     total
+}
+
+fn merge_split(into: &mut [Estimate; 3], from: &[Estimate; 3]) {
+    into.iter_mut().zip(from).for_each(|(a, b)| a.merge(b));
+}
+
+/// How the allocators share a box's bytes, largest first (`; native 80%, python 20%`), when
+/// they are not all Python's; empty otherwise.
+fn allocator_shares(split: &[Estimate; 3], total: f64) -> String {
+    let mut shares: Vec<(Allocator, f64)> = Allocator::ALL
+        .iter()
+        .map(|&a| (a, split[a as usize].bytes))
+        .filter(|(_, b)| b.round() > 0.0)
+        .collect();
+    if total <= 0.0 || matches!(shares.as_slice(), [] | [(Allocator::Python, _)]) {
+        return String::new();
+    }
+    shares.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let parts: Vec<String> = shares
+        .iter()
+        .map(|(a, b)| format!("{} {:.0}%", a.name(), 100.0 * b / total))
+        .collect();
+    format!("; {}", parts.join(", "))
 }
 
 /// A tooltip's figures. Parentheses are avoided inside: inferno's script finds a box's label
@@ -96,11 +124,12 @@ fn tooltip(info: &BoxInfo, total: f64) -> String {
     let e = &info.new;
     match info.base {
         None => format!(
-            "{place}: {} ± {}, {} allocations, {} samples, {share:.2}%",
+            "{place}: {} ± {}, {} allocations, {} samples, {share:.2}%{}",
             human_bytes(e.bytes),
             human_bytes(e.stderr()),
             whole(e.count),
-            e.samples
+            e.samples,
+            allocator_shares(&info.split, e.bytes)
         ),
         Some(b) => {
             let change = e.bytes - b.bytes;

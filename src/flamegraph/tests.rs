@@ -18,12 +18,7 @@ fn profile() -> Profile {
 }
 
 fn settings(view: View) -> Settings {
-    Settings {
-        view,
-        thread: None,
-        keep_imports: false,
-        inverted: false,
-    }
+    Settings::of(view)
 }
 
 #[test]

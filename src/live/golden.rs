@@ -101,6 +101,7 @@ fn target(mode: Mode) -> Target {
         capture: PathBuf::from("/home/ana/profiles/shop.mprof"),
         program_output: (mode == Mode::Record)
             .then(|| PathBuf::from("/home/ana/profiles/shop.mprof.out")),
+        python_only: false,
     }
 }
 

@@ -71,19 +71,22 @@ pub struct Target {
     pub capture: PathBuf,
     /// Where the program's stdout and stderr go while the view is up (record).
     pub program_output: Option<PathBuf>,
+    /// Whether the agent leaves the C allocator family alone (`--python-only`).
+    pub python_only: bool,
 }
 
 impl Target {
     /// The target of `mprof attach --live`: its command line is read from /proc.
-    pub fn attach(pid: u32, rate: u64, capture: &Path) -> Target {
+    pub fn attach(pid: u32, sampling: &crate::SamplingArgs, capture: &Path) -> Target {
         let command = crate::attach::command_line(pid);
         Target {
             mode: Mode::Attach,
             pid,
             command,
-            rate,
+            rate: sampling.rate,
             capture: capture.to_path_buf(),
             program_output: None,
+            python_only: sampling.python_only,
         }
     }
 }

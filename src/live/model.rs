@@ -64,6 +64,8 @@ pub struct Snapshot {
     pub rss: Option<u64>,
     /// Estimated bytes of the live heap, and its highest value so far.
     pub live_heap: f64,
+    /// `live_heap` per allocator (python, native, mmap).
+    pub live_split: [f64; 3],
     pub peak_heap: f64,
     /// Estimated bytes allocated per second, and samples per second, over the interval.
     pub alloc_rate: f64,
@@ -207,6 +209,7 @@ impl Model {
             threads: self.threads.clone(),
             rss,
             live_heap: self.agg.live_bytes.max(0.0),
+            live_split: self.agg.live_split.map(|b| b.max(0.0)),
             peak_heap: self.agg.peak_bytes(),
             alloc_rate: recent.bytes / interval_s,
             sample_rate: recent.samples as f64 / interval_s,

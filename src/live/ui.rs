@@ -5,7 +5,7 @@
 //!  Python 3.12.1 · rate 128.00 KiB · up 0:01:05 · 40 samples/s …  session
 //!  RSS           50.00 MiB ▁▂▃▅▆▇██  alloc rate 2.00 MiB/s        sparklines, one point a refresh
 //!  live heap     20.00 MiB ▁▁▂▃▄▅▆▇  peak 21.00 MiB
-//!  RSS − heap    30.00 MiB  not in live Python blocks …           the allocator's share
+//!  RSS − heap    30.00 MiB  python 5.00 MiB · native 14.0 MiB · …  heap by allocator
 //!  by line · own bytes · all threads · rows 1-15 of 42            what the table shows
 //!  ALLOC/s ▼ALLOCATED   LIVE SAMPLES FUNCTION   FILE:LINE         table
 //!  q quit  ? help  s sort  g group …                              keys
@@ -19,6 +19,7 @@
 use super::keys::ViewState;
 use super::model::{rows, Column, Model, Row, Snapshot};
 use super::{Mode, Target};
+use crate::allocators::Allocator;
 use crate::grouping::Grouping;
 use crate::text::printable;
 use crate::units::human_bytes;
@@ -132,16 +133,46 @@ fn header_lines(s: &Screen, width: usize) -> Vec<Line<'static>> {
             spark_width,
             &format!("peak {}", human_bytes(snap.peak_heap)),
         ),
-        Line::raw(cut_right(
-            &format!(
-                "{:<LABEL_WIDTH$}{:>VALUE_WIDTH$}  {}",
-                "RSS − heap",
-                gap.map_or("?".into(), human_bytes),
-                "allocator-held, fragmented or non-Python memory"
-            ),
-            width,
-        )),
+        gap_line(s, gap, width),
     ]
+}
+
+/// `RSS − heap  30.00 MiB  python 5.00 MiB · native 14.0 MiB · mmap 2.00 MiB`: the gap
+/// between RSS and the live heap (all allocators), and how the allocators share the heap; the
+/// gap's meaning when there is room.
+fn gap_line(s: &Screen, gap: Option<f64>, width: usize) -> Line<'static> {
+    let split = &s.snap.live_split;
+    let value = format!(
+        "{:<LABEL_WIDTH$}{:>VALUE_WIDTH$}",
+        "RSS − heap",
+        gap.map_or("?".into(), human_bytes)
+    );
+    let room = width.saturating_sub(value.chars().count() + 2);
+    let shares = |names: [&str; 3], sep: &str| {
+        Allocator::ALL
+            .iter()
+            .map(|&a| format!("{} {}", names[a as usize], compact_bytes(split[a as usize])))
+            .collect::<Vec<_>>()
+            .join(sep)
+    };
+    let heap = if s.target.python_only {
+        "python only (--python-only: the gap holds native memory)".to_owned()
+    } else {
+        // The short form when the long one does not fit; none when neither does.
+        [
+            shares(["python", "native", "mmap"], " · "),
+            shares(["py", "nat", "mmap"], " "),
+        ]
+        .into_iter()
+        .find(|t| t.chars().count() <= room)
+        .unwrap_or_default()
+    };
+    let parts = [
+        value,
+        heap,
+        "gap: allocator-held, fragmented or unseen memory".to_owned(),
+    ];
+    Line::raw(fit(&parts, "  ", width))
 }
 
 /// `label  value ▁▂▃▅  extra`.
@@ -390,8 +421,8 @@ pub fn help_text(t: &Target) -> Vec<String> {
         String::new(),
         "Figures are estimates from samples; SAMPLES says how many stand behind".into(),
         "a row. ALLOC/s covers the last refresh (about a second). LIVE: sampled".into(),
-        "blocks not freed yet. RSS − heap: memory the process holds beyond its".into(),
-        "live Python blocks (allocator free lists, fragmentation, C libraries).".into(),
+        "blocks not freed yet. RSS − heap: memory the process holds beyond the".into(),
+        "live blocks of all allocators (free lists, fragmentation, unseen memory).".into(),
         "When samples come faster than the view can add them up, it skips some".into(),
         "(\"view skipped N\"); the capture file still gets every one.".into(),
     ]);

@@ -317,3 +317,150 @@ fn zero_byte_blocks_stand_for_nothing() {
     assert_eq!(p.totals().allocated.samples, 1);
     assert!(p.totals().allocated.bytes.is_finite());
 }
+
+/// A sample by thread 1 of a block from `a`, timed by its address.
+fn alloc_from(a: Allocator, addr: u64, size: u64, frames: &[(u64, u32)]) -> Record {
+    crate::testing::alloc_from(a, 1, addr, size, addr, frames)
+}
+
+/// The same Python line makes a Python object, mallocs and maps memory; a thread with no
+/// Python frame mallocs; an address freed by one allocator is reused by another.
+fn mixed(rate: u64) -> Vec<Record> {
+    use Allocator::{Mmap, Native, Python};
+    vec![
+        meta(&format!("rate={rate}\nnative=on\n")),
+        code(0x10, "a.py", "f", 1),
+        alloc_from(Python, 1, 100, &[(0x10, 2)]),
+        alloc_from(Native, 2, 1000, &[(0x10, 2)]),
+        alloc_from(Mmap, 3, 8192, &[(0x10, 2)]),
+        alloc_from(Native, 4, 50, &[]),
+        Record::Free { addr: 2 },
+        alloc_from(Python, 2, 30, &[(0x10, 3)]),
+        Record::Free { addr: 3 },
+        alloc_from(Native, 5, 7, &[(0x10, 3)]),
+    ]
+}
+
+#[test]
+fn figures_are_split_by_allocator_and_add_up() {
+    let p = Profile::from_records(&mixed(1));
+    let by = p.by_allocator();
+    let bytes = |a: Allocator, v: View| by.get(a).get(v).bytes;
+    assert_eq!(bytes(Allocator::Python, View::Allocated), 130.0);
+    assert_eq!(bytes(Allocator::Native, View::Allocated), 1057.0);
+    assert_eq!(bytes(Allocator::Mmap, View::Allocated), 8192.0);
+    assert_eq!(bytes(Allocator::Python, View::Live), 130.0);
+    assert_eq!(bytes(Allocator::Native, View::Live), 57.0);
+    assert_eq!(bytes(Allocator::Mmap, View::Live), 0.0);
+    // The peak is after the mapping and the no-frame malloc: 100 + 1000 + 8192 + 50.
+    assert_eq!(p.totals().peak.bytes, 9342.0);
+    assert_eq!(bytes(Allocator::Native, View::Peak), 1050.0);
+    assert_eq!(bytes(Allocator::Mmap, View::Peak), 8192.0);
+    for v in View::ALL {
+        let sum: f64 = Allocator::ALL.iter().map(|&a| bytes(a, v)).sum();
+        assert_eq!(sum, p.totals().get(v).bytes, "{v:?}");
+    }
+    // One Python line, three stacks: one per allocator, with the same frames.
+    let line2: Vec<_> = p
+        .stacks()
+        .filter(|(id, _)| p.innermost(*id).line == 2)
+        .map(|(id, f)| (p.allocator(id), f.allocated.bytes, p.frames(id).count()))
+        .collect();
+    assert_eq!(
+        line2,
+        [
+            (Allocator::Python, 100.0, 1),
+            (Allocator::Native, 1000.0, 1),
+            (Allocator::Mmap, 8192.0, 1)
+        ]
+    );
+    let no_frame: Vec<_> = p
+        .stacks()
+        .filter(|(id, _)| p.innermost(*id).file == NO_PYTHON_FRAME)
+        .map(|(id, _)| p.allocator(id))
+        .collect();
+    assert_eq!(no_frame, [Allocator::Native]);
+    assert_eq!(p.native_recorded(), Some(true));
+}
+
+#[test]
+fn sampled_split_keeps_each_allocators_estimate_and_error() {
+    let (all, python) = (Profile::from_records(&mixed(4096)), {
+        let records: Vec<Record> = mixed(4096)
+            .into_iter()
+            .filter(|r| match r {
+                Record::Alloc { flags, .. } => Allocator::of_flags(*flags) == Allocator::Python,
+                _ => true,
+            })
+            .collect();
+        Profile::from_records(&records)
+    });
+    let split = all.by_allocator().get(Allocator::Python).allocated;
+    assert_eq!(split, python.totals().allocated);
+    assert!(split.stderr() > 0.0);
+    let sum: f64 = Allocator::ALL
+        .iter()
+        .map(|&a| all.by_allocator().get(a).allocated.variance)
+        .sum();
+    assert!((sum - all.totals().allocated.variance).abs() < 1e-6 * sum);
+}
+
+#[test]
+fn selecting_allocators_leaves_the_others_out() {
+    let mut p = Profile::from_records(&mixed(1));
+    let peak = p.totals().peak.bytes;
+    p.select(Allocators::of(&[Allocator::Native]));
+    assert_eq!(p.totals().allocated.bytes, 1057.0);
+    assert_eq!(p.totals().live.bytes, 57.0);
+    assert_eq!(
+        p.totals().peak.bytes,
+        1050.0,
+        "the native share of the peak"
+    );
+    assert!(p.totals().peak.bytes < peak);
+    assert!(p
+        .stacks()
+        .all(|(id, _)| p.allocator(id) == Allocator::Native));
+    assert!(p
+        .sites()
+        .iter()
+        .all(|((id, _), _)| p.allocator(*id) == Allocator::Native));
+    assert_eq!(p.by_allocator().get(Allocator::Python).allocated.samples, 0);
+    assert_eq!(p.selection().names(), "native");
+}
+
+#[test]
+fn old_captures_are_all_python_and_do_not_say_about_native() {
+    let p = Profile::from_records(&[
+        meta("rate=1\n"),
+        code(0x10, "a.py", "f", 1),
+        alloc(1, 10, &[(0x10, 2)]),
+    ]);
+    assert_eq!(
+        p.by_allocator().get(Allocator::Python).allocated.bytes,
+        10.0
+    );
+    assert_eq!(p.native_recorded(), None);
+    let off = Profile::from_records(&[meta("native=off\n")]);
+    assert_eq!(off.native_recorded(), Some(false));
+}
+
+#[test]
+fn the_live_split_follows_frees_and_replaced_blocks() {
+    let mut records = mixed(1);
+    records.extend([
+        alloc_from(Allocator::Native, 9, 64, &[]),
+        // Its free was lost: the mapping at the same address replaces it.
+        alloc_from(Allocator::Mmap, 9, 4096, &[]),
+    ]);
+    let mut agg = Aggregator::new(1);
+    records.iter().for_each(|r| {
+        agg.apply(r);
+    });
+    let p = Profile::from_records(&records);
+    for a in Allocator::ALL {
+        let live = p.by_allocator().get(a).live.bytes;
+        assert_eq!(agg.live_split[a as usize], live, "{a:?}");
+    }
+    assert_eq!(agg.live_split, [130.0, 57.0, 4096.0]);
+}
