@@ -125,27 +125,39 @@ impl ByAllocator {
     }
 
     /// What marks a row in text views: nothing when all of the view's bytes are Python's,
-    /// `[native]` (or `[mmap]`) when they all come from one other allocator, and the shares
-    /// (`[python 20%, native 80%]`) when they come from several.
+    /// `[native]` (or `[mmap]`) when they all come from one other allocator, and the shares,
+    /// largest first, when they come from several (`[native 80%, python 20%]`).
     pub fn tag(&self, view: View) -> String {
-        let parts = self.view(view);
-        let total: f64 = parts.iter().map(|(_, e)| e.bytes.max(0.0)).sum();
-        let with_bytes: Vec<(Allocator, f64)> = parts
-            .iter()
-            .filter(|(_, e)| e.bytes.round() > 0.0)
-            .map(|(a, e)| (*a, e.bytes))
-            .collect();
-        match with_bytes.as_slice() {
-            [] | [(Allocator::Python, _)] => String::new(),
-            [(a, _)] => format!("[{}]", a.name()),
-            several => {
-                let shares: Vec<String> = several
-                    .iter()
-                    .map(|(a, b)| format!("{} {:.0}%", a.name(), 100.0 * b / total))
-                    .collect();
-                format!("[{}]", shares.join(", "))
-            }
+        let parts = self.view(view).map(|(a, e)| (a, e.bytes));
+        match shares(&parts).as_str() {
+            "" => String::new(),
+            shares => format!("[{shares}]"),
         }
+    }
+}
+
+/// How allocators share some bytes, largest first: `native 80%, python 20%` (a share under
+/// 1% is `<1%`), `native` alone when one allocator has them all, and nothing when that is
+/// Python (views mark only what is not Python's).
+pub fn shares(bytes: &[(Allocator, f64); 3]) -> String {
+    let mut with_bytes: Vec<(Allocator, f64)> = bytes
+        .iter()
+        .filter(|(_, b)| b.round() > 0.0)
+        .copied()
+        .collect();
+    let total: f64 = with_bytes.iter().map(|(_, b)| b).sum();
+    with_bytes.sort_by(|a, b| b.1.total_cmp(&a.1));
+    match with_bytes.as_slice() {
+        [] | [(Allocator::Python, _)] => String::new(),
+        [(a, _)] => a.name().to_owned(),
+        several => several
+            .iter()
+            .map(|(a, b)| match 100.0 * b / total {
+                p if p < 0.5 => format!("{} <1%", a.name()),
+                p => format!("{} {p:.0}%", a.name()),
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
     }
 }
 
@@ -191,7 +203,7 @@ mod tests {
         split.add(Allocator::Python, &figures(100));
         assert_eq!(split.tag(View::Live), "");
         split.add(Allocator::Native, &figures(300));
-        assert_eq!(split.tag(View::Live), "[python 25%, native 75%]");
+        assert_eq!(split.tag(View::Live), "[native 75%, python 25%]");
         assert_eq!(split.tag(View::Peak), "", "no bytes at the peak");
         let mut native = ByAllocator::default();
         native.add(Allocator::Mmap, &figures(10));
@@ -201,5 +213,11 @@ mod tests {
             "python 100 B, native 300 B, mmap 0 B"
         );
         assert_eq!(split.present().count(), 2);
+        let tiny = [
+            (Allocator::Python, 4.0),
+            (Allocator::Native, 996.0),
+            (Allocator::Mmap, 0.0),
+        ];
+        assert_eq!(shares(&tiny), "native 100%, python <1%");
     }
 }

@@ -5,55 +5,13 @@
 
 mod common;
 
+use common::native::build_extension;
 use common::procs::{touch, wait_line, Attach, Target, LIMIT};
-use common::{by_function, mprof, pythons, report_json, run_with_timeout, script, Python};
+use common::{by_function, mprof, pythons, report_json, run_with_timeout, script};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-
-/// Builds `tests/c/native_allocs.c` for `py` into `dir`; None (with a note) when the
-/// interpreter's headers are missing.
-fn build_extension(py: &Python, dir: &Path) -> Option<PathBuf> {
-    let out = Command::new(&py.path)
-        .args([
-            "-c",
-            "import sysconfig; print(sysconfig.get_paths()['include']); \
-             print(sysconfig.get_config_var('EXT_SUFFIX'))",
-        ])
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let mut lines = text.lines();
-    let (include, suffix) = (lines.next()?, lines.next()?);
-    if !Path::new(include).join("Python.h").is_file() {
-        eprintln!("SKIPPED {}: no Python.h in {include}", py.label);
-        return None;
-    }
-    let so = dir.join(format!("native_allocs{suffix}"));
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/native_allocs.c");
-    let status = Command::new("cc")
-        .args([
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-pthread",
-            "-Wl,-z,relro,-z,now",
-            "-I",
-            include,
-        ])
-        .arg(&src)
-        .arg("-o")
-        .arg(&so)
-        .status()
-        .expect("cc");
-    assert!(
-        status.success(),
-        "{}: building the extension failed",
-        py.label
-    );
-    Some(so)
-}
 
 /// "truth FUNCTION LIVE ALLOCATED" lines of the workload.
 fn truths(lines: &[String]) -> HashMap<String, (u64, u64)> {

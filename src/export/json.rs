@@ -154,7 +154,9 @@ struct JsonLocation<'a> {
     peak_count: u64,
     peak_samples: u64,
     allocator: &'static str,
-    allocators: JsonSplit,
+    /// Only when `allocator` is `mixed`: the figures of each allocator.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    allocators: Option<JsonSplit>,
     #[serde(skip_serializing_if = "Option::is_none")]
     stack: Option<Vec<JsonFrame<'a>>>,
 }
@@ -184,7 +186,8 @@ fn json_location<'a>(row: &Row<'a>, view: View, by: Grouping) -> JsonLocation<'a
         peak_count: k.count,
         peak_samples: k.samples,
         allocator: allocator_name(&row.allocators),
-        allocators: JsonSplit::of(&row.allocators, |_, f| f.allocated.samples > 0),
+        allocators: (allocator_name(&row.allocators) == "mixed")
+            .then(|| JsonSplit::of(&row.allocators, |_, f| f.allocated.samples > 0)),
         stack: (by == Grouping::Stack).then(|| {
             row.stack
                 .iter()

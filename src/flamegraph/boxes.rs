@@ -93,23 +93,15 @@ fn merge_split(into: &mut [Estimate; 3], from: &[Estimate; 3]) {
     into.iter_mut().zip(from).for_each(|(a, b)| a.merge(b));
 }
 
-/// How the allocators share a box's bytes, largest first (`; native 80%, python 20%`), when
-/// they are not all Python's; empty otherwise.
-fn allocator_shares(split: &[Estimate; 3], total: f64) -> String {
-    let mut shares: Vec<(Allocator, f64)> = Allocator::ALL
-        .iter()
-        .map(|&a| (a, split[a as usize].bytes))
-        .filter(|(_, b)| b.round() > 0.0)
-        .collect();
-    if total <= 0.0 || matches!(shares.as_slice(), [] | [(Allocator::Python, _)]) {
-        return String::new();
+/// How the allocators share a box's bytes (`; native 80%, python 20%`), when they are not all
+/// Python's; empty otherwise.
+fn allocator_shares(split: &[Estimate; 3]) -> String {
+    let bytes = Allocator::ALL.map(|a| (a, split[a as usize].bytes));
+    match crate::allocators::shares(&bytes) {
+        s if s.is_empty() => s,
+        s if s.contains('%') => format!("; {s}"),
+        s => format!("; {s} 100%"),
     }
-    shares.sort_by(|a, b| b.1.total_cmp(&a.1));
-    let parts: Vec<String> = shares
-        .iter()
-        .map(|(a, b)| format!("{} {:.0}%", a.name(), 100.0 * b / total))
-        .collect();
-    format!("; {}", parts.join(", "))
 }
 
 /// A tooltip's figures. Parentheses are avoided inside: inferno's script finds a box's label
@@ -129,7 +121,7 @@ fn tooltip(info: &BoxInfo, total: f64) -> String {
             human_bytes(e.stderr()),
             whole(e.count),
             e.samples,
-            allocator_shares(&info.split, e.bytes)
+            allocator_shares(&info.split)
         ),
         Some(b) => {
             let change = e.bytes - b.bytes;

@@ -60,7 +60,8 @@ fn generated(rng: &mut Rng) -> Vec<u8> {
                 };
                 Record::Alloc {
                     tid: rng.below(4) as u32,
-                    flags: rng.below(3) as u32,
+                    // Truncated or not, every allocator (and the unused value 3).
+                    flags: rng.below(8) as u32,
                     addr: rng.below(64) as u64,
                     size: [0, 1, 1000, u64::MAX, rng.next() % 100_000][rng.below(5)],
                     time_ns: rng.next() % 1_000_000,
