@@ -121,6 +121,8 @@ fn go_pprof_prints_the_known_top_site_with_its_bytes() {
         "pid: Total",
         "thread_name: Total",
         "main (",
+        "allocator: Total",
+        "python",
     ] {
         assert!(tags.contains(needle), "{needle:?} not in:\n{tags}");
     }
