@@ -6,12 +6,15 @@
 //! table is built by a short inline script from JSON embedded in the page, and a
 //! Content-Security-Policy forbids every network request.
 
+use crate::allocators::split_text;
 use crate::capture::CaptureFile;
 use crate::export::{check_output, write_file, Format};
 use crate::flamegraph::{self, Settings};
 use crate::grouping::Grouping;
 use crate::profile::{Completeness, Profile, View};
-use crate::report::{peak_text, plus_minus, python_version, rate_text, target_text, view_title};
+use crate::report::{
+    peak_text, plus_minus, python_version, rate_text, target_text, view_title, NOT_NATIVE,
+};
 use crate::sites::{rows, whole};
 use crate::text::xml_escape;
 use crate::timeline;
@@ -95,9 +98,18 @@ fn summary(html: &mut String, p: &Profile) {
     item("sampling", rate_text(p));
     item("samples", format!("{} ({} dropped)", p.samples, p.dropped));
     item("duration", format!("{:.2} s", p.duration_seconds));
+    let split = p.native_recorded() != Some(false);
     for view in View::ALL {
         let e = p.totals().get(view);
-        item(view_title(view), plus_minus(e.bytes, e.stderr()));
+        let mut value = plus_minus(e.bytes, e.stderr());
+        if split {
+            let shares = split_text(p.by_allocator(), view, p.selection());
+            let _ = write!(value, " = {}", shares.replace(", ", " + "));
+        }
+        item(view_title(view), value);
+    }
+    if !split {
+        item("native allocations", NOT_NATIVE.to_owned());
     }
     item("peak", peak_text(p));
     item(
@@ -163,7 +175,11 @@ fn sites(html: &mut String, p: &Profile) -> Result<()> {
     let mut data: Vec<SiteRow> = Vec::new();
     for view in View::ALL {
         for row in rows(p, view, Grouping::Line).iter().take(TOP_SITES) {
-            let location = crate::text::printable(&row.label()).into_owned();
+            let mut location = crate::text::printable(&row.label()).into_owned();
+            let tag = row.allocators.tag(View::Allocated);
+            if !tag.is_empty() {
+                let _ = write!(location, "  {tag}");
+            }
             if data.iter().any(|r| r.location == location) {
                 continue;
             }

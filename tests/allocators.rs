@@ -353,3 +353,21 @@ fn a_bad_allocator_name_is_refused() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+#[test]
+fn the_html_report_splits_its_totals_and_tags_its_sites() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = capture(dir.path(), "on");
+    let out = dir.path().join("r.html");
+    ok(&["html", s(&file), "-o", s(&out)]);
+    let html = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        html.contains("= python 18.03 KiB + native 845.25 KiB + mmap 1.00 MiB</dd>"),
+        "live bytes by allocator"
+    );
+    assert!(html.contains("map_file (app.py:41)  [mmap]"));
+    let off = capture(dir.path(), "off");
+    ok(&["html", s(&off), "-o", s(&out)]);
+    let html = std::fs::read_to_string(&out).unwrap();
+    assert!(html.contains("native allocations were not recorded (--python-only)"));
+}
