@@ -246,3 +246,44 @@ fn hostile_names_are_drawn_escaped() {
         assert!(screen.contains("\\u{1b}"), "{screen}");
     }
 }
+
+/// The `RSS − heap` line splits the live heap by allocator (long names when they fit, short
+/// ones otherwise), or says that native allocations are not sampled under `--python-only`.
+#[test]
+fn the_heap_is_split_by_allocator() {
+    use mprof_common::record::Allocator;
+    let mut m = Model::new(1, T0);
+    for r in [
+        code(1, "app.py", "load", 1),
+        crate::testing::alloc_from(Allocator::Python, MAIN, 1, 2 * KIB, T0, &[(1, 2)]),
+        crate::testing::alloc_from(Allocator::Native, MAIN, 2, 3 * KIB * KIB, T0, &[(1, 3)]),
+        crate::testing::alloc_from(Allocator::Mmap, MAIN, 3, 4 * KIB * KIB, T0, &[(1, 4)]),
+        crate::testing::alloc_from(Allocator::Native, MAIN, 4, KIB * KIB, T0, &[]),
+        Record::Free { addr: 4 },
+    ] {
+        m.apply(&r);
+    }
+    let snap = m.roll(T0 + SECOND);
+    let line = |t: &Target, w: u16| {
+        let screen = render(t, &m, &snap, &view(&[], &snap), w, 24);
+        screen.lines().nth(4).unwrap().to_owned()
+    };
+    let t = target(Mode::Record);
+    assert!(
+        line(&t, 80).ends_with("python 2.00 KiB · native 3.00 MiB · mmap 4.00 MiB"),
+        "{}",
+        line(&t, 80)
+    );
+    assert!(line(&t, 66).ends_with("py 2.00 KiB nat 3.00 MiB mmap 4.00 MiB"));
+    assert!(
+        line(&t, 50).ends_with("RSS − heap           ?"),
+        "neither fits"
+    );
+    let wide = line(&t, 140);
+    assert!(wide.contains("gap: allocator-held"), "{wide}");
+    let python_only = Target {
+        python_only: true,
+        ..t
+    };
+    assert!(line(&python_only, 100).contains("python only (--python-only"));
+}
