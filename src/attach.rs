@@ -1,7 +1,7 @@
 //! `mprof attach --pid PID`: load the agent into a running CPython process, sample it into a
 //! capture file, then switch the agent off and leave the process running as before.
 //!
-//! The injection itself lives in `mprof_injector::attach`; this module drives it, owns the ring
+//! The injection itself lives in `mprof_injector::inject`; this module drives it, owns the ring
 //! (made in the target's own memory file), and runs the same reader as `record`.
 
 use crate::capture::CaptureWriter;
@@ -11,7 +11,7 @@ use crate::{report, SamplingArgs};
 use anyhow::{bail, Context, Result};
 use mprof_common::record::Record;
 use mprof_common::ring::{STATE_ACTIVE, STATE_FAILED, STATE_STOPPED};
-use mprof_injector::attach::{Injector, Liveness};
+use mprof_injector::inject::{Injector, Liveness};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicI32, Ordering};
