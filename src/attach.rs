@@ -150,7 +150,7 @@ enum Ending {
 /// Drains the ring (through the live view, if there is one) until the duration is over, a
 /// signal comes, the view is closed, or the target or agent ends.
 fn sample(
-    reader: &mut Reader,
+    reader: &mut Reader<&RingMem>,
     a: &Attached,
     duration: Option<f64>,
     view: &mut Option<crate::live::Live>,
@@ -179,7 +179,12 @@ fn sample(
 /// Asks the agent to stop and drains until its END record (bounded). An agent that allocates
 /// sees the request at its next sample; for one that does not, mprof injects a call to the
 /// agent's stop function.
-fn detach(reader: &mut Reader, a: &Attached, pid: u32, timeout: Duration) -> Result<bool> {
+fn detach(
+    reader: &mut Reader<&RingMem>,
+    a: &Attached,
+    pid: u32,
+    timeout: Duration,
+) -> Result<bool> {
     a.ring.reader().request_stop();
     if wait_stopped(reader, a, SELF_STOP_WAIT)? {
         return Ok(true);
@@ -208,7 +213,7 @@ fn detach(reader: &mut Reader, a: &Attached, pid: u32, timeout: Duration) -> Res
 }
 
 /// Drains until the agent says STOPPED, for at most `limit`.
-fn wait_stopped(reader: &mut Reader, a: &Attached, limit: Duration) -> Result<bool> {
+fn wait_stopped(reader: &mut Reader<&RingMem>, a: &Attached, limit: Duration) -> Result<bool> {
     let start = Instant::now();
     while start.elapsed() < limit {
         let moved = reader.pump()?;

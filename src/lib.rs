@@ -17,6 +17,7 @@
 pub mod aggregate;
 pub mod attach;
 pub mod capture;
+pub mod children;
 pub mod diff;
 pub mod estimate;
 pub mod export;
