@@ -422,3 +422,107 @@ pub fn children_dir(capture: &Path) -> PathBuf {
     name.push(".d");
     PathBuf::from(name)
 }
+
+/// The Python processes among the descendants of `root` right now (pid and command line), at
+/// most `limit` of them: for the hint when children are not followed.
+pub fn python_descendants(root: u32, limit: usize) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    let mut queue = vec![root];
+    let mut seen = 0;
+    while let Some(pid) = queue.pop() {
+        seen += 1;
+        if seen > 10_000 || found.len() >= limit {
+            break;
+        }
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let path = task.path().join("children");
+            let Ok(text) = std::fs::read_to_string(path) else {
+                continue;
+            };
+            for child in text
+                .split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok())
+            {
+                queue.push(child);
+                if is_python(child) && found.len() < limit {
+                    found.push((child, command_line(child)));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Whether `pid` runs a CPython (libpython mapped, or an executable named python*).
+fn is_python(pid: u32) -> bool {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+    let name = exe
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    name.starts_with("python")
+        || std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .is_ok_and(|maps| maps.contains("libpython"))
+}
+
+/// Python children seen while a program ran without `--follow-children`.
+#[derive(Default)]
+pub struct Unfollowed {
+    seen: std::collections::BTreeMap<u32, String>,
+    last: Option<Instant>,
+}
+
+impl Unfollowed {
+    /// Looks at the program's descendants (at most twenty times a second).
+    pub fn watch(&mut self, root: u32) {
+        if self
+            .last
+            .is_some_and(|t| t.elapsed() < Duration::from_millis(50))
+        {
+            return;
+        }
+        self.last = Some(Instant::now());
+        for (pid, command) in python_descendants(root, 64) {
+            self.seen.entry(pid).or_insert(command);
+        }
+    }
+
+    /// The hint for the summary, if Python children were seen or counted (`forked`: forks the
+    /// agent counted, which may have been too short-lived to be seen).
+    pub fn hint(&self, forked: u32) -> Option<String> {
+        if self.seen.is_empty() {
+            return (forked > 0).then(|| {
+                format!(
+                    "the program forked {forked} process(es), which were not profiled; record with \
+                     --follow-children to profile them too"
+                )
+            });
+        }
+        let shown: Vec<String> = self
+            .seen
+            .iter()
+            .take(4)
+            .map(|(pid, cmd)| {
+                format!(
+                    "{pid} ({})",
+                    crate::text::printable(&cmd.chars().take(60).collect::<String>())
+                )
+            })
+            .collect();
+        let more = if self.seen.len() > 4 {
+            format!(" and {} more", self.seen.len() - 4)
+        } else {
+            String::new()
+        };
+        Some(format!(
+            "the program started {} Python child process(es), which were not profiled: {}{more}; \
+             record with --follow-children to profile them too",
+            self.seen.len(),
+            shown.join(", ")
+        ))
+    }
+}

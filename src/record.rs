@@ -222,6 +222,7 @@ pub fn run(
         }
     };
     let mut reader = Reader::new(&ring, capture, pid);
+    let mut unfollowed = crate::children::Unfollowed::default();
     let mut announced_version = false;
     let status = loop {
         let (moved, closed) = live::pump(&mut view, &mut reader, &ring)?;
@@ -242,8 +243,9 @@ pub fn run(
             unsafe { libc::kill(pid as i32, sig) };
         }
         let mut moved = moved;
-        if let (Some(children), Some(r)) = (children.as_mut(), rendezvous.as_ref()) {
-            moved += children.pump(r)?;
+        match (children.as_mut(), rendezvous.as_ref()) {
+            (Some(children), Some(r)) => moved += children.pump(r)?,
+            _ => unfollowed.watch(pid),
         }
         if let Some(status) = child.try_wait()? {
             break status;
@@ -287,6 +289,9 @@ pub fn run(
                 children.profiled(),
                 children.dir().display()
             );
+        }
+        if let Some(hint) = unfollowed.hint(ring.forked_unfollowed()) {
+            eprintln!("mprof: {hint}");
         }
     }
     if let Some(out) = &program_output {

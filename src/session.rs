@@ -317,6 +317,11 @@ impl RingMem {
         crate::text::printable(&self.reader.python_version()).into_owned()
     }
 
+    /// Processes the program forked that were not followed, as its children counted them.
+    pub fn forked_unfollowed(&self) -> u32 {
+        self.reader.forked_unfollowed()
+    }
+
     /// Records the agent has dropped so far because the ring was full.
     pub fn dropped(&self) -> u64 {
         self.reader.dropped()

@@ -165,3 +165,36 @@ fn prefork_workers_and_a_fork_bomb() {
         );
     }
 }
+
+/// Without `--follow-children`, the summary says that Python children ran unprofiled, names
+/// some, and names the flag (forked workers and spawned ones alike).
+#[test]
+fn unfollowed_children_are_named_in_the_summary() {
+    let all = pythons();
+    let py = all
+        .iter()
+        .find(|p| p.label.contains("3.11"))
+        .unwrap_or(&all[0]);
+    for method in ["fork", "spawn"] {
+        let dir = common::tempdir();
+        let capture = dir.path().join("c.mprof");
+        let out = run_with_timeout(
+            mprof()
+                .args(["record", "-o"])
+                .arg(&capture)
+                .arg("--")
+                .arg(&py.path)
+                .arg(script("pool_workload.py"))
+                .arg(method)
+                .arg(dir.path().join("truth.json")),
+            LIMIT,
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{method}: {err}");
+        assert!(
+            err.contains("not profiled") && err.contains("--follow-children"),
+            "{method}: no hint: {err}"
+        );
+        assert!(!dir.path().join("c.mprof.d").exists());
+    }
+}

@@ -76,7 +76,10 @@ pub struct RingHeader {
     /// Where children hand their rings (`record --follow-children`): the name of an abstract
     /// Unix socket, NUL-terminated; empty when children are not followed. Set by the reader.
     pub rendezvous: [u8; 64],
-    _pad0: [u8; 512 - 472],
+    /// Processes forked by the profiled one that were not followed (each child counts itself
+    /// here before it lets the ring go), for the summary's hint.
+    pub forked_unfollowed: AtomicU32,
+    _pad0: [u8; 512 - 476],
     pub head: AtomicU64,
     _pad1: [u8; 56],
     pub tail: AtomicU64,

@@ -303,11 +303,16 @@ pub fn continue_in_child(s: &mut Session, base: *mut u8, len: usize) {
     s.mapped = Some(Mapped { ring, base, len });
 }
 
-/// In a forked child: drop the session without touching the shared ring (it is the parent's).
+/// In a forked child: drop the session without touching the shared ring (it is the parent's)
+/// but to count itself as a child that was not followed.
 pub fn forget_in_child(s: &mut Session) {
     ENABLED.store(false, Ordering::Release);
     sampler::idle();
     if let Some(m) = s.mapped.take() {
+        m.ring
+            .header()
+            .forked_unfollowed
+            .fetch_add(1, Ordering::Relaxed);
         // SAFETY: the child's copy of the mapping, which nothing else uses.
         unsafe { sys::munmap(m.base.cast(), m.len) };
     }
