@@ -1,7 +1,7 @@
 //! `mprof attach --pid PID`: load the agent into a running CPython process, sample it into a
 //! capture file, then switch the agent off and leave the process running as before.
 //!
-//! The injection itself lives in `mprof_injector::attach`; this module drives it, owns the ring
+//! The injection itself lives in `mprof_injector::inject`; this module drives it, owns the ring
 //! (made in the target's own memory file), and runs the same reader as `record`.
 
 use crate::capture::CaptureWriter;
@@ -11,7 +11,7 @@ use crate::{report, SamplingArgs};
 use anyhow::{bail, Context, Result};
 use mprof_common::record::Record;
 use mprof_common::ring::{STATE_ACTIVE, STATE_FAILED, STATE_STOPPED};
-use mprof_injector::attach::{Injector, Liveness};
+use mprof_injector::inject::{Injector, Liveness};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -150,7 +150,7 @@ enum Ending {
 /// Drains the ring (through the live view, if there is one) until the duration is over, a
 /// signal comes, the view is closed, or the target or agent ends.
 fn sample(
-    reader: &mut Reader,
+    reader: &mut Reader<&RingMem>,
     a: &Attached,
     duration: Option<f64>,
     view: &mut Option<crate::live::Live>,
@@ -179,7 +179,12 @@ fn sample(
 /// Asks the agent to stop and drains until its END record (bounded). An agent that allocates
 /// sees the request at its next sample; for one that does not, mprof injects a call to the
 /// agent's stop function.
-fn detach(reader: &mut Reader, a: &Attached, pid: u32, timeout: Duration) -> Result<bool> {
+fn detach(
+    reader: &mut Reader<&RingMem>,
+    a: &Attached,
+    pid: u32,
+    timeout: Duration,
+) -> Result<bool> {
     a.ring.reader().request_stop();
     if wait_stopped(reader, a, SELF_STOP_WAIT)? {
         return Ok(true);
@@ -208,7 +213,7 @@ fn detach(reader: &mut Reader, a: &Attached, pid: u32, timeout: Duration) -> Res
 }
 
 /// Drains until the agent says STOPPED, for at most `limit`.
-fn wait_stopped(reader: &mut Reader, a: &Attached, limit: Duration) -> Result<bool> {
+fn wait_stopped(reader: &mut Reader<&RingMem>, a: &Attached, limit: Duration) -> Result<bool> {
     let start = Instant::now();
     while start.elapsed() < limit {
         let moved = reader.pump()?;

@@ -35,6 +35,16 @@ impl CaptureWriter {
     /// Creates the capture for `path` and writes the file header.
     pub fn create(path: &Path) -> Result<CaptureWriter> {
         let (file, pending) = output::create(path, "capture file", Access::Private)?;
+        CaptureWriter::start(file, pending)
+    }
+
+    /// A capture named `name` in mprof's directory `dir` (a followed child's).
+    pub fn create_in(dir: &output::OutputDir, name: &str) -> Result<CaptureWriter> {
+        let (file, pending) = dir.create(name, "capture file", Access::Private)?;
+        CaptureWriter::start(file, pending)
+    }
+
+    fn start(file: std::fs::File, pending: output::Pending) -> Result<CaptureWriter> {
         let mut out = BufWriter::with_capacity(1 << 20, file);
         out.write_all(MAGIC)?;
         out.write_all(&FORMAT_VERSION.to_le_bytes())?;

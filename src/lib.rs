@@ -19,6 +19,7 @@ pub mod aggregate;
 pub mod allocators;
 pub mod attach;
 pub mod capture;
+pub mod children;
 pub mod diff;
 pub mod estimate;
 pub mod export;

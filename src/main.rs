@@ -36,6 +36,10 @@ enum Command {
         /// goes to CAPTURE.out).
         #[arg(long)]
         live: bool,
+        /// Profile the program's child processes too: forked ones (multiprocessing, pre-fork
+        /// servers) and Pythons it starts (spawn, subprocess); their captures go to CAPTURE.d/.
+        #[arg(long)]
+        follow_children: bool,
         /// The command, e.g. `python app.py`.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
@@ -201,8 +205,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             sampling,
             quiet,
             live,
+            follow_children,
             command,
-        } => record::run(&command, &output, &sampling, quiet, live),
+        } => record::run(&command, &output, &sampling, quiet, live, follow_children),
         Command::Attach {
             pid,
             duration,

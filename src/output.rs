@@ -299,6 +299,17 @@ pub fn create(
     access: Access,
 ) -> Result<(File, Pending), OutputError> {
     let (dir, name, path) = destination(label, path)?;
+    create_at(dir, name, path, label, access)
+}
+
+/// [`create`] for the file `name` in the opened directory `dir` (`path` is shown to the user).
+fn create_at(
+    dir: OwnedFd,
+    name: CString,
+    path: PathBuf,
+    label: &'static str,
+    access: Access,
+) -> Result<(File, Pending), OutputError> {
     for attempt in 0..100 {
         let temp = temp_name(&name, attempt);
         let r = unsafe {
@@ -335,6 +346,118 @@ pub fn create(
     Err(io_err(label, "creating it", &path)(io::Error::from(
         io::ErrorKind::AlreadyExists,
     )))
+}
+
+/// A directory of mprof's own beside an output (the captures of followed child processes):
+/// made private, opened without following a symlink, and used only through its descriptor.
+pub struct OutputDir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl OutputDir {
+    /// Makes the directory `path` (mode 0700), or reuses it when it is already the invoking
+    /// user's own directory, removing the captures (`*.mprof`) of an earlier run there.
+    pub fn prepare(path: &Path, label: &'static str) -> Result<OutputDir, OutputError> {
+        let (parent, name, path) = destination(label, path).or_else(|e| match e {
+            // An existing directory is what is wanted here.
+            OutputError::NotAFile(..) => {
+                let name = cstr(path.file_name().unwrap_or_default());
+                let parent = match path.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                    _ => PathBuf::from("."),
+                };
+                let cparent = cstr(parent.as_os_str());
+                let fd = check(unsafe {
+                    libc::open(
+                        cparent.as_ptr(),
+                        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                    )
+                })
+                .map_err(io_err(label, "opening its directory", path))?;
+                Ok((
+                    unsafe { OwnedFd::from_raw_fd(fd) },
+                    name,
+                    path.to_path_buf(),
+                ))
+            }
+            e => Err(e),
+        })?;
+        let made = unsafe { libc::mkdirat(parent.as_raw_fd(), name.as_ptr(), 0o700) };
+        if made != 0 && io::Error::last_os_error().kind() != io::ErrorKind::AlreadyExists {
+            return Err(io_err(label, "creating it", &path)(
+                io::Error::last_os_error(),
+            ));
+        }
+        let fd = check(unsafe {
+            libc::openat(
+                parent.as_raw_fd(),
+                name.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        })
+        .map_err(io_err(
+            label,
+            "opening it (a symlink there is refused)",
+            &path,
+        ))?;
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let st = fstat(fd.as_raw_fd()).map_err(io_err(label, "fstat", &path))?;
+        if st.st_uid != unsafe { libc::geteuid() } {
+            return Err(io_err(label, "using it", &path)(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("it belongs to uid {}, not to you", st.st_uid),
+            )));
+        }
+        let dir = OutputDir { fd, path };
+        dir.remove_old_captures();
+        Ok(dir)
+    }
+
+    /// Removes this user's `*.mprof` files left in the directory by an earlier run.
+    fn remove_old_captures(&self) {
+        let Ok(entries) = std::fs::read_dir(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+        else {
+            return;
+        };
+        let me = unsafe { libc::geteuid() };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            if !name.as_encoded_bytes().ends_with(b".mprof") {
+                continue;
+            }
+            let cname = cstr(&name);
+            if let Ok(Some(st)) = lstat_at(&self.fd, &cname) {
+                if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_uid == me {
+                    unsafe { libc::unlinkat(self.fd.as_raw_fd(), cname.as_ptr(), 0) };
+                }
+            }
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Creates the file `name` in the directory, as [`create`] does.
+    pub fn create(
+        &self,
+        name: &str,
+        label: &'static str,
+        access: Access,
+    ) -> Result<(File, Pending), OutputError> {
+        let dir =
+            self.fd
+                .try_clone()
+                .map_err(io_err(label, "opening its directory", &self.path))?;
+        create_at(
+            dir,
+            cstr(name.as_ref()),
+            self.path.join(name),
+            label,
+            access,
+        )
+    }
 }
 
 /// Writes a whole file at once: `bytes` under a temporary name, then renamed into place.

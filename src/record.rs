@@ -54,6 +54,7 @@ fn spawn(
     ring: &RingMem,
     agent: &std::os::fd::OwnedFd,
     output: Option<&Path>,
+    follow: Option<String>,
 ) -> Result<(Child, Option<crate::output::Pending>)> {
     resolve(&command[0])?;
     let mut cmd = Command::new(&command[0]);
@@ -67,12 +68,20 @@ fn spawn(
             .stderr(file);
     }
     let saved = std::env::var("LD_PRELOAD").unwrap_or_default();
-    let ours = mprof_injector::agent::inherited_path(agent);
+    // Followed descendants load the agent too, after `close_fds` and from any directory:
+    // through mprof's own descriptor, which mprof keeps open while it records.
+    let ours = match &follow {
+        Some(_) => format!("/proc/{}/fd/{}", std::process::id(), agent.as_raw_fd()),
+        None => mprof_injector::agent::inherited_path(agent),
+    };
     let preload = if saved.is_empty() {
         ours
     } else {
         format!("{ours}:{saved}")
     };
+    if let Some(follow) = follow {
+        cmd.env(mprof_common::children::ENV_FOLLOW, follow);
+    }
     let child = cmd
         .args(&command[1..])
         .env("LD_PRELOAD", preload)
@@ -122,10 +131,14 @@ pub fn run(
     sampling: &SamplingArgs,
     quiet: bool,
     live: bool,
+    follow_children: bool,
 ) -> Result<ExitCode> {
     if live {
         Live::check_terminal()?;
     }
+    let rendezvous = follow_children
+        .then(crate::children::Rendezvous::listen)
+        .transpose()?;
     let program_output = live.then(|| program_output_path(output));
     let mut capture = CaptureWriter::create(output)?;
     let data_size =
@@ -134,12 +147,32 @@ pub fn run(
                 anyhow::anyhow!("cannot profile under this address-space limit: {why}")
             })?;
     let ring = RingMem::create(sampling, true, data_size)?;
+    let follow = rendezvous.as_ref().map(|r| {
+        ring.set_rendezvous(r.name());
+        mprof_common::children::follow_env(
+            r.name(),
+            &mprof_common::children::ChildRing {
+                data_size: data_size as u64,
+                rate: sampling.rate,
+                seed: sampling.seed,
+                max_depth: sampling.max_depth,
+                config_flags: 0,
+            },
+        )
+    });
     let agent = mprof_injector::agent::agent_memfd()?;
     signals::install();
     let (mut child, program_output_file) =
-        spawn(command, &ring, &agent, program_output.as_deref())?;
-    drop(agent);
+        spawn(command, &ring, &agent, program_output.as_deref(), follow)?;
+    // Followed children load the agent through this descriptor until the end.
+    let agent = rendezvous.is_some().then_some(agent);
     let pid = child.id();
+    let mut children = match &rendezvous {
+        Some(_) => Some(crate::children::Children::new(
+            output, pid, data_size, sampling,
+        )?),
+        None => None,
+    };
     // The program runs: its capture (and output) take their final names.
     let placed = capture.place().and_then(|()| match program_output_file {
         Some(mut p) => Ok(p.place()?),
@@ -158,6 +191,16 @@ pub fn run(
             unix_ms()
         ),
     })?;
+    if let Some(children) = &children {
+        let dir = children
+            .dir()
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy();
+        capture.write(&Record::Meta {
+            text: format!("children_dir={dir}\n"),
+        })?;
+    }
     let mut view = match program_output.as_ref().map(|out| {
         Live::start(live::Target {
             mode: live::Mode::Record,
@@ -178,6 +221,7 @@ pub fn run(
         }
     };
     let mut reader = Reader::new(&ring, capture, pid);
+    let mut unfollowed = crate::children::Unfollowed::default();
     let mut announced_version = false;
     let status = loop {
         let (moved, closed) = live::pump(&mut view, &mut reader, &ring)?;
@@ -197,6 +241,11 @@ pub fn run(
             }
             unsafe { libc::kill(pid as i32, sig) };
         }
+        let mut moved = moved;
+        match (children.as_mut(), rendezvous.as_ref()) {
+            (Some(children), Some(r)) => moved += children.pump(r)?,
+            _ => unfollowed.watch(pid),
+        }
         if let Some(status) = child.try_wait()? {
             break status;
         }
@@ -209,6 +258,11 @@ pub fn run(
     // Whatever the agent published before the child ended is still in the ring.
     while reader.pump()? > 0 {}
     reader.finish()?;
+    // Children may outlive the program a moment (a pool's workers exiting with it).
+    if let (Some(children), Some(r)) = (children.as_mut(), rendezvous.as_ref()) {
+        children.finish(r, Duration::from_secs(2))?;
+    }
+    drop(agent);
     let state = ring.state()?;
     if state == STATE_FAILED {
         bail!(
@@ -228,6 +282,16 @@ pub fn run(
         let profile = Profile::load(output)?;
         eprintln!("{}", report::summary(&profile));
         eprintln!("mprof: capture written to {}", output.display());
+        if let Some(children) = &children {
+            eprintln!(
+                "mprof: {} child process(es) profiled; their captures are in {}",
+                children.profiled(),
+                children.dir().display()
+            );
+        }
+        if let Some(hint) = unfollowed.hint(ring.forked_unfollowed()) {
+            eprintln!("mprof: {hint}");
+        }
     }
     if let Some(out) = &program_output {
         eprintln!("mprof: the program's output is in {}", out.display());

@@ -144,6 +144,13 @@ fn size_and_seal(fd: &OwnedFd, len: usize) -> Result<(), RingSetupError> {
     if unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, SIZE_SEALS) } != 0 {
         return Err(last_os("sealing the ring's size"));
     }
+    check_sealed(fd, len)
+}
+
+/// Checks that the memory file `fd` is `len` bytes and sealed against resizing, so that its
+/// mapping cannot fault under mprof.
+fn check_sealed(fd: &OwnedFd, len: usize) -> Result<(), RingSetupError> {
+    let raw = fd.as_raw_fd();
     let seals = unsafe { libc::fcntl(raw, libc::F_GET_SEALS) };
     if seals < 0 {
         return Err(last_os("reading the ring's seals"));
@@ -184,6 +191,32 @@ impl RingMem {
     pub fn from_fd(fd: OwnedFd, sampling: &SamplingArgs, data_size: usize) -> Result<RingMem> {
         let len = ring::region_size(data_size);
         size_and_seal(&fd, len).context("cannot set up the ring")?;
+        let ring = RingMem::map(fd, data_size)?;
+        // SAFETY: our own fresh mapping of `len` bytes, zeroed by ftruncate.
+        unsafe {
+            Ring::init(
+                ring.base,
+                data_size,
+                sampling.rate,
+                sampling.seed,
+                sampling.max_depth,
+                sampling.config_flags(),
+            )
+        };
+        Ok(ring)
+    }
+
+    /// The ring a followed child made itself and handed over (`fd`, with `data_size` bytes of
+    /// data as mprof told it): checked to be that size and sealed, mapped, never re-initialised
+    /// (the child writes into it already).
+    pub fn from_child(fd: OwnedFd, data_size: usize) -> Result<RingMem> {
+        check_sealed(&fd, ring::region_size(data_size)).context("a child's ring")?;
+        RingMem::map(fd, data_size)
+    }
+
+    fn map(fd: OwnedFd, data_size: usize) -> Result<RingMem> {
+        let len = ring::region_size(data_size);
+        // SAFETY: a shared mapping of a memory file sealed at `len` bytes; failure is checked.
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -198,16 +231,7 @@ impl RingMem {
             return Err(std::io::Error::last_os_error()).context("mapping the ring");
         }
         let base = base as *mut u8;
-        unsafe {
-            Ring::init(
-                base,
-                data_size,
-                sampling.rate,
-                sampling.seed,
-                sampling.max_depth,
-                sampling.config_flags(),
-            )
-        };
+        // SAFETY: the mapping just made, kept as long as the RingMem.
         let reader = unsafe { RingReader::new(base, data_size) };
         Ok(RingMem {
             fd,
@@ -215,6 +239,26 @@ impl RingMem {
             len,
             reader,
         })
+    }
+
+    /// Writes where followed children hand their rings (see `crate::children`) into the header,
+    /// before the agent starts.
+    pub fn set_rendezvous(&self, name: &str) {
+        let bytes = name.as_bytes();
+        assert!(bytes.len() < 64);
+        let h = self.base as *mut ring::RingHeader;
+        // SAFETY: the header is ours to write before the program starts; raw writes, since the
+        // target may map this memory too.
+        unsafe {
+            let dst = std::ptr::addr_of_mut!((*h).rendezvous) as *mut u8;
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len());
+            *dst.add(bytes.len()) = 0;
+        }
+    }
+
+    /// Size of the ring's data area.
+    pub fn data_size(&self) -> usize {
+        self.len - ring::HEADER_SIZE
     }
 
     pub fn fd(&self) -> &OwnedFd {
@@ -273,6 +317,11 @@ impl RingMem {
         crate::text::printable(&self.reader.python_version()).into_owned()
     }
 
+    /// Processes the program forked that were not followed, as its children counted them.
+    pub fn forked_unfollowed(&self) -> u32 {
+        self.reader.forked_unfollowed()
+    }
+
     /// Records the agent has dropped so far because the ring was full.
     pub fn dropped(&self) -> u64 {
         self.reader.dropped()
@@ -311,8 +360,8 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
 const MAX_THREAD_NAMES: usize = 4096;
 
 /// Drains a ring into a capture file.
-pub struct Reader<'a> {
-    ring: &'a RingMem,
+pub struct Reader<R: std::ops::Deref<Target = RingMem>> {
+    ring: R,
     pub capture: CaptureWriter,
     pid: u32,
     tids: HashSet<u32>,
@@ -320,8 +369,13 @@ pub struct Reader<'a> {
     last_flush: Instant,
 }
 
-impl<'a> Reader<'a> {
-    pub fn new(ring: &'a RingMem, capture: CaptureWriter, pid: u32) -> Reader<'a> {
+impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
+    /// The ring this reader drains.
+    pub fn ring(&self) -> &RingMem {
+        &self.ring
+    }
+
+    pub fn new(ring: R, capture: CaptureWriter, pid: u32) -> Reader<R> {
         let r = Reader {
             ring,
             capture,
@@ -353,7 +407,7 @@ impl<'a> Reader<'a> {
         let mut result = Ok(());
         let capture = &mut self.capture;
         let tids = &mut self.tids;
-        let ring = self.ring;
+        let ring: &RingMem = &self.ring;
         let moved = ring
             .reader()
             .drain_then(

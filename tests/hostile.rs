@@ -253,15 +253,22 @@ fn attach_survives_a_target_that_scribbles_on_its_ring() {
         }
         if mode == "truncate-race" {
             // Resizes before the seal are harmless (mprof sizes the file, then checks it);
-            // every attempt after it must fail.
+            // every attempt after it must fail. When the attach borrowed the racing thread
+            // itself, the racer never saw the descriptor (the trampoline closes it): nothing
+            // to check then but that mprof finished and the target is whole (the seals are
+            // shown by `record_survives_a_launcher_that_truncates_the_ring`).
             let answers = rest
                 .iter()
                 .find(|l| l.starts_with("truncate answers"))
                 .unwrap_or_else(|| panic!("{rest:?}"));
+            let saw_the_file = answers.contains("resized") || answers.contains("EPERM");
             assert!(
-                answers.contains("EPERM"),
+                !saw_the_file || answers.contains("EPERM"),
                 "the seals refused nothing: {answers}"
             );
+            if !saw_the_file {
+                eprintln!("{what}: the racer was the borrowed thread and never saw the file");
+            }
         }
         sentinel.check();
     }

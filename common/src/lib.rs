@@ -4,6 +4,7 @@
 
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod children;
 pub mod layout;
 pub mod record;
 pub mod ring;

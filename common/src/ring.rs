@@ -24,7 +24,7 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 /// Magic bytes at the start of the ring.
 pub const RING_MAGIC: [u8; 8] = *b"MPROFRNG";
 /// Ring layout version; bumped on any change to `RingHeader`.
-pub const RING_VERSION: u32 = 1;
+pub const RING_VERSION: u32 = 2;
 /// Where the data area starts.
 pub const HEADER_SIZE: usize = 4096;
 
@@ -73,7 +73,13 @@ pub struct RingHeader {
     pub py_version: [u8; 64],
     /// NUL-terminated message from the agent (why it failed).
     pub message: [u8; 256],
-    _pad0: [u8; 512 - 408],
+    /// Where children hand their rings (`record --follow-children`): the name of an abstract
+    /// Unix socket, NUL-terminated; empty when children are not followed. Set by the reader.
+    pub rendezvous: [u8; 64],
+    /// Processes forked by the profiled one that were not followed (each child counts itself
+    /// here before it lets the ring go), for the summary's hint.
+    pub forked_unfollowed: AtomicU32,
+    _pad0: [u8; 512 - 476],
     pub head: AtomicU64,
     _pad1: [u8; 56],
     pub tail: AtomicU64,

@@ -122,6 +122,12 @@ impl RingReader {
             .load(Ordering::Relaxed)
     }
 
+    /// Processes the agent says were forked and not followed (only for display).
+    pub fn forked_unfollowed(&self) -> u32 {
+        self.u32_at(offset_of!(RingHeader, forked_unfollowed))
+            .load(Ordering::Relaxed)
+    }
+
     /// Records the agent says it dropped (only for display).
     pub fn dropped(&self) -> u64 {
         self.u64_at(offset_of!(RingHeader, dropped))

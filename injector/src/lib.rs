@@ -5,15 +5,19 @@
 
 pub mod agent;
 #[cfg(target_arch = "x86_64")]
-pub mod attach;
-#[cfg(not(target_arch = "x86_64"))]
-#[path = "attach_unsupported.rs"]
-pub mod attach;
+mod choose;
 #[cfg(target_arch = "x86_64")]
 mod elf;
 mod error;
 #[cfg(target_arch = "x86_64")]
 mod hijack;
+#[cfg(target_arch = "x86_64")]
+pub mod inject;
+#[cfg(not(target_arch = "x86_64"))]
+#[path = "inject_unsupported.rs"]
+pub mod inject;
+#[cfg(target_arch = "x86_64")]
+mod mapped_file;
 #[cfg(target_arch = "x86_64")]
 mod procmaps;
 #[cfg(target_arch = "x86_64")]

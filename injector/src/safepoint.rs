@@ -21,7 +21,7 @@
 
 use crate::ptrace::Regs;
 use crate::remote::{Mem, ThreadStatus};
-use crate::target::Target;
+use crate::target::Process;
 
 const EINTR: i64 = 4;
 const ERESTARTSYS: i64 = 512;
@@ -118,7 +118,7 @@ pub fn restartable(regs: &Regs, status: &ThreadStatus) -> Regs {
     r
 }
 
-pub fn judge(t: &Target, mem: &Mem, regs: &Regs, status: &ThreadStatus) -> Verdict {
+pub fn judge(t: &Process, mem: &Mem, regs: &Regs, status: &ThreadStatus) -> Verdict {
     if status.deliverable() != 0 {
         return Verdict::Unsafe("a signal is about to be delivered");
     }
@@ -131,7 +131,7 @@ pub fn judge(t: &Target, mem: &Mem, regs: &Regs, status: &ThreadStatus) -> Verdi
     judge_pc(t, mem, regs)
 }
 
-fn judge_syscall(t: &Target, mem: &Mem, regs: &Regs) -> Verdict {
+fn judge_syscall(t: &Process, mem: &Mem, regs: &Regs) -> Verdict {
     if !interrupted_syscall(regs) {
         return Verdict::Unsafe("returning from a system call");
     }
@@ -172,7 +172,7 @@ fn has_temporary_sigmask(mem: &Mem, regs: &Regs) -> bool {
     }
 }
 
-fn waits_for_the_gil(t: &Target, regs: &Regs) -> bool {
+fn waits_for_the_gil(t: &Process, regs: &Regs) -> bool {
     let cmd = regs.rsi & FUTEX_CMD_MASK;
     let in_runtime = t
         .python
@@ -181,7 +181,7 @@ fn waits_for_the_gil(t: &Target, regs: &Regs) -> bool {
     (cmd == FUTEX_WAIT || cmd == FUTEX_WAIT_BITSET) && in_runtime
 }
 
-fn judge_pc(t: &Target, mem: &Mem, regs: &Regs) -> Verdict {
+fn judge_pc(t: &Process, mem: &Mem, regs: &Regs) -> Verdict {
     let pc = regs.rip;
     let here = Verdict::Safe(Resume {
         rip: pc,
@@ -232,7 +232,7 @@ enum Scan {
 
 /// Looks for a return address into `ranges` on the live part of a stack (from `sp` up to the
 /// end of its mapping, at most `limit` bytes).
-fn scan_stack(t: &Target, mem: &Mem, sp: u64, limit: u64, ranges: &[(u64, u64)]) -> Scan {
+fn scan_stack(t: &Process, mem: &Mem, sp: u64, limit: u64, ranges: &[(u64, u64)]) -> Scan {
     let sp = sp & !7;
     let Some(end) = t.mapping_now(sp).map(|m| m.end) else {
         return Scan::Unreadable;
@@ -262,7 +262,7 @@ fn scan_stack(t: &Target, mem: &Mem, sp: u64, limit: u64, ranges: &[(u64, u64)])
 /// Why the thread's stack rules it out, if it does: a signal handler is running (a return
 /// address into `__restore_rt`, maybe on top of `malloc`), or the agent's slow path is (it
 /// holds the agent's lock while it calls into libpython).
-fn busy_stack(t: &Target, mem: &Mem, regs: &Regs) -> Option<&'static str> {
+fn busy_stack(t: &Process, mem: &Mem, regs: &Regs) -> Option<&'static str> {
     let restore = t.libc.restore_rt;
     let mut ranges = vec![(restore, restore + 1)];
     ranges.extend(t.agent_text());

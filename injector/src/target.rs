@@ -4,6 +4,7 @@
 
 use crate::elf::{Elf, Sym};
 use crate::error::{other, AttachError};
+use crate::mapped_file::load_elf;
 use crate::procmaps::{self, Mapping};
 use crate::remote::{self, Mem};
 use crate::trampoline;
@@ -93,7 +94,7 @@ pub struct LoadedAgent {
     pub stop: u64,
 }
 
-pub struct Target {
+pub struct Process {
     pub pid: u32,
     pub start_time: u64,
     pub maps: Vec<Mapping>,
@@ -139,79 +140,6 @@ pub fn version_in_name(name: &str, prefix: &str) -> Option<(u8, u8)> {
     Some((major, minor.parse().ok()?))
 }
 
-/// A file mapped read-only into mprof: parsing the symbols of a large libpython then touches
-/// only the pages that hold them.
-pub struct FileMap {
-    ptr: *mut libc::c_void,
-    len: usize,
-}
-
-impl FileMap {
-    /// Maps the file at `path` if it is the regular file `m` maps (same device and inode).
-    /// The path comes from the target, which may have replaced the file (by a FIFO that would
-    /// block the open, a device, another library): it is opened with `O_PATH` first, which
-    /// touches nothing, and reopened for reading only once checked.
-    fn open(path: &std::path::Path, m: &Mapping) -> io::Result<FileMap> {
-        use std::os::fd::AsRawFd;
-        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-        let handle = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_PATH)
-            .open(path)?;
-        let meta = handle.metadata()?;
-        let dev = (libc::major(meta.dev()), libc::minor(meta.dev()));
-        if !meta.is_file() || meta.ino() != m.inode || dev != m.dev {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("{} is no longer the file that is mapped", path.display()),
-            ));
-        }
-        let file = std::fs::File::open(format!("/proc/self/fd/{}", handle.as_raw_fd()))?;
-        let len = file.metadata()?.len() as usize;
-        if len == 0 {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "empty file"));
-        }
-        // SAFETY: a private read-only mapping of a file we opened; failure is checked.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(FileMap { ptr, len })
-    }
-
-    pub fn bytes(&self) -> &[u8] {
-        // SAFETY: a private read-only mapping of `len` bytes, alive as long as self.
-        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
-    }
-}
-
-impl Drop for FileMap {
-    fn drop(&mut self) {
-        // SAFETY: the mapping this value made; nothing else uses it.
-        unsafe { libc::munmap(self.ptr, self.len) };
-    }
-}
-
-fn load_elf(pid: u32, m: &Mapping) -> io::Result<(Elf, FileMap)> {
-    let mut last = io::Error::new(io::ErrorKind::NotFound, m.path.clone());
-    for path in procmaps::file_paths(pid, m) {
-        match FileMap::open(&path, m) {
-            Ok(map) => return Ok((Elf::parse(map.bytes())?, map)),
-            Err(e) => last = e,
-        }
-    }
-    Err(last)
-}
-
 fn bias(maps: &[Mapping], m: &Mapping, elf: &Elf) -> u64 {
     procmaps::file_base(maps, m).unwrap_or(m.start) - elf.first_vaddr
 }
@@ -227,9 +155,9 @@ fn abs(bias: u64, s: Sym) -> (u64, u64) {
     (bias + s.value, bias + s.value + s.size.max(1))
 }
 
-impl Target {
+impl Process {
     /// Reads everything needed from /proc and the target's files. Changes nothing.
-    pub fn inspect(pid: u32) -> Result<Target, AttachError> {
+    pub fn inspect(pid: u32) -> Result<Process, AttachError> {
         let (state, start_time) =
             remote::stat(pid).map_err(|e| io_error(pid, "reading stat", e))?;
         match state {
@@ -264,7 +192,7 @@ impl Target {
         }
         let (libc, dl_iterate_phdr) = find_libc(pid, &maps)?;
         let locking = locking_code(&maps, dl_iterate_phdr);
-        Ok(Target {
+        Ok(Process {
             pid,
             start_time,
             maps,

@@ -213,7 +213,11 @@ impl Live {
     /// Drains the ring through the model into the capture (see [`Reader::pump_observed`]),
     /// then serves the keyboard and the screen. Returns the bytes moved and, when the view
     /// closed, why; the terminal is restored by then.
-    pub fn pump(&mut self, reader: &mut Reader, ring: &RingMem) -> Result<(usize, Option<Closed>)> {
+    pub fn pump(
+        &mut self,
+        reader: &mut Reader<&RingMem>,
+        ring: &RingMem,
+    ) -> Result<(usize, Option<Closed>)> {
         let model = &mut self.model;
         let mut behind = ring.fill() > BEHIND;
         let mut seen = 0u32;
@@ -321,7 +325,7 @@ fn enter() -> Result<Terminal<CrosstermBackend<Stdout>>> {
 /// closes it is dropped here, so the caller's terminal is back to normal on return.
 pub fn pump(
     view: &mut Option<Live>,
-    reader: &mut Reader,
+    reader: &mut Reader<&RingMem>,
     ring: &RingMem,
 ) -> Result<(usize, Option<Closed>)> {
     let Some(live) = view else {

@@ -202,6 +202,19 @@ pub fn restore_all() {
     }
 }
 
+/// Holds the lock across `fork()` (from the prepare handler), so that the child never inherits
+/// it taken by a thread that does not exist there.
+pub fn lock_for_fork() {
+    GOT_LOCK.raw_lock();
+}
+
+/// Releases the lock taken by `lock_for_fork`, in the parent and in the child.
+pub fn unlock_after_fork() {
+    // SAFETY: taken by `lock_for_fork` before the fork, on this thread (or its copy in the
+    // child).
+    unsafe { GOT_LOCK.raw_unlock() };
+}
+
 extern "C" {
     fn dl_iterate_phdr(
         callback: unsafe extern "C" fn(*mut DlPhdrInfo, usize, *mut c_void) -> c_int,

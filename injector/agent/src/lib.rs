@@ -15,6 +15,7 @@
 
 mod addrset;
 mod chain;
+mod children;
 mod frames;
 mod got;
 mod hooks;
@@ -38,6 +39,8 @@ use std::sync::Once;
 const ENV_RING_FD: &CStr = c"MPROF_RING_FD";
 /// Environment variable naming the inherited agent-image descriptor (record mode).
 const ENV_AGENT_FD: &CStr = c"MPROF_AGENT_FD";
+/// How children are followed (`record --follow-children`), see `mprof_common::children`.
+const ENV_FOLLOW: &CStr = c"MPROF_FOLLOW";
 /// The `LD_PRELOAD` the user had before mprof prepended the agent ("" if none).
 const ENV_SAVED_PRELOAD: &CStr = c"MPROF_SAVED_LD_PRELOAD";
 
@@ -124,7 +127,16 @@ unsafe fn claim_and_start(base: *mut u8, len: usize) -> c_int {
 /// Record mode: runs when the dynamic loader loads the agent through `LD_PRELOAD`, before
 /// `main`, so the hooks are in place before the interpreter runs a line of Python.
 extern "C" fn preload_init() {
+    let follow = env_text(ENV_FOLLOW).and_then(|text| {
+        let (name, ring) = mprof_common::children::parse_follow_env(&text)?;
+        Some((name.to_string(), ring))
+    });
     let Some(ring_fd) = env_fd(ENV_RING_FD) else {
+        // Not the program mprof started: a Python started by exec under a followed tree.
+        if let (Some((name, ring)), Some(_)) = (follow, python::api()) {
+            children::remember_env(&name, ring);
+            start_own_ring(mprof_common::children::BORN_EXECED);
+        }
         return;
     };
     if python::api().is_none() {
@@ -132,7 +144,17 @@ extern "C" fn preload_init() {
         return;
     }
     let agent_fd = env_fd(ENV_AGENT_FD);
-    restore_environment();
+    if follow.is_some() {
+        // Followed: descendants keep the preload and the rendezvous; only this process's own
+        // descriptors are forgotten.
+        // SAFETY: NUL-terminated names; in the loader's constructor, before any other thread.
+        unsafe {
+            sys::unsetenv(ENV_RING_FD.as_ptr());
+            sys::unsetenv(ENV_AGENT_FD.as_ptr());
+        }
+    } else {
+        restore_environment();
+    }
     let mapped = map_ring(ring_fd);
     // SAFETY: descriptors inherited for the agent alone; nothing else in the process uses them.
     unsafe {
@@ -154,6 +176,32 @@ extern "C" fn preload_init() {
             unsafe { sys::munmap(base.cast(), len) };
         }
     }
+}
+
+/// A followed child without an inherited ring: makes its own, hands it to mprof and starts a
+/// session on it.
+fn start_own_ring(born: u32) {
+    let Some(own) = children::make_and_announce(born) else {
+        return;
+    };
+    // SAFETY: the ring just made; its mapping belongs to the session from now on, and the
+    // descriptor is not needed once mapped (mprof has its own).
+    unsafe {
+        sys::close(own.fd);
+        if claim_and_start(own.base, own.len) == 0 {
+            watch_allocator_setup();
+        }
+    }
+}
+
+fn env_text(name: &CStr) -> Option<String> {
+    // SAFETY: getenv with a NUL-terminated name; the result is copied at once.
+    let v = unsafe { sys::getenv(name.as_ptr()) };
+    if v.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null getenv result is a NUL-terminated string.
+    Some(unsafe { CStr::from_ptr(v) }.to_str().ok()?.to_string())
 }
 
 /// Record mode: the agent installs its hooks before `main`, and the interpreter may reset its
@@ -254,20 +302,35 @@ pub extern "C" fn mprof_agent_stop(_unused: c_int) -> c_int {
 static FORK_HANDLERS: Once = Once::new();
 
 extern "C" fn before_fork() {
+    got::lock_for_fork();
     SESSION.raw_lock();
 }
 
 extern "C" fn after_fork_parent() {
     // SAFETY: taken by `before_fork` on this thread.
     unsafe { SESSION.raw_unlock() };
+    got::unlock_after_fork();
 }
 
-/// The child of a fork shares the ring's memory but is not the profiled process: it stops
-/// sampling without writing anything.
+/// The child of a fork shares the parent's ring but is not the parent: it stops writing there.
+/// When children are followed it goes on in a ring of its own, handed to mprof.
 extern "C" fn after_fork_child() {
-    // SAFETY: the child's copy of the lock `before_fork` took in the parent.
+    // SAFETY: the child's copies of the locks `before_fork` took in the parent.
     unsafe { SESSION.raw_unlock() };
-    lifecycle::forget_in_child(&mut SESSION.lock());
+    got::unlock_after_fork();
+    let mut s = SESSION.lock();
+    let running = s.mapped.is_some();
+    match running
+        .then(|| children::make_and_announce(children::FORKED))
+        .flatten()
+    {
+        Some(own) => {
+            // SAFETY: the descriptor is not needed once mapped (mprof has its own).
+            unsafe { sys::close(own.fd) };
+            lifecycle::continue_in_child(&mut s, own.base, own.len);
+        }
+        None => lifecycle::forget_in_child(&mut s),
+    }
 }
 
 fn register_fork_handlers() {

@@ -164,6 +164,7 @@ pub unsafe fn start(
     let layer = chain::install(api, table).map_err(StartError::Hooks)?;
     let h = ring.header();
     let (max_depth, rate, seed) = (h.max_depth, h.rate, h.seed);
+    crate::children::remember(h);
     let native = h.config_flags & CONFIG_PYTHON_ONLY == 0;
     s.layout = Some(layout);
     s.max_depth = (max_depth as usize).clamp(1, crate::frames::MAX_FRAMES);
@@ -277,11 +278,41 @@ fn reader_stopped(h: &RingHeader, timeout_ns: u64) -> Option<EndReason> {
     (beat != 0 && now_ns().saturating_sub(beat) > timeout_ns).then_some(EndReason::ReaderGone)
 }
 
-/// In a forked child: drop the session without touching the shared ring (it is the parent's).
+/// In a forked child that is followed: go on sampling into the child's own ring (`base`, `len`,
+/// made and handed to mprof by `children`). The parent's ring is left alone (unmapped here),
+/// the blocks the parent sampled are forgotten (their frees are the parent's business), code
+/// objects are announced again in the new ring, and sample distances are drawn afresh.
+pub fn continue_in_child(s: &mut Session, base: *mut u8, len: usize) {
+    // SAFETY: the child's own fresh ring, mapped for `len` bytes and kept by the session.
+    let Ok(ring) = (unsafe { Ring::attach(base, len) }) else {
+        forget_in_child(s);
+        return;
+    };
+    if let Some(old) = s.mapped.take() {
+        // SAFETY: the child's copy of the parent's mapping, which nothing else uses.
+        unsafe { sys::munmap(old.base.cast(), old.len) };
+    }
+    s.set.clear();
+    s.caches.generation = s.caches.generation.wrapping_add(1);
+    let h = ring.header();
+    // SAFETY: getpid has no preconditions.
+    h.agent_pid
+        .store(unsafe { sys::getpid() } as u32, Ordering::Release);
+    sampler::configure(h.rate, h.seed, chain::active().min(chain::LAYERS - 1));
+    h.state.store(STATE_ACTIVE, Ordering::Release);
+    s.mapped = Some(Mapped { ring, base, len });
+}
+
+/// In a forked child: drop the session without touching the shared ring (it is the parent's)
+/// but to count itself as a child that was not followed.
 pub fn forget_in_child(s: &mut Session) {
     ENABLED.store(false, Ordering::Release);
     sampler::idle();
     if let Some(m) = s.mapped.take() {
+        m.ring
+            .header()
+            .forked_unfollowed
+            .fetch_add(1, Ordering::Relaxed);
         // SAFETY: the child's copy of the mapping, which nothing else uses.
         unsafe { sys::munmap(m.base.cast(), m.len) };
     }

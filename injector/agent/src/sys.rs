@@ -25,7 +25,55 @@ pub struct Timespec {
 
 pub const SC_PAGESIZE: c_int = 30;
 
+pub const AF_UNIX: c_int = 1;
+pub const SOCK_SEQPACKET: c_int = 5;
+pub const SOCK_CLOEXEC: c_int = 0o2000000;
+pub const SOL_SOCKET: c_int = 1;
+pub const SCM_RIGHTS: c_int = 1;
+pub const MSG_NOSIGNAL: c_int = 0x4000;
+pub const F_ADD_SEALS: c_int = 1033;
+pub const F_SEAL_SHRINK: c_int = 2;
+pub const F_SEAL_GROW: c_int = 4;
+pub const MFD_CLOEXEC: c_int = 1;
+pub const MFD_ALLOW_SEALING: c_int = 2;
+#[cfg(target_arch = "x86_64")]
+pub const SYS_MEMFD_CREATE: c_long = 319;
+#[cfg(target_arch = "aarch64")]
+pub const SYS_MEMFD_CREATE: c_long = 279;
+
+/// `struct sockaddr_un`.
+#[repr(C)]
+pub struct SockaddrUn {
+    pub family: u16,
+    pub path: [u8; 108],
+}
+
+/// `struct iovec`.
+#[repr(C)]
+pub struct Iovec {
+    pub base: *mut c_void,
+    pub len: usize,
+}
+
+/// `struct msghdr`.
+#[repr(C)]
+pub struct Msghdr {
+    pub name: *mut c_void,
+    pub namelen: u32,
+    pub iov: *mut Iovec,
+    pub iovlen: usize,
+    pub control: *mut c_void,
+    pub controllen: usize,
+    pub flags: c_int,
+}
+
 extern "C" {
+    pub fn socket(domain: c_int, kind: c_int, protocol: c_int) -> c_int;
+    pub fn connect(fd: c_int, addr: *const SockaddrUn, len: u32) -> c_int;
+    pub fn sendmsg(fd: c_int, msg: *const Msghdr, flags: c_int) -> isize;
+    pub fn ftruncate(fd: c_int, len: i64) -> c_int;
+    pub fn fcntl(fd: c_int, cmd: c_int, ...) -> c_int;
+    pub fn getppid() -> c_int;
     pub fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
     pub fn dlopen(name: *const c_char, flags: c_int) -> *mut c_void;
     pub fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int;

@@ -1,0 +1,90 @@
+"""multiprocessing workers that keep known bytes in a function of their own.
+
+usage: pool_workload.py METHOD TRUTH_JSON
+METHOD: fork | spawn | forkserver | prefork | forkbomb
+Each worker runs keep_in_worker(n) for its tasks, which allocates n bytes objects of 10,000
+bytes (one allocation each, sys.getsizeof bytes) and keeps them until the worker exits. The
+parent writes {worker pid: bytes keep_in_worker keeps} to TRUTH_JSON.
+prefork: os.fork() twice, each worker serves 20 "requests" in handle_request.
+forkbomb: 100 short-lived children, each allocating in short_lived() and exiting at once.
+"""
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+
+# Sized up front, and the object size computed once, so that the functions below allocate
+# nothing but the objects they keep.
+KEPT = [None] * 1000
+COUNT = [0]
+SIZE = sys.getsizeof(bytes(10_000))
+
+
+def keep_in_worker(n):
+    for _ in range(n):
+        KEPT[COUNT[0]] = bytes(10_000)
+        COUNT[0] += 1
+    # Long enough that every worker gets tasks.
+    time.sleep(0.1)
+    return os.getpid(), n * SIZE
+
+
+def handle_request(i):
+    KEPT[COUNT[0]] = bytes(5_000 + i)
+    COUNT[0] += 1
+    return 5_000 + i + SIZE - 10_000
+
+
+def short_lived(i):
+    return len([bytes(1000) for _ in range(10 + i % 5)])
+
+
+def pool(method, truth_path):
+    ctx = mp.get_context(method)
+    truth = {}
+    with ctx.Pool(2) as p:
+        for pid, nbytes in p.map(keep_in_worker, [30, 20, 30, 20, 10, 40], chunksize=1):
+            truth[pid] = truth.get(pid, 0) + nbytes
+    return truth
+
+
+def prefork():
+    truth = {}
+    pids = []
+    for w in range(2):
+        r, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            total = sum(handle_request(i) for i in range(20))
+            os.write(wfd, str(total).encode())
+            os._exit(0)
+        os.close(wfd)
+        pids.append((pid, r))
+    for pid, r in pids:
+        truth[pid] = int(os.read(r, 64).decode())
+        os.waitpid(pid, 0)
+    return truth
+
+
+def forkbomb():
+    for i in range(100):
+        pid = os.fork()
+        if pid == 0:
+            short_lived(i)
+            os._exit(0)
+        os.waitpid(pid, 0)
+    return {}
+
+
+if __name__ == "__main__":
+    method, truth_path = sys.argv[1], sys.argv[2]
+    if method == "prefork":
+        truth = prefork()
+    elif method == "forkbomb":
+        truth = forkbomb()
+    else:
+        truth = pool(method, truth_path)
+    with open(truth_path, "w") as f:
+        json.dump({str(k): v for k, v in truth.items()}, f)
