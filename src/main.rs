@@ -63,6 +63,10 @@ enum Command {
         /// Print no summary at the end.
         #[arg(short, long)]
         quiet: bool,
+        /// Attach to the target's Python child processes too (as they are now, and those it
+        /// forks while attached); their captures go to CAPTURE.d/.
+        #[arg(long)]
+        follow_children: bool,
         /// Show a live view of the allocation sites while attached (q detaches).
         #[arg(long)]
         live: bool,
@@ -188,15 +192,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
             sampling,
             quiet,
             live,
-        } => attach::run(
+            follow_children,
+        } => attach::run(attach::Options {
             pid,
             duration,
-            Duration::from_secs_f64(timeout),
-            &output,
-            &sampling,
+            timeout: Duration::from_secs_f64(timeout),
+            output: &output,
+            sampling: &sampling,
             quiet,
             live,
-        ),
+            follow_children,
+        }),
         Command::Report {
             file,
             view,

@@ -168,9 +168,7 @@ pub fn run(
     let agent = rendezvous.is_some().then_some(agent);
     let pid = child.id();
     let mut children = match &rendezvous {
-        Some(_) => Some(crate::children::Children::new(
-            output, pid, data_size, sampling,
-        )?),
+        Some(_) => Some(crate::children::Children::new(output, pid, sampling)?),
         None => None,
     };
     // The program runs: its capture (and output) take their final names.
