@@ -5,6 +5,7 @@
 //! (made in the target's own memory file), and runs the same reader as `record`.
 
 use crate::capture::CaptureWriter;
+use crate::hints::{self, GrowthWatch};
 use crate::profile::Profile;
 use crate::session::{Reader, RingMem};
 use crate::{report, SamplingArgs};
@@ -58,13 +59,17 @@ fn unix_ms() -> u128 {
 
 /// The command line of `pid`, from /proc (arguments joined by spaces; empty if unreadable).
 pub fn command_line(pid: u32) -> String {
+    arguments(pid).join(" ")
+}
+
+/// The arguments of `pid`, from /proc (empty if unreadable).
+fn arguments(pid: u32) -> Vec<String> {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|raw| {
             raw.split(|&b| b == 0)
                 .filter(|a| !a.is_empty())
-                .map(String::from_utf8_lossy)
-                .collect::<Vec<_>>()
-                .join(" ")
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
         })
         .unwrap_or_default()
 }
@@ -154,10 +159,16 @@ fn sample(
     a: &Attached,
     duration: Option<f64>,
     view: &mut Option<crate::live::Live>,
+    growth: &mut GrowthWatch,
 ) -> Result<Ending> {
     let until = duration.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
     loop {
         let (moved, closed) = crate::live::pump(view, reader, &a.ring)?;
+        if view.is_none() {
+            if let Some(note) = growth.check(Instant::now(), reader.capture.written()) {
+                eprintln!("{note}");
+            }
+        }
         if closed.is_some() || stop_signal().is_some() {
             return Ok(Ending::Signal);
         }
@@ -256,7 +267,7 @@ pub fn run(
         crate::live::Live::check_terminal()?;
     }
     // Every check that needs no change to the target comes before the capture file exists.
-    let injector = Injector::new(pid)?;
+    let injector = hints::noting_a_stale_session(pid, || Injector::new(pid))?;
     let mut capture = CaptureWriter::create(output)?;
     let attached = inject(injector, sampling, started, timeout)?;
     // If the attach fails, dropping the capture removes only its temporary file: whatever is
@@ -274,9 +285,14 @@ pub fn run(
             attached.took.as_millis(),
         ),
     })?;
-    // The views show who was profiled: the command line, like record's.
+    // The views show who was profiled: the command line, like record's, and where its code is.
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok();
+    let yours = crate::focus::meta_lines(&arguments(pid), cwd.as_deref(), &sampling.focus);
     capture.write(&Record::Meta {
-        text: format!("command={}\n", command_line(pid).replace('\n', "\\n")),
+        text: format!(
+            "command={}\n{yours}",
+            command_line(pid).replace('\n', "\\n")
+        ),
     })?;
     if !quiet {
         let until = match duration {
@@ -292,7 +308,8 @@ pub fn run(
     }
     let mut reader = Reader::new(&attached.ring, capture, pid);
     // The agent is running: a view that cannot start must not end the session early.
-    let target = crate::live::Target::attach(pid, sampling.rate, output);
+    let focus = crate::focus::Focus::from_meta_lines(&yours);
+    let target = crate::live::Target::attach(pid, sampling.rate, output, focus);
     let mut view = match live.then(|| crate::live::Live::start(target)) {
         Some(Ok(v)) => Some(v),
         Some(Err(e)) => {
@@ -301,7 +318,8 @@ pub fn run(
         }
         None => None,
     };
-    let ending = sample(&mut reader, &attached, duration, &mut view)?;
+    let mut growth = GrowthWatch::new(sampling.rate);
+    let ending = sample(&mut reader, &attached, duration, &mut view, &mut growth)?;
     drop(view); // the terminal is restored before anything is printed
     let stopped = match ending {
         Ending::TargetExited | Ending::AgentStopped => {
@@ -332,6 +350,11 @@ pub fn run(
         let profile = Profile::load(output)?;
         eprintln!("{}", report::summary(&profile));
         eprintln!("mprof: capture written to {}", output.display());
+        let allocated = profile.totals().allocated.bytes;
+        let children = hints::python_children(pid);
+        if let Some(hint) = hints::children_hint(pid, profile.samples, allocated, &children) {
+            eprintln!("{hint}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

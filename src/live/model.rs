@@ -6,7 +6,8 @@
 //! from snapshots only, so pausing the display is keeping an old one.
 
 use crate::aggregate::{Aggregator, Change};
-use crate::grouping::Grouping;
+use crate::focus::{Focus, Memo};
+use crate::grouping::{Beside, Grouping, YourCodeGroups};
 use crate::profile::{Estimate, FastMap, Location, StackId};
 use mprof_common::record::{self, Record, KIND_ALLOC};
 use std::collections::{HashMap, VecDeque};
@@ -90,6 +91,7 @@ pub struct Model {
     dropped: u64,
     python: String,
     history: VecDeque<(f64, f64)>,
+    focus: Focus,
 }
 
 impl Model {
@@ -105,7 +107,13 @@ impl Model {
             dropped: 0,
             python: String::new(),
             history: VecDeque::new(),
+            focus: Focus::default(),
         }
+    }
+
+    /// Says which files are your code, for [`Grouping::YourCode`].
+    pub fn set_focus(&mut self, focus: Focus) {
+        self.focus = focus;
     }
 
     /// Applies an encoded record (as the reader writes it to the capture); undecodable bytes
@@ -281,7 +289,7 @@ impl Column {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Settings {
     pub sort: Column,
-    /// Line, function or file (the live view cycles through these three).
+    /// Your code, line, function or file (the live view cycles through these four).
     pub group: Grouping,
     /// Total (a site plus everything it calls) instead of own bytes.
     pub inclusive: bool,
@@ -293,7 +301,7 @@ impl Default for Settings {
     fn default() -> Settings {
         Settings {
             sort: Column::Rate,
-            group: Grouping::Line,
+            group: Grouping::YourCode,
             inclusive: false,
             thread: None,
         }
@@ -309,6 +317,8 @@ pub struct Row<'a> {
     /// The line (the function's first line by function, 0 by file or for a pseudo-frame).
     pub line: u32,
     pub figures: SiteFigures,
+    /// By your code (own bytes): the innermost frame beside the row's.
+    pub beside: Option<Beside<'a>>,
 }
 
 impl Row<'_> {
@@ -321,37 +331,30 @@ impl Row<'_> {
 /// The table's rows for a snapshot, sorted by `settings.sort` (largest first; ties by the
 /// allocated bytes, then file, function and line, so the order never flickers).
 pub fn rows<'a>(model: &'a Model, snap: &Snapshot, settings: &Settings) -> Vec<Row<'a>> {
-    let mut groups: HashMap<(&str, &str, u32), SiteFigures> = HashMap::new();
-    let mut keys = Vec::new();
-    for (stack, tid, figures) in &snap.sites {
-        if settings.thread.is_some_and(|t| t != *tid) {
-            continue;
+    let sites = snap
+        .sites
+        .iter()
+        .filter(|(_, tid, _)| settings.thread.is_none_or(|t| t == *tid));
+    let mut rows = if settings.group == Grouping::YourCode && !settings.inclusive {
+        let mut groups = YourCodeGroups::new(&model.focus);
+        for (stack, _, figures) in sites {
+            groups.add(model.frames(*stack), figures, SiteFigures::merge);
         }
-        keys.clear();
-        if settings.inclusive {
-            // A recursive function counts once per stack, not once per frame.
-            for loc in model.frames(*stack) {
-                let k = settings.group.frame_key(&loc);
-                if !keys.contains(&k) {
-                    keys.push(k);
-                }
-            }
-        } else {
-            keys.push(settings.group.frame_key(&model.innermost(*stack)));
-        }
-        for k in &keys {
-            groups.entry(*k).or_default().merge(figures);
-        }
-    }
-    let mut rows: Vec<Row> = groups
-        .into_iter()
-        .map(|((file, function, line), figures)| Row {
-            file,
-            function,
-            line,
-            figures,
-        })
-        .collect();
+        let sort = settings.sort;
+        groups
+            .finish(|f| sort.key(f))
+            .into_iter()
+            .map(|((file, function, line), figures, beside)| Row {
+                file,
+                function,
+                line,
+                figures,
+                beside: Some(beside),
+            })
+            .collect()
+    } else {
+        frame_rows(model, sites, settings)
+    };
     let sort = settings.sort;
     rows.sort_by(|a, b| {
         let k = |r: &Row| (sort.key(&r.figures), Column::Allocated.key(&r.figures));
@@ -359,6 +362,48 @@ pub fn rows<'a>(model: &'a Model, snap: &Snapshot, settings: &Settings) -> Vec<R
             .then_with(|| (a.file, a.function, a.line).cmp(&(b.file, b.function, b.line)))
     });
     rows
+}
+
+/// Rows keyed by one frame per stack (own bytes) or by every frame of it (total bytes; by
+/// your code, every frame of yours, or the innermost when none is).
+fn frame_rows<'a, 's>(
+    model: &'a Model,
+    sites: impl Iterator<Item = &'s (StackId, u32, SiteFigures)>,
+    settings: &Settings,
+) -> Vec<Row<'a>> {
+    let mut groups: HashMap<(&str, &str, u32), SiteFigures> = HashMap::new();
+    let mut keys = Vec::new();
+    let mut memo = Memo::new();
+    for (stack, _, figures) in sites {
+        keys.clear();
+        if settings.inclusive {
+            // A recursive function counts once per stack, not once per frame.
+            for loc in model.frames(*stack) {
+                let k = settings.group.frame_key(&loc);
+                let wanted =
+                    settings.group != Grouping::YourCode || model.focus.is_yours(&loc, &mut memo);
+                if wanted && !keys.contains(&k) {
+                    keys.push(k);
+                }
+            }
+        }
+        if keys.is_empty() {
+            keys.push(settings.group.frame_key(&model.innermost(*stack)));
+        }
+        for k in &keys {
+            groups.entry(*k).or_default().merge(figures);
+        }
+    }
+    groups
+        .into_iter()
+        .map(|((file, function, line), figures)| Row {
+            file,
+            function,
+            line,
+            figures,
+            beside: None,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -450,6 +495,64 @@ mod tests {
                 ("app.py:main".into(), 1, 1800.0, 800.0),
                 ("app.py:build".into(), 10, 1500.0, 500.0),
                 ("lib.py:leaf".into(), 20, 1300.0, 300.0),
+            ]
+        );
+    }
+
+    #[test]
+    fn by_your_code_own_rows_show_the_innermost_and_totals_keep_your_frames() {
+        let mut m = Model::new(1, 0);
+        let json = "/usr/lib/python3.11/json/encoder.py";
+        for r in [
+            code(1, "app.py", "main", 1),
+            code(2, json, "encode", 180),
+            code(3, "/usr/lib/python3.11/functools.py", "wrapper", 900),
+            alloc(7, 100, 1000, &[(2, 200), (1, 5)]),
+            alloc(7, 200, 300, &[(2, 201), (3, 905), (1, 5)]),
+            alloc(7, 300, 50, &[(1, 6)]),
+            alloc(7, 400, 20, &[(2, 202)]),
+        ] {
+            m.apply(&r);
+        }
+        let s = m.roll(1_000_000_000);
+        let settings = Settings {
+            sort: Column::Allocated,
+            ..Settings::default()
+        };
+        let rows = rows(&m, &s, &settings);
+        let got: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                let b = r.beside.unwrap();
+                let inner = b.innermost.map(|l| l.line);
+                (
+                    r.file,
+                    r.line,
+                    r.figures.allocated.bytes,
+                    inner,
+                    b.more,
+                    b.yours,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("app.py", 5, 1300.0, Some(200), 1, true),
+                ("app.py", 6, 50.0, None, 0, true),
+                (json, 202, 20.0, None, 0, false),
+            ]
+        );
+        let total = Settings {
+            inclusive: true,
+            ..settings
+        };
+        assert_eq!(
+            table(&m, &s, total),
+            [
+                ("app.py:main".into(), 5, 1300.0, 1300.0),
+                ("app.py:main".into(), 6, 50.0, 50.0),
+                (format!("{json}:encode"), 202, 20.0, 20.0),
             ]
         );
     }
