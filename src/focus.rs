@@ -119,7 +119,7 @@ impl Focus {
                     if left && right {
                         return true;
                     }
-                    at = start + 1;
+                    at = start + n.chars().next().map_or(1, char::len_utf8);
                 }
                 false
             })
@@ -376,6 +376,10 @@ mod tests {
         assert!(!focused.is_your_file("/usr/lib/python3.11/json/y.py"));
         assert!(!focused.is_your_file("/venv/lib/python3.12/site-packages/flasky/a.py"));
         assert!(!focused.is_your_file(JSON));
+        // Names come from captures too: any bytes, no panic.
+        let odd = Focus::new(&BTreeMap::new(), &[PathBuf::from("é/é")]);
+        assert!(odd.is_your_file("/usr/lib/python3.11/éé/é/é/a.py"));
+        assert!(!odd.is_your_file("/usr/lib/python3.11/éé/é.py"));
     }
 
     #[test]

@@ -70,7 +70,7 @@ enum Command {
         /// Which bytes to count.
         #[arg(long, value_enum, default_value = "allocated")]
         view: View,
-        /// How to group (default: by the innermost line in your code).
+        /// How to group rows.
         #[arg(long, value_enum, default_value = "your-code")]
         by: Grouping,
         /// How many rows (0 = all).
@@ -136,7 +136,7 @@ enum Command {
         /// Which bytes to count.
         #[arg(long, value_enum, default_value = "live")]
         view: View,
-        /// How to group (default: by the innermost line in your code).
+        /// How to group rows.
         #[arg(long, value_enum, default_value = "your-code")]
         by: Grouping,
         /// How many rows (0 = all).
