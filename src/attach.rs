@@ -6,6 +6,7 @@
 
 use crate::capture::CaptureWriter;
 use crate::children::{Children, Rendezvous};
+use crate::hints::{self, GrowthWatch};
 use crate::profile::Profile;
 use crate::session::{Reader, RingMem};
 use crate::{report, SamplingArgs};
@@ -59,13 +60,17 @@ fn unix_ms() -> u128 {
 
 /// The command line of `pid`, from /proc (arguments joined by spaces; empty if unreadable).
 pub fn command_line(pid: u32) -> String {
+    arguments(pid).join(" ")
+}
+
+/// The arguments of `pid`, from /proc (empty if unreadable).
+fn arguments(pid: u32) -> Vec<String> {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|raw| {
             raw.split(|&b| b == 0)
                 .filter(|a| !a.is_empty())
-                .map(String::from_utf8_lossy)
-                .collect::<Vec<_>>()
-                .join(" ")
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
         })
         .unwrap_or_default()
 }
@@ -167,12 +172,18 @@ fn sample(
     duration: Option<f64>,
     view: &mut Option<crate::live::Live>,
     followed: &mut Option<Followed>,
+    growth: &mut GrowthWatch,
 ) -> Result<Ending> {
     let until = duration.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
     loop {
         let (mut moved, closed) = crate::live::pump(view, reader, &a.ring)?;
         if let Some(f) = followed.as_mut() {
             moved += f.children.pump(&f.rendezvous)?;
+        }
+        if view.is_none() {
+            if let Some(note) = growth.check(Instant::now(), reader.capture.written()) {
+                eprintln!("{note}");
+            }
         }
         if closed.is_some() || stop_signal().is_some() {
             return Ok(Ending::Signal);
@@ -358,7 +369,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
         crate::live::Live::check_terminal()?;
     }
     // Every check that needs no change to the target comes before the capture file exists.
-    let injector = Injector::new(pid)?;
+    let injector = hints::noting_a_stale_session(pid, || Injector::new(pid))?;
     let mut capture = CaptureWriter::create(output)?;
     let rendezvous = follow_children.then(Rendezvous::listen).transpose()?;
     let name = rendezvous.as_ref().map(|r| r.name().to_string());
@@ -378,9 +389,14 @@ pub fn run(o: Options) -> Result<ExitCode> {
             attached.took.as_millis(),
         ),
     })?;
-    // The views show who was profiled: the command line, like record's.
+    // The views show who was profiled: the command line, like record's, and where its code is.
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok();
+    let yours = crate::focus::meta_lines(&arguments(pid), cwd.as_deref(), &sampling.focus);
     capture.write(&Record::Meta {
-        text: format!("command={}\n", command_line(pid).replace('\n', "\\n")),
+        text: format!(
+            "command={}\n{yours}",
+            command_line(pid).replace('\n', "\\n")
+        ),
     })?;
     if !quiet {
         let until = match duration {
@@ -421,7 +437,8 @@ pub fn run(o: Options) -> Result<ExitCode> {
     };
     let mut reader = Reader::new(&attached.ring, capture, pid);
     // The agent is running: a view that cannot start must not end the session early.
-    let target = crate::live::Target::attach(pid, sampling.rate, output);
+    let focus = crate::focus::Focus::from_meta_lines(&yours);
+    let target = crate::live::Target::attach(pid, sampling.rate, output, focus);
     let mut view = match live.then(|| crate::live::Live::start(target)) {
         Some(Ok(v)) => Some(v),
         Some(Err(e)) => {
@@ -430,7 +447,15 @@ pub fn run(o: Options) -> Result<ExitCode> {
         }
         None => None,
     };
-    let ending = sample(&mut reader, &attached, duration, &mut view, &mut followed)?;
+    let mut growth = GrowthWatch::new(sampling.rate);
+    let ending = sample(
+        &mut reader,
+        &attached,
+        duration,
+        &mut view,
+        &mut followed,
+        &mut growth,
+    )?;
     drop(view); // the terminal is restored before anything is printed
     let stopped = match ending {
         Ending::TargetExited | Ending::AgentStopped => {
@@ -471,6 +496,11 @@ pub fn run(o: Options) -> Result<ExitCode> {
         let profile = Profile::load(output)?;
         eprintln!("{}", report::summary(&profile));
         eprintln!("mprof: capture written to {}", output.display());
+        let allocated = profile.totals().allocated.bytes;
+        let children = hints::python_children(pid);
+        if let Some(hint) = hints::children_hint(pid, profile.samples, allocated, &children) {
+            eprintln!("{hint}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -16,7 +16,7 @@ use anyhow::Result;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// How many standard errors a change must exceed not to be noise.
 pub const NOISE_SIGMAS: f64 = 2.0;
@@ -87,7 +87,7 @@ fn signed(bytes: f64) -> String {
 /// The text of a diff.
 pub fn text(base: &Profile, new: &Profile, view: View, by: Grouping, top: usize) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "mprof diff: {}, by {}", view_title(view), by.name());
+    let _ = writeln!(out, "mprof diff: {}, by {}", view_title(view), by.title());
     for (name, p) in [("base", base), ("new", new)] {
         for line in header_lines(p) {
             let _ = writeln!(out, "{name}: {line}");
@@ -209,7 +209,7 @@ pub fn json(base: &Profile, new: &Profile, view: View, by: Grouping, top: usize)
     Ok(s)
 }
 
-/// `mprof diff`: prints the diff of two captures.
+/// `mprof diff`: prints the diff of two captures; `focus` adds to what counts as your code.
 pub fn run(
     base: &Path,
     new: &Path,
@@ -217,9 +217,12 @@ pub fn run(
     by: Grouping,
     top: usize,
     as_json: bool,
+    focus: &[PathBuf],
 ) -> Result<()> {
-    let b = Profile::load(base)?;
-    let n = Profile::load(new)?;
+    let mut b = Profile::load(base)?;
+    let mut n = Profile::load(new)?;
+    b.set_focus(focus);
+    n.set_focus(focus);
     let out = if as_json {
         json(&b, &n, view, by, top)?
     } else {

@@ -78,8 +78,8 @@ enum Command {
         /// Which bytes to count.
         #[arg(long, value_enum, default_value = "allocated")]
         view: View,
-        /// How to group.
-        #[arg(long, value_enum, default_value = "line")]
+        /// How to group rows.
+        #[arg(long, value_enum, default_value = "your-code")]
         by: Grouping,
         /// How many rows (0 = all).
         #[arg(long, default_value_t = 20)]
@@ -87,6 +87,10 @@ enum Command {
         /// Print JSON (schema in the README).
         #[arg(long)]
         json: bool,
+        /// Count the files under PATH as your code for `--by your-code`, library or not
+        /// (repeatable; a relative PATH also matches that run of directories anywhere).
+        #[arg(long = "focus", value_name = "PATH")]
+        focus: Vec<PathBuf>,
     },
     /// Write a flamegraph SVG of a capture.
     Flamegraph {
@@ -140,8 +144,8 @@ enum Command {
         /// Which bytes to count.
         #[arg(long, value_enum, default_value = "live")]
         view: View,
-        /// How to group.
-        #[arg(long, value_enum, default_value = "line")]
+        /// How to group rows.
+        #[arg(long, value_enum, default_value = "your-code")]
         by: Grouping,
         /// How many rows (0 = all).
         #[arg(long, default_value_t = 20)]
@@ -149,6 +153,10 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Count the files under PATH as your code for `--by your-code`, library or not
+        /// (repeatable; a relative PATH also matches that run of directories anywhere).
+        #[arg(long = "focus", value_name = "PATH")]
+        focus: Vec<PathBuf>,
     },
     /// Write a capture in a format other tools read: pprof, speedscope, folded stacks, JSON.
     Export {
@@ -209,7 +217,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             by,
             top,
             json,
-        } => done(report::run(&file, view, by, top, json)),
+            focus,
+        } => done(report::run(&file, view, by, top, json, &focus)),
         Command::Flamegraph {
             file,
             output,
@@ -236,7 +245,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             by,
             top,
             json,
-        } => done(diff::run(&base, &new, view, by, top, json)),
+            focus,
+        } => done(diff::run(&base, &new, view, by, top, json, &focus)),
         Command::Export {
             file,
             format,

@@ -16,6 +16,7 @@ use crate::aggregate::{meta_rate, Aggregator, Block, Change};
 pub use crate::aggregate::{MAX_META_KEYS, MAX_META_VALUE};
 use crate::capture::{CaptureFile, Digest};
 pub use crate::estimate::{Estimate, Figures, Sample, View};
+use crate::focus::Focus;
 pub use crate::names::{
     FastMap, Location, StackId, MAX_DEPTH, MAX_NAME, NO_PYTHON_FRAME, TRUNCATED, UNKNOWN,
 };
@@ -24,7 +25,7 @@ use anyhow::{Context, Result};
 use mprof_common::record::Record;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The reader's memory may reach this many times the capture's size, plus [`MEMORY_FIXED`].
 pub const MEMORY_PER_BYTE: usize = 4;
@@ -144,6 +145,8 @@ pub struct Profile {
     figures: Vec<Figures>,
     /// Figures per (stack, thread), sorted.
     sites: Vec<((StackId, u32), Figures)>,
+    /// Which files are yours (see [`Profile::focus`]).
+    focus: Focus,
 }
 
 impl Profile {
@@ -356,6 +359,7 @@ impl Profile {
             _ => 0.0,
         };
         Ok(Profile {
+            focus: Focus::new(&agg.meta, &[]),
             meta: agg.meta,
             rate: agg.rate,
             rate_known: first_rate.is_some(),
@@ -427,6 +431,17 @@ impl Profile {
     /// The innermost frame of a stack.
     pub fn innermost(&self, stack: StackId) -> Location<'_> {
         self.names.innermost(stack.0)
+    }
+
+    /// Which files are your code, for [`crate::grouping::Grouping::YourCode`]: the capture's
+    /// metadata (`cwd`, `program_dir`) and the paths given to [`Profile::set_focus`].
+    pub fn focus(&self) -> &Focus {
+        &self.focus
+    }
+
+    /// Adds the user's `--focus` paths to what counts as your code.
+    pub fn set_focus(&mut self, paths: &[PathBuf]) {
+        self.focus = Focus::new(&self.meta, paths);
     }
 
     /// Totals over all stacks, per view.

@@ -1,6 +1,7 @@
 //! `mprof record`: run a command with the agent preloaded and profile it from its first line.
 
 use crate::capture::CaptureWriter;
+use crate::hints::GrowthWatch;
 use crate::live::{self, Closed, Live};
 use crate::profile::Profile;
 use crate::session::{Reader, RingMem};
@@ -13,7 +14,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Finds `program` the way `execvp` would, so that a missing command is reported before
 /// anything starts.
@@ -181,9 +182,12 @@ pub fn run(
         let _ = child.wait();
         return Err(e);
     }
+    let cwd = std::env::current_dir().ok();
+    let yours = crate::focus::meta_lines(command, cwd.as_deref(), &sampling.focus);
     capture.write(&Record::Meta {
         text: format!(
-            "mode=record\ncommand={}\npid={pid}\nrate={}\nmax_depth={}\nseed={}\nstart_unix_ms={}\n",
+            "mode=record\ncommand={}\npid={pid}\nrate={}\nmax_depth={}\nseed={}\nstart_unix_ms={}\n\
+             {yours}",
             command.join(" ").replace('\n', "\\n"),
             sampling.rate,
             sampling.max_depth,
@@ -209,6 +213,7 @@ pub fn run(
             rate: sampling.rate,
             capture: output.to_path_buf(),
             program_output: Some(out.clone()),
+            focus: crate::focus::Focus::from_meta_lines(&yours),
         })
     }) {
         None => None,
@@ -222,8 +227,14 @@ pub fn run(
     let mut reader = Reader::new(&ring, capture, pid);
     let mut unfollowed = crate::children::Unfollowed::default();
     let mut announced_version = false;
+    let mut growth = GrowthWatch::new(sampling.rate);
     let status = loop {
         let (moved, closed) = live::pump(&mut view, &mut reader, &ring)?;
+        if view.is_none() {
+            if let Some(note) = growth.check(Instant::now(), reader.capture.written()) {
+                eprintln!("{note}");
+            }
+        }
         if let Some(closed) = closed {
             let name = Path::new(&command[0]).file_name().unwrap_or_default();
             view_closed(closed, pid, &name.to_string_lossy());

@@ -11,11 +11,20 @@ use crate::units::human_bytes;
 use anyhow::Result;
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-/// `mprof report`: prints the report of a capture to stdout.
-pub fn run(path: &Path, view: View, by: Grouping, top: usize, json: bool) -> Result<()> {
-    let p = Profile::load(path)?;
+/// `mprof report`: prints the report of a capture to stdout; `focus` adds to what counts as
+/// your code.
+pub fn run(
+    path: &Path,
+    view: View,
+    by: Grouping,
+    top: usize,
+    json: bool,
+    focus: &[PathBuf],
+) -> Result<()> {
+    let mut p = Profile::load(path)?;
+    p.set_focus(focus);
     let out = render(&p, view, by, top, json)?;
     write_stdout(out.as_bytes())
 }
@@ -134,10 +143,18 @@ pub fn header_lines(p: &Profile) -> Vec<String> {
     lines
 }
 
+/// `label  ← innermost` for a row grouped by your code, `label` otherwise.
+fn labelled(label: &str, row: &Row) -> String {
+    match row.beside_text() {
+        beside if beside.is_empty() => label.to_owned(),
+        beside => format!("{label}  {beside}"),
+    }
+}
+
 /// The text report.
 pub fn text_report(p: &Profile, view: View, by: Grouping, top: usize) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "mprof report: {}, by {}", view_title(view), by.name());
+    let _ = writeln!(out, "mprof report: {}, by {}", view_title(view), by.title());
     for line in header_lines(p) {
         let _ = writeln!(out, "{line}");
     }
@@ -182,7 +199,7 @@ pub fn text_report(p: &Profile, view: View, by: Grouping, top: usize) -> String 
             human_bytes(e.stderr()),
             format!("{share:.1}%"),
             e.samples,
-            printable(&row.label_in(p))
+            printable(&labelled(&row.label_in(p), row))
         );
         let callers = row.stack.len().saturating_sub(1);
         for caller in row.stack.iter().skip(1).take(MAX_CALLERS) {
@@ -227,8 +244,9 @@ pub fn summary(p: &Profile) -> String {
         plus_minus(t.peak.bytes, t.peak.stderr())
     );
 
-    let _ = write!(out, "mprof: top allocation sites:");
-    for row in rows(p, View::Allocated, Grouping::Line).iter().take(5) {
+    let by = Grouping::YourCode;
+    let _ = write!(out, "mprof: top allocation sites, by {}:", by.title());
+    for row in rows(p, View::Allocated, by).iter().take(5) {
         let e = &row.figures.allocated;
         let share = 100.0 * e.bytes / t.allocated.bytes.max(f64::MIN_POSITIVE);
         let _ = write!(
@@ -236,7 +254,7 @@ pub fn summary(p: &Profile) -> String {
             "\n  {:>11} {:>6}  {}",
             human_bytes(e.bytes),
             format!("{share:.1}%"),
-            printable(&row.label())
+            printable(&labelled(&row.label(), row))
         );
     }
     out

@@ -71,11 +71,14 @@ pub struct Target {
     pub capture: PathBuf,
     /// Where the program's stdout and stderr go while the view is up (record).
     pub program_output: Option<PathBuf>,
+    /// Which files are your code, for the grouping by your code.
+    pub focus: crate::focus::Focus,
 }
 
 impl Target {
-    /// The target of `mprof attach --live`: its command line is read from /proc.
-    pub fn attach(pid: u32, rate: u64, capture: &Path) -> Target {
+    /// The target of `mprof attach --live`: its command line is read from /proc; `focus`
+    /// says which files are your code.
+    pub fn attach(pid: u32, rate: u64, capture: &Path, focus: crate::focus::Focus) -> Target {
         let command = crate::attach::command_line(pid);
         Target {
             mode: Mode::Attach,
@@ -84,6 +87,7 @@ impl Target {
             rate,
             capture: capture.to_path_buf(),
             program_output: None,
+            focus,
         }
     }
 }
@@ -91,7 +95,7 @@ impl Target {
 /// Why the view closed.
 #[derive(Debug)]
 pub enum Closed {
-    /// `q` or Esc.
+    /// `q`, or Esc outside the help.
     Quit,
     /// Ctrl-C (in raw mode the terminal sends no SIGINT: the program has not been told).
     Interrupt,
@@ -194,6 +198,7 @@ impl Live {
         let terminal = enter().inspect_err(|_| restore_terminal())?;
         let now = monotonic_ns();
         let mut model = Model::new(target.rate, now);
+        model.set_focus(target.focus.clone());
         let snapshot = model.roll(now);
         let mut live = Live {
             terminal: ManuallyDrop::new(terminal),
