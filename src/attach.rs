@@ -5,6 +5,8 @@
 //! (made in the target's own memory file), and runs the same reader as `record`.
 
 use crate::capture::CaptureWriter;
+use crate::children::{Children, Rendezvous};
+use crate::hints::{self, GrowthWatch};
 use crate::profile::Profile;
 use crate::session::{Reader, RingMem};
 use crate::{report, SamplingArgs};
@@ -58,13 +60,17 @@ fn unix_ms() -> u128 {
 
 /// The command line of `pid`, from /proc (arguments joined by spaces; empty if unreadable).
 pub fn command_line(pid: u32) -> String {
+    arguments(pid).join(" ")
+}
+
+/// The arguments of `pid`, from /proc (empty if unreadable).
+fn arguments(pid: u32) -> Vec<String> {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|raw| {
             raw.split(|&b| b == 0)
                 .filter(|a| !a.is_empty())
-                .map(String::from_utf8_lossy)
-                .collect::<Vec<_>>()
-                .join(" ")
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
         })
         .unwrap_or_default()
 }
@@ -83,6 +89,7 @@ fn inject(
     sampling: &SamplingArgs,
     started: Instant,
     timeout: Duration,
+    rendezvous: Option<&str>,
 ) -> Result<Attached> {
     let pid = injector.pid();
     // Decided before anything changes in the target: a target too close to its address-space
@@ -100,6 +107,10 @@ fn inject(
     };
     let fd = prepared.take_ring_fd().context("the ring's descriptor")?;
     let ring = RingMem::from_fd(fd, sampling, data_size)?;
+    if let Some(name) = rendezvous {
+        // Processes it forks while attached hand their rings there (see crate::children).
+        ring.set_rendezvous(name);
+    }
     let beat = || ring.heartbeat();
     beat();
     let launched = prepared.launch()?;
@@ -147,6 +158,12 @@ enum Ending {
     AgentStopped,
 }
 
+/// The processes followed besides the target (`--follow-children`).
+struct Followed {
+    rendezvous: Rendezvous,
+    children: Children,
+}
+
 /// Drains the ring (through the live view, if there is one) until the duration is over, a
 /// signal comes, the view is closed, or the target or agent ends.
 fn sample(
@@ -154,10 +171,20 @@ fn sample(
     a: &Attached,
     duration: Option<f64>,
     view: &mut Option<crate::live::Live>,
+    followed: &mut Option<Followed>,
+    growth: &mut GrowthWatch,
 ) -> Result<Ending> {
     let until = duration.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
     loop {
-        let (moved, closed) = crate::live::pump(view, reader, &a.ring)?;
+        let (mut moved, closed) = crate::live::pump(view, reader, &a.ring)?;
+        if let Some(f) = followed.as_mut() {
+            moved += f.children.pump(&f.rendezvous)?;
+        }
+        if view.is_none() {
+            if let Some(note) = growth.check(Instant::now(), reader.capture.written()) {
+                eprintln!("{note}");
+            }
+        }
         if closed.is_some() || stop_signal().is_some() {
             return Ok(Ending::Signal);
         }
@@ -232,6 +259,71 @@ fn wait_stopped(reader: &mut Reader<&RingMem>, a: &Attached, limit: Duration) ->
     Ok(false)
 }
 
+/// Attaches to the Python processes under `root` as they are now (`--follow-children`); a
+/// process that cannot be attached is skipped with a warning.
+fn attach_descendants(
+    children: &mut Children,
+    root: u32,
+    sampling: &SamplingArgs,
+    timeout: Duration,
+    rendezvous: Option<&str>,
+    quiet: bool,
+) {
+    for (pid, _) in crate::children::python_descendants(root, 256) {
+        let attached = Injector::new(pid)
+            .map_err(anyhow::Error::from)
+            .and_then(|i| inject(i, sampling, Instant::now(), timeout, rendezvous));
+        let result = attached.and_then(|a| {
+            let meta = format!(
+                "mode=attach\npid={pid}\nattach_ms={}\npython={}\n",
+                a.took.as_millis(),
+                a.ring.python_version()
+            );
+            children.adopt(pid, a.ring, &meta)
+        });
+        match result {
+            Ok(()) if !quiet => eprintln!("mprof: attached to PID {pid} too (a child of {root})"),
+            Ok(()) => {}
+            Err(e) => eprintln!("mprof: warning: not following PID {pid}: {e:#}"),
+        }
+    }
+}
+
+/// Detaches from every followed process: asks each agent to stop, runs the stop function in
+/// those that do not (they allocate nothing), and finishes their captures.
+fn detach_children(f: &mut Followed, timeout: Duration) -> Result<()> {
+    for (_, ring) in f.children.rings() {
+        ring.reader().request_stop();
+    }
+    let until = Instant::now() + SELF_STOP_WAIT;
+    while Instant::now() < until {
+        f.children.pump(&f.rendezvous)?;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let idle: Vec<u32> = f
+        .children
+        .rings()
+        .filter(|(_, ring)| ring.state().is_ok_and(|s| s == STATE_ACTIVE || s == 2))
+        .map(|(pid, _)| pid)
+        .collect();
+    for pid in idle {
+        let launched = Injector::for_stop(pid)
+            .and_then(|i| i.prepare(timeout))
+            .and_then(|p| p.launch());
+        if let Ok(launched) = launched {
+            let start = Instant::now();
+            while start.elapsed() < STOP_WAIT {
+                f.children.pump(&f.rendezvous)?;
+                if launched.poll()?.is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+    f.children.finish(&f.rendezvous, Duration::from_millis(200))
+}
+
 /// Whether the target exits within a moment (an agent that stopped by itself usually means the
 /// interpreter is shutting down).
 fn exits_soon(liveness: &Liveness) -> bool {
@@ -245,25 +337,43 @@ fn exits_soon(liveness: &Liveness) -> bool {
     false
 }
 
+/// What `mprof attach` was asked to do.
+pub struct Options<'a> {
+    pub pid: u32,
+    /// Seconds to sample (None: until a signal).
+    pub duration: Option<f64>,
+    /// How long to look for a safe point.
+    pub timeout: Duration,
+    pub output: &'a Path,
+    pub sampling: &'a SamplingArgs,
+    pub quiet: bool,
+    pub live: bool,
+    pub follow_children: bool,
+}
+
 /// Attaches to `pid`, samples until `duration` or a signal, detaches and prints the summary.
-pub fn run(
-    pid: u32,
-    duration: Option<f64>,
-    timeout: Duration,
-    output: &Path,
-    sampling: &SamplingArgs,
-    quiet: bool,
-    live: bool,
-) -> Result<ExitCode> {
+pub fn run(o: Options) -> Result<ExitCode> {
+    let Options {
+        pid,
+        duration,
+        timeout,
+        output,
+        sampling,
+        quiet,
+        live,
+        follow_children,
+    } = o;
     let started = Instant::now();
     catch_stop_signals();
     if live {
         crate::live::Live::check_terminal()?;
     }
     // Every check that needs no change to the target comes before the capture file exists.
-    let injector = Injector::new(pid)?;
+    let injector = hints::noting_a_stale_session(pid, || Injector::new(pid))?;
     let mut capture = CaptureWriter::create(output)?;
-    let attached = inject(injector, sampling, started, timeout)?;
+    let rendezvous = follow_children.then(Rendezvous::listen).transpose()?;
+    let name = rendezvous.as_ref().map(|r| r.name().to_string());
+    let attached = inject(injector, sampling, started, timeout, name.as_deref())?;
     // If the attach fails, dropping the capture removes only its temporary file: whatever is
     // at `output` (another session's capture, say) stays.
     capture.place()?;
@@ -276,9 +386,14 @@ pub fn run(
             attached.took.as_millis(),
         ),
     })?;
-    // The views show who was profiled: the command line, like record's.
+    // The views show who was profiled: the command line, like record's, and where its code is.
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok();
+    let yours = crate::focus::meta_lines(&arguments(pid), cwd.as_deref(), &sampling.focus);
     capture.write(&Record::Meta {
-        text: format!("command={}\n", command_line(pid).replace('\n', "\\n")),
+        text: format!(
+            "command={}\n{yours}",
+            command_line(pid).replace('\n', "\\n")
+        ),
     })?;
     if !quiet {
         let until = match duration {
@@ -292,9 +407,35 @@ pub fn run(
             attached.how
         );
     }
+    let mut followed = match rendezvous {
+        Some(rendezvous) => {
+            let dir = crate::children::children_dir(output);
+            capture.write(&Record::Meta {
+                text: format!(
+                    "children_dir={}\n",
+                    dir.file_name().unwrap_or_default().to_string_lossy()
+                ),
+            })?;
+            let mut children = Children::new(output, pid, sampling)?;
+            attach_descendants(
+                &mut children,
+                pid,
+                sampling,
+                timeout,
+                name.as_deref(),
+                quiet,
+            );
+            Some(Followed {
+                rendezvous,
+                children,
+            })
+        }
+        None => None,
+    };
     let mut reader = Reader::new(&attached.ring, capture, pid);
     // The agent is running: a view that cannot start must not end the session early.
-    let target = crate::live::Target::attach(pid, sampling, output);
+    let focus = crate::focus::Focus::from_meta_lines(&yours);
+    let target = crate::live::Target::attach(pid, sampling, output, focus);
     let mut view = match live.then(|| crate::live::Live::start(target)) {
         Some(Ok(v)) => Some(v),
         Some(Err(e)) => {
@@ -303,7 +444,15 @@ pub fn run(
         }
         None => None,
     };
-    let ending = sample(&mut reader, &attached, duration, &mut view)?;
+    let mut growth = GrowthWatch::new(sampling.rate);
+    let ending = sample(
+        &mut reader,
+        &attached,
+        duration,
+        &mut view,
+        &mut followed,
+        &mut growth,
+    )?;
     drop(view); // the terminal is restored before anything is printed
     let stopped = match ending {
         Ending::TargetExited | Ending::AgentStopped => {
@@ -314,6 +463,16 @@ pub fn run(
     };
     reader.finish()?;
     drop(reader);
+    if let Some(f) = followed.as_mut() {
+        detach_children(f, timeout)?;
+        if !quiet {
+            eprintln!(
+                "mprof: {} other process(es) of the tree profiled; their captures are in {}",
+                f.children.profiled(),
+                f.children.dir().display()
+            );
+        }
+    }
     match ending {
         Ending::TargetExited => eprintln!("mprof: PID {pid} exited while attached"),
         Ending::AgentStopped if exits_soon(&attached.liveness) => {
@@ -334,6 +493,11 @@ pub fn run(
         let profile = Profile::load(output)?;
         eprintln!("{}", report::summary(&profile));
         eprintln!("mprof: capture written to {}", output.display());
+        let allocated = profile.totals().allocated.bytes;
+        let children = hints::python_children(pid);
+        if let Some(hint) = hints::children_hint(pid, profile.samples, allocated, &children) {
+            eprintln!("{hint}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -29,6 +29,7 @@ const FILE_HEADER: usize = 16;
 pub struct CaptureWriter {
     out: BufWriter<File>,
     pending: Pending,
+    written: u64,
 }
 
 impl CaptureWriter {
@@ -50,7 +51,11 @@ impl CaptureWriter {
         out.write_all(&FORMAT_VERSION.to_le_bytes())?;
         out.write_all(&0u32.to_le_bytes())?;
         out.flush()?;
-        Ok(CaptureWriter { out, pending })
+        Ok(CaptureWriter {
+            out,
+            pending,
+            written: FILE_HEADER as u64,
+        })
     }
 
     /// Puts the capture at its final name (once the session has started); from then on it is
@@ -61,7 +66,13 @@ impl CaptureWriter {
 
     /// Appends one already-encoded record (as it came out of the ring).
     pub fn write_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        self.written += bytes.len() as u64;
         self.out.write_all(bytes).context("writing capture file")
+    }
+
+    /// Bytes written so far (buffered ones included).
+    pub fn written(&self) -> u64 {
+        self.written
     }
 
     /// Appends one record.

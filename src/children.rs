@@ -252,7 +252,6 @@ struct Child {
 pub struct Children {
     dir: OutputDir,
     root: u32,
-    data_size: usize,
     /// The sampling settings, for the children's metadata.
     sampling: crate::SamplingArgs,
     live: Vec<Child>,
@@ -279,16 +278,10 @@ fn uid_of(pid: u32) -> Option<u32> {
 
 impl Children {
     /// Prepares `CAPTURE.d` for the children of `root`, whose rings have `data_size` bytes.
-    pub fn new(
-        capture: &Path,
-        root: u32,
-        data_size: usize,
-        sampling: &crate::SamplingArgs,
-    ) -> Result<Children> {
+    pub fn new(capture: &Path, root: u32, sampling: &crate::SamplingArgs) -> Result<Children> {
         Ok(Children {
             dir: OutputDir::prepare(&children_dir(capture), "children's capture directory")?,
             root,
-            data_size,
             sampling: sampling.clone(),
             live: Vec::new(),
             done: 0,
@@ -346,7 +339,7 @@ impl Children {
         if self.profiled() >= MAX_CHILDREN {
             anyhow::bail!("more than {MAX_CHILDREN} children: PID {pid} is not profiled");
         }
-        let ring = Box::new(RingMem::from_child(fd, self.data_size)?);
+        let ring = Box::new(RingMem::from_child(fd)?);
         let mut capture = CaptureWriter::create_in(&self.dir, &format!("{pid}.mprof"))?;
         capture.place()?;
         let born = if hello.born == BORN_FORKED {
@@ -370,6 +363,35 @@ impl Children {
             announced_version: false,
         });
         Ok(())
+    }
+
+    /// Takes on a process mprof attached itself (a descendant of the root, under `attach
+    /// --follow-children`): its capture goes beside the forked children's.
+    pub fn adopt(&mut self, pid: u32, ring: RingMem, meta: &str) -> Result<()> {
+        let mut capture = CaptureWriter::create_in(&self.dir, &format!("{pid}.mprof"))?;
+        capture.place()?;
+        capture.write(&Record::Meta {
+            text: format!(
+                "{meta}root_pid={}\ncommand={}\nrate={}\nmax_depth={}\nseed={}\n",
+                self.root,
+                command_line(pid).replace('\n', "\\n"),
+                self.sampling.rate,
+                self.sampling.max_depth,
+                self.sampling.seed
+            ),
+        })?;
+        self.known.insert(pid);
+        self.live.push(Child {
+            pid,
+            reader: Reader::new(Box::new(ring), capture, pid),
+            announced_version: false,
+        });
+        Ok(())
+    }
+
+    /// The processes being drained, with their rings (to ask them to stop).
+    pub fn rings(&self) -> impl Iterator<Item = (u32, &RingMem)> {
+        self.live.iter().map(|c| (c.pid, c.reader.ring()))
     }
 
     /// After the program ended: drains the children still running for up to `grace`, then

@@ -5,10 +5,9 @@
 //! two variances: `σ = √(σ_base² + σ_new²)`. A change within 2σ of zero is marked as noise: at
 //! that size, sampling alone would produce it about one time in twenty.
 
-use crate::allocators::Allocators;
 use crate::estimate::Estimate;
 use crate::grouping::Grouping;
-use crate::profile::{Profile, View};
+use crate::profile::{Lens, Profile, View};
 use crate::report::{header_lines, plus_minus, view_title, write_stdout};
 use crate::sites::{rows, whole};
 use crate::text::printable;
@@ -89,7 +88,7 @@ fn signed(bytes: f64) -> String {
 /// The text of a diff.
 pub fn text(base: &Profile, new: &Profile, view: View, by: Grouping, top: usize) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "mprof diff: {}, by {}", view_title(view), by.name());
+    let _ = writeln!(out, "mprof diff: {}, by {}", view_title(view), by.title());
     for (name, p) in [("base", base), ("new", new)] {
         for line in header_lines(p) {
             let _ = writeln!(out, "{name}: {line}");
@@ -213,7 +212,8 @@ pub fn json(base: &Profile, new: &Profile, view: View, by: Grouping, top: usize)
     Ok(s)
 }
 
-/// `mprof diff`: prints the diff of two captures, of the allocators in `keep` only.
+/// `mprof diff`: prints the diff of two captures, read through `lens` (the files that count
+/// as your code, the allocators kept).
 pub fn run(
     base: &Path,
     new: &Path,
@@ -221,12 +221,10 @@ pub fn run(
     by: Grouping,
     top: usize,
     as_json: bool,
-    keep: Allocators,
+    lens: &Lens,
 ) -> Result<()> {
-    let mut b = Profile::load(base)?;
-    let mut n = Profile::load(new)?;
-    b.select(keep);
-    n.select(keep);
+    let b = Profile::load_with(base, lens)?;
+    let n = Profile::load_with(new, lens)?;
     let out = if as_json {
         json(&b, &n, view, by, top)?
     } else {

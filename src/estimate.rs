@@ -12,7 +12,8 @@
 pub enum View {
     /// Every byte allocated during the capture, freed or not.
     Allocated,
-    /// Bytes still live when the capture ended.
+    /// Bytes still live when the capture ended (also `leaks`).
+    #[value(alias = "leaks")]
     Live,
     /// Bytes live at the moment the whole live heap was highest.
     Peak,

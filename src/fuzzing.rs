@@ -80,6 +80,8 @@ pub fn check_some(bytes: &[u8], path: &Path, views: bool) -> Cost {
         (View::Live, Grouping::Stack, false),
         (View::Peak, Grouping::Function, true),
         (View::Allocated, Grouping::Stack, true),
+        (View::Live, Grouping::YourCode, false),
+        (View::Allocated, Grouping::YourCode, true),
     ] {
         let top = render(&p, view, by, 20, json).expect("rendering");
         cost.top_output = cost.top_output.max(top.len());

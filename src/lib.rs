@@ -7,11 +7,12 @@
 //! - analysis: [`estimate`] (what a sample stands for), [`allocators`] (which allocator the
 //!   bytes came from), [`names`] (interning, stacks), [`aggregate`] (replaying records),
 //!   [`profile`] (a whole capture, within its memory allowance), [`grouping`] and [`sites`]
-//!   (rows), [`frames`] (labels and kinds of code), [`text`] (making untrusted names
-//!   printable, bounding them), [`units`];
+//!   (rows), [`focus`] (which code is yours), [`frames`] (labels and kinds of code), [`text`]
+//!   (making untrusted names printable, bounding them), [`units`];
 //! - views: [`report`] (text), [`flamegraph`], [`timeline`], [`html`], [`diff`], [`export`]
 //!   (pprof, speedscope, folded, JSON), [`live`] (the terminal view);
-//! - sessions: [`record`], [`attach`], [`session`] (the ring reader), [`signals`];
+//! - sessions: [`record`], [`attach`], [`session`] (the ring reader), [`signals`], [`hints`]
+//!   (what a user who would otherwise be stuck is told);
 //! - safety: [`output`] (creating every output file), [`memory`] (the counting allocator),
 //!   `fuzzing` (the capture fuzzer, in tests and under `--cfg fuzzing`).
 
@@ -24,10 +25,12 @@ pub mod diff;
 pub mod estimate;
 pub mod export;
 pub mod flamegraph;
+pub mod focus;
 pub mod frames;
 #[cfg(any(test, fuzzing))]
 pub mod fuzzing;
 pub mod grouping;
+pub mod hints;
 pub mod html;
 pub mod live;
 pub mod memory;
@@ -44,11 +47,12 @@ pub mod text;
 pub mod timeline;
 pub mod units;
 
-/// Sampling settings shared by `record` and `attach`.
+/// Settings shared by `record` and `attach`: sampling, and what counts as your code.
 #[derive(clap::Args, Clone, Debug)]
 pub struct SamplingArgs {
     /// Mean bytes allocated between two samples (`512KiB`, `1MiB`, plain bytes); 1 records
-    /// every allocation.
+    /// every allocation. Units are 1024-based whatever their spelling: `k`, `KB` and `KiB` are
+    /// 1024 bytes, `MB` and `MiB` 1,048,576.
     #[arg(long, default_value = "128KiB", value_parser = units::parse_size)]
     pub rate: u64,
     /// Deepest Python stack recorded, innermost frames kept.
@@ -61,6 +65,11 @@ pub struct SamplingArgs {
     /// allocations are seen by default).
     #[arg(long)]
     pub python_only: bool,
+    /// Count the files under PATH as your code, library or not, in the summary, the live view
+    /// and later reports (kept in the capture). Repeatable; a relative PATH also matches that
+    /// run of directories anywhere (`--focus mypkg` matches `…/site-packages/mypkg/…`).
+    #[arg(long = "focus", value_name = "PATH")]
+    pub focus: Vec<std::path::PathBuf>,
 }
 
 impl SamplingArgs {

@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand};
 use mprof::allocators::{self, Allocator, Allocators};
 use mprof::export::Format;
 use mprof::grouping::Grouping;
-use mprof::profile::View;
+use mprof::profile::{Lens, View};
 use mprof::{attach, diff, export, flamegraph, html, record, report, timeline, SamplingArgs};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -64,6 +64,10 @@ enum Command {
         /// Print no summary at the end.
         #[arg(short, long)]
         quiet: bool,
+        /// Attach to the target's Python child processes too (as they are now, and those it
+        /// forks while attached); their captures go to CAPTURE.d/.
+        #[arg(long)]
+        follow_children: bool,
         /// Show a live view of the allocation sites while attached (q detaches).
         #[arg(long)]
         live: bool,
@@ -75,8 +79,8 @@ enum Command {
         /// Which bytes to count.
         #[arg(long, value_enum, default_value = "allocated")]
         view: View,
-        /// How to group.
-        #[arg(long, value_enum, default_value = "line")]
+        /// How to group rows.
+        #[arg(long, value_enum, default_value = "your-code")]
         by: Grouping,
         /// How many rows (0 = all).
         #[arg(long, default_value_t = 20)]
@@ -84,6 +88,10 @@ enum Command {
         /// Print JSON (schema in the README).
         #[arg(long)]
         json: bool,
+        /// Count the files under PATH as your code for `--by your-code`, library or not
+        /// (repeatable; a relative PATH also matches that run of directories anywhere).
+        #[arg(long = "focus", value_name = "PATH")]
+        focus: Vec<PathBuf>,
         /// Only these allocators: python, native, mmap (repeat it, or separate with commas;
         /// default: all).
         #[arg(long = "allocator", value_name = "ALLOCATOR", value_delimiter = ',',
@@ -150,8 +158,8 @@ enum Command {
         /// Which bytes to count.
         #[arg(long, value_enum, default_value = "live")]
         view: View,
-        /// How to group.
-        #[arg(long, value_enum, default_value = "line")]
+        /// How to group rows.
+        #[arg(long, value_enum, default_value = "your-code")]
         by: Grouping,
         /// How many rows (0 = all).
         #[arg(long, default_value_t = 20)]
@@ -159,6 +167,10 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Count the files under PATH as your code for `--by your-code`, library or not
+        /// (repeatable; a relative PATH also matches that run of directories anywhere).
+        #[arg(long = "focus", value_name = "PATH")]
+        focus: Vec<PathBuf>,
         /// Only these allocators: python, native, mmap (repeat it, or separate with commas;
         /// default: all).
         #[arg(long = "allocator", value_name = "ALLOCATOR", value_delimiter = ',',
@@ -216,21 +228,24 @@ fn run(cli: Cli) -> Result<ExitCode> {
             sampling,
             quiet,
             live,
-        } => attach::run(
+            follow_children,
+        } => attach::run(attach::Options {
             pid,
             duration,
-            Duration::from_secs_f64(timeout),
-            &output,
-            &sampling,
+            timeout: Duration::from_secs_f64(timeout),
+            output: &output,
+            sampling: &sampling,
             quiet,
             live,
-        ),
+            follow_children,
+        }),
         Command::Report {
             file,
             view,
             by,
             top,
             json,
+            focus,
             allocators,
         } => done(report::run(
             &file,
@@ -238,7 +253,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             by,
             top,
             json,
-            Allocators::of(&allocators),
+            &Lens {
+                focus: &focus,
+                allocators: Allocators::of(&allocators),
+            },
         )),
         Command::Flamegraph {
             file,
@@ -270,6 +288,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             by,
             top,
             json,
+            focus,
             allocators,
         } => done(diff::run(
             &base,
@@ -278,7 +297,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             by,
             top,
             json,
-            Allocators::of(&allocators),
+            &Lens {
+                focus: &focus,
+                allocators: Allocators::of(&allocators),
+            },
         )),
         Command::Export {
             file,

@@ -17,6 +17,7 @@ pub use crate::aggregate::{MAX_META_KEYS, MAX_META_VALUE};
 use crate::allocators::{Allocator, Allocators, ByAllocator, NATIVE_META};
 use crate::capture::{CaptureFile, Digest};
 pub use crate::estimate::{Estimate, Figures, Sample, View};
+use crate::focus::Focus;
 pub use crate::names::{
     FastMap, Location, StackId, MAX_DEPTH, MAX_NAME, NO_PYTHON_FRAME, TRUNCATED, UNKNOWN,
 };
@@ -25,7 +26,7 @@ use anyhow::{Context, Result};
 use mprof_common::record::Record;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The reader's memory may reach this many times the capture's size, plus [`MEMORY_FIXED`].
 pub const MEMORY_PER_BYTE: usize = 4;
@@ -99,6 +100,16 @@ impl Budget {
 /// callback until it returns false. See [`Profile::build`].
 type PassFn<'a> = dyn FnMut(&Record, Digest) -> bool + 'a;
 
+/// How a view reads a capture beyond its records: which files count as your code
+/// (`--focus`) and which allocators it keeps (`--allocator`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Lens<'a> {
+    /// Files that count as your code, besides those the capture names.
+    pub focus: &'a [PathBuf],
+    /// The allocators kept.
+    pub allocators: Allocators,
+}
+
 /// How far a capture got.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Completeness {
@@ -148,6 +159,8 @@ pub struct Profile {
     figures: Vec<Figures>,
     /// Figures per (stack, thread), sorted.
     sites: Vec<((StackId, u32), Figures)>,
+    /// Which files are yours (see [`Profile::focus`]).
+    focus: Focus,
 }
 
 impl Profile {
@@ -158,6 +171,15 @@ impl Profile {
     /// [`MEMORY_PER_BYTE`] times its size plus [`MEMORY_FIXED`], is an error.
     pub fn load(path: &Path) -> Result<Profile> {
         Profile::load_file(&CaptureFile::open(path)?)
+    }
+
+    /// [`Profile::load`], then seen through `lens` ([`Profile::set_focus`],
+    /// [`Profile::select`]).
+    pub fn load_with(path: &Path, lens: &Lens) -> Result<Profile> {
+        let mut p = Profile::load(path)?;
+        p.set_focus(lens.focus);
+        p.select(lens.allocators);
+        Ok(p)
     }
 
     /// [`Profile::load`] of a capture already open (to read it again afterwards, as the
@@ -356,6 +378,7 @@ impl Profile {
             _ => 0.0,
         };
         let mut profile = Profile {
+            focus: Focus::new(&agg.meta, &[]),
             meta: agg.meta,
             rate: agg.rate,
             rate_known: first_rate.is_some(),
@@ -486,6 +509,17 @@ impl Profile {
     /// The innermost frame of a stack.
     pub fn innermost(&self, stack: StackId) -> Location<'_> {
         self.names.innermost(stack.0)
+    }
+
+    /// Which files are your code, for [`crate::grouping::Grouping::YourCode`]: the capture's
+    /// metadata (`cwd`, `program_dir`) and the paths given to [`Profile::set_focus`].
+    pub fn focus(&self) -> &Focus {
+        &self.focus
+    }
+
+    /// Adds the user's `--focus` paths to what counts as your code.
+    pub fn set_focus(&mut self, paths: &[PathBuf]) {
+        self.focus = Focus::new(&self.meta, paths);
     }
 
     /// Totals over all stacks, per view.

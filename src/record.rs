@@ -1,6 +1,7 @@
 //! `mprof record`: run a command with the agent preloaded and profile it from its first line.
 
 use crate::capture::CaptureWriter;
+use crate::hints::GrowthWatch;
 use crate::live::{self, Closed, Live};
 use crate::profile::Profile;
 use crate::session::{Reader, RingMem};
@@ -13,7 +14,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Finds `program` the way `execvp` would, so that a missing command is reported before
 /// anything starts.
@@ -168,9 +169,7 @@ pub fn run(
     let agent = rendezvous.is_some().then_some(agent);
     let pid = child.id();
     let mut children = match &rendezvous {
-        Some(_) => Some(crate::children::Children::new(
-            output, pid, data_size, sampling,
-        )?),
+        Some(_) => Some(crate::children::Children::new(output, pid, sampling)?),
         None => None,
     };
     // The program runs: its capture (and output) take their final names.
@@ -183,9 +182,11 @@ pub fn run(
         let _ = child.wait();
         return Err(e);
     }
+    let cwd = std::env::current_dir().ok();
+    let yours = crate::focus::meta_lines(command, cwd.as_deref(), &sampling.focus);
     capture.write(&Record::Meta {
         text: format!(
-            "mode=record\ncommand={}\npid={pid}\n{}start_unix_ms={}\n",
+            "mode=record\ncommand={}\npid={pid}\n{}start_unix_ms={}\n{yours}",
             command.join(" ").replace('\n', "\\n"),
             sampling.meta(),
             unix_ms()
@@ -210,6 +211,7 @@ pub fn run(
             capture: output.to_path_buf(),
             program_output: Some(out.clone()),
             python_only: sampling.python_only,
+            focus: crate::focus::Focus::from_meta_lines(&yours),
         })
     }) {
         None => None,
@@ -223,8 +225,14 @@ pub fn run(
     let mut reader = Reader::new(&ring, capture, pid);
     let mut unfollowed = crate::children::Unfollowed::default();
     let mut announced_version = false;
+    let mut growth = GrowthWatch::new(sampling.rate);
     let status = loop {
         let (moved, closed) = live::pump(&mut view, &mut reader, &ring)?;
+        if view.is_none() {
+            if let Some(note) = growth.check(Instant::now(), reader.capture.written()) {
+                eprintln!("{note}");
+            }
+        }
         if let Some(closed) = closed {
             let name = Path::new(&command[0]).file_name().unwrap_or_default();
             view_closed(closed, pid, &name.to_string_lossy());

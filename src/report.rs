@@ -3,9 +3,9 @@
 //! text report leaves out rows whose bytes in the view are zero; `--json` (see
 //! [`crate::export::json`]) keeps them, at the end.
 
-use crate::allocators::{split_text, Allocators};
+use crate::allocators::split_text;
 use crate::grouping::Grouping;
-use crate::profile::{Profile, View};
+use crate::profile::{Lens, Profile, View};
 use crate::sites::{rows, whole, Row};
 use crate::text::printable;
 use crate::units::human_bytes;
@@ -14,17 +14,17 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::Path;
 
-/// `mprof report`: prints the report of a capture to stdout, of the allocators in `keep` only.
+/// `mprof report`: prints the report of a capture to stdout, read through `lens` (the files
+/// that count as your code, the allocators kept).
 pub fn run(
     path: &Path,
     view: View,
     by: Grouping,
     top: usize,
     json: bool,
-    keep: Allocators,
+    lens: &Lens,
 ) -> Result<()> {
-    let mut p = Profile::load(path)?;
-    p.select(keep);
+    let p = Profile::load_with(path, lens)?;
     let out = render(&p, view, by, top, json)?;
     write_stdout(out.as_bytes())
 }
@@ -173,20 +173,24 @@ pub fn total_text(p: &Profile, view: View) -> String {
     out
 }
 
-/// A row's location, with its allocator tag when its bytes are not all Python's
-/// (see [`crate::allocators::ByAllocator::tag`]).
-fn located(label: &str, row: &Row, view: View) -> String {
-    let tag = row.allocators.tag(view);
-    match tag.is_empty() {
-        true => printable(label).into_owned(),
-        false => format!("{}  {tag}", printable(label)),
+/// `label  ← innermost  [native]`: the row's label, then the innermost frame beside it when
+/// grouped by your code, then its allocator when its bytes are not all Python's (see
+/// [`crate::allocators::ByAllocator::tag`]).
+fn labelled(label: &str, row: &Row, view: View) -> String {
+    let mut out = label.to_owned();
+    for extra in [row.beside_text(), row.allocators.tag(view)] {
+        if !extra.is_empty() {
+            out.push_str("  ");
+            out.push_str(&extra);
+        }
     }
+    out
 }
 
 /// The text report.
 pub fn text_report(p: &Profile, view: View, by: Grouping, top: usize) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "mprof report: {}, by {}", view_title(view), by.name());
+    let _ = writeln!(out, "mprof report: {}, by {}", view_title(view), by.title());
     for line in header_lines(p) {
         let _ = writeln!(out, "{line}");
     }
@@ -226,7 +230,7 @@ pub fn text_report(p: &Profile, view: View, by: Grouping, top: usize) -> String 
             human_bytes(e.stderr()),
             format!("{share:.1}%"),
             e.samples,
-            located(&row.label_in(p), row, view)
+            printable(&labelled(&row.label_in(p), row, view))
         );
         let callers = row.stack.len().saturating_sub(1);
         for caller in row.stack.iter().skip(1).take(MAX_CALLERS) {
@@ -276,8 +280,9 @@ pub fn summary(p: &Profile) -> String {
         let split = split_text(p.by_allocator(), View::Peak, p.selection());
         let _ = writeln!(out, "mprof: peak live heap by allocator: {split}");
     }
-    let _ = write!(out, "mprof: top allocation sites:");
-    for row in rows(p, View::Allocated, Grouping::Line).iter().take(5) {
+    let by = Grouping::YourCode;
+    let _ = write!(out, "mprof: top allocation sites, by {}:", by.title());
+    for row in rows(p, View::Allocated, by).iter().take(5) {
         let e = &row.figures.allocated;
         let share = 100.0 * e.bytes / t.allocated.bytes.max(f64::MIN_POSITIVE);
         let _ = write!(
@@ -285,7 +290,7 @@ pub fn summary(p: &Profile) -> String {
             "\n  {:>11} {:>6}  {}",
             human_bytes(e.bytes),
             format!("{share:.1}%"),
-            located(&row.label(), row, View::Allocated)
+            printable(&labelled(&row.label(), row, View::Allocated))
         );
     }
     out

@@ -206,10 +206,22 @@ impl RingMem {
         Ok(ring)
     }
 
-    /// The ring a followed child made itself and handed over (`fd`, with `data_size` bytes of
-    /// data as mprof told it): checked to be that size and sealed, mapped, never re-initialised
-    /// (the child writes into it already).
-    pub fn from_child(fd: OwnedFd, data_size: usize) -> Result<RingMem> {
+    /// The ring a followed child made itself and handed over: sealed against resizing (so its
+    /// size, read once, is the size for good) with a power-of-two data area no larger than
+    /// mprof makes; mapped, never re-initialised (the child writes into it already).
+    pub fn from_child(fd: OwnedFd) -> Result<RingMem> {
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat writes into `st`, a local.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("a child's ring");
+        }
+        let data_size = (st.st_size as u64).saturating_sub(ring::HEADER_SIZE as u64) as usize;
+        if !data_size.is_power_of_two() || !(4096..=MAX_RING).contains(&data_size) {
+            anyhow::bail!(
+                "a child's ring has an impossible size ({} bytes)",
+                st.st_size
+            );
+        }
         check_sealed(&fd, ring::region_size(data_size)).context("a child's ring")?;
         RingMem::map(fd, data_size)
     }

@@ -5,7 +5,7 @@
 //! Every location that has at least one sample is a row, in every view.
 
 use crate::allocators::ByAllocator;
-use crate::grouping::Grouping;
+use crate::grouping::{Beside, Grouping, YourCodeGroups};
 use crate::profile::{Figures, Location, Profile, View};
 use std::cmp::Reverse;
 use std::collections::HashMap;
@@ -25,11 +25,14 @@ pub struct Row<'a> {
     pub allocators: ByAllocator,
     /// When grouping by stack: the frames, innermost first. Empty otherwise.
     pub stack: Vec<Location<'a>>,
+    /// When grouping by your code: the innermost frame beside the row's.
+    pub beside: Option<Beside<'a>>,
 }
 
 impl Row<'_> {
     /// The location as text reports show it: `function (file:line)`, the file alone, or
-    /// `thread 1234 name` (the name is added by [`Row::label_in`]).
+    /// `thread 1234 name` (the name is added by [`Row::label_in`]). The innermost frame
+    /// beside a row grouped by your code is not part of it (see [`Row::beside_text`]).
     pub fn label(&self) -> String {
         if let Some(tid) = self.thread {
             return format!("thread {tid}");
@@ -52,6 +55,14 @@ impl Row<'_> {
             Some(tid) => format!("thread {}", p.thread_label(tid)),
             None => self.label(),
         }
+    }
+
+    /// `← function (file:line) +N more` beside a row grouped by your code, or empty (see
+    /// [`crate::grouping::beside_text`]); not yet made printable.
+    pub fn beside_text(&self) -> String {
+        self.beside
+            .map(|b| crate::grouping::beside_text(&b, self.file == self.function))
+            .unwrap_or_default()
     }
 
     /// A key that identifies the row across two captures (for a diff).
@@ -99,6 +110,7 @@ pub fn rows(p: &Profile, view: View, by: Grouping) -> Vec<Row<'_>> {
                     figures: *f,
                     allocators,
                     stack: p.frames(id).collect(),
+                    beside: None,
                 }
             })
             .collect(),
@@ -117,6 +129,29 @@ pub fn rows(p: &Profile, view: View, by: Grouping) -> Vec<Row<'_>> {
                     figures: sum(&allocators),
                     allocators,
                     stack: Vec::new(),
+                    beside: None,
+                })
+                .collect()
+        }
+        Grouping::YourCode => {
+            let mut groups = YourCodeGroups::new(p.focus());
+            for (id, f) in p.stacks() {
+                let mut one = ByAllocator::default();
+                one.add(p.allocator(id), f);
+                groups.add(p.frames(id), &one, ByAllocator::merge);
+            }
+            groups
+                .finish(|split| whole(sum(split).get(view).bytes))
+                .into_iter()
+                .map(|((file, function, line), allocators, beside)| Row {
+                    file,
+                    function,
+                    line,
+                    thread: None,
+                    figures: sum(&allocators),
+                    allocators,
+                    stack: Vec::new(),
+                    beside: Some(beside),
                 })
                 .collect()
         }
@@ -136,6 +171,7 @@ pub fn rows(p: &Profile, view: View, by: Grouping) -> Vec<Row<'_>> {
                     figures: sum(&allocators),
                     allocators,
                     stack: Vec::new(),
+                    beside: None,
                 })
                 .collect()
         }

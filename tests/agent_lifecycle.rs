@@ -171,8 +171,8 @@ fn two_hundred_fast_reattaches_each_capture_samples() {
 }
 
 /// mprof SIGKILLed while attached to an idle target (whose agent never runs to notice): the
-/// next attach waits for the dead reader's heartbeat to age, takes the session over, and
-/// detaches cleanly.
+/// next attach says it waits for the dead reader's heartbeat to age, takes the session over,
+/// and detaches cleanly.
 #[test]
 fn an_orphaned_session_is_taken_over_by_the_next_attach() {
     let all = pythons();
@@ -194,6 +194,14 @@ fn an_orphaned_session_is_taken_over_by_the_next_attach() {
             &["--duration", "0.2", "-o", capture.to_str().unwrap()],
         );
         assert!(status.success(), "{}: {err}", py.label);
+        // The killed mprof's heartbeat was fresh: the inspection waits for it to age (about
+        // 2 s), and says so once it has waited half a second.
+        let note = format!(
+            "mprof: PID {} has a profiling session whose mprof stopped answering (killed?); \
+             waiting up to 2 s for it to time out, then taking it over",
+            target.pid
+        );
+        assert!(err.contains(&note), "{}: {err}", py.label);
         let took = started.elapsed();
         assert!(took < Duration::from_secs(5), "{}: took {took:?}", py.label);
         assert!(

@@ -119,7 +119,7 @@ fn text_and_json_reports_split_by_allocator_match_golden_files() {
     let dir = tempfile::tempdir().unwrap();
     let file = capture(dir.path(), "on");
     let f = s(&file);
-    let by_line = stdout(&ok(&["report", f, "--top", "0"]));
+    let by_line = stdout(&ok(&["report", f, "--by", "line", "--top", "0"]));
     golden("report-allocators-allocated-line.txt", &by_line);
     assert!(by_line.contains("= python 23.11 KiB + native 1.21 MiB + mmap 1.00 MiB"));
     assert!(by_line.contains("<no Python frame>  [native]"), "{by_line}");
@@ -141,7 +141,7 @@ fn text_and_json_reports_split_by_allocator_match_golden_files() {
     golden("report-allocators-live-function-native-mmap.txt", &function);
     assert!(function.contains("allocators shown: native and mmap only"));
     let json = stdout(&ok(&[
-        "report", f, "--view", "live", "--json", "--top", "0",
+        "report", f, "--view", "live", "--by", "line", "--json", "--top", "0",
     ]));
     golden("report-allocators-live-line.json", &json);
 }

@@ -232,7 +232,15 @@ fn attach_to_an_interpreter_whose_file_was_deleted() {
     }
     let dir = common::tempdir();
     let copy = dir.path().join("python3.11");
-    std::fs::copy(debian, &copy).unwrap();
+    // Copied by another process: a file this (multi-threaded) test process held open for
+    // writing could be inherited by a child another test forks meanwhile, and exec'ing the
+    // copy would then fail with ETXTBSY.
+    assert!(Command::new("cp")
+        .arg(debian)
+        .arg(&copy)
+        .status()
+        .unwrap()
+        .success());
     let code = "import os, time\nprint('ready', os.getpid(), flush=True)\n\
                 while True:\n    x = [bytearray(1000) for _ in range(100)]\n    time.sleep(0.01)\n";
     let target = Target::start(Command::new(&copy).args(["-c", code]));

@@ -198,3 +198,65 @@ fn unfollowed_children_are_named_in_the_summary() {
         assert!(!dir.path().join("c.mprof.d").exists());
     }
 }
+
+/// `attach --follow-children` to a pre-fork master: its workers are attached too, their
+/// request handler appears in their captures, and after the detach every worker finishes its
+/// work unharmed and reports it, with no ring left mapped.
+#[test]
+fn attach_follows_the_workers_of_a_prefork_master() {
+    use common::procs::{attach_once, Target};
+    for py in pythons() {
+        let dir = common::tempdir();
+        let stop = dir.path().join("stop");
+        let master = Target::python(&py.path, "prefork_server.py", &[stop.to_str().unwrap()]);
+        std::thread::sleep(Duration::from_millis(300));
+        let capture = dir.path().join("a.mprof");
+        let (status, err) = attach_once(
+            master.pid,
+            &[
+                "--follow-children",
+                "--duration",
+                "1",
+                "-o",
+                capture.to_str().unwrap(),
+            ],
+        );
+        assert!(status.success(), "{}: {err}", py.label);
+        let workers: Vec<_> = std::fs::read_dir(dir.path().join("a.mprof.d"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        assert_eq!(workers.len(), 2, "{}: {err}", py.label);
+        for w in &workers {
+            let (got, _) = {
+                let report = report_json(w, &["--by", "function", "--top", "0"]);
+                let site = by_function(&report).get("handle_request").cloned();
+                (
+                    site.map_or(0.0, |s| s["alloc_bytes"].as_f64().unwrap()),
+                    0.0,
+                )
+            };
+            assert!(
+                got > 0.0,
+                "{}: no handle_request in {}",
+                py.label,
+                w.display()
+            );
+            let pid: u32 = w.file_stem().unwrap().to_str().unwrap().parse().unwrap();
+            let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+            assert!(
+                !maps.contains("mprof-ring"),
+                "{}: a ring is left in {pid}",
+                py.label
+            );
+        }
+        std::fs::write(&stop, b"").unwrap();
+        let (status, out) = master.finish(LIMIT);
+        assert!(status.success(), "{}: {status}", py.label);
+        // Both workers print at once on one pipe: count their reports, however interleaved.
+        let done = out.join(" ").matches("worker").count();
+        assert_eq!(done, 2, "{}: {out:?}", py.label);
+        eprintln!("{}: workers attached and unharmed: {done:?}", py.label);
+    }
+}

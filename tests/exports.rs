@@ -100,7 +100,15 @@ fn pictures_and_documents_match_their_golden_files() {
         ok(&args);
         golden(name, &std::fs::read_to_string(&out).unwrap());
     }
-    let text = stdout(&ok(&["diff", s(&base), s(&new), "--view", "allocated"]));
+    let text = stdout(&ok(&[
+        "diff",
+        s(&base),
+        s(&new),
+        "--view",
+        "allocated",
+        "--by",
+        "line",
+    ]));
     golden("diff-allocated-line.txt", &text);
     let j = stdout(&ok(&["diff", s(&base), s(&new), "--by", "stack", "--json"]));
     golden("diff-live-stack.json", &j);

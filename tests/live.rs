@@ -293,6 +293,7 @@ fn view_shows_the_workload_keys_reorder_it_and_q_leaves_it_recording() {
     );
     assert!(screen.contains("Python 3."), "{screen}");
     assert!(screen.contains("rate 128.00 KiB"), "{screen}");
+    assert!(screen.contains("by your code (← innermost)"), "{screen}");
 
     // Sorting: by allocated bytes hot_function leads, by live bytes keeper_function does.
     tmux.keys(&["2"]);
@@ -310,12 +311,17 @@ fn view_shows_the_workload_keys_reorder_it_and_q_leaves_it_recording() {
         keeper.1
     );
 
-    // Grouping: by line hot_function sits at its allocation, by function at its `def`, by
-    // file the workload is one row.
+    // Grouping: by your code (the default: the workload's own frames allocate) and by line
+    // hot_function sits at its allocation, by function at its `def`, by file the workload is
+    // one row.
     let alloc_line = format!("live_workload.py:{}", workload_line("block = bytearray"));
     let def_line = format!("live_workload.py:{}", workload_line("def hot_function"));
     assert!(first_row(&by_allocated)[8].ends_with(&alloc_line));
     tmux.keys(&["2", "g"]);
+    tmux.wait_for("hot_function at its allocation, by line", |s| {
+        s.contains("by line") && row(s, "hot_function").is_some_and(|w| w[8].ends_with(&alloc_line))
+    });
+    tmux.keys(&["g"]);
     tmux.wait_for("hot_function at its def, by function", |s| {
         s.contains("by function")
             && row(s, "hot_function").is_some_and(|w| w[8].ends_with(&def_line))
@@ -326,7 +332,7 @@ fn view_shows_the_workload_keys_reorder_it_and_q_leaves_it_recording() {
             && s.lines()
                 .any(|l| l.ends_with("live_workload.py") && l.split_whitespace().count() == 8)
     });
-    tmux.keys(&["g", "t", "2"]);
+    tmux.keys(&["g", "g", "t", "2"]);
     let screen = tmux.wait_for("<module> first with total bytes", |s| {
         s.contains("by line · total bytes") && first_row(s).get(7) == Some(&"<module>")
     });
@@ -375,6 +381,34 @@ fn view_shows_the_workload_keys_reorder_it_and_q_leaves_it_recording() {
         (recorded - HOT_BYTES).abs() < 0.1 * HOT_BYTES,
         "the capture has {recorded} bytes for hot_function"
     );
+}
+
+/// Esc on the help overlay closes the overlay alone: the view stays up and the recording goes
+/// on; Esc on the view closes the view, as `q` does.
+#[test]
+fn esc_on_the_help_closes_only_the_help() {
+    let Some(py) = prerequisites() else { return };
+    let run = Run::new();
+    let tmux = Tmux::start(&run.command(&py), 80, 24);
+    tmux.wait_for("the view", |s| s.contains("ALLOC/s"));
+    tmux.keys(&["?"]);
+    tmux.wait_for("the help", |s| s.contains("mprof live view: keys"));
+    tmux.keys(&["Escape"]);
+    let screen = tmux.wait_for("the help closed", |s| {
+        !s.contains("mprof live view: keys") && s.contains("ALLOC/s")
+    });
+    assert!(tmux.alternate_on(), "{screen}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!run.status.exists(), "mprof ended:\n{}", tmux.screen());
+    assert!(tmux.screen().contains("ALLOC/s"), "{}", tmux.screen());
+    tmux.keys(&["Escape"]);
+    let screen = tmux.wait_for("the main screen back", |s| {
+        s.contains("live view closed; recording")
+    });
+    assert!(!tmux.alternate_on(), "{screen}");
+    std::fs::write(&run.stop, b"").unwrap();
+    assert_eq!(run.wait_status(&tmux), 0, "{}", tmux.screen());
+    run.assert_terminal_restored(&tmux);
 }
 
 #[test]

@@ -218,9 +218,19 @@ fn a_native_storm_survives_twenty_attaches() {
     let rss_before = quiet_rss(target.pid);
     for i in 0..20 {
         let capture = dir.path().join(format!("s{i}.mprof"));
+        // Threads of a storm are almost always inside malloc: on a loaded machine finding
+        // one at a safe point can take a while.
         let (status, err) = common::procs::attach_once(
             target.pid,
-            &["--duration", "0.05", "-q", "-o", capture.to_str().unwrap()],
+            &[
+                "--duration",
+                "0.05",
+                "--timeout",
+                "30",
+                "-q",
+                "-o",
+                capture.to_str().unwrap(),
+            ],
         );
         assert!(status.success(), "round {i}: {err}");
     }

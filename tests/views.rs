@@ -29,7 +29,7 @@ fn text_reports_match_golden_files() {
         let o = ok(&["report", f, "--view", view, "--by", by, "--top", "0"]);
         golden(&format!("report-{view}-{by}.txt"), &stdout(&o));
     }
-    let top2 = ok(&["report", f, "--top", "2"]);
+    let top2 = ok(&["report", f, "--top", "2", "--by", "line"]);
     golden("report-allocated-line-top2.txt", &stdout(&top2));
 }
 
@@ -92,7 +92,7 @@ fn exact_capture_gives_exact_numbers_in_every_view() {
     assert_eq!(v["samples"], 4);
     assert_eq!(v["dropped"], 0);
     assert_eq!(v["view"], "allocated");
-    assert_eq!(v["by"], "line");
+    assert_eq!(v["by"], "your-code");
     assert_eq!(v["totals"]["allocated"]["bytes"], 5200);
     assert_eq!(v["totals"]["allocated"]["stderr"], 0);
     assert_eq!(v["totals"]["live"]["bytes"], 2200);

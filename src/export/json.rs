@@ -159,6 +159,24 @@ struct JsonLocation<'a> {
     allocators: Option<JsonSplit>,
     #[serde(skip_serializing_if = "Option::is_none")]
     stack: Option<Vec<JsonFrame<'a>>>,
+    /// `--by your-code` only: whether `file`… is a frame of your code.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    in_your_code: Option<bool>,
+    /// `--by your-code` only: the innermost frame below it with the most bytes (null when
+    /// the location allocated directly).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    innermost: Option<Option<JsonFrame<'a>>>,
+    /// `--by your-code` only: how many other innermost frames there are below it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    innermost_others: Option<usize>,
+}
+
+fn json_frame<'a>(f: &crate::profile::Location<'a>) -> JsonFrame<'a> {
+    JsonFrame {
+        file: f.file,
+        function: f.function,
+        line: f.line,
+    }
 }
 
 fn json_location<'a>(row: &Row<'a>, view: View, by: Grouping) -> JsonLocation<'a> {
@@ -188,16 +206,10 @@ fn json_location<'a>(row: &Row<'a>, view: View, by: Grouping) -> JsonLocation<'a
         allocator: allocator_name(&row.allocators),
         allocators: (allocator_name(&row.allocators) == "mixed")
             .then(|| JsonSplit::of(&row.allocators, |_, f| f.allocated.samples > 0)),
-        stack: (by == Grouping::Stack).then(|| {
-            row.stack
-                .iter()
-                .map(|f| JsonFrame {
-                    file: f.file,
-                    function: f.function,
-                    line: f.line,
-                })
-                .collect()
-        }),
+        stack: (by == Grouping::Stack).then(|| row.stack.iter().map(json_frame).collect()),
+        in_your_code: row.beside.map(|b| b.yours),
+        innermost: row.beside.map(|b| b.innermost.as_ref().map(json_frame)),
+        innermost_others: row.beside.map(|b| b.more),
     }
 }
 

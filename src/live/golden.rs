@@ -20,11 +20,12 @@ const KIB: u64 = 1024;
 use crate::testing::{alloc, code};
 
 /// A small web shop's first ten seconds, sampled at 64 KiB: a catalogue loader that keeps
-/// half of what it parses, a page renderer that frees everything, a cache filled by a worker
-/// thread, and start-up allocations with no Python frame. One snapshot per second.
+/// half of what it parses, a page renderer that frees everything (its bytes are allocated in
+/// the standard library's JSON encoder), a cache filled by a worker thread, and start-up
+/// allocations with no Python frame. One snapshot per second.
 fn session() -> (Model, Snapshot) {
     let mut m = Model::new(64 * KIB, T0);
-    let (module, main, load, parse, render, put) = (1, 2, 3, 4, 5, 6);
+    let (module, main, load, parse, render, put, encode) = (1, 2, 3, 4, 5, 6, 7);
     for r in [
         Record::Meta {
             text: "rate=65536\n".into(),
@@ -40,6 +41,7 @@ fn session() -> (Model, Snapshot) {
             "put",
             51,
         ),
+        code(encode, "/usr/lib/python3.12/json/encoder.py", "encode", 183),
         alloc(MAIN, 1, 300 * KIB, T0, &[]),
         Record::Thread {
             tid: MAIN,
@@ -62,7 +64,7 @@ fn session() -> (Model, Snapshot) {
         }
         for j in 0..8 {
             addr += 1;
-            let stack = [(render, 97), (main, 47), (module, 99)];
+            let stack = [(encode, 200), (render, 97), (main, 47), (module, 99)];
             m.apply(&alloc(MAIN, addr, 100 * KIB + j * 100, t, &stack));
             m.apply(&Record::Free { addr });
         }
@@ -102,6 +104,7 @@ fn target(mode: Mode) -> Target {
         program_output: (mode == Mode::Record)
             .then(|| PathBuf::from("/home/ana/profiles/shop.mprof.out")),
         python_only: false,
+        focus: Default::default(),
     }
 }
 
@@ -160,6 +163,22 @@ fn default_screen_at_80_by_24() {
     );
 }
 
+/// By your code (the default), wide enough to show the renderer's line beside the JSON
+/// encoder's line where its bytes were allocated.
+#[test]
+fn your_code_with_the_innermost_frame_at_110_by_24() {
+    let (m, snap) = session();
+    let t = target(Mode::Record);
+    let v = view(&[], &snap);
+    assert_eq!(v.settings.group, Grouping::YourCode);
+    let screen = render(&t, &m, &snap, &v, 110, 24);
+    assert!(
+        screen.contains("render_page       web/templates.py:97 ← json/encoder.py:200"),
+        "{screen}"
+    );
+    check("live-110x24", &screen);
+}
+
 #[test]
 fn narrow_screen_at_60_by_24() {
     let (m, snap) = session();
@@ -174,7 +193,12 @@ fn narrow_screen_at_60_by_24() {
 fn by_function_total_sorted_by_live() {
     let (m, snap) = session();
     let t = target(Mode::Record);
-    let keys = [Key::Group, Key::Inclusive, Key::Sort(Some(Column::Live))];
+    let keys = [
+        Key::Group,
+        Key::Group,
+        Key::Inclusive,
+        Key::Sort(Some(Column::Live)),
+    ];
     let v = view(&keys, &snap);
     assert_eq!(v.settings.group, Grouping::Function);
     check(
@@ -187,7 +211,14 @@ fn by_function_total_sorted_by_live() {
 fn one_thread_by_file_paused() {
     let (m, snap) = session();
     let t = target(Mode::Record);
-    let keys = [Key::Thread, Key::Thread, Key::Group, Key::Group, Key::Pause];
+    let keys = [
+        Key::Thread,
+        Key::Thread,
+        Key::Group,
+        Key::Group,
+        Key::Group,
+        Key::Pause,
+    ];
     let v = view(&keys, &snap);
     assert_eq!(v.settings.thread, Some(WORKER));
     check(
@@ -213,7 +244,7 @@ fn very_small_terminals_do_not_panic() {
     let (m, snap) = session();
     let t = target(Mode::Record);
     for (w, h) in [(1, 1), (20, 5), (40, 10), (30, 40)] {
-        for keys in [&[][..], &[Key::Help], &[Key::Group, Key::Group]] {
+        for keys in [&[][..], &[Key::Help], &[Key::Group, Key::Group, Key::Group]] {
             render(&t, &m, &snap, &view(keys, &snap), w, h);
         }
     }
@@ -237,7 +268,11 @@ fn hostile_names_are_drawn_escaped() {
     let snap = m.roll(T0 + SECOND);
     let mut t = target(Mode::Attach);
     t.command = "python3 \x1b[2Jevil.py".into();
-    for keys in [&[][..], &[Key::Thread], &[Key::Group, Key::Group]] {
+    for keys in [
+        &[][..],
+        &[Key::Thread],
+        &[Key::Group, Key::Group, Key::Group],
+    ] {
         let screen = render(&t, &m, &snap, &view(keys, &snap), 100, 24);
         assert!(
             !screen.contains('\x1b') && !screen.contains('\x07'),

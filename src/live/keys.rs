@@ -10,8 +10,10 @@ use super::model::{Column, Settings, Thread};
 /// A key's meaning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Key {
-    /// `q`, Esc: close the view.
+    /// `q`: close the view.
     Quit,
+    /// Esc: close the help overlay when it is open, the view otherwise.
+    Esc,
     /// Ctrl-C: close the view and interrupt the program, as the terminal would have.
     Interrupt,
     /// `s`, Tab: next sort column; `1`–`4`: that column.
@@ -80,7 +82,7 @@ pub fn parse(bytes: &[u8]) -> Vec<Key> {
 /// used: `ESC [ params final` (CSI) or `ESC O final` (SS3); a lone ESC is Esc.
 fn escape(rest: &[u8]) -> (Key, usize) {
     match rest.first() {
-        None => (Key::Quit, 0),
+        None => (Key::Esc, 0),
         Some(b'[') | Some(b'O') => {
             let body = &rest[1..];
             let Some(end) = body.iter().position(|b| (0x40..=0x7e).contains(b)) else {
@@ -128,6 +130,7 @@ impl ViewState {
         let s = &mut self.settings;
         match key {
             Key::Quit | Key::Interrupt => return Some(key),
+            Key::Esc => return Some(Key::Quit),
             Key::Sort(column) => s.sort = column.unwrap_or(s.sort.next()),
             Key::Group => s.group = s.group.next_in_live_view(),
             Key::Inclusive => s.inclusive = !s.inclusive,
@@ -180,7 +183,7 @@ mod tests {
     fn bytes_parse_into_keys() {
         use Scroll::*;
         assert_eq!(parse(b"\x03"), [Key::Interrupt]);
-        assert_eq!(parse(b"q\x1b"), [Key::Quit, Key::Quit]);
+        assert_eq!(parse(b"q\x1b"), [Key::Quit, Key::Esc]);
         assert_eq!(
             parse(b"3\tgx"),
             [
@@ -222,8 +225,10 @@ mod tests {
         let mut v = ViewState::default();
         v.apply(Key::Sort(None), &threads, 10);
         assert_eq!(v.settings.sort, Column::Allocated);
-        v.apply(Key::Group, &threads, 10);
-        v.apply(Key::Group, &threads, 10);
+        assert_eq!(v.settings.group, Grouping::YourCode);
+        for _ in 0..3 {
+            v.apply(Key::Group, &threads, 10);
+        }
         assert_eq!(v.settings.group, Grouping::File);
         let tids: Vec<_> = (0..3)
             .map(|_| {
@@ -248,5 +253,14 @@ mod tests {
         assert!(!v.help && !v.paused);
         v.apply(Key::Help, &[], 10);
         assert_eq!(v.apply(Key::Quit, &[], 10), Some(Key::Quit));
+    }
+
+    #[test]
+    fn esc_closes_the_help_alone_and_otherwise_the_view() {
+        let mut v = ViewState::default();
+        v.apply(Key::Help, &[], 10);
+        assert_eq!(v.apply(Key::Esc, &[], 10), None);
+        assert!(!v.help);
+        assert_eq!(v.apply(Key::Esc, &[], 10), Some(Key::Quit));
     }
 }

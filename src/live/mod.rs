@@ -73,11 +73,19 @@ pub struct Target {
     pub program_output: Option<PathBuf>,
     /// Whether the agent leaves the C allocator family alone (`--python-only`).
     pub python_only: bool,
+    /// Which files are your code, for the grouping by your code.
+    pub focus: crate::focus::Focus,
 }
 
 impl Target {
-    /// The target of `mprof attach --live`: its command line is read from /proc.
-    pub fn attach(pid: u32, sampling: &crate::SamplingArgs, capture: &Path) -> Target {
+    /// The target of `mprof attach --live`: its command line is read from /proc; `focus`
+    /// says which files are your code.
+    pub fn attach(
+        pid: u32,
+        sampling: &crate::SamplingArgs,
+        capture: &Path,
+        focus: crate::focus::Focus,
+    ) -> Target {
         let command = crate::attach::command_line(pid);
         Target {
             mode: Mode::Attach,
@@ -87,6 +95,7 @@ impl Target {
             capture: capture.to_path_buf(),
             program_output: None,
             python_only: sampling.python_only,
+            focus,
         }
     }
 }
@@ -94,7 +103,7 @@ impl Target {
 /// Why the view closed.
 #[derive(Debug)]
 pub enum Closed {
-    /// `q` or Esc.
+    /// `q`, or Esc outside the help.
     Quit,
     /// Ctrl-C (in raw mode the terminal sends no SIGINT: the program has not been told).
     Interrupt,
@@ -197,6 +206,7 @@ impl Live {
         let terminal = enter().inspect_err(|_| restore_terminal())?;
         let now = monotonic_ns();
         let mut model = Model::new(target.rate, now);
+        model.set_focus(target.focus.clone());
         let snapshot = model.roll(now);
         let mut live = Live {
             terminal: ManuallyDrop::new(terminal),

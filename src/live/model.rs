@@ -6,7 +6,8 @@
 //! from snapshots only, so pausing the display is keeping an old one.
 
 use crate::aggregate::{Aggregator, Change};
-use crate::grouping::Grouping;
+use crate::focus::{Focus, Memo};
+use crate::grouping::{Beside, Grouping, YourCodeGroups};
 use crate::profile::{Estimate, FastMap, Location, StackId};
 use mprof_common::record::{self, Record, KIND_ALLOC};
 use std::collections::{HashMap, VecDeque};
@@ -92,6 +93,7 @@ pub struct Model {
     dropped: u64,
     python: String,
     history: VecDeque<(f64, f64)>,
+    focus: Focus,
 }
 
 impl Model {
@@ -107,7 +109,13 @@ impl Model {
             dropped: 0,
             python: String::new(),
             history: VecDeque::new(),
+            focus: Focus::default(),
         }
+    }
+
+    /// Says which files are your code, for [`Grouping::YourCode`].
+    pub fn set_focus(&mut self, focus: Focus) {
+        self.focus = focus;
     }
 
     /// Applies an encoded record (as the reader writes it to the capture); undecodable bytes
@@ -284,7 +292,7 @@ impl Column {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Settings {
     pub sort: Column,
-    /// Line, function or file (the live view cycles through these three).
+    /// Your code, line, function or file (the live view cycles through these four).
     pub group: Grouping,
     /// Total (a site plus everything it calls) instead of own bytes.
     pub inclusive: bool,
@@ -296,7 +304,7 @@ impl Default for Settings {
     fn default() -> Settings {
         Settings {
             sort: Column::Rate,
-            group: Grouping::Line,
+            group: Grouping::YourCode,
             inclusive: false,
             thread: None,
         }
@@ -312,6 +320,8 @@ pub struct Row<'a> {
     /// The line (the function's first line by function, 0 by file or for a pseudo-frame).
     pub line: u32,
     pub figures: SiteFigures,
+    /// By your code (own bytes): the innermost frame beside the row's.
+    pub beside: Option<Beside<'a>>,
 }
 
 impl Row<'_> {
@@ -324,37 +334,30 @@ impl Row<'_> {
 /// The table's rows for a snapshot, sorted by `settings.sort` (largest first; ties by the
 /// allocated bytes, then file, function and line, so the order never flickers).
 pub fn rows<'a>(model: &'a Model, snap: &Snapshot, settings: &Settings) -> Vec<Row<'a>> {
-    let mut groups: HashMap<(&str, &str, u32), SiteFigures> = HashMap::new();
-    let mut keys = Vec::new();
-    for (stack, tid, figures) in &snap.sites {
-        if settings.thread.is_some_and(|t| t != *tid) {
-            continue;
+    let sites = snap
+        .sites
+        .iter()
+        .filter(|(_, tid, _)| settings.thread.is_none_or(|t| t == *tid));
+    let mut rows = if settings.group == Grouping::YourCode && !settings.inclusive {
+        let mut groups = YourCodeGroups::new(&model.focus);
+        for (stack, _, figures) in sites {
+            groups.add(model.frames(*stack), figures, SiteFigures::merge);
         }
-        keys.clear();
-        if settings.inclusive {
-            // A recursive function counts once per stack, not once per frame.
-            for loc in model.frames(*stack) {
-                let k = settings.group.frame_key(&loc);
-                if !keys.contains(&k) {
-                    keys.push(k);
-                }
-            }
-        } else {
-            keys.push(settings.group.frame_key(&model.innermost(*stack)));
-        }
-        for k in &keys {
-            groups.entry(*k).or_default().merge(figures);
-        }
-    }
-    let mut rows: Vec<Row> = groups
-        .into_iter()
-        .map(|((file, function, line), figures)| Row {
-            file,
-            function,
-            line,
-            figures,
-        })
-        .collect();
+        let sort = settings.sort;
+        groups
+            .finish(|f| sort.key(f))
+            .into_iter()
+            .map(|((file, function, line), figures, beside)| Row {
+                file,
+                function,
+                line,
+                figures,
+                beside: Some(beside),
+            })
+            .collect()
+    } else {
+        frame_rows(model, sites, settings)
+    };
     let sort = settings.sort;
     rows.sort_by(|a, b| {
         let k = |r: &Row| (sort.key(&r.figures), Column::Allocated.key(&r.figures));
@@ -364,195 +367,47 @@ pub fn rows<'a>(model: &'a Model, snap: &Snapshot, settings: &Settings) -> Vec<R
     rows
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testing::code;
-
-    fn alloc(tid: u32, addr: u64, size: u64, frames: &[(u64, u32)]) -> Record {
-        crate::testing::alloc(tid, addr, size, addr, frames)
-    }
-
-    /// rate 1 (exact figures): main → build (twice, recursive) → leaf, and a second thread.
-    fn model() -> Model {
-        let mut m = Model::new(1, 0);
-        for r in [
-            code(1, "app.py", "main", 1),
-            code(2, "app.py", "build", 10),
-            code(3, "lib.py", "leaf", 20),
-            alloc(7, 100, 1000, &[(3, 21), (2, 11), (2, 12), (1, 2)]),
-            alloc(7, 200, 500, &[(2, 13), (1, 3)]),
-            alloc(8, 300, 300, &[(3, 22), (1, 4)]),
-            Record::Free { addr: 100 },
-            Record::Thread {
-                tid: 8,
-                name: "worker".into(),
-            },
-        ] {
-            m.apply(&r);
+/// Rows keyed by one frame per stack (own bytes) or by every frame of it (total bytes; by
+/// your code, every frame of yours, or the innermost when none is).
+fn frame_rows<'a, 's>(
+    model: &'a Model,
+    sites: impl Iterator<Item = &'s (StackId, u32, SiteFigures)>,
+    settings: &Settings,
+) -> Vec<Row<'a>> {
+    let mut groups: HashMap<(&str, &str, u32), SiteFigures> = HashMap::new();
+    let mut keys = Vec::new();
+    let mut memo = Memo::new();
+    for (stack, _, figures) in sites {
+        keys.clear();
+        if settings.inclusive {
+            // A recursive function counts once per stack, not once per frame.
+            for loc in model.frames(*stack) {
+                let k = settings.group.frame_key(&loc);
+                let wanted =
+                    settings.group != Grouping::YourCode || model.focus.is_yours(&loc, &mut memo);
+                if wanted && !keys.contains(&k) {
+                    keys.push(k);
+                }
+            }
         }
-        m
-    }
-
-    fn table(m: &Model, s: &Snapshot, settings: Settings) -> Vec<(String, u32, f64, f64)> {
-        rows(m, s, &settings)
-            .iter()
-            .map(|r| {
-                (
-                    format!("{}:{}", r.file, r.function),
-                    r.line,
-                    r.figures.allocated.bytes,
-                    r.figures.live.bytes,
-                )
-            })
-            .collect()
-    }
-
-    #[test]
-    fn own_rows_by_line_and_by_file() {
-        let mut m = model();
-        let s = m.roll(1_000_000_000);
-        let settings = Settings {
-            sort: Column::Allocated,
-            ..Settings::default()
-        };
-        assert_eq!(
-            table(&m, &s, settings),
-            [
-                ("lib.py:leaf".into(), 21, 1000.0, 0.0),
-                ("app.py:build".into(), 13, 500.0, 500.0),
-                ("lib.py:leaf".into(), 22, 300.0, 300.0),
-            ]
-        );
-        let by_file = Settings {
-            group: Grouping::File,
-            ..settings
-        };
-        assert_eq!(
-            table(&m, &s, by_file),
-            [
-                ("lib.py:".into(), 0, 1300.0, 300.0),
-                ("app.py:".into(), 0, 500.0, 500.0),
-            ]
-        );
-    }
-
-    #[test]
-    fn totals_count_a_recursive_function_once_per_stack() {
-        let mut m = model();
-        let s = m.roll(1_000_000_000);
-        let settings = Settings {
-            sort: Column::Allocated,
-            group: Grouping::Function,
-            inclusive: true,
-            thread: None,
-        };
-        assert_eq!(
-            table(&m, &s, settings),
-            [
-                ("app.py:main".into(), 1, 1800.0, 800.0),
-                ("app.py:build".into(), 10, 1500.0, 500.0),
-                ("lib.py:leaf".into(), 20, 1300.0, 300.0),
-            ]
-        );
-    }
-
-    #[test]
-    fn thread_filter_and_names() {
-        let mut m = model();
-        let s = m.roll(1_000_000_000);
-        assert_eq!(
-            s.threads.iter().map(Thread::label).collect::<Vec<_>>(),
-            ["7", "8 worker"]
-        );
-        let settings = Settings {
-            thread: Some(8),
-            ..Settings::default()
-        };
-        assert_eq!(
-            table(&m, &s, settings),
-            [("lib.py:leaf".into(), 22, 300.0, 300.0)]
-        );
-    }
-
-    #[test]
-    fn rates_cover_the_last_interval_only() {
-        let mut m = model();
-        let s = m.roll(2_000_000_000);
-        assert_eq!(s.alloc_rate, 900.0);
-        assert_eq!(s.sample_rate, 1.5);
-        assert_eq!(s.live_heap, 800.0);
-        assert_eq!(s.peak_heap, 1800.0);
-        m.apply(&alloc(7, 400, 64, &[(2, 13), (1, 3)]));
-        let s = m.roll(2_500_000_000);
-        assert_eq!(s.alloc_rate, 128.0);
-        let settings = Settings::default();
-        let top = &rows(&m, &s, &settings)[0];
-        assert_eq!((top.function, top.line), ("build", 13));
-        assert_eq!(top.figures.recent.bytes, 64.0);
-        assert_eq!(top.figures.allocated.bytes, 564.0);
-        assert_eq!(s.heap_history, [800.0, 864.0]);
-    }
-
-    #[test]
-    fn a_reader_behind_skips_samples_but_keeps_names_and_frees() {
-        let mut m = Model::new(1, 0);
-        m.observe(&record::encode(&alloc(7, 100, 1000, &[])));
-        for r in [
-            code(1, "a.py", "f", 1),
-            alloc(7, 200, 500, &[(1, 2)]),
-            Record::Free { addr: 100 },
-        ] {
-            m.observe_but_skip_samples(&record::encode(&r));
+        if keys.is_empty() {
+            keys.push(settings.group.frame_key(&model.innermost(*stack)));
         }
-        m.observe(&record::encode(&alloc(7, 300, 10, &[(1, 3)])));
-        let s = m.roll(1);
-        assert_eq!((s.skipped, s.live_heap), (1, 10.0));
-        let by_live = Settings {
-            sort: Column::Live,
-            ..Settings::default()
-        };
-        let rows = rows(&m, &s, &by_live);
-        assert_eq!(rows[0].function, "f");
-        assert_eq!(rows[1].figures.live.bytes, 0.0);
-    }
-
-    #[test]
-    fn live_figures_agree_with_the_batch_profile() {
-        // The same records through the shared aggregator, incrementally and in batch.
-        let mut records = vec![Record::Meta {
-            text: "rate=4096".into(),
-        }];
-        records.push(code(1, "a.py", "f", 1));
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        for i in 0..5000u64 {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let addr = state % 300;
-            records.push(match i % 3 {
-                0 => Record::Free { addr },
-                _ => alloc(
-                    1 + (i % 2) as u32,
-                    addr,
-                    state % 20_000,
-                    &[(1, (i % 4) as u32)],
-                ),
-            });
+        for k in &keys {
+            groups.entry(*k).or_default().merge(figures);
         }
-        let mut m = Model::new(4096, 0);
-        records.iter().for_each(|r| m.apply(r));
-        let s = m.roll(1);
-        let p = crate::profile::Profile::from_records(&records);
-        let sum = |f: fn(&SiteFigures) -> &Estimate| {
-            s.sites.iter().map(|(_, _, x)| f(x).bytes).sum::<f64>()
-        };
-        let t = p.totals();
-        assert!((sum(|x| &x.allocated) - t.allocated.bytes).abs() < 1e-6 * t.allocated.bytes);
-        assert!((sum(|x| &x.live) - t.live.bytes).abs() < 1e-6 * t.allocated.bytes);
-        assert!((s.live_heap - t.live.bytes).abs() < 1e-6 * t.allocated.bytes);
-        assert!((s.peak_heap - t.peak.bytes).abs() < 1e-6 * t.allocated.bytes);
-        let samples: u64 = s.sites.iter().map(|(_, _, x)| x.live.samples).sum();
-        assert_eq!(samples, t.live.samples);
     }
+    groups
+        .into_iter()
+        .map(|((file, function, line), figures)| Row {
+            file,
+            function,
+            line,
+            figures,
+            beside: None,
+        })
+        .collect()
 }
+
+#[cfg(test)]
+mod tests;

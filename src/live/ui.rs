@@ -6,7 +6,7 @@
 //!  RSS           50.00 MiB ▁▂▃▅▆▇██  alloc rate 2.00 MiB/s        sparklines, one point a refresh
 //!  live heap     20.00 MiB ▁▁▂▃▄▅▆▇  peak 21.00 MiB
 //!  RSS − heap    30.00 MiB  python 5.00 MiB · native 14.0 MiB · …  heap by allocator
-//!  by line · own bytes · all threads · rows 1-15 of 42            what the table shows
+//!  by your code (← innermost) · own bytes · all threads · rows 1-15  what the table shows
 //!  ALLOC/s ▼ALLOCATED   LIVE SAMPLES FUNCTION   FILE:LINE         table
 //!  q quit  ? help  s sort  g group …                              keys
 //!  program output → app.mprof.out · capture → app.mprof           where things go
@@ -220,7 +220,10 @@ fn table_title(s: &Screen, rows: &[Row], first: usize, page: usize, width: usize
     if s.view.paused {
         parts.push("PAUSED (p resumes)".to_owned());
     }
-    parts.push(format!("by {}", set.group.name()));
+    parts.push(match set.group {
+        Grouping::YourCode => "by your code (← innermost)".to_owned(),
+        other => format!("by {}", other.name()),
+    });
     parts.push(if set.inclusive {
         "total bytes (with callees)".to_owned()
     } else {
@@ -329,8 +332,9 @@ fn site_table<'a>(s: &Screen, rows: &[Row], width: usize) -> Table<'a> {
                 function_width,
             )));
         }
-        cells.push(Cell::from(cut_left(
-            &printable(&location(r, s.view.settings.group)),
+        cells.push(Cell::from(location_cell(
+            r,
+            s.view.settings.group,
             location_width,
         )));
         TableRow::new(cells)
@@ -348,6 +352,23 @@ fn location(r: &Row, group: Grouping) -> String {
         Grouping::File => r.file.to_owned(),
         _ => format!("{}:{}", r.file, r.line),
     }
+}
+
+/// The location column of a row, made printable, in `width` columns: [`location`], or for a
+/// row grouped by your code whose stacks go deeper, both frames with their short file names
+/// (`web/templates.py:97 ← json/encoder.py:200`), each losing its beginning when cut.
+fn location_cell(r: &Row, group: Grouping, width: usize) -> String {
+    let inner = match r.beside.and_then(|b| b.innermost) {
+        Some(loc) if !r.is_pseudo() && width > 3 => loc,
+        _ => return cut_left(&printable(&location(r, group)), width),
+    };
+    let short = |file: &str, line: u32| {
+        printable(&format!("{}:{line}", crate::frames::short_file(file))).into_owned()
+    };
+    let own = short(r.file, r.line);
+    let inner = short(inner.file, inner.line);
+    let (a, b) = share(width - 3, own.chars().count(), inner.chars().count());
+    format!("{} ← {}", cut_left(&own, a), cut_left(&inner, b))
 }
 
 /// The key summary and where the output goes.
@@ -397,7 +418,7 @@ fn footer_lines(t: &Target, width: usize) -> Vec<Line<'static>> {
 pub fn help_text(t: &Target) -> Vec<String> {
     let mut lines: Vec<String> = [
         "s, Tab    next sort column; 1-4 sort by ALLOC/s, ALLOCATED, LIVE, SAMPLES",
-        "g         group by line → function → file",
+        "g         group by your code (← innermost) → line → function → file",
         "t         own bytes ↔ total bytes (a site and everything it calls)",
         "f         next thread: all → each thread seen (names from the system)",
         "p, space  pause the display; sampling and the capture go on",
@@ -408,13 +429,15 @@ pub fn help_text(t: &Target) -> Vec<String> {
     .collect();
     match t.mode {
         Mode::Record => lines.extend([
-            "q, Esc    close the view: mprof records on until the program ends,".into(),
+            "q, Esc    close the view (Esc on this help closes the help): mprof".into(),
+            "          records on until the program ends,".into(),
             "          then prints its summary (Ctrl-C then stops the program)".into(),
             "Ctrl-C    close the view and interrupt the program (SIGINT)".into(),
         ]),
         Mode::Attach => lines.extend([
-            "q, Esc, Ctrl-C  close the view and detach: the process runs on".into(),
-            "          as before, and mprof prints its summary".into(),
+            "q, Esc, Ctrl-C  close the view and detach (Esc on this help closes".into(),
+            "          the help): the process runs on as before, and mprof prints".into(),
+            "          its summary".into(),
         ]),
     }
     lines.extend([
@@ -560,41 +583,4 @@ fn clock(seconds: f64) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn compact_bytes_fit_in_eight_columns() {
-        let cases = [
-            (0.0, "0 B"),
-            (999.0, "999 B"),
-            (1000.0, "0.98 KiB"),
-            (1536.0, "1.50 KiB"),
-            (50.0 * 1024.0, "50.0 KiB"),
-            (999.0 * 1024.0, "999 KiB"),
-            (1023.7 * 1024.0, "1.00 MiB"),
-            (3.0 * 1024.0 * 1024.0 * 1024.0, "3.00 GiB"),
-        ];
-        for (b, text) in cases {
-            assert_eq!(compact_bytes(b), text, "{b}");
-            assert!(compact_bytes(b).chars().count() <= 8);
-        }
-    }
-
-    #[test]
-    fn cutting_and_fitting() {
-        assert_eq!(cut_left("/srv/app/models/user.py:12", 12), "…/user.py:12");
-        assert_eq!(cut_right("build_index", 6), "build…");
-        assert_eq!(cut_left("ok", 5), "ok");
-        let parts = ["aaaa".to_owned(), "bbbbbbbb".to_owned(), "cc".to_owned()];
-        assert_eq!(fit(&parts, " · ", 11), "aaaa · cc");
-        assert_eq!(clock(3725.0), "1:02:05");
-    }
-
-    #[test]
-    fn sparkline_scales_to_the_largest_value_shown() {
-        assert_eq!(sparkline(&[0.0, 1.0, 2.0, 4.0, 8.0], 5), " ▂▃▅█");
-        assert_eq!(sparkline(&[9.0, 1.0, 1.0], 2), "██");
-        assert_eq!(sparkline(&[3.0], 3), "█  ");
-    }
-}
+mod tests;

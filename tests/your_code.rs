@@ -1,0 +1,221 @@
+//! The grouping by your code (`--by your-code`, the default of `report`, `diff`, the summary
+//! and the live view): golden text and JSON on a hand-built capture, `--focus`, and the
+//! leak-hunt example run under `mprof record` on every interpreter, where the default report
+//! names the example's own leaking line.
+//!
+//! `MPROF_BLESS=1 cargo test --test your_code` rewrites the golden files.
+
+mod common;
+
+use common::views::{golden, json, ok, stdout};
+use common::{pythons, report_json, run_with_timeout};
+use mprof::testing::CaptureBuilder as Capture;
+use mprof_common::record::Record;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const APP: u64 = 0x10;
+const HANDLER: u64 = 0x20;
+const ENCODE: u64 = 0x30;
+const ITERENCODE: u64 = 0x40;
+const BOOTSTRAP: u64 = 0x50;
+const FLASK: u64 = 0x60;
+const DECODE: u64 = 0x70;
+
+/// A small web app: a handler whose JSON documents leak (allocated in the standard library's
+/// encoder), an import of a package from a virtualenv inside the project, a request decoded
+/// by the standard library alone, and start-up allocations. Every allocation recorded
+/// (rate 1), so the figures are exact.
+fn capture() -> Capture {
+    let json = "/usr/lib/python3.11/json/encoder.py";
+    let mut c = Capture::new();
+    c.meta(
+        "mode=record\ncommand=python3 app.py\npid=77\nrate=1\npython=3.11.2\n\
+         cwd=/srv/app\nprogram_dir=/srv/app\n",
+    )
+    .code(APP, "/srv/app/app.py", "<module>", 1)
+    .code(HANDLER, "/srv/app/app.py", "handle", 20)
+    .code(ENCODE, json, "encode", 183)
+    .code(ITERENCODE, json, "iterencode", 205)
+    .code(
+        BOOTSTRAP,
+        "<frozen importlib._bootstrap>",
+        "_call_with_frames_removed",
+        241,
+    )
+    .code(
+        FLASK,
+        "/srv/app/.venv/lib/python3.11/site-packages/flask/__init__.py",
+        "<module>",
+        1,
+    )
+    .code(
+        DECODE,
+        "/usr/lib/python3.11/json/decoder.py",
+        "raw_decode",
+        343,
+    )
+    .alloc(1, 3000, 1, &[])
+    .alloc(2, 40_000, 2, &[(FLASK, 3), (BOOTSTRAP, 241), (APP, 2)])
+    .alloc(3, 100_000, 3, &[(ENCODE, 200), (HANDLER, 24), (APP, 30)])
+    .alloc(
+        4,
+        60_000,
+        4,
+        &[(ITERENCODE, 258), (ENCODE, 199), (HANDLER, 24), (APP, 30)],
+    )
+    .alloc(5, 5_000, 5, &[(HANDLER, 22), (APP, 30)])
+    .alloc(6, 2_000, 6, &[(DECODE, 353)])
+    .free(5)
+    .push(Record::End {
+        reason: 1,
+        time_ns: 9,
+    });
+    c
+}
+
+#[test]
+fn text_and_json_reports_by_your_code_match_golden_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = capture().write(dir.path(), "app.mprof");
+    let f = file.to_str().unwrap();
+    let text = stdout(&ok(&["report", f, "--top", "0"]));
+    assert!(text.starts_with(
+        "mprof report: allocated bytes, by your code's line (innermost frame beside it)\n"
+    ));
+    golden("report-your-code.txt", &text);
+    assert_eq!(
+        text,
+        stdout(&ok(&["report", f, "--top", "0", "--by", "your-code"]))
+    );
+    let focused = stdout(&ok(&["report", f, "--view", "live", "--focus", "flask"]));
+    golden("report-your-code-focus-live.txt", &focused);
+    golden(
+        "report-your-code.json",
+        &stdout(&ok(&["report", f, "--json", "--top", "0"])),
+    );
+
+    let v = json(&["report", f, "--top", "0"]);
+    assert_eq!(v["by"], "your-code");
+    let locs = v["locations"].as_array().unwrap();
+    let handle = &locs[0];
+    assert_eq!(
+        (&handle["file"], &handle["line"]),
+        (&"/srv/app/app.py".into(), &24.into())
+    );
+    assert_eq!(handle["alloc_bytes"], 160_000);
+    assert_eq!(handle["in_your_code"], true);
+    assert_eq!(handle["innermost"]["function"], "encode");
+    assert_eq!(handle["innermost"]["line"], 200);
+    assert_eq!(handle["innermost_others"], 1);
+    let import = locs.iter().find(|l| l["line"] == 2).unwrap();
+    assert_eq!(import["function"], "<module>");
+    assert_eq!(
+        import["innermost"]["file"]
+            .as_str()
+            .map(|s| s.contains("flask")),
+        Some(true)
+    );
+    let own = locs.iter().find(|l| l["line"] == 22).unwrap();
+    assert_eq!(own["innermost"], serde_json::Value::Null);
+    let decode = locs.iter().find(|l| l["function"] == "raw_decode").unwrap();
+    assert_eq!(decode["in_your_code"], false);
+    let by_line = json(&["report", f, "--by", "line"]);
+    assert!(by_line["locations"][0].get("innermost").is_none());
+    assert_eq!(by_line["locations"][0]["function"], "encode");
+}
+
+#[test]
+fn diff_groups_by_your_code_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = capture().write(dir.path(), "base.mprof");
+    let mut grown = capture();
+    grown.alloc(
+        7,
+        1_000_000,
+        7,
+        &[(ITERENCODE, 258), (ENCODE, 199), (HANDLER, 24), (APP, 31)],
+    );
+    let new = grown.write(dir.path(), "new.mprof");
+    let text = stdout(&ok(&[
+        "diff",
+        base.to_str().unwrap(),
+        new.to_str().unwrap(),
+    ]));
+    assert!(
+        text.starts_with("mprof diff: live bytes at the end, by your code's line"),
+        "{text}"
+    );
+    let mut rows = text
+        .lines()
+        .skip_while(|l| !l.ends_with("samples  location"));
+    let first = rows.nth(1).unwrap_or_default();
+    assert!(
+        first.contains("+976.56 KiB") && first.ends_with("handle (/srv/app/app.py:24)"),
+        "{text}"
+    );
+}
+
+/// The example's line that keeps every document, found by its marker comment.
+fn leaking_line(example: &Path) -> u64 {
+    let text = std::fs::read_to_string(example).unwrap();
+    1 + text
+        .lines()
+        .position(|l| l.contains("# <- the leak"))
+        .expect("the example marks its leak") as u64
+}
+
+/// `examples/leak_hunt.py` under `mprof record`, on every interpreter: by your code (the
+/// default) the live view's top site is the example's leaking line, with the standard
+/// library's JSON encoder beside it; by line it is the encoder.
+#[test]
+fn the_leak_hunt_example_names_its_own_leaking_line() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/leak_hunt.py");
+    let line = leaking_line(&example);
+    for py in pythons() {
+        let dir = tempfile::tempdir().unwrap();
+        let capture = dir.path().join("leak.mprof");
+        let out = run_with_timeout(
+            common::mprof()
+                .arg("record")
+                .arg("-o")
+                .arg(&capture)
+                .arg("--")
+                .arg(&py.path)
+                .arg(&example),
+            Duration::from_secs(120),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{}: {err}", py.label);
+        let report = report_json(&capture, &["--view", "live"]);
+        let top = &report["locations"][0];
+        let file = top["file"].as_str().unwrap();
+        assert!(
+            file.ends_with("examples/leak_hunt.py") && top["line"] == line,
+            "{}: the top live site is {top}",
+            py.label
+        );
+        let inner = top["innermost"]["file"].as_str().unwrap_or_default();
+        assert!(inner.ends_with("json/encoder.py"), "{}: {top}", py.label);
+        let share = top["live_bytes"].as_f64().unwrap()
+            / report["totals"]["live"]["bytes"].as_f64().unwrap();
+        assert!(
+            share > 0.5,
+            "{}: the leak holds {share} of the live heap",
+            py.label
+        );
+        let by_line = report_json(&capture, &["--view", "live", "--by", "line"]);
+        let file = by_line["locations"][0]["file"].as_str().unwrap();
+        assert!(file.ends_with("json/encoder.py"), "{}: {file}", py.label);
+        // The summary names the leaking line too (by allocated bytes, it leads as well).
+        let summary_line = format!("leak_hunt.py:{line})");
+        assert!(err.contains(&summary_line), "{}: {err}", py.label);
+        // The capture says where the program's code is.
+        assert_eq!(
+            report["meta"]["program_dir"].as_str().map(PathBuf::from),
+            Some(example.parent().unwrap().to_path_buf()),
+            "{}",
+            py.label
+        );
+    }
+}
