@@ -53,6 +53,7 @@ FIELDS = [
     "owner_generator",
     "owner_cstack",
     "object_type",
+    "frame_is_entry",
 ]
 
 # Bits of the PyASCIIObject.state word the agent relies on: member -> (value to set, mask).
@@ -129,6 +130,7 @@ def field_exprs(minor):
         "owner_generator": "FRAME_OWNED_BY_GENERATOR" if since_311 else None,
         "owner_cstack": "FRAME_OWNED_BY_CSTACK" if minor >= 12 else None,
         "object_type": "offsetof(PyObject, ob_type)",
+        "frame_is_entry": "offsetof(_PyInterpreterFrame, is_entry)" if minor == 11 else None,
     }
 
 

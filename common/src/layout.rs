@@ -61,6 +61,10 @@ pub struct PyLayout {
     pub owner_cstack: u16,
     /// `PyObject.ob_type`: 8 in release builds, more in a debug build that traces references.
     pub object_type: u16,
+    /// `_PyInterpreterFrame.is_entry` (a `bool`, 3.11 only): the frame a new C-level call of the
+    /// bytecode loop started with. (3.12+ mark that boundary with a frame owned by the C stack;
+    /// before 3.11 every frame is one.)
+    pub frame_is_entry: u16,
 }
 
 include!("layout_table.rs");

@@ -26,6 +26,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         owner_generator: ABSENT,
         owner_cstack: ABSENT,
         object_type: 8,
+        frame_is_entry: ABSENT,
     },
     // CPython 3.9.18
     PyLayout {
@@ -50,6 +51,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         owner_generator: ABSENT,
         owner_cstack: ABSENT,
         object_type: 8,
+        frame_is_entry: ABSENT,
     },
     // CPython 3.10.13
     PyLayout {
@@ -74,6 +76,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         owner_generator: ABSENT,
         owner_cstack: ABSENT,
         object_type: 8,
+        frame_is_entry: ABSENT,
     },
     // CPython 3.11.7
     PyLayout {
@@ -98,6 +101,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         owner_generator: 1,
         owner_cstack: ABSENT,
         object_type: 8,
+        frame_is_entry: 68,
     },
     // CPython 3.12.1
     PyLayout {
@@ -122,6 +126,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         owner_generator: 1,
         owner_cstack: 3,
         object_type: 8,
+        frame_is_entry: ABSENT,
     },
     // CPython 3.13.0
     PyLayout {
@@ -146,5 +151,6 @@ pub const LAYOUTS: &[PyLayout] = &[
         owner_generator: 1,
         owner_cstack: 3,
         object_type: 8,
+        frame_is_entry: ABSENT,
     },
 ];

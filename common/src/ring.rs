@@ -41,6 +41,8 @@ pub const STATE_FAILED: u32 = 4;
 
 /// `config_flags`: do not hook the C allocator family (`--python-only`).
 pub const CONFIG_PYTHON_ONLY: u32 = 1;
+/// `config_flags`: unwind and record the native stack of every sample (`--native`).
+pub const CONFIG_NATIVE_STACKS: u32 = 2;
 
 /// Where the reader's heartbeat sits in the header (read by a later attach to tell an orphaned
 /// session from a running one).

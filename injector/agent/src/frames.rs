@@ -77,6 +77,23 @@ unsafe fn code_and_offset(api: &Api, l: &PyLayout, f: *const c_void) -> Found {
 pub struct RawFrame {
     pub code: *mut c_void,
     pub offset: i32,
+    /// The first frame a C-level call of the bytecode loop ran (see `is_entry`).
+    pub entry: bool,
+}
+
+/// Whether frame `f` (running a code object) was the first one its C-level call of the
+/// bytecode loop ran: every frame before 3.11; `is_entry` in 3.11; from 3.12 the frame right
+/// above one owned by the C stack (or the outermost).
+unsafe fn is_entry(l: &PyLayout, f: *const c_void) -> bool {
+    if l.frame_owner == ABSENT {
+        return true;
+    }
+    if l.frame_is_entry != ABSENT {
+        return read::<u8>(f, l.frame_is_entry) != 0;
+    }
+    let prev: *const c_void = read(f, l.frame_back);
+    prev.is_null()
+        || (l.owner_cstack != ABSENT && read::<u8>(prev, l.frame_owner) as u16 == l.owner_cstack)
 }
 
 /// Fills `out` with the calling thread's Python frames, innermost first. Returns how many and
@@ -108,7 +125,12 @@ pub unsafe fn walk(
         if n == max {
             return (n, true);
         }
-        out[n].write(RawFrame { code, offset });
+        let entry = !code.is_null() && is_entry(l, f);
+        out[n].write(RawFrame {
+            code,
+            offset,
+            entry,
+        });
         n += 1;
         if code.is_null() {
             break;

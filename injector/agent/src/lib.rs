@@ -27,6 +27,7 @@ mod python;
 mod sampler;
 mod sampling;
 mod sys;
+mod unwind;
 
 use lifecycle::SESSION;
 use mprof_common::record::EndReason;

@@ -24,7 +24,8 @@ use crate::sys::{self, now_ns};
 use mprof_common::layout::{self, PyLayout};
 use mprof_common::record::{EndReason, KIND_END};
 use mprof_common::ring::{
-    Ring, RingHeader, CONFIG_PYTHON_ONLY, STATE_ACTIVE, STATE_STOPPED, STATE_STOP_REQUESTED,
+    Ring, RingHeader, CONFIG_NATIVE_STACKS, CONFIG_PYTHON_ONLY, STATE_ACTIVE, STATE_STOPPED,
+    STATE_STOP_REQUESTED,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -166,6 +167,7 @@ pub unsafe fn start(
     let (max_depth, rate, seed) = (h.max_depth, h.rate, h.seed);
     crate::children::remember(h);
     let native = h.config_flags & CONFIG_PYTHON_ONLY == 0;
+    crate::unwind::configure(h.config_flags & CONFIG_NATIVE_STACKS != 0);
     s.layout = Some(layout);
     s.max_depth = (max_depth as usize).clamp(1, crate::frames::MAX_FRAMES);
     s.caches.generation = s.caches.generation.wrapping_add(1);

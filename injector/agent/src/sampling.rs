@@ -11,8 +11,8 @@ use crate::sampler::{self, ThreadState, EPOCH, GIL_COUNTDOWN, IDLE_COUNTDOWN, TH
 use crate::sys::{self, now_ns};
 use mprof_common::layout::PyLayout;
 use mprof_common::record::{
-    Allocator, Frame, ALLOC_FIXED, ALLOC_TRUNCATED, CODE_FIXED, FRAME_SIZE, KIND_ALLOC, KIND_CODE,
-    KIND_FREE,
+    Allocator, Frame, ALLOC_FIXED, ALLOC_NATIVE_STACK, ALLOC_TRUNCATED, CODE_FIXED, FRAME_SIZE,
+    KIND_ALLOC, KIND_CODE, KIND_FREE, MAX_NATIVE_FRAMES,
 };
 use mprof_common::ring::Ring;
 use std::ffi::c_void;
@@ -51,11 +51,22 @@ pub unsafe fn sampled_alloc(
         let sample = !was_busy && decide(domain, layer, t, size);
         let ptr = call();
         if sample && !ptr.is_null() {
-            record_alloc(t, ptr as usize, size, allocator_of(domain));
+            let mut native = [0u64; MAX_NATIVE_FRAMES];
+            let n = native_stack(&mut native);
+            record_alloc(t, ptr as usize, size, allocator_of(domain), &native[..n]);
         }
         t.busy.set(was_busy);
         ptr
     })
+}
+
+/// The native stack of this sample (`--native`), unwound before the session lock is taken.
+fn native_stack(out: &mut [u64]) -> usize {
+    if crate::unwind::on() {
+        crate::unwind::unwind(out)
+    } else {
+        0
+    }
 }
 
 /// Whether this allocation, whose countdown in `layer` ran out, is sampled; re-arms the
@@ -111,8 +122,14 @@ fn tid(t: &ThreadState) -> u32 {
     t.tid.get()
 }
 
-unsafe fn record_alloc(t: &ThreadState, addr: usize, size: usize, allocator: Allocator) {
-    record_alloc_locked(&mut SESSION.lock(), t, addr, size, allocator)
+unsafe fn record_alloc(
+    t: &ThreadState,
+    addr: usize,
+    size: usize,
+    allocator: Allocator,
+    native: &[u64],
+) {
+    record_alloc_locked(&mut SESSION.lock(), t, addr, size, allocator, native)
 }
 
 /// Slow path of a realloc that may free a sampled block, or whose countdown ran out. The call
@@ -135,6 +152,8 @@ pub unsafe fn sampled_realloc(
             return ptr;
         }
         let sample = countdown_ran_out && decide(domain, layer, t, size);
+        let mut native = [0u64; MAX_NATIVE_FRAMES];
+        let n = if sample { native_stack(&mut native) } else { 0 };
         let mut shared = SESSION.lock();
         let was_sampled = shared.set.contains(old);
         let ptr = call();
@@ -143,7 +162,15 @@ pub unsafe fn sampled_realloc(
             record_free_locked(&mut shared, old);
         }
         if sample && !ptr.is_null() {
-            record_alloc_locked(&mut shared, t, ptr as usize, size, allocator_of(domain));
+            let native = &native[..n];
+            record_alloc_locked(
+                &mut shared,
+                t,
+                ptr as usize,
+                size,
+                allocator_of(domain),
+                native,
+            );
         }
         drop(shared);
         t.busy.set(was_busy);
@@ -157,6 +184,7 @@ unsafe fn record_alloc_locked(
     addr: usize,
     size: usize,
     allocator: Allocator,
+    native: &[u64],
 ) {
     // Uninitialised: zeroing 8 KiB per sample cost more than the walk itself.
     let mut raw = [const { MaybeUninit::<RawFrame>::uninit() }; MAX_FRAMES];
@@ -194,9 +222,26 @@ unsafe fn record_alloc_locked(
             line: line(caches, api, layout, key, f),
         });
     }
-    let body = ALLOC_FIXED + n * FRAME_SIZE;
+    // The native section: which Python frames were entries of the bytecode loop, then the
+    // native addresses (see mprof_common::record).
+    let with_native = crate::unwind::on();
+    let mut entries = [0u64; MAX_FRAMES / 64];
+    for (i, f) in raw[..n].iter().enumerate() {
+        if f.assume_init().entry {
+            entries[i / 64] |= 1 << (i % 64);
+        }
+    }
+    let words = n.div_ceil(64);
+    let native_len = if with_native {
+        8 + 8 * (words + native.len())
+    } else {
+        0
+    };
+    let body = ALLOC_FIXED + n * FRAME_SIZE + native_len;
     let tid = tid(t);
-    let flags = allocator.flags() | if truncated { ALLOC_TRUNCATED } else { 0 };
+    let flags = allocator.flags()
+        | if truncated { ALLOC_TRUNCATED } else { 0 }
+        | if with_native { ALLOC_NATIVE_STACK } else { 0 };
     let written = ring.try_write(KIND_ALLOC, n as u16, body, |b| {
         b[0..4].copy_from_slice(&tid.to_le_bytes());
         b[4..8].copy_from_slice(&flags.to_le_bytes());
