@@ -40,6 +40,9 @@ fn main() {
         "panic=abort",
         "-C",
         "debuginfo=1",
+        // Native stacks (`--native`) unwind through the agent's own frames first.
+        "-C",
+        "force-unwind-tables=yes",
     ];
     let mut args = vec![
         "--edition=2021",

@@ -65,6 +65,10 @@ pub struct SamplingArgs {
     /// allocations are seen by default).
     #[arg(long)]
     pub python_only: bool,
+    /// Record the native (C) stack of every sample too, for mixed C + Python stacks (costs a
+    /// native unwind per sampled allocation, nothing per allocation).
+    #[arg(long)]
+    pub native: bool,
     /// Count the files under PATH as your code, library or not, in the summary, the live view
     /// and later reports (kept in the capture). Repeatable; a relative PATH also matches that
     /// run of directories anywhere (`--focus mypkg` matches `…/site-packages/mypkg/…`).
@@ -75,23 +79,27 @@ pub struct SamplingArgs {
 impl SamplingArgs {
     /// The ring's `config_flags` for these settings.
     pub fn config_flags(&self) -> u32 {
+        let mut flags = 0;
         if self.python_only {
-            mprof_common::ring::CONFIG_PYTHON_ONLY
-        } else {
-            0
+            flags |= mprof_common::ring::CONFIG_PYTHON_ONLY;
         }
+        if self.native {
+            flags |= mprof_common::ring::CONFIG_NATIVE_STACKS;
+        }
+        flags
     }
 
     /// The capture's metadata about these settings: `rate=…`, `max_depth=…`, `seed=…` and
     /// `native=on|off`, one per line.
     pub fn meta(&self) -> String {
         format!(
-            "rate={}\nmax_depth={}\nseed={}\n{}={}\n",
+            "rate={}\nmax_depth={}\nseed={}\n{}={}\nnative_stacks={}\n",
             self.rate,
             self.max_depth,
             self.seed,
             allocators::NATIVE_META,
-            if self.python_only { "off" } else { "on" }
+            if self.python_only { "off" } else { "on" },
+            if self.native { "on" } else { "off" }
         )
     }
 }

@@ -157,7 +157,7 @@ pub fn run(
                 rate: sampling.rate,
                 seed: sampling.seed,
                 max_depth: sampling.max_depth,
-                config_flags: 0,
+                config_flags: sampling.config_flags(),
             },
         )
     });

@@ -255,6 +255,16 @@ unsafe fn record_alloc_locked(
             b[at..at + 8].copy_from_slice(&f.code.to_le_bytes());
             b[at + 8..at + 12].copy_from_slice(&f.line.to_le_bytes());
         }
+        if with_native {
+            let mut at = ALLOC_FIXED + n * FRAME_SIZE;
+            b[at..at + 4].copy_from_slice(&(native.len() as u32).to_le_bytes());
+            b[at + 4..at + 8].copy_from_slice(&(words as u32).to_le_bytes());
+            at += 8;
+            for w in entries[..words].iter().chain(native) {
+                b[at..at + 8].copy_from_slice(&w.to_le_bytes());
+                at += 8;
+            }
+        }
     });
     if written {
         ring.header().samples.fetch_add(1, Ordering::Relaxed);
