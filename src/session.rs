@@ -30,7 +30,7 @@ const AGENT_SPACE: u64 = 16 << 20;
 pub fn ring_data_size(rate: u64, headroom: Option<u64>) -> Result<usize, String> {
     let wanted = match rate {
         0..=4096 => MAX_RING,
-        4097..=65536 => 64 << 20,
+        4097..=16384 => 64 << 20,
         _ => 16 << 20,
     };
     let Some(headroom) = headroom else {
