@@ -36,6 +36,8 @@ pub mod live;
 pub mod memory;
 pub mod names;
 pub mod output;
+pub mod process_table;
+pub mod processes;
 pub mod profile;
 pub mod record;
 pub mod report;

@@ -157,6 +157,11 @@ impl Model {
                 site.recent.add(&sample);
             }
             Change::Free(old) => self.site(old.stack, old.tid).live.remove(&old.sample()),
+            Change::Ended(blocks) => {
+                for old in self.agg.ended[blocks].to_vec() {
+                    self.site(old.stack, old.tid).live.remove(&old.sample());
+                }
+            }
             Change::Other => {}
         }
     }
