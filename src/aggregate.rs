@@ -183,11 +183,13 @@ impl Aggregator {
         let process = process.min(MAX_PROCESSES as u32 - 1);
         if process as usize >= self.procs.len() {
             let rate = self.procs[0].rate;
-            self.procs.resize_with(process as usize + 1, || ProcessFigures {
-                rate,
-                ..ProcessFigures::default()
-            });
-            self.live.resize_with(process as usize + 1, FastMap::default);
+            self.procs
+                .resize_with(process as usize + 1, || ProcessFigures {
+                    rate,
+                    ..ProcessFigures::default()
+                });
+            self.live
+                .resize_with(process as usize + 1, FastMap::default);
         }
         if process != self.process {
             self.resolver.switch_process(process);

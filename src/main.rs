@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand};
 use mprof::allocators::{self, Allocator, Allocators};
 use mprof::export::Format;
 use mprof::grouping::Grouping;
-use mprof::processes::{PidArgs, Pick};
+use mprof::processes::{Pick, PidArgs};
 use mprof::profile::{Lens, View};
 use mprof::{attach, diff, export, flamegraph, html, record, report, timeline, SamplingArgs};
 use std::path::PathBuf;

@@ -136,7 +136,15 @@ pub fn text(p: &Profile) -> String {
     let _ = writeln!(
         out,
         "{:>8} {:>8} {:<7} {:>9} {:>7} {:>11} {:>11} {:>11} {:>11}  command",
-        "pid", "parent", "born", "samples", "dropped", "allocated", "own peak", "live end", "max RSS"
+        "pid",
+        "parent",
+        "born",
+        "samples",
+        "dropped",
+        "allocated",
+        "own peak",
+        "live end",
+        "max RSS"
     );
     for r in &rows {
         let opt = |v: Option<u32>| v.map_or("?".to_owned(), |v| v.to_string());
@@ -155,7 +163,8 @@ pub fn text(p: &Profile) -> String {
             human_bytes(r.alloc_bytes as f64),
             human_bytes(r.peak_bytes as f64),
             human_bytes(r.live_bytes as f64),
-            r.max_rss_bytes.map_or("-".to_owned(), |b| human_bytes(b as f64)),
+            r.max_rss_bytes
+                .map_or("-".to_owned(), |b| human_bytes(b as f64)),
             command
         );
     }

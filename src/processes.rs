@@ -179,7 +179,10 @@ impl CaptureSet {
         pid: u32,
     ) -> Result<CaptureSet> {
         if !l.pids.contains(&pid) {
-            let mut known: Vec<String> = root_pid.iter().map(|p| format!("{p} (the program)")).collect();
+            let mut known: Vec<String> = root_pid
+                .iter()
+                .map(|p| format!("{p} (the program)"))
+                .collect();
             known.extend(l.pids.iter().take(12).map(u32::to_string));
             if l.pids.len() > 12 {
                 known.push(format!("… {} more", l.pids.len() - 12));

@@ -279,7 +279,12 @@ impl Profile {
         if let Some(w) = &self.damaged {
             out.push(w.clone());
         }
-        out.extend(self.process_warnings.iter().take(MAX_PROCESS_WARNINGS).cloned());
+        out.extend(
+            self.process_warnings
+                .iter()
+                .take(MAX_PROCESS_WARNINGS)
+                .cloned(),
+        );
         if self.process_warnings.len() > MAX_PROCESS_WARNINGS {
             out.push(format!(
                 "… and {} more warnings about the followed processes' captures",

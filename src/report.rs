@@ -275,7 +275,8 @@ pub fn summary(p: &Profile) -> String {
     if p.followed {
         let _ = writeln!(
             out,
-            "mprof: {} process(es) profiled: the program and {} followed child process(es),              merged below (mprof report --per-process lists them)",
+            "mprof: {} process(es) profiled: the program and {} followed child process(es), \
+             merged below (mprof report --per-process lists them)",
             p.processes.len(),
             p.processes.len().saturating_sub(1)
         );

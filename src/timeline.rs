@@ -12,10 +12,10 @@
 //! bytes at the peak).
 
 use crate::aggregate::{Aggregator, Change};
-use crate::processes::{CaptureSet, Pick};
 use crate::export::{check_output, write_file, Format};
 use crate::grouping::Grouping;
 use crate::names::StackId;
+use crate::processes::{CaptureSet, Pick};
 use crate::profile::{Budget, FastMap, Profile, View};
 use crate::report::rate_text;
 use crate::sites::rows;

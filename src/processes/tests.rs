@@ -107,7 +107,10 @@ fn children_are_merged_by_time_each_in_its_own_address_space() {
     // RSS adds up over the processes running at the same time: 10,000 + 5,000 + 5,000 at 6 s.
     assert_eq!(p.max_rss, Some(20_000));
     let rows = crate::process_table::rows(&p);
-    let pids: Vec<_> = rows.iter().map(|r| (r.pid, r.ppid, r.born.as_str())).collect();
+    let pids: Vec<_> = rows
+        .iter()
+        .map(|r| (r.pid, r.ppid, r.born.as_str()))
+        .collect();
     assert_eq!(
         pids,
         [
@@ -137,10 +140,19 @@ fn one_process_is_picked_by_pid() {
     let p = Profile::load_set(&CaptureSet::open(&root, Pick::Pid(100)).unwrap()).unwrap();
     assert_eq!(function_bytes(&p, View::Allocated, "main"), 1000.0);
     assert_eq!(function_bytes(&p, View::Allocated, "work"), 0.0);
-    let e = CaptureSet::open(&root, Pick::Pid(7)).err().unwrap().to_string();
-    assert!(e.contains("PID 7 is not among") && e.contains("201, 202"), "{e}");
+    let e = CaptureSet::open(&root, Pick::Pid(7))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("PID 7 is not among") && e.contains("201, 202"),
+        "{e}"
+    );
     let alone = program(false).write(dir.path(), "alone.mprof");
-    let e = CaptureSet::open(&alone, Pick::Pid(7)).err().unwrap().to_string();
+    let e = CaptureSet::open(&alone, Pick::Pid(7))
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("without --follow-children"), "{e}");
 }
 
@@ -164,10 +176,19 @@ fn hostile_entries_are_skipped_with_one_line_each() {
     let (p, warnings) = Profile::read(&root).unwrap();
     let all = warnings.join("\n");
     assert!(all.contains("1 symlink(s) skipped, not followed"), "{all}");
-    assert!(all.contains("skipping 301.mprof") && all.contains("MPROFCAP"), "{all}");
-    assert!(all.contains("302.mprof: capture ends with a truncated record"), "{all}");
+    assert!(
+        all.contains("skipping 301.mprof") && all.contains("MPROFCAP"),
+        "{all}"
+    );
+    assert!(
+        all.contains("302.mprof: capture ends with a truncated record"),
+        "{all}"
+    );
     // notes.txt, the directory 303.mprof and the FIFO 304.mprof (never opened).
-    assert!(all.contains("3 entr(y/ies) that are not PID.mprof captures"), "{all}");
+    assert!(
+        all.contains("3 entr(y/ies) that are not PID.mprof captures"),
+        "{all}"
+    );
     assert!(warnings.iter().all(|w| !w.contains('\n')), "{warnings:?}");
     // The symlinked capture's megabyte is nowhere; the truncated child's sample is kept.
     assert_eq!(p.totals().allocated.bytes, 1000.0 + 6000.0 + 500.0);
@@ -187,7 +208,10 @@ fn a_symlinked_or_missing_directory_is_a_warning_and_the_program_alone() {
     std::os::unix::fs::symlink(&elsewhere, dir.path().join("c.mprof.d")).unwrap();
     let (p, warnings) = Profile::read(&root).unwrap();
     assert_eq!(p.totals().allocated.bytes, 1000.0);
-    assert!(warnings[0].contains("symlink there is not followed"), "{warnings:?}");
+    assert!(
+        warnings[0].contains("symlink there is not followed"),
+        "{warnings:?}"
+    );
     assert!(CaptureSet::open(&root, Pick::Pid(201)).is_err());
 }
 
