@@ -13,14 +13,16 @@
 use crate::output::{self, Access, Pending};
 use anyhow::{bail, Context, Result};
 use mprof_common::record::{self, DecodeError, Record};
+use mprof_common::stacks::{Expanded, Expander};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
 /// Magic bytes at the start of every capture file.
 pub const MAGIC: &[u8; 8] = b"MPROFCAP";
-/// The format version this build writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this build writes. 2: samples name interned stacks (STACK and SAMPLE
+/// records); 1 carried whole stacks in ALLOC records (still read).
+pub const FORMAT_VERSION: u32 = 2;
 const FILE_HEADER: usize = 16;
 
 /// Writes a capture file as records arrive. The file is created under a temporary name (mode
@@ -206,11 +208,16 @@ impl CaptureFile {
             buf: Vec::with_capacity(4096),
             pass: Pass { warning },
             done: false,
+            expander: Expander::new(),
+            unresolved: Unresolved::default(),
         })
     }
 }
 
-/// The records of a capture, read one at a time ([`CaptureFile::records`]).
+/// The records of a capture, read one at a time ([`CaptureFile::records`]). Interned stacks
+/// (STACK and SAMPLE records, see `mprof_common::stacks`) are expanded back into ALLOC
+/// records by an [`Expander`] of the capture's own: a capture is one process's stream, and
+/// its stack nodes mean nothing in another's.
 pub struct Records<'a> {
     input: std::io::BufReader<std::io::Take<&'a File>>,
     size: u64,
@@ -219,6 +226,8 @@ pub struct Records<'a> {
     buf: Vec<u8>,
     pass: Pass,
     done: bool,
+    expander: Expander,
+    unresolved: Unresolved,
 }
 
 impl Records<'_> {
@@ -235,12 +244,22 @@ impl Records<'_> {
         Ok(None)
     }
 
-    /// What the pass saw (why it stopped early, if it did).
+    /// What the pass saw (why it stopped early, if it did, and stack records that could not
+    /// be resolved).
     pub fn finish(self) -> Pass {
-        self.pass
+        let mut pass = self.pass;
+        if let Some(skipped) = self.unresolved.warning() {
+            pass.warning = Some(match pass.warning {
+                Some(tail) => format!("{tail}; {skipped}"),
+                None => skipped,
+            });
+        }
+        pass
     }
 
-    /// Reads and decodes one record; `None` at the end or at a damaged tail.
+    /// Reads and decodes one record (a SAMPLE as the ALLOC it stands for; a STACK record, or
+    /// a stack record that cannot be resolved, as `Record::Unknown`); `None` at the end or at
+    /// a damaged tail.
     fn read_one(&mut self) -> Result<Option<Record>> {
         let (at, size) = (self.at, self.size);
         let buf = &mut self.buf;
@@ -278,8 +297,26 @@ impl Records<'_> {
         };
         buf.resize(len, 0);
         let got = read_full(&mut self.input, &mut buf[record::PREAMBLE..])?;
-        self.digest.add(&buf[..record::PREAMBLE + got]);
-        match record::decode(&buf[..record::PREAMBLE + got]) {
+        let bytes = &buf[..record::PREAMBLE + got];
+        self.digest.add(bytes);
+        let expanded;
+        let bytes = match self.expander.feed(bytes) {
+            Expanded::Pass(bytes) => bytes,
+            Expanded::Alloc(alloc) => {
+                expanded = alloc;
+                &expanded
+            }
+            Expanded::Consumed => {
+                self.at += len as u64;
+                return Ok(Some(Record::Unknown { kind: 0 }));
+            }
+            Expanded::Bad(why) => {
+                self.unresolved.note(why);
+                self.at += len as u64;
+                return Ok(Some(Record::Unknown { kind: 0 }));
+            }
+        };
+        match record::decode(bytes) {
             Ok((r, _)) => {
                 self.at += len as u64;
                 Ok(Some(r))
@@ -289,6 +326,31 @@ impl Records<'_> {
                 Ok(None)
             }
         }
+    }
+}
+
+/// Stack records that could not be resolved (see `mprof_common::stacks`): skipped, counted,
+/// and named once in the pass's warning.
+#[derive(Default)]
+struct Unresolved {
+    count: u64,
+    first: Option<&'static str>,
+}
+
+impl Unresolved {
+    fn note(&mut self, why: &'static str) {
+        self.count += 1;
+        self.first.get_or_insert(why);
+    }
+
+    fn warning(&self) -> Option<String> {
+        let first = self.first?;
+        Some(format!(
+            "{} stack record{} could not be resolved and {} skipped (first: {first})",
+            self.count,
+            if self.count == 1 { "" } else { "s" },
+            if self.count == 1 { "was" } else { "were" },
+        ))
     }
 }
 

@@ -10,6 +10,7 @@ use crate::focus::{Focus, Memo};
 use crate::grouping::{Beside, Grouping, YourCodeGroups};
 use crate::profile::{Estimate, FastMap, Location, StackId};
 use mprof_common::record::{self, Record, KIND_ALLOC};
+use mprof_common::stacks::{Expanded, Expander, KIND_SAMPLE};
 use std::collections::{HashMap, VecDeque};
 
 /// Points of history kept for the sparklines (one per refresh).
@@ -114,6 +115,9 @@ pub struct Model {
     python: String,
     history: VecDeque<(f64, f64)>,
     focus: Focus,
+    /// Turns interned samples back into whole ones, as the capture reader does: one per
+    /// process (by index), since each process's stream has stack nodes of its own.
+    stacks: Vec<Expander>,
 }
 
 impl Model {
@@ -132,6 +136,7 @@ impl Model {
             python: String::new(),
             history: VecDeque::new(),
             focus: Focus::default(),
+            stacks: vec![Expander::new()],
         }
     }
 
@@ -161,6 +166,9 @@ impl Model {
             command: String::new(),
             ended: false,
         });
+        if self.stacks.len() < self.processes.len() {
+            self.stacks.push(Expander::new());
+        }
         self.processes.len() - 1
     }
 
@@ -179,6 +187,8 @@ impl Model {
             return;
         };
         self.processes[at].ended = true;
+        // Its stack nodes are of no further use.
+        self.stacks[at] = Expander::new();
         let blocks = self.agg.leave(at as u32);
         self.forget(blocks);
     }
@@ -190,7 +200,12 @@ impl Model {
     /// Applies an encoded record (as the reader writes it to the capture); undecodable bytes
     /// are ignored, as the capture reader would skip them.
     pub fn observe(&mut self, bytes: &[u8]) {
-        if let Ok((record, _)) = record::decode(bytes) {
+        let decoded = match self.stacks[self.current].feed(bytes) {
+            Expanded::Pass(bytes) => record::decode(bytes),
+            Expanded::Alloc(alloc) => record::decode(&alloc),
+            Expanded::Consumed | Expanded::Bad(_) => return,
+        };
+        if let Ok((record, _)) = decoded {
             self.apply(&record);
         }
     }
@@ -200,7 +215,7 @@ impl Model {
     /// what is shown stays consistent.
     pub fn observe_but_skip_samples(&mut self, bytes: &[u8]) {
         match record::preamble(bytes) {
-            Ok((_, KIND_ALLOC, _)) => self.skipped += 1,
+            Ok((_, KIND_ALLOC | KIND_SAMPLE, _)) => self.skipped += 1,
             _ => self.observe(bytes),
         }
     }
