@@ -388,6 +388,11 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
         &self.ring
     }
 
+    /// The ring this reader drains, as it was handed over (to keep its lifetime).
+    pub fn ring_ref(&self) -> &R {
+        &self.ring
+    }
+
     pub fn new(ring: R, capture: CaptureWriter, pid: u32) -> Reader<R> {
         let r = Reader {
             ring,
