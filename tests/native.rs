@@ -356,7 +356,9 @@ fn attach_default_rate_native_estimates_lie_within_three_standard_errors() {
 }
 
 /// Eight threads allocating and freeing with malloc, without the GIL, while mprof attaches and
-/// detaches 20 times: no crash, no hang, the checksum comes out right.
+/// detaches 20 times: no crash, no hang, the checksum comes out right; the captures hold
+/// samples, and those of the storm's threads (which have no Python frame) show as
+/// `<no Python frame>`.
 #[test]
 fn a_native_storm_survives_twenty_attaches() {
     let all = pythons();
@@ -425,6 +427,13 @@ fn a_native_storm_survives_twenty_attaches() {
     let (status, out) = target.finish(Duration::from_secs(120));
     assert!(status.success(), "{status}");
     assert!(out.contains(&want), "{out:?} vs {want}");
+    let (samples, frameless) = storm_samples(dir.path());
+    eprintln!("{samples} samples in twenty captures, {frameless} of them <no Python frame>");
+    assert!(samples > 0, "no capture holds a sample");
+    assert!(
+        frameless > 0,
+        "no native sample of a storm thread as <no Python frame>"
+    );
     eprintln!(
         "RSS while storming: {rss_before} KiB unprofiled, {rss_after} KiB after twenty attaches"
     );
@@ -437,6 +446,31 @@ fn a_native_storm_survives_twenty_attaches() {
         rss_after <= rss_before + rss_before / 10 + AGENT_KIB,
         "RSS grew from {rss_before} to {rss_after} KiB"
     );
+}
+
+/// The samples of the twenty storm captures in `dir`, and how many of them are native ones
+/// with no Python frame.
+fn storm_samples(dir: &Path) -> (u64, u64) {
+    let (mut samples, mut frameless) = (0, 0);
+    for i in 0..20 {
+        let capture = dir.join(format!("s{i}.mprof"));
+        let report = report_json(
+            &capture,
+            &["--view", "allocated", "--by", "function", "--top", "0"],
+        );
+        samples += report["samples"].as_u64().unwrap();
+        if let Some(site) = by_function(&report).get("<no Python frame>") {
+            let native = match site["allocator"].as_str().unwrap() {
+                "native" => site["samples"].as_u64().unwrap(),
+                "mixed" => site["allocators"]["native"]["allocated"]["samples"]
+                    .as_u64()
+                    .unwrap_or(0),
+                _ => 0,
+            };
+            frameless += native;
+        }
+    }
+    (samples, frameless)
 }
 
 fn rss_kib(pid: u32) -> u64 {
