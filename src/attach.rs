@@ -11,6 +11,7 @@ use crate::hints;
 use crate::live::Closed;
 use crate::profile::Profile;
 use crate::session::{Reader, RingMem};
+use crate::signals::{self, Handler};
 use crate::{report, SamplingArgs};
 use anyhow::{bail, Context, Result};
 use mprof_common::record::Record;
@@ -36,13 +37,8 @@ extern "C" fn on_stop_signal(sig: libc::c_int) {
 /// terminal or `kill`) ends sampling and detaches cleanly, and never cuts an injection in half.
 fn catch_stop_signals() {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_stop_signal as *const () as usize;
-            action.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(sig, &action, std::ptr::null_mut());
-        }
+        // SAFETY: on_stop_signal only stores into an atomic: async-signal-safe.
+        unsafe { signals::set_handler(sig, Handler::Plain(on_stop_signal)) };
     }
 }
 

@@ -16,6 +16,8 @@
 //! - safety: [`output`] (creating every output file), [`memory`] (the counting allocator),
 //!   `fuzzing` (the capture fuzzer, in tests and under `--cfg fuzzing`).
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 pub mod aggregate;
 pub mod allocators;
 pub mod attach;

@@ -1,6 +1,8 @@
 //! mprof: a low-overhead sampling memory profiler for CPython. This is the command-line front
 //! end; everything it runs lives in the `mprof` library.
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use mprof::allocators::{self, Allocator, Allocators};

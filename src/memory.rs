@@ -31,6 +31,10 @@ fn add(delta: isize) {
     });
 }
 
+// SAFETY: every method hands the call to `System` unchanged (same pointer, layout and size) and
+// returns its result, so Counting keeps System's guarantees. The counting beside it only
+// touches `const`-initialised thread-locals without destructors (no allocation, no
+// re-entry), and `try_with` skips it during thread teardown instead of panicking.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let p = System.alloc(layout);

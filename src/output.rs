@@ -22,6 +22,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Who may read the file.
@@ -128,9 +129,28 @@ fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
+/// The effective uid: the user mprof acts as.
+fn euid() -> libc::uid_t {
+    // SAFETY: geteuid takes nothing, cannot fail and touches no memory of ours.
+    unsafe { libc::geteuid() }
+}
+
+/// Opens the directory `parent` (`O_PATH`: only as an anchor for the `*at` calls).
+fn open_dir(parent: &Path) -> io::Result<OwnedFd> {
+    // std adds O_CLOEXEC; O_PATH ignores the read access mode.
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .open(parent)
+        .map(OwnedFd::from)
+}
+
 /// `fstatat` without following a symlink; `None` if nothing is there.
 fn lstat_at(dir: &OwnedFd, name: &CString) -> io::Result<Option<libc::stat>> {
+    // SAFETY: libc::stat is a C struct of integers only; all zeroes is a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `dir` is an open descriptor we own for the whole call, `name` a NUL-ended
+    // string that outlives it, and `st` a live, writable stat that fstatat fills in.
     let r = unsafe {
         libc::fstatat(
             dir.as_raw_fd(),
@@ -146,14 +166,10 @@ fn lstat_at(dir: &OwnedFd, name: &CString) -> io::Result<Option<libc::stat>> {
     }
 }
 
-fn fstat(fd: libc::c_int) -> io::Result<libc::stat> {
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    check(unsafe { libc::fstat(fd, &mut st) })?;
-    Ok(st)
-}
-
 fn readlink_at(dir: &OwnedFd, name: &CString) -> io::Result<PathBuf> {
     let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: `dir` is an open descriptor we own, `name` a NUL-ended string, and readlinkat
+    // writes at most `buf.len()` bytes into `buf`, which is that long.
     let n = unsafe {
         libc::readlinkat(
             dir.as_raw_fd(),
@@ -186,15 +202,7 @@ fn destination(
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let cparent = cstr(parent.as_os_str());
-        let fd = check(unsafe {
-            libc::open(
-                cparent.as_ptr(),
-                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        })
-        .map_err(io_err(label, "opening its directory", &path))?;
-        let dir = unsafe { OwnedFd::from_raw_fd(fd) };
+        let dir = open_dir(&parent).map_err(io_err(label, "opening its directory", &path))?;
         let cname = cstr(&name);
         let Some(st) = lstat_at(&dir, &cname).map_err(io_err(label, "lstat", &path))? else {
             return Ok((dir, cname, path));
@@ -202,6 +210,7 @@ fn destination(
         match st.st_mode & libc::S_IFMT {
             libc::S_IFLNK => {
                 let target = readlink_at(&dir, &cname).map_err(io_err(label, "readlink", &path))?;
+                // SAFETY: getuid takes nothing, cannot fail and touches no memory of ours.
                 let me = unsafe { libc::getuid() };
                 if st.st_uid != me {
                     return Err(OutputError::ForeignSymlink {
@@ -269,6 +278,8 @@ impl Pending {
             return Ok(());
         }
         let fd = self.dir.as_raw_fd();
+        // SAFETY: `fd` is our open directory descriptor (held by `self.dir`), and both names
+        // are NUL-ended strings owned by `self`, alive for the call.
         check(unsafe { libc::renameat(fd, self.temp.as_ptr(), fd, self.name.as_ptr()) })
             .map_err(io_err(self.label, "renaming it into place", &self.path))?;
         self.placed = true;
@@ -284,6 +295,8 @@ impl Drop for Pending {
         // Remove the temporary name only while it is still our file.
         if let Ok(Some(st)) = lstat_at(&self.dir, &self.temp) {
             if st.st_dev == self.dev && st.st_ino == self.ino {
+                // SAFETY: `self.dir` is our open directory descriptor and `self.temp` a
+                // NUL-ended string owned by `self`; the result does not matter in a drop.
                 unsafe { libc::unlinkat(self.dir.as_raw_fd(), self.temp.as_ptr(), 0) };
             }
         }
@@ -312,6 +325,8 @@ fn create_at(
 ) -> Result<(File, Pending), OutputError> {
     for attempt in 0..100 {
         let temp = temp_name(&name, attempt);
+        // SAFETY: `dir` is an open directory descriptor we own and `temp` a NUL-ended string,
+        // both alive for the call; O_CREAT is given its mode argument as openat requires.
         let r = unsafe {
             libc::openat(
                 dir.as_raw_fd(),
@@ -325,20 +340,23 @@ fn create_at(
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(io_err(label, "creating it", &path)(e)),
         };
+        // SAFETY: openat just returned `fd`, open and not owned by anything else: the File
+        // becomes its only owner and closes it.
         let file = unsafe { File::from_raw_fd(fd) };
         if access == Access::Private {
             // An inherited umask can only remove bits; make sure nothing else was set.
-            check(unsafe { libc::fchmod(fd, 0o600) }).map_err(io_err(label, "chmod", &path))?;
+            file.set_permissions(std::fs::Permissions::from_mode(0o600))
+                .map_err(io_err(label, "chmod", &path))?;
         }
-        let st = fstat(fd).map_err(io_err(label, "fstat", &path))?;
+        let st = file.metadata().map_err(io_err(label, "fstat", &path))?;
         let pending = Pending {
             label,
             dir,
             temp,
             name,
             path,
-            dev: st.st_dev,
-            ino: st.st_ino,
+            dev: st.dev(),
+            ino: st.ino(),
             placed: false,
         };
         return Ok((file, pending));
@@ -367,28 +385,21 @@ impl OutputDir {
                     Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
                     _ => PathBuf::from("."),
                 };
-                let cparent = cstr(parent.as_os_str());
-                let fd = check(unsafe {
-                    libc::open(
-                        cparent.as_ptr(),
-                        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-                    )
-                })
-                .map_err(io_err(label, "opening its directory", path))?;
-                Ok((
-                    unsafe { OwnedFd::from_raw_fd(fd) },
-                    name,
-                    path.to_path_buf(),
-                ))
+                let dir =
+                    open_dir(&parent).map_err(io_err(label, "opening its directory", path))?;
+                Ok((dir, name, path.to_path_buf()))
             }
             e => Err(e),
         })?;
+        // SAFETY: `parent` is an open directory descriptor we own and `name` a NUL-ended
+        // string, both alive for the call.
         let made = unsafe { libc::mkdirat(parent.as_raw_fd(), name.as_ptr(), 0o700) };
         if made != 0 && io::Error::last_os_error().kind() != io::ErrorKind::AlreadyExists {
             return Err(io_err(label, "creating it", &path)(
                 io::Error::last_os_error(),
             ));
         }
+        // SAFETY: as for mkdirat above; without O_CREAT openat takes no mode.
         let fd = check(unsafe {
             libc::openat(
                 parent.as_raw_fd(),
@@ -401,12 +412,14 @@ impl OutputDir {
             "opening it (a symlink there is refused)",
             &path,
         ))?;
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let st = fstat(fd.as_raw_fd()).map_err(io_err(label, "fstat", &path))?;
-        if st.st_uid != unsafe { libc::geteuid() } {
+        // SAFETY: openat just returned `fd`, open and owned by nothing else.
+        let dir = unsafe { File::from_raw_fd(fd) };
+        let uid = dir.metadata().map_err(io_err(label, "fstat", &path))?.uid();
+        let fd = OwnedFd::from(dir);
+        if uid != euid() {
             return Err(io_err(label, "using it", &path)(io::Error::new(
                 io::ErrorKind::PermissionDenied,
-                format!("it belongs to uid {}, not to you", st.st_uid),
+                format!("it belongs to uid {uid}, not to you"),
             )));
         }
         let dir = OutputDir { fd, path };
@@ -420,7 +433,7 @@ impl OutputDir {
         else {
             return;
         };
-        let me = unsafe { libc::geteuid() };
+        let me = euid();
         for entry in entries.flatten() {
             let name = entry.file_name();
             if !name.as_encoded_bytes().ends_with(b".mprof") {
@@ -429,6 +442,8 @@ impl OutputDir {
             let cname = cstr(&name);
             if let Ok(Some(st)) = lstat_at(&self.fd, &cname) {
                 if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_uid == me {
+                    // SAFETY: `self.fd` is our open directory descriptor and `cname` a
+                    // NUL-ended string; a failed unlink is harmless here.
                     unsafe { libc::unlinkat(self.fd.as_raw_fd(), cname.as_ptr(), 0) };
                 }
             }
@@ -443,10 +458,11 @@ impl OutputDir {
     /// invoking user; anything else is left alone).
     pub fn remove(&self, name: &str) {
         let cname = cstr(name.as_ref());
-        let me = unsafe { libc::geteuid() };
+        let me = euid();
         if let Ok(Some(st)) = lstat_at(&self.fd, &cname) {
             if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_uid == me {
-                // SAFETY: unlinkat relative to our directory descriptor, a NUL-ended name.
+                // SAFETY: `self.fd` is our open directory descriptor and `cname` a NUL-ended
+                // string; a failed unlink is harmless here.
                 unsafe { libc::unlinkat(self.fd.as_raw_fd(), cname.as_ptr(), 0) };
             }
         }

@@ -24,6 +24,7 @@ use std::collections::BinaryHeap;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// Most followed processes read with a capture (mprof follows at most 4096 per session).
@@ -315,26 +316,23 @@ struct Listing {
 impl Listing {
     /// Opens `path` (not a symlink) and lists its captures.
     fn read(path: &Path) -> Result<Listing> {
-        let cpath = CString::new(path.as_os_str().as_bytes()).context("a path with a NUL")?;
-        // SAFETY: opening a path we own the string of; the result is checked.
-        let fd = unsafe {
-            libc::open(
-                cpath.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            )
+        // std adds O_CLOEXEC.
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(path);
+        let dir = match opened {
+            Ok(file) => OwnedFd::from(file),
+            Err(e) => {
+                let why = match e.raw_os_error() {
+                    Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
+                        "not a directory (a symlink there is not followed)".to_owned()
+                    }
+                    _ => e.to_string(),
+                };
+                bail!("{}: {why}", path.display());
+            }
         };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            let why = match e.raw_os_error() {
-                Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
-                    "not a directory (a symlink there is not followed)".to_owned()
-                }
-                _ => e.to_string(),
-            };
-            bail!("{}: {why}", path.display());
-        }
-        // SAFETY: a fresh descriptor that nothing else owns.
-        let dir = unsafe { OwnedFd::from_raw_fd(fd) };
         let mut listing = Listing {
             dir,
             pids: Vec::new(),
@@ -391,7 +389,8 @@ impl Listing {
         let name = format!("{pid}.mprof");
         let path = dir.join(&name);
         let cname = CString::new(name).expect("no NUL in a number");
-        // SAFETY: openat on our directory descriptor with our own string; checked.
+        // SAFETY: `self.dir` is an open directory descriptor `self` owns and `cname` a NUL-ended
+        // string, both alive for the call; without O_CREAT openat takes no mode.
         let fd = unsafe {
             libc::openat(
                 self.dir.as_raw_fd(),
@@ -403,7 +402,7 @@ impl Listing {
             let e = std::io::Error::last_os_error();
             return Err(e).with_context(|| format!("cannot open {}", path.display()));
         }
-        // SAFETY: a fresh descriptor that nothing else owns.
+        // SAFETY: openat just returned `fd`, open and owned by nothing else.
         let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
         let meta = file
             .metadata()
@@ -433,7 +432,8 @@ fn raise_file_limit(wanted: usize) {
         rlim_cur: 0,
         rlim_max: 0,
     };
-    // SAFETY: getrlimit/setrlimit with a local struct.
+    // SAFETY: getrlimit writes one rlimit into `lim`, a live local, and setrlimit reads it;
+    // neither keeps the pointer.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= wanted as u64 {
             return;

@@ -105,6 +105,9 @@ fn view_closed(closed: Closed, pid: u32, command: &str) {
         ),
         Closed::Interrupt => {
             eprintln!("mprof: live view closed; interrupting {command} (SIGINT to PID {pid})");
+            // SAFETY: kill takes integers and touches no memory. `pid` is our child, not yet
+            // reaped (`Program::check` waits for it only after this), so it names no other
+            // process.
             unsafe { libc::kill(pid as i32, libc::SIGINT) };
         }
         Closed::Failed(e) => {
@@ -145,7 +148,8 @@ impl Watch for Program<'_> {
             if s.view.take().is_some() {
                 eprintln!("mprof: live view closed by signal {sig}; passing it on to PID {pid}");
             }
-            // SAFETY: kill with a pid and a signal number.
+            // SAFETY: kill takes integers and touches no memory; `pid` is our child, not yet
+            // reaped (try_wait below comes after), so it names no other process.
             unsafe { libc::kill(pid as i32, sig) };
         }
         if let Some(unfollowed) = self.unfollowed.as_mut() {

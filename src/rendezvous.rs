@@ -143,7 +143,9 @@ fn receive(conn: &OwnedFd) -> Option<Arrival> {
     msg.msg_controllen = std::mem::size_of_val(&control);
     // SAFETY: recvmsg into our buffers, sized above.
     let n = unsafe { libc::recvmsg(conn.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    let fd = received_fd(&msg);
+    // SAFETY: `msg` is what recvmsg just returned into (when it succeeded), its control
+    // buffer `control` still alive and unmoved.
+    let fd = (n >= 0).then(|| unsafe { received_fd(&msg) }).flatten();
     let hello = (n > 0)
         .then(|| Hello::parse(&payload[..n as usize]))
         .flatten();
@@ -156,9 +158,16 @@ fn receive(conn: &OwnedFd) -> Option<Arrival> {
 }
 
 /// The one descriptor an `SCM_RIGHTS` message carried (any others are closed).
-fn received_fd(msg: &libc::msghdr) -> Option<OwnedFd> {
+///
+/// # Safety
+///
+/// `msg` was filled by a successful `recvmsg`, and the control buffer it points to is alive.
+unsafe fn received_fd(msg: &libc::msghdr) -> Option<OwnedFd> {
     let mut found = None;
-    // SAFETY: the CMSG macros walk the control buffer recvmsg filled in, within its length.
+    // SAFETY: the kernel wrote the control messages and their lengths (cut to what fit in
+    // `msg_controllen`), so the CMSG macros stay within the buffer; an SCM_RIGHTS message's
+    // data is that many descriptors, each newly installed in this process and owned by
+    // nobody else until wrapped here.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(msg);
         while !c.is_null() {

@@ -79,6 +79,7 @@ pub fn inherited_headroom() -> Option<u64> {
         rlim_cur: 0,
         rlim_max: 0,
     };
+    // SAFETY: getrlimit writes one rlimit into `lim`, a live local.
     if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } != 0
         || lim.rlim_cur == libc::RLIM_INFINITY
     {
@@ -139,9 +140,12 @@ fn last_os(what: &'static str) -> RingSetupError {
 /// target may hold the same file and race us.
 fn size_and_seal(fd: &OwnedFd, len: usize) -> Result<(), RingSetupError> {
     let raw = fd.as_raw_fd();
+    // SAFETY: `raw` is the descriptor `fd` owns, open for the call; ftruncate and fcntl take
+    // only integers and touch no memory of ours.
     if unsafe { libc::ftruncate(raw, len as libc::off_t) } != 0 {
         return Err(last_os("sizing the ring"));
     }
+    // SAFETY: as above; F_ADD_SEALS takes an int argument.
     if unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, SIZE_SEALS) } != 0 {
         return Err(last_os("sealing the ring's size"));
     }
@@ -152,6 +156,8 @@ fn size_and_seal(fd: &OwnedFd, len: usize) -> Result<(), RingSetupError> {
 /// mapping cannot fault under mprof.
 fn check_sealed(fd: &OwnedFd, len: usize) -> Result<(), RingSetupError> {
     let raw = fd.as_raw_fd();
+    // SAFETY: `raw` is the descriptor `fd` owns, open for the call; F_GET_SEALS takes no
+    // argument and touches no memory of ours.
     let seals = unsafe { libc::fcntl(raw, libc::F_GET_SEALS) };
     if seals < 0 {
         return Err(last_os("reading the ring's seals"));
@@ -159,7 +165,9 @@ fn check_sealed(fd: &OwnedFd, len: usize) -> Result<(), RingSetupError> {
     if seals & SIZE_SEALS != SIZE_SEALS {
         return Err(RingSetupError::Unsealed(seals));
     }
+    // SAFETY: libc::stat is a C struct of integers only; all zeroes is a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `raw` is open (owned by `fd`) and fstat fills `st`, a live local.
     if unsafe { libc::fstat(raw, &mut st) } != 0 {
         return Err(last_os("fstat on the ring"));
     }
@@ -180,10 +188,12 @@ impl RingMem {
         if !inheritable {
             flags |= libc::MFD_CLOEXEC;
         }
+        // SAFETY: the name is a NUL-ended static string; the flags are plain integers.
         let fd = unsafe { libc::memfd_create(c"mprof-ring".as_ptr(), flags) };
         if fd < 0 {
             return Err(std::io::Error::last_os_error()).context("memfd_create for the ring");
         }
+        // SAFETY: memfd_create just returned `fd`, open and owned by nothing else.
         RingMem::from_fd(unsafe { OwnedFd::from_raw_fd(fd) }, sampling, data_size)
     }
 
@@ -211,8 +221,9 @@ impl RingMem {
     /// size, read once, is the size for good) with a power-of-two data area no larger than
     /// mprof makes; mapped, never re-initialised (the child writes into it already).
     pub fn from_child(fd: OwnedFd) -> Result<RingMem> {
+        // SAFETY: libc::stat is a C struct of integers only; all zeroes is a valid value.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: fstat writes into `st`, a local.
+        // SAFETY: `fd` is open for the call (we own it) and fstat fills `st`, a live local.
         if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
             return Err(std::io::Error::last_os_error()).context("a child's ring");
         }
@@ -289,6 +300,9 @@ impl RingMem {
         while at < end {
             let offset = at % size;
             let len = (end - at).min(size - offset);
+            // SAFETY: `self.fd` is the ring's memory file, open as long as `self`; the hole
+            // lies in the data area (`offset + len <= size`), which only ever holds records, and
+            // the pages stay mapped (reading them gives zeroes). Failure only keeps them resident.
             unsafe {
                 libc::fallocate(
                     self.fd.as_raw_fd(),
@@ -348,6 +362,9 @@ impl RingMem {
 
 impl Drop for RingMem {
     fn drop(&mut self) {
+        // SAFETY: `base..base + len` is the mapping `map` made, unmapped only here, once. The
+        // reader holds the only other pointers into it, and it is dropped with `self`; nothing
+        // borrowed from `self` outlives this drop.
         unsafe { libc::munmap(self.base.cast(), self.len) };
     }
 }
@@ -358,6 +375,8 @@ pub fn monotonic_ns() -> u64 {
         tv_sec: 0,
         tv_nsec: 0,
     };
+    // SAFETY: clock_gettime writes one timespec into `ts`, a live local; CLOCK_MONOTONIC
+    // always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
@@ -366,7 +385,9 @@ pub fn monotonic_ns() -> u64 {
 pub fn rss_bytes(pid: u32) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
     let pages: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64)
+    // SAFETY: sysconf takes an integer name and touches no memory of ours.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * page as u64)
 }
 
 /// Threads whose names the reader looks up at most.

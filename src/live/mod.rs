@@ -31,6 +31,7 @@ pub mod ui;
 
 use crate::children::Event;
 use crate::session::{monotonic_ns, Reader, RingMem};
+use crate::signals::{self, Handler};
 use anyhow::{bail, Context, Result};
 use crossterm::terminal::{self, EnterAlternateScreen, LeaveAlternateScreen};
 use crossterm::{cursor, execute};
@@ -131,13 +132,8 @@ fn install_hooks() {
             restore_terminal();
             previous(info);
         }));
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_winch as *const () as usize;
-            action.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(libc::SIGWINCH, &action, std::ptr::null_mut());
-        }
+        // SAFETY: on_winch only stores into an atomic: async-signal-safe.
+        unsafe { signals::set_handler(libc::SIGWINCH, Handler::Plain(on_winch)) };
     });
 }
 
@@ -149,6 +145,7 @@ fn typed() -> Result<Vec<u8>> {
         events: libc::POLLIN,
         revents: 0,
     };
+    // SAFETY: poll reads and writes one pollfd, `fd`, a live local; timeout 0 never waits.
     let ready = unsafe { libc::poll(&mut fd, 1, 0) };
     if ready <= 0 {
         return Ok(Vec::new()); // nothing typed, or EINTR: next time
@@ -157,6 +154,8 @@ fn typed() -> Result<Vec<u8>> {
         bail!("the terminal hung up");
     }
     let mut buf = [0u8; 512];
+    // SAFETY: read writes at most `buf.len()` bytes into `buf`. Descriptor 0 is read directly
+    // (not through std's buffered Stdin) so that poll sees every byte not yet taken.
     let got = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
     match got {
         0 => bail!("the terminal hung up"),
@@ -320,6 +319,8 @@ impl Drop for Live {
         let shown = self.terminal.show_cursor().is_ok();
         restore_terminal();
         if shown {
+            // SAFETY: this is `self`'s drop: the terminal is dropped here once and never used
+            // again.
             unsafe { ManuallyDrop::drop(&mut self.terminal) };
         }
     }
