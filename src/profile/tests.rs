@@ -1,6 +1,7 @@
 //! Tests of the aggregation, on records built in memory.
 
 use super::*;
+use crate::aggregate::Aggregator;
 use crate::testing::{code, meta};
 use mprof_common::record::ALLOC_TRUNCATED;
 

@@ -1,0 +1,202 @@
+//! Building a [`Profile`] from records: the first pass aggregates every record, the second
+//! (up to the peak, see [`super::replay`]) finds the blocks live then, both within the reader's
+//! memory allowance ([`Budget`]).
+
+use super::replay::Replay;
+use super::{Completeness, LoadError, Process, Profile, MEMORY_FIXED, MEMORY_PER_BYTE};
+use crate::aggregate::{Aggregator, Block, Change};
+use crate::allocators::{Allocators, ByAllocator};
+use crate::capture::Digest;
+use crate::estimate::Figures;
+use crate::focus::Focus;
+use crate::names::{FastMap, StackId, StackResolver};
+use crate::processes::Pick;
+use anyhow::Result;
+use mprof_common::record::Record;
+
+/// What the reader may hold beyond what it held when it started, for a capture of `size`
+/// bytes, checked record by record. A third of the allowance: a record can make a table grow,
+/// which briefly holds the old and the new (twice as large) table, so a check passed before a
+/// record keeps the peak within the whole allowance.
+fn memory_limit(size: u64) -> usize {
+    (MEMORY_PER_BYTE.saturating_mul(size as usize)).saturating_add(MEMORY_FIXED) / 3
+}
+
+/// Checks the reader's memory against its allowance (none for records already in memory).
+pub(crate) struct Budget {
+    limit: Option<(usize, u64)>,
+    base: isize,
+}
+
+impl Budget {
+    /// The allowance for a capture of `size` bytes, from what the thread holds now.
+    pub(crate) fn new(size: Option<u64>) -> Budget {
+        Budget {
+            limit: size.map(|size| (memory_limit(size), size)),
+            base: crate::memory::in_use(),
+        }
+    }
+
+    /// An error once the reader holds more than its allowance.
+    pub(crate) fn check(&self) -> Result<(), LoadError> {
+        match self.limit {
+            Some((limit, size)) if crate::memory::in_use() - self.base > limit as isize => {
+                Err(LoadError::TooDense { size, limit })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// One pass over the records: hands each, with its process (see [`crate::processes`]) and the
+/// digest of the bytes up to it, to the callback until it returns false. See
+/// [`Profile::build`].
+pub(super) type PassFn<'a> = dyn FnMut(u32, &Record, Digest) -> bool + 'a;
+
+impl Profile {
+    /// [`Profile::build`] without a memory allowance, for tests that feed passes by hand.
+    #[cfg(test)]
+    pub(crate) fn build_for_test(
+        first_rate: Option<u64>,
+        pass: impl FnMut(&mut PassFn) -> Result<()>,
+    ) -> Result<Profile> {
+        Profile::build(first_rate, None, pass)
+    }
+
+    /// Aggregates the records that `pass` hands to its callback, in file order. `pass` is called
+    /// twice (a second time up to the peak, when there is one) and must give the same records
+    /// each time (checked with the digests); it stops when the callback returns false.
+    /// `first_rate` is the first rate the records announce: it applies to samples that come
+    /// before any announcement. `size`, the capture's size, sets the memory allowance.
+    pub(super) fn build(
+        first_rate: Option<u64>,
+        size: Option<u64>,
+        mut pass: impl FnMut(&mut PassFn) -> Result<()>,
+    ) -> Result<Profile> {
+        let budget = Budget::new(size);
+        let mut failure = None;
+        let mut peak_digest = Digest::default();
+        let mut agg = Aggregator::new(first_rate.unwrap_or(1));
+        let mut stacks: Vec<u32> = Vec::new();
+        let mut figures: Vec<Figures> = Vec::new();
+        let mut sites: FastMap<(StackId, u32), Figures> = FastMap::default();
+        pass(&mut |process, record, digest| {
+            agg.enter(process);
+            if let Change::Alloc { block, sample, .. } = agg.apply(record) {
+                let stack = block.stack.0 as usize;
+                stacks.push(block.stack.0);
+                if figures.len() <= stack {
+                    figures.resize(stack + 1, Figures::default());
+                }
+                figures[stack].allocated.add(&sample);
+                sites
+                    .entry((block.stack, block.tid))
+                    .or_default()
+                    .allocated
+                    .add(&sample);
+                if agg.peak_is_latest() {
+                    peak_digest = digest;
+                }
+            }
+            failure = budget.check().err();
+            failure.is_none()
+        })?;
+        if let Some(e) = failure {
+            return Err(e.into());
+        }
+        let names = std::mem::take(&mut agg.resolver.names);
+        agg.resolver = StackResolver::new();
+        figures.resize(names.nodes.len(), Figures::default());
+        let mut add_live = |block: &Block, peak: bool| {
+            let f = &mut figures[block.stack.0 as usize];
+            let site = sites.entry((block.stack, block.tid)).or_default();
+            let (a, b) = if peak {
+                (&mut f.peak, &mut site.peak)
+            } else {
+                (&mut f.live, &mut site.live)
+            };
+            a.add(&block.sample());
+            b.add(&block.sample());
+        };
+        for block in agg.live_blocks() {
+            add_live(block, false);
+        }
+        agg.live = Vec::new();
+        agg.ended = Vec::new();
+        let mut peak_seconds = None;
+        if let Some((end, _, peak_ns)) = agg.peak() {
+            peak_seconds = agg
+                .first_ns
+                .map(|t0| peak_ns.saturating_sub(t0) as f64 / 1e9);
+            let mut replay = Replay::new(&stacks, first_rate.unwrap_or(1));
+            let mut index = 0;
+            let mut reached = None;
+            pass(&mut |process, record, digest| {
+                if let Err(e) = replay.apply(process, record).and_then(|()| budget.check()) {
+                    failure = Some(e);
+                    return false;
+                }
+                index += 1;
+                if index > end {
+                    reached = Some(digest);
+                }
+                reached.is_none()
+            })?;
+            if let Some(e) = failure {
+                return Err(e.into());
+            }
+            if reached != Some(peak_digest) {
+                return Err(LoadError::Changed.into());
+            }
+            for block in replay.live.iter().flat_map(|m| m.values()) {
+                add_live(block, true);
+            }
+        }
+        let mut sites: Vec<_> = sites.into_iter().collect();
+        sites.sort_by_key(|(k, _)| *k);
+        let completeness = match (agg.end, agg.finished) {
+            (Some(_), _) => Completeness::Ended,
+            (None, true) => Completeness::Finished,
+            (None, false) => Completeness::Incomplete,
+        };
+        let duration_seconds = match (agg.first_ns, agg.last_ns) {
+            (Some(a), Some(b)) => b.saturating_sub(a) as f64 / 1e9,
+            _ => 0.0,
+        };
+        let processes = agg
+            .processes()
+            .iter()
+            .map(|figures| Process {
+                pid: None,
+                figures: figures.clone(),
+            })
+            .collect();
+        let mut profile = Profile {
+            focus: Focus::new(&agg.meta, &[]),
+            processes,
+            followed: false,
+            pick: Pick::All,
+            process_warnings: Vec::new(),
+            meta: agg.meta,
+            rate: agg.rate,
+            rate_known: first_rate.is_some(),
+            samples: agg.samples,
+            dropped: agg.dropped,
+            peak_seconds,
+            max_rss: agg.max_rss,
+            duration_seconds,
+            start_ns: agg.first_ns,
+            completeness,
+            damaged: None,
+            threads: agg.threads,
+            totals: Figures::default(),
+            by_allocator: ByAllocator::default(),
+            selection: Allocators::ALL,
+            names,
+            figures,
+            sites,
+        };
+        profile.add_up();
+        Ok(profile)
+    }
+}
