@@ -25,6 +25,14 @@ pub struct Python {
     pub path: PathBuf,
 }
 
+/// The interpreter the long tests use: 3.11 if present (the one Debian ships), else the first.
+pub fn main_python(all: &[Python]) -> Python {
+    all.iter()
+        .find(|p| p.label.contains("3.11"))
+        .unwrap_or(&all[0])
+        .clone()
+}
+
 /// The supported minor versions, 3.8 to 3.13.
 pub const SUPPORTED: std::ops::RangeInclusive<u32> = 8..=13;
 

@@ -227,3 +227,17 @@ pub fn is_root() -> bool {
         })
         .unwrap_or(false)
 }
+
+/// The milliseconds an attach took, from mprof's "attached to PID ... in N ms" line.
+pub fn attached_ms(err: &str) -> u64 {
+    let line = err
+        .lines()
+        .find(|l| l.contains("attached to PID"))
+        .expect("attached line");
+    let ms = line
+        .split(" in ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .unwrap();
+    ms.parse().unwrap()
+}
