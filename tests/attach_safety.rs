@@ -256,6 +256,12 @@ fn attach_to_an_interpreter_whose_file_was_deleted() {
     );
     assert!(status.success(), "{err}");
     assert!(err.contains("attached to PID"), "{err}");
+    // ... and sampled it: the loop's bytearrays are in the capture.
+    let json = common::report_json(&capture, &["--top", "0"]);
+    assert!(
+        json["totals"]["allocated"]["bytes"].as_u64().unwrap_or(0) > 0,
+        "no samples from the deleted interpreter: {json}"
+    );
 
     // As nobody, attaching to nobody's own process (allowed: no Yama here, or scope 0).
     let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").unwrap_or_default();

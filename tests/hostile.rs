@@ -247,6 +247,13 @@ fn attach_survives_a_target_that_scribbles_on_its_ring() {
             status.success(),
             "{what}: the target ended {status}: {rest:?}"
         );
+        if mode != "truncate-race" {
+            // The attack took place (the target found its ring and scribbled on it).
+            assert!(
+                rest.iter().any(|l| *l == format!("scribbled {mode}")),
+                "{what}: the target never scribbled: {rest:?}"
+            );
+        }
         match mode {
             "header" | "truncate-race" => assert!(ok, "{what}: {err}"),
             _ => assert!(!ok && err.contains("damaged the ring"), "{what}: {err}"),
@@ -659,7 +666,12 @@ fn a_capture_rewritten_while_report_reads_it_is_corrupt_not_a_panic() {
         })
     };
     let mut outcomes = std::collections::BTreeMap::new();
-    for _ in 0..30 {
+    // At least 30 reports, and until one of them met a rewrite while reading (at most 150):
+    // the test must have seen the attack it is about.
+    for round in 0..150 {
+        if round >= 30 && outcomes.contains_key("changed") {
+            break;
+        }
         let out = run_with_timeout(mprof().arg("report").arg(&path), LIMIT);
         let ok = clean_exit(&out, "report during rewrites");
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -682,6 +694,10 @@ fn a_capture_rewritten_while_report_reads_it_is_corrupt_not_a_panic() {
             "unexpected outcome: {kind}"
         );
     }
+    assert!(
+        outcomes.contains_key("changed"),
+        "no report met a rewrite while reading: {outcomes:?}"
+    );
 }
 
 /// Crafted captures: the 65,535-frame stack over a 60 KB name full of control
