@@ -10,19 +10,23 @@ Workloads (benches/workloads/):
            so start-up is excluded, plus the wall time of the whole command
   tornado  a tornado HTTP server under the profiler, driven by an unprofiled
            keep-alive client on 127.0.0.1; throughput in requests/s
+  native   native-allocation heavy: an in-memory SQLite job (the standard
+           library's sqlite3, whose library calls malloc and free), timed
+           like alloc
 
-Configurations: none (plain python), mprof (default rate), mprof --rate 1,
+Configurations: none (plain python), mprof (default rate, native hooks on),
+mprof --python-only (default rate, Python's allocators only), mprof --rate 1,
 tracemalloc (python -X tracemalloc=1), and memray when it is importable
 (at its defaults, which see pymalloc's arenas rather than every object).
 
 Runs are interleaved (each round runs every configuration once, in a rotated
 order) so that a noisy machine hurts every configuration alike. The table
 gives per workload and configuration:
-  median, best   of the in-script time (alloc) or of the client's requests/s
+  median, best   of the in-script time (alloc, native) or of the client's requests/s
   ratio          against none, of the medians and of the bests; for
                  throughput none's requests/s over the configuration's, so
                  that above 1 means slower either way
-  wall           alloc only: the whole command, start-up and profiler included
+  wall           alloc and native: the whole command, start-up and profiler included
   CPU            user + system seconds of the whole profiled command (for
                  tornado: the server), start-up and profiler included; less
                  sensitive than wall time to other load on the machine
@@ -73,6 +77,7 @@ def make_configs(mprof, with_memray):
     configs = [
         Config("none", lambda py, cap: [py]),
         Config("mprof", lambda py, cap: [mprof, "record", "-q", "-o", cap, "--", py]),
+        Config("mprof --python-only", lambda py, cap: [mprof, "record", "-q", "--python-only", "-o", cap, "--", py]),
         Config("mprof --rate 1", lambda py, cap: [mprof, "record", "-q", "--rate", "1", "-o", cap, "--", py]),
         Config("tracemalloc=1", lambda py, cap: [py, "-X", "tracemalloc=1"]),
     ]
@@ -91,7 +96,7 @@ class Result:
     """One run of one configuration on one workload."""
 
     def __init__(self, value=None, wall=None, rss_kib=None, capture_bytes=None, error=None, cpu=None):
-        self.value = value  # seconds (alloc) or requests/s (tornado)
+        self.value = value  # seconds (alloc, native) or requests/s (tornado)
         self.wall = wall  # seconds, the whole command
         self.cpu = cpu  # user + system seconds of the whole command, profiler included
         self.rss_kib = rss_kib
@@ -159,8 +164,12 @@ def tail(text, lines=8):
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def run_alloc(config, args, capture, env, script_args=(), wrapper=()):
-    script = [os.path.join(WORKLOADS, "alloc_heavy.py")] + list(script_args)
+# The workloads that time themselves (the rest, tornado, measure throughput), and their scripts.
+TIMED = {"alloc": "alloc_heavy.py", "native": "native_heavy.py"}
+
+
+def run_timed(workload, config, args, capture, env, script_args=(), wrapper=()):
+    script = [os.path.join(WORKLOADS, TIMED[workload])] + list(script_args)
     cmd = list(wrapper) + config.command(args.python, capture, script)
     cpu_before = children_cpu()
     start = time.perf_counter()
@@ -292,8 +301,8 @@ def server_error(server, errfile):
 
 def run_one(workload, config, args, tmpdir, env):
     capture = os.path.join(tmpdir, "capture.out")
-    if workload == "alloc":
-        return run_alloc(config, args, capture, env)
+    if workload in TIMED:
+        return run_timed(workload, config, args, capture, env)
     return run_tornado(config, args, capture, env, args.requests)
 
 
@@ -319,8 +328,8 @@ def summarise(workload, config, results, baselines):
         return [workload, name] + ["failed"] + [""] * (len(HEADERS) - 3)
     values = [r.value for r in good]
     med = statistics.median(values)
-    best = min(values) if workload == "alloc" else max(values)
-    unit = "%.3f s" if workload == "alloc" else "%.0f req/s"
+    best = min(values) if workload in TIMED else max(values)
+    unit = "%.3f s" if workload in TIMED else "%.0f req/s"
     cells = [unit % med, unit % best]
     for mine, base in zip((med, best), baselines or (None, None)):
         cells.append("%.2fx" % slowdown(workload, mine, base) if base else "-")
@@ -335,7 +344,7 @@ def summarise(workload, config, results, baselines):
 
 def slowdown(workload, value, baseline):
     """How many times slower than no profiler: a time ratio, or for throughput the inverse."""
-    return value / baseline if workload == "alloc" else baseline / value
+    return value / baseline if workload in TIMED else baseline / value
 
 
 def median_of(values, fmt):
@@ -362,7 +371,7 @@ def baseline_of(workload, results):
     good = [r.value for r in results if r.error is None]
     if not good:
         return None
-    return statistics.median(good), (min(good) if workload == "alloc" else max(good))
+    return statistics.median(good), (min(good) if workload in TIMED else max(good))
 
 
 def print_table(rows, markdown, headers=HEADERS):
@@ -384,7 +393,7 @@ def ratios(workload, results, baseline):
     good = [r.value for r in results if r.error is None]
     if not good or not baseline:
         return None
-    best = min(good) if workload == "alloc" else max(good)
+    best = min(good) if workload in TIMED else max(good)
     return slowdown(workload, statistics.median(good), baseline[0]), slowdown(workload, best, baseline[1])
 
 
@@ -432,10 +441,11 @@ def print_targets(workloads, table):
 INSTRUCTION_SIZES = {
     "alloc": (["--lines", "5000", "--rounds", "1"], ["--lines", "5000", "--rounds", "3"], 2, "round of 5,000 lines"),
     "tornado": (1000, 3000, 2000, "request"),
+    "native": (["--rows", "10000", "--rounds", "1"], ["--rows", "10000", "--rounds", "3"], 2, "round of 10,000 rows"),
 }
 # mprof --rate 1 and memray are left out: a reader slowed down ~50x by valgrind would
 # make mprof drop records, and a number that flatters is worse than none.
-INSTRUCTION_CONFIGS = ("none", "mprof", "tracemalloc=1")
+INSTRUCTION_CONFIGS = ("none", "mprof", "mprof --python-only", "tracemalloc=1")
 
 
 def valgrind_counts(logdir, mprof):
@@ -465,8 +475,8 @@ def count_once(workload, config, args, size, tmpdir, env):
         "--cachegrind-out-file=/dev/null", "--log-file=%s/%%p.log" % logdir,
     ]
     capture = os.path.join(tmpdir, "capture.out")
-    if workload == "alloc":
-        result = run_alloc(config, args, capture, env, script_args=size, wrapper=wrapper)
+    if workload in TIMED:
+        result = run_timed(workload, config, args, capture, env, script_args=size, wrapper=wrapper)
     else:
         result = run_tornado(config, args, capture, env, requests=size, warmup=0, wrapper=wrapper)
     counts = valgrind_counts(logdir, args.mprof)
@@ -474,7 +484,8 @@ def count_once(workload, config, args, size, tmpdir, env):
 
 
 def run_instructions(args, workloads, configs, env):
-    """Print instructions per unit of work for none, mprof and tracemalloc=1, and mprof's ratio."""
+    """Print instructions per unit of work for none, mprof (native hooks on and --python-only) and
+    tracemalloc=1, and each one's ratio."""
     if not shutil.which("valgrind"):
         sys.exit("--instructions needs valgrind (apt-get install valgrind)")
     rows = []
@@ -565,7 +576,9 @@ def parse_args():
         help="mprof binary (default: target/release/mprof)",
     )
     parser.add_argument("--runs", type=int, default=5, help="runs per configuration and workload (default 5)")
-    parser.add_argument("--workloads", default="alloc,tornado", help="comma-separated subset of alloc,tornado")
+    parser.add_argument(
+        "--workloads", default="alloc,tornado,native", help="comma-separated subset of alloc,tornado,native"
+    )
     parser.add_argument("--requests", type=int, default=10000, help="timed requests per tornado run (default 10000)")
     parser.add_argument("--connections", type=int, default=8, help="keep-alive connections of the client (default 8)")
     parser.add_argument("--no-memray", action="store_true", help="leave memray out even if it is importable")
@@ -578,7 +591,8 @@ def parse_args():
     parser.add_argument(
         "--instructions",
         action="store_true",
-        help="count instructions under valgrind instead of timing (none, mprof, tracemalloc=1): immune to machine load",
+        help="count instructions under valgrind instead of timing (none, mprof, mprof --python-only, "
+        "tracemalloc=1): immune to machine load",
     )
     args = parser.parse_args()
     if not args.python or not os.path.exists(args.python):
@@ -587,8 +601,8 @@ def parse_args():
         parser.error("%s not found: run `cargo build --release` first, or pass --mprof PATH" % args.mprof)
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     for workload in args.workloads:
-        if workload not in ("alloc", "tornado"):
-            parser.error("unknown workload %r (choose from alloc, tornado)" % workload)
+        if workload not in ("alloc", "tornado", "native"):
+            parser.error("unknown workload %r (choose from alloc, tornado, native)" % workload)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     return args
@@ -660,7 +674,7 @@ def main():
 def report_progress(run, runs, workload, config, result):
     if result.error is not None:
         what = "FAILED: " + result.error
-    elif workload == "alloc":
+    elif workload in TIMED:
         what = "%.3f s (wall %.2f s)" % (result.value, result.wall)
     else:
         what = "%.0f req/s" % result.value

@@ -3,8 +3,10 @@
 Runs benches/workloads/pool16.py (16 forked workers, allocation-heavy) unprofiled and under
 mprof at the default rate (and at --rate 1 with --rate-one), and prints per configuration:
 the pool's elapsed time (median of --runs), the ratio against no profiler, the records the
-agents dropped (summed over every process's capture), the number of processes profiled and
-mprof's own CPU time. One ring per process: drops would show the reader falling behind.
+agents dropped (summed over every process, from the merged report), the number of processes
+profiled, the samples taken, the CPU time of mprof alone (the reader: `reader_cpu_ms` in the
+capture's metadata) and of everything (mprof and the workload). One ring per process: drops
+would show the reader falling behind.
 
 usage: python3 benches/workers.py [--python PATH] [--mprof PATH] [--runs N] [--workers N] [--rate-one]
 """
@@ -30,14 +32,12 @@ def run(cmd):
     return elapsed, cpu
 
 
-def dropped_and_processes(mprof, capture):
-    files = [capture] + sorted(glob.glob(capture + ".d/*.mprof"))
-    dropped = 0
-    for f in files:
-        r = json.loads(subprocess.run([mprof, "report", f, "--json", "--top", "1"],
-                                      capture_output=True, text=True, check=True).stdout)
-        dropped += r["dropped"]
-    return dropped, len(files)
+def figures(mprof, capture):
+    """(dropped, processes, samples, reader CPU seconds) of a followed capture, merged."""
+    r = json.loads(subprocess.run([mprof, "report", capture, "--json", "--top", "1"],
+                                  capture_output=True, text=True, check=True).stdout)
+    reader = int(r["meta"].get("reader_cpu_ms", "0")) / 1000
+    return r["dropped"], len(r.get("processes") or [1]), r["samples"], reader
 
 
 def main():
@@ -64,17 +64,19 @@ def main():
                 else:
                     cmd = [a.mprof, "record", "-q", "-o", capture] + flags + ["--"] + workload
                 elapsed, cpu = run(cmd)
-                extra = dropped_and_processes(a.mprof, capture) if name != "none" else (0, 1)
+                extra = figures(a.mprof, capture) if name != "none" else (0, 1, 0, 0.0)
                 rows.setdefault(name, []).append((elapsed, cpu, extra))
                 print("run %d %s: %.2f s" % (run_i, name, elapsed), file=sys.stderr)
     base = statistics.median(r[0] for r in rows["none"])
-    print("| configuration | pool elapsed (median) | ratio | dropped records | processes | CPU (all processes) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| configuration | pool elapsed (median) | ratio | dropped records | processes "
+          "| samples | reader CPU | CPU (all processes) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, _ in configs:
         rs = rows[name]
         med = statistics.median(r[0] for r in rs)
-        print("| %s | %.2f s | %.2fx | %d | %d | %.1f s |" % (
+        print("| %s | %.2f s | %.2fx | %d | %d | %d | %.2f s | %.1f s |" % (
             name, med, med / base, max(r[2][0] for r in rs), rs[0][2][1],
+            statistics.median(r[2][2] for r in rs), statistics.median(r[2][3] for r in rs),
             statistics.median(r[1] for r in rs)))
 
 

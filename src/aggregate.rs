@@ -4,11 +4,18 @@
 //! realloc arrives as `Free(old)`, `Alloc(new)`. An `Alloc` at an address that is already live
 //! replaces the old block (its `Free` was lost).
 //!
+//! Records can come from several processes (a capture with followed children, merged by
+//! `crate::processes`): [`Aggregator::enter`] says which process the next records belong to.
+//! Each process has its own addresses, code objects, rate and metadata; the stacks, the live
+//! heap and its peak are those of all processes together, and [`ProcessFigures`] keeps what
+//! each process did alone. Process 0 is the capture's own (the root): its metadata is the
+//! capture's.
+//!
 //! Metadata and thread names are kept exact but bounded (a capture is untrusted input): at
 //! most [`MAX_META_KEYS`] keys of `MAX_META_KEY` bytes, values and thread names elided to
 //! [`MAX_META_VALUE`] and [`MAX_NAME`] bytes.
 
-use crate::estimate::Sample;
+use crate::estimate::{Estimate, Sample};
 use crate::names::{FastMap, Location, StackId, StackResolver, MAX_NAME};
 use crate::text::elide;
 use mprof_common::record::{Allocator, Record, ALLOC_TRUNCATED};
@@ -51,6 +58,31 @@ impl Block {
     }
 }
 
+/// What one process of a capture did on its own (see the module doc).
+#[derive(Clone, Debug, Default)]
+pub struct ProcessFigures {
+    /// Its metadata (for process 0, the capture's: [`Aggregator::meta`]).
+    pub meta: BTreeMap<String, String>,
+    /// Mean bytes between its samples, as last announced.
+    pub rate: u64,
+    /// Its sampled allocations, and the estimate of all its allocations.
+    pub allocated: Estimate,
+    /// Its sampled blocks not freed (yet).
+    pub live: Estimate,
+    /// The highest estimated live heap of the process alone.
+    pub peak_bytes: f64,
+    /// Dropped records, from its last Stats record.
+    pub dropped: u64,
+    /// Its highest and its last RSS reading.
+    pub max_rss: Option<u64>,
+    pub last_rss: Option<u64>,
+    /// Whether the agent wrote its END record, and whether mprof finished its capture.
+    pub ended: bool,
+    pub finished: bool,
+    /// Whether its records are over ([`Aggregator::leave`]): its RSS no longer counts.
+    pub gone: bool,
+}
+
 /// What applying one record changed, for callers that keep their own tables.
 pub(crate) enum Change {
     /// A sampled allocation; `replaced` is the live block it overwrote (its free was lost).
@@ -61,6 +93,9 @@ pub(crate) enum Change {
     },
     /// A sampled block was freed.
     Free(Block),
+    /// A process's records ended (it exited, or its capture ended): its blocks still live,
+    /// `Aggregator::ended[range]`, are no longer part of the live heap.
+    Ended(std::ops::Range<usize>),
     /// Nothing per stack changed.
     Other,
 }
@@ -71,23 +106,28 @@ pub(crate) enum Change {
 /// as they go to the capture file.
 pub(crate) struct Aggregator {
     pub(crate) resolver: StackResolver,
-    pub(crate) live: FastMap<u64, Block>,
+    /// Live sampled blocks, per process by address.
+    pub(crate) live: Vec<FastMap<u64, Block>>,
+    /// Blocks still live when their process's records ended ([`Aggregator::leave`]): live at
+    /// its end, but no longer in the live heap.
+    pub(crate) ended: Vec<Block>,
     /// Merged `key=value` pairs of the Meta records (later records win).
     pub meta: BTreeMap<String, String>,
-    /// Mean bytes between samples, as last announced.
+    /// Mean bytes between samples, as last announced (process 0's).
     pub rate: u64,
     /// Alloc records applied.
     pub samples: u64,
-    /// Dropped records, from the last Stats record.
+    /// Dropped records, from the last Stats record of each process, summed.
     pub dropped: u64,
-    /// The highest RSS reading, and the last one.
+    /// The highest RSS reading, and the last one (with several processes: the sum of the last
+    /// readings of those whose records are not over, and its highest value).
     pub max_rss: Option<u64>,
     pub last_rss: Option<u64>,
     /// Names of the threads, from Thread records (elided to [`MAX_NAME`]).
     pub threads: BTreeMap<u32, String>,
-    /// The END record, if the agent wrote one: (reason, time).
+    /// The END record of process 0, if its agent wrote one: (reason, time).
     pub end: Option<(u16, u64)>,
-    /// Whether mprof wrote its closing Stats record (it finished the file).
+    /// Whether mprof wrote process 0's closing Stats record (it finished the file).
     pub finished: bool,
     /// The time of the first and of the latest timed record.
     pub first_ns: Option<u64>,
@@ -99,14 +139,21 @@ pub(crate) struct Aggregator {
     /// The highest `live_bytes` so far, the index of the record that reached it, and its time.
     peak: Option<(usize, f64, u64)>,
     applied: usize,
+    /// The process the records belong to, and every process seen.
+    process: u32,
+    procs: Vec<ProcessFigures>,
 }
+
+/// Most processes one aggregator tells apart (the processes of a capture are bounded before).
+pub const MAX_PROCESSES: usize = 8192;
 
 impl Aggregator {
     /// An empty aggregator; `rate` applies until a Meta record announces another.
     pub fn new(rate: u64) -> Aggregator {
         Aggregator {
             resolver: StackResolver::new(),
-            live: FastMap::default(),
+            live: vec![FastMap::default()],
+            ended: Vec::new(),
             meta: BTreeMap::new(),
             rate,
             samples: 0,
@@ -122,7 +169,77 @@ impl Aggregator {
             peak: None,
             first_ns: None,
             applied: 0,
+            process: 0,
+            procs: vec![ProcessFigures {
+                rate,
+                ..ProcessFigures::default()
+            }],
         }
+    }
+
+    /// The records applied from now on belong to process `process` (0 at first); see the
+    /// module doc. An index beyond [`MAX_PROCESSES`] counts as the last one.
+    pub fn enter(&mut self, process: u32) {
+        let process = process.min(MAX_PROCESSES as u32 - 1);
+        if process as usize >= self.procs.len() {
+            let rate = self.procs[0].rate;
+            self.procs
+                .resize_with(process as usize + 1, || ProcessFigures {
+                    rate,
+                    ..ProcessFigures::default()
+                });
+            self.live
+                .resize_with(process as usize + 1, FastMap::default);
+        }
+        if process != self.process {
+            self.resolver.switch_process(process);
+            self.process = process;
+        }
+    }
+
+    /// The records of `process` are over (it exited, or its capture ended): its blocks still
+    /// live leave the live heap for [`Aggregator::ended`] (they stay live at its end), and its
+    /// last RSS reading no longer counts in [`Aggregator::last_rss`]. Returns where its blocks
+    /// went in `ended`.
+    pub fn leave(&mut self, process: u32) -> std::ops::Range<usize> {
+        let start = self.ended.len();
+        let Some(p) = self.procs.get_mut(process as usize) else {
+            return start..start;
+        };
+        p.gone = true;
+        p.last_rss = None;
+        self.last_rss = self.rss_sum();
+        let blocks = std::mem::take(&mut self.live[process as usize]);
+        for block in blocks.into_values() {
+            let bytes = block.sample().bytes;
+            self.live_bytes -= bytes;
+            self.live_split[self.allocator(block.stack) as usize] -= bytes;
+            self.ended.push(block);
+        }
+        start..self.ended.len()
+    }
+
+    /// Every block live at the end of its process: those of processes still running, then
+    /// those of processes whose records ended.
+    pub(crate) fn live_blocks(&self) -> impl Iterator<Item = &Block> + '_ {
+        self.live.iter().flat_map(|m| m.values()).chain(&self.ended)
+    }
+
+    /// What each process did, by index.
+    pub fn processes(&self) -> &[ProcessFigures] {
+        &self.procs
+    }
+
+    /// The current process's figures.
+    fn proc(&mut self) -> &mut ProcessFigures {
+        &mut self.procs[self.process as usize]
+    }
+
+    /// The sum of the last RSS readings of the processes that are not gone.
+    fn rss_sum(&self) -> Option<u64> {
+        let mut readings = self.procs.iter().filter_map(|p| p.last_rss).peekable();
+        readings.peek()?;
+        Some(readings.fold(0u64, |sum, r| sum.saturating_add(r)))
     }
 
     /// Applies the next record.
@@ -130,17 +247,7 @@ impl Aggregator {
         let index = self.applied;
         self.applied += 1;
         match record {
-            Record::Meta { text } => {
-                for (key, value) in meta_pairs(text) {
-                    let known = self.meta.contains_key(key);
-                    if key.len() > MAX_META_KEY || (!known && self.meta.len() >= MAX_META_KEYS) {
-                        continue;
-                    }
-                    let value = elide(value, MAX_META_VALUE).into_owned();
-                    self.meta.insert(key.to_owned(), value);
-                }
-                self.rate = meta_rate(text).unwrap_or(self.rate);
-            }
+            Record::Meta { text } => self.meta(text),
             Record::Code {
                 code,
                 firstline,
@@ -164,15 +271,19 @@ impl Aggregator {
                     stack: StackId(stack),
                     tid: *tid,
                     size: *size,
-                    rate: self.rate,
+                    rate: self.procs[self.process as usize].rate,
                 };
                 let sample = block.sample();
-                let replaced = self.live.insert(*addr, block);
+                let replaced = self.live[self.process as usize].insert(*addr, block);
                 if let Some(old) = &replaced {
                     self.take_live(old);
                 }
                 self.live_bytes += sample.bytes;
                 self.live_split[allocator as usize] += sample.bytes;
+                let p = self.proc();
+                p.allocated.add(&sample);
+                p.live.add(&sample);
+                p.peak_bytes = p.peak_bytes.max(p.live.bytes);
                 if self.peak.is_none_or(|(_, best, _)| self.live_bytes > best) {
                     self.peak = Some((index, self.live_bytes, *time_ns));
                 }
@@ -183,23 +294,36 @@ impl Aggregator {
                 };
             }
             Record::Free { addr } => {
-                if let Some(old) = self.live.remove(addr) {
+                if let Some(old) = self.live[self.process as usize].remove(addr) {
                     self.take_live(&old);
                     return Change::Free(old);
                 }
             }
             Record::Stats { dropped, .. } => {
-                self.dropped = *dropped;
-                self.finished = true;
+                let before = std::mem::replace(&mut self.proc().dropped, *dropped);
+                self.dropped = self.dropped.saturating_sub(before).saturating_add(*dropped);
+                self.proc().finished = true;
+                if self.process == 0 {
+                    self.finished = true;
+                } else {
+                    // A child's capture ends with it (mprof writes Stats last).
+                    return Change::Ended(self.leave(self.process));
+                }
             }
             Record::Rss { time_ns, rss_bytes } => {
                 self.saw_time(*time_ns);
-                self.max_rss = self.max_rss.max(Some(*rss_bytes));
-                self.last_rss = Some(*rss_bytes);
+                let p = self.proc();
+                p.max_rss = p.max_rss.max(Some(*rss_bytes));
+                p.last_rss = Some(*rss_bytes);
+                self.last_rss = self.rss_sum();
+                self.max_rss = self.max_rss.max(self.last_rss);
             }
             Record::End { reason, time_ns } => {
                 self.saw_time(*time_ns);
-                self.end = Some((*reason, *time_ns));
+                self.proc().ended = true;
+                if self.process == 0 {
+                    self.end = Some((*reason, *time_ns));
+                }
             }
             Record::Thread { tid, name } => {
                 self.threads
@@ -210,11 +334,36 @@ impl Aggregator {
         Change::Other
     }
 
+    /// Applies a Meta record: process 0's is the capture's metadata, another process's its
+    /// own; either may announce the rate of the samples that follow.
+    fn meta(&mut self, text: &str) {
+        let process = self.process as usize;
+        let meta = if process == 0 {
+            &mut self.meta
+        } else {
+            &mut self.procs[process].meta
+        };
+        for (key, value) in meta_pairs(text) {
+            let known = meta.contains_key(key);
+            if key.len() > MAX_META_KEY || (!known && meta.len() >= MAX_META_KEYS) {
+                continue;
+            }
+            let value = elide(value, MAX_META_VALUE).into_owned();
+            meta.insert(key.to_owned(), value);
+        }
+        let p = &mut self.procs[process];
+        p.rate = meta_rate(text).unwrap_or(p.rate);
+        if process == 0 {
+            self.rate = p.rate;
+        }
+    }
+
     /// Takes a block that is no longer live out of the live heap.
     fn take_live(&mut self, old: &Block) {
-        let bytes = old.sample().bytes;
-        self.live_bytes -= bytes;
-        self.live_split[self.allocator(old.stack) as usize] -= bytes;
+        let sample = old.sample();
+        self.live_bytes -= sample.bytes;
+        self.live_split[self.allocator(old.stack) as usize] -= sample.bytes;
+        self.proc().live.remove(&sample);
     }
 
     /// The allocator the blocks of a stack came from.

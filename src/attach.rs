@@ -6,7 +6,9 @@
 
 use crate::capture::CaptureWriter;
 use crate::children::{Children, Rendezvous};
-use crate::hints::{self, GrowthWatch};
+use crate::driver::{Followed, Session, Watch};
+use crate::hints;
+use crate::live::Closed;
 use crate::profile::Profile;
 use crate::session::{Reader, RingMem};
 use crate::{report, SamplingArgs};
@@ -49,13 +51,6 @@ fn stop_signal() -> Option<i32> {
         0 => None,
         sig => Some(sig),
     }
-}
-
-fn unix_ms() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0)
 }
 
 /// The command line of `pid`, from /proc (arguments joined by spaces; empty if unreadable).
@@ -158,48 +153,30 @@ enum Ending {
     AgentStopped,
 }
 
-/// The processes followed besides the target (`--follow-children`).
-struct Followed {
-    rendezvous: Rendezvous,
-    children: Children,
+/// What ends an attached session besides the target: the duration, a stop signal or the
+/// live view closing, the target's exit, the agent stopping by itself.
+struct Attachment<'a> {
+    a: &'a Attached,
+    until: Option<Instant>,
 }
 
-/// Drains the ring (through the live view, if there is one) until the duration is over, a
-/// signal comes, the view is closed, or the target or agent ends.
-fn sample(
-    reader: &mut Reader<&RingMem>,
-    a: &Attached,
-    duration: Option<f64>,
-    view: &mut Option<crate::live::Live>,
-    followed: &mut Option<Followed>,
-    growth: &mut GrowthWatch,
-) -> Result<Ending> {
-    let until = duration.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
-    loop {
-        let (mut moved, closed) = crate::live::pump(view, reader, &a.ring)?;
-        if let Some(f) = followed.as_mut() {
-            moved += f.children.pump(&f.rendezvous)?;
-        }
-        if view.is_none() {
-            if let Some(note) = growth.check(Instant::now(), reader.capture.written()) {
-                eprintln!("{note}");
-            }
-        }
+impl Watch for Attachment<'_> {
+    type Ending = Ending;
+
+    fn check(&mut self, _: &mut Session, closed: Option<Closed>) -> Result<Option<Ending>> {
         if closed.is_some() || stop_signal().is_some() {
-            return Ok(Ending::Signal);
+            return Ok(Some(Ending::Signal));
         }
-        if until.is_some_and(|t| Instant::now() >= t) {
-            return Ok(Ending::Duration);
+        if self.until.is_some_and(|t| Instant::now() >= t) {
+            return Ok(Some(Ending::Duration));
         }
-        if !a.liveness.alive() {
-            return Ok(Ending::TargetExited);
+        if !self.a.liveness.alive() {
+            return Ok(Some(Ending::TargetExited));
         }
-        if a.ring.state()? != STATE_ACTIVE {
-            return Ok(Ending::AgentStopped);
+        if self.a.ring.state()? != STATE_ACTIVE {
+            return Ok(Some(Ending::AgentStopped));
         }
-        if moved == 0 {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        Ok(None)
     }
 }
 
@@ -291,15 +268,21 @@ fn attach_descendants(
 
 /// Detaches from every followed process: asks each agent to stop, runs the stop function in
 /// those that do not (they allocate nothing), and finishes their captures.
-fn detach_children(f: &mut Followed, timeout: Duration) -> Result<()> {
+fn detach_children(s: &mut Session, timeout: Duration) -> Result<()> {
+    let Some(f) = s.followed.as_mut() else {
+        return Ok(());
+    };
     for (_, ring) in f.children.rings() {
         ring.reader().request_stop();
     }
     let until = Instant::now() + SELF_STOP_WAIT;
     while Instant::now() < until {
-        f.children.pump(&f.rendezvous)?;
+        s.pump_children()?;
         std::thread::sleep(Duration::from_millis(2));
     }
+    let Some(f) = s.followed.as_mut() else {
+        return Ok(());
+    };
     let idle: Vec<u32> = f
         .children
         .rings()
@@ -313,7 +296,7 @@ fn detach_children(f: &mut Followed, timeout: Duration) -> Result<()> {
         if let Ok(launched) = launched {
             let start = Instant::now();
             while start.elapsed() < STOP_WAIT {
-                f.children.pump(&f.rendezvous)?;
+                s.pump_children()?;
                 if launched.poll()?.is_some() {
                     break;
                 }
@@ -321,7 +304,7 @@ fn detach_children(f: &mut Followed, timeout: Duration) -> Result<()> {
             }
         }
     }
-    f.children.finish(&f.rendezvous, Duration::from_millis(200))
+    Ok(())
 }
 
 /// Whether the target exits within a moment (an agent that stopped by itself usually means the
@@ -383,9 +366,10 @@ pub fn run(o: Options) -> Result<ExitCode> {
     let python = attached.ring.python_version();
     capture.write(&Record::Meta {
         text: format!(
-            "mode=attach\npid={pid}\n{}start_unix_ms={}\nattach_ms={}\npython={python}\n",
+            "mode=attach\npid={pid}\nppid={}\n{}start_unix_ms={}\nattach_ms={}\npython={python}\n",
+            crate::children::parent_of(pid).unwrap_or(0),
             sampling.meta(),
-            unix_ms(),
+            crate::driver::unix_ms(),
             attached.took.as_millis(),
         ),
     })?;
@@ -410,7 +394,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
             attached.how
         );
     }
-    let mut followed = match rendezvous.zip(children_dir) {
+    let followed = match rendezvous.zip(children_dir) {
         Some((rendezvous, children_dir)) => {
             let dir = crate::children::children_dir(output);
             capture.write(&Record::Meta {
@@ -435,11 +419,11 @@ pub fn run(o: Options) -> Result<ExitCode> {
         }
         None => None,
     };
-    let mut reader = Reader::new(&attached.ring, capture, pid);
+    let reader = Reader::new(&attached.ring, capture, pid);
     // The agent is running: a view that cannot start must not end the session early.
     let focus = crate::focus::Focus::from_meta_lines(&yours);
     let target = crate::live::Target::attach(pid, sampling, output, focus);
-    let mut view = match live.then(|| crate::live::Live::start(target)) {
+    let view = match live.then(|| crate::live::Live::start(target)) {
         Some(Ok(v)) => Some(v),
         Some(Err(e)) => {
             eprintln!("mprof: warning: no live view: {e:#}");
@@ -447,35 +431,36 @@ pub fn run(o: Options) -> Result<ExitCode> {
         }
         None => None,
     };
-    let mut growth = GrowthWatch::new(sampling.rate);
-    let ending = sample(
-        &mut reader,
-        &attached,
-        duration,
-        &mut view,
-        &mut followed,
-        &mut growth,
-    )?;
-    drop(view); // the terminal is restored before anything is printed
+    let mut session = Session::new(reader, sampling.rate, view, followed, false);
+    let until = duration.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+    let ending = session.run(&mut Attachment {
+        a: &attached,
+        until,
+    })?;
+    session.view = None; // the terminal is restored before anything is printed
     let stopped = match ending {
         Ending::TargetExited | Ending::AgentStopped => {
-            while reader.pump()? > 0 {}
+            session.drain()?;
             true
         }
-        Ending::Duration | Ending::Signal => detach(&mut reader, &attached, pid, timeout)?,
+        Ending::Duration | Ending::Signal => detach(&mut session.reader, &attached, pid, timeout)?,
     };
-    reader.finish()?;
-    drop(reader);
-    if let Some(f) = followed.as_mut() {
-        detach_children(f, timeout)?;
-        if !quiet {
-            eprintln!(
-                "mprof: {} other process(es) of the tree profiled; their captures are in {}",
-                f.children.profiled(),
-                f.children.dir().display()
-            );
+    let key = if attached.liveness.alive() {
+        "detach_unix_ms"
+    } else {
+        "exit_unix_ms"
+    };
+    session.reader.capture.write(&Record::Meta {
+        text: format!("{key}={}\n", crate::driver::unix_ms()),
+    })?;
+    detach_children(&mut session, timeout)?;
+    session.finish(Duration::from_millis(200))?;
+    if !quiet {
+        if let Some(note) = session.children_note() {
+            eprintln!("{note}");
         }
     }
+    drop(session);
     match ending {
         Ending::TargetExited => eprintln!("mprof: PID {pid} exited while attached"),
         Ending::AgentStopped if exits_soon(&attached.liveness) => {

@@ -146,6 +146,20 @@ impl CaptureFile {
         })
     }
 
+    /// A capture already opened (by `crate::processes`, which opens the files of followed
+    /// children without following symlinks); `path` names it in messages.
+    pub fn from_file(file: File, path: &Path) -> Result<CaptureFile> {
+        let size = file
+            .metadata()
+            .with_context(|| format!("cannot read {}", path.display()))?
+            .len();
+        Ok(CaptureFile {
+            file,
+            size,
+            path: path.to_path_buf(),
+        })
+    }
+
     /// The path it was opened at.
     pub fn path(&self) -> &Path {
         &self.path
@@ -156,6 +170,19 @@ impl CaptureFile {
     /// digest of every byte read up to and including its record. A file that is not a capture
     /// is an error; a damaged tail is a warning in the returned [`Pass`].
     pub fn for_each(&self, mut f: impl FnMut(Record, Digest) -> bool) -> Result<Pass> {
+        let mut records = self.records(1 << 20)?;
+        while let Some((r, digest)) = records.next_record()? {
+            if !f(r, digest) {
+                break;
+            }
+        }
+        Ok(records.finish())
+    }
+
+    /// The records one at a time, read through a buffer of `buffer` bytes (at most the
+    /// file's size): for readers that interleave several captures (see `crate::processes`).
+    /// A file that is not a capture is an error.
+    pub fn records(&self, buffer: usize) -> Result<Records<'_>> {
         use std::io::{Read, Seek};
         let path = &self.path;
         let context = || format!("{} is not a usable mprof capture", path.display());
@@ -163,99 +190,142 @@ impl CaptureFile {
         handle
             .seek(std::io::SeekFrom::Start(0))
             .context("reading capture file")?;
-        let mut input = std::io::BufReader::with_capacity(1 << 20, handle.take(self.size));
+        let buffer = buffer.min(self.size as usize).max(FILE_HEADER);
+        let mut input = std::io::BufReader::with_capacity(buffer, handle.take(self.size));
         let mut header = [0u8; FILE_HEADER];
         input
             .read_exact(&mut header)
             .map_err(|_| anyhow::anyhow!("missing the MPROFCAP header"))
             .with_context(context)?;
-        let mut pass = Pass {
-            warning: check_header(&header).with_context(context)?,
-        };
+        let warning = check_header(&header).with_context(context)?;
         let mut digest = Digest::default();
         digest.add(&header);
-        let size = self.size;
-        let mut at = FILE_HEADER as u64;
-        let mut buf = Vec::with_capacity(4096);
-        let mut expander = Expander::new();
-        let mut unresolved = Unresolved::default();
-        loop {
-            buf.resize(record::PREAMBLE, 0);
-            match read_full(&mut input, &mut buf)? {
-                0 => break,
-                n if n < record::PREAMBLE => {
-                    let e = DecodeError::Truncated {
-                        needed: record::PREAMBLE,
-                        have: n,
-                    };
-                    pass.warning = Some(tail_warning(&e, at, size));
-                    break;
-                }
-                _ => {}
+        Ok(Records {
+            input,
+            size: self.size,
+            at: FILE_HEADER as u64,
+            digest,
+            buf: Vec::with_capacity(4096),
+            pass: Pass { warning },
+            done: false,
+            expander: Expander::new(),
+            unresolved: Unresolved::default(),
+        })
+    }
+}
+
+/// The records of a capture, read one at a time ([`CaptureFile::records`]). Interned stacks
+/// (STACK and SAMPLE records, see `mprof_common::stacks`) are expanded back into ALLOC
+/// records by an [`Expander`] of the capture's own: a capture is one process's stream, and
+/// its stack nodes mean nothing in another's.
+pub struct Records<'a> {
+    input: std::io::BufReader<std::io::Take<&'a File>>,
+    size: u64,
+    at: u64,
+    digest: Digest,
+    buf: Vec<u8>,
+    pass: Pass,
+    done: bool,
+    expander: Expander,
+    unresolved: Unresolved,
+}
+
+impl Records<'_> {
+    /// The next record with the digest of every byte up to it; `None` at the end of the file
+    /// or at a damaged tail (then [`Records::finish`] says why). Only a read error is an error.
+    pub fn next_record(&mut self) -> Result<Option<(Record, Digest)>> {
+        while !self.done {
+            match self.read_one()? {
+                Some(Record::Unknown { .. }) => {}
+                Some(r) => return Ok(Some((r, self.digest))),
+                None => self.done = true,
             }
-            let len = match record::preamble(&buf) {
-                Ok((len, _, _)) if len > MAX_CAPTURE_RECORD => {
-                    let e = DecodeError::Corrupt(format!("record length {len}"));
-                    pass.warning = Some(tail_warning(&e, at, size));
-                    break;
-                }
-                Ok((len, _, _)) if len as u64 > size - at => {
-                    // Never allocate for bytes the file does not have.
-                    let e = DecodeError::Truncated {
-                        needed: len,
-                        have: (size - at) as usize,
-                    };
-                    pass.warning = Some(tail_warning(&e, at, size));
-                    break;
-                }
-                Ok((len, _, _)) => len,
-                Err(e) => {
-                    pass.warning = Some(tail_warning(&e, at, size));
-                    break;
-                }
-            };
-            buf.resize(len, 0);
-            let got = read_full(&mut input, &mut buf[record::PREAMBLE..])?;
-            let bytes = &buf[..record::PREAMBLE + got];
-            digest.add(bytes);
-            let expanded;
-            let bytes = match expander.feed(bytes) {
-                Expanded::Pass(bytes) => bytes,
-                Expanded::Alloc(alloc) => {
-                    expanded = alloc;
-                    &expanded
-                }
-                Expanded::Consumed => {
-                    at += len as u64;
-                    continue;
-                }
-                Expanded::Bad(why) => {
-                    unresolved.note(why);
-                    at += len as u64;
-                    continue;
-                }
-            };
-            match record::decode(bytes) {
-                Ok((Record::Unknown { .. }, _)) => {}
-                Ok((r, _)) => {
-                    if !f(r, digest) {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    pass.warning = Some(tail_warning(&e, at, size));
-                    break;
-                }
-            }
-            at += len as u64;
         }
-        if let Some(skipped) = unresolved.warning() {
+        Ok(None)
+    }
+
+    /// What the pass saw (why it stopped early, if it did, and stack records that could not
+    /// be resolved).
+    pub fn finish(self) -> Pass {
+        let mut pass = self.pass;
+        if let Some(skipped) = self.unresolved.warning() {
             pass.warning = Some(match pass.warning {
                 Some(tail) => format!("{tail}; {skipped}"),
                 None => skipped,
             });
         }
-        Ok(pass)
+        pass
+    }
+
+    /// Reads and decodes one record (a SAMPLE as the ALLOC it stands for; a STACK record, or
+    /// a stack record that cannot be resolved, as `Record::Unknown`); `None` at the end or at
+    /// a damaged tail.
+    fn read_one(&mut self) -> Result<Option<Record>> {
+        let (at, size) = (self.at, self.size);
+        let buf = &mut self.buf;
+        buf.resize(record::PREAMBLE, 0);
+        let damaged = |e: DecodeError| Some(tail_warning(&e, at, size));
+        match read_full(&mut self.input, buf)? {
+            0 => return Ok(None),
+            n if n < record::PREAMBLE => {
+                self.pass.warning = damaged(DecodeError::Truncated {
+                    needed: record::PREAMBLE,
+                    have: n,
+                });
+                return Ok(None);
+            }
+            _ => {}
+        }
+        let len = match record::preamble(buf) {
+            Ok((len, _, _)) if len > MAX_CAPTURE_RECORD => {
+                self.pass.warning = damaged(DecodeError::Corrupt(format!("record length {len}")));
+                return Ok(None);
+            }
+            Ok((len, _, _)) if len as u64 > size - at => {
+                // Never allocate for bytes the file does not have.
+                self.pass.warning = damaged(DecodeError::Truncated {
+                    needed: len,
+                    have: (size - at) as usize,
+                });
+                return Ok(None);
+            }
+            Ok((len, _, _)) => len,
+            Err(e) => {
+                self.pass.warning = damaged(e);
+                return Ok(None);
+            }
+        };
+        buf.resize(len, 0);
+        let got = read_full(&mut self.input, &mut buf[record::PREAMBLE..])?;
+        let bytes = &buf[..record::PREAMBLE + got];
+        self.digest.add(bytes);
+        let expanded;
+        let bytes = match self.expander.feed(bytes) {
+            Expanded::Pass(bytes) => bytes,
+            Expanded::Alloc(alloc) => {
+                expanded = alloc;
+                &expanded
+            }
+            Expanded::Consumed => {
+                self.at += len as u64;
+                return Ok(Some(Record::Unknown { kind: 0 }));
+            }
+            Expanded::Bad(why) => {
+                self.unresolved.note(why);
+                self.at += len as u64;
+                return Ok(Some(Record::Unknown { kind: 0 }));
+            }
+        };
+        match record::decode(bytes) {
+            Ok((r, _)) => {
+                self.at += len as u64;
+                Ok(Some(r))
+            }
+            Err(e) => {
+                self.pass.warning = damaged(e);
+                Ok(None)
+            }
+        }
     }
 }
 

@@ -10,188 +10,17 @@
 
 use crate::capture::CaptureWriter;
 use crate::output::OutputDir;
+pub use crate::rendezvous::{Arrival, Rendezvous};
 use crate::session::{Reader, RingMem};
 use anyhow::Result;
-use mprof_common::children::{Hello, BORN_FORKED};
+use mprof_common::children::BORN_FORKED;
 use mprof_common::record::Record;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Where children hand their rings.
-pub struct Rendezvous {
-    fd: OwnedFd,
-    name: String,
-}
-
-/// A child that handed over its ring.
-pub struct Arrival {
-    pub pid: u32,
-    /// The sender's user, from the kernel.
-    pub uid: u32,
-    pub hello: Hello,
-    pub fd: OwnedFd,
-}
-
-fn last_os(what: &str) -> anyhow::Error {
-    anyhow::Error::new(std::io::Error::last_os_error()).context(what.to_string())
-}
-
-impl Rendezvous {
-    /// Listens on a fresh abstract socket named after this process.
-    pub fn listen() -> Result<Rendezvous> {
-        let nanos = crate::session::monotonic_ns();
-        let name = format!("mprof-{}-{nanos:x}", std::process::id());
-        // SAFETY: a new socket; every argument is a local value.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_UNIX,
-                libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                0,
-            )
-        };
-        if fd < 0 {
-            return Err(last_os("making the rendezvous socket"));
-        }
-        // SAFETY: a fresh descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let (addr, len) = abstract_address(&name);
-        // SAFETY: `addr` is a sockaddr_un of `len` meaningful bytes.
-        let bound = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                &addr as *const _ as *const libc::sockaddr,
-                len,
-            )
-        };
-        // SAFETY: listen on our own socket.
-        if bound != 0 || unsafe { libc::listen(fd.as_raw_fd(), 128) } != 0 {
-            return Err(last_os("listening on the rendezvous socket"));
-        }
-        Ok(Rendezvous { fd, name })
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The children that sent a ring since the last call (never blocks).
-    pub fn arrivals(&self) -> Vec<Arrival> {
-        let mut out = Vec::new();
-        loop {
-            // SAFETY: accept on our listening socket; no address is asked for.
-            let conn = unsafe {
-                libc::accept4(
-                    self.fd.as_raw_fd(),
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    libc::SOCK_CLOEXEC,
-                )
-            };
-            if conn < 0 {
-                return out;
-            }
-            // SAFETY: a fresh descriptor that nothing else owns.
-            let conn = unsafe { OwnedFd::from_raw_fd(conn) };
-            if let Some(arrival) = receive(&conn) {
-                out.push(arrival);
-            }
-        }
-    }
-}
-
-fn abstract_address(name: &str) -> (libc::sockaddr_un, libc::socklen_t) {
-    // SAFETY: plain data; all zeroes is valid.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (i, b) in name.bytes().enumerate() {
-        addr.sun_path[i + 1] = b as libc::c_char;
-    }
-    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
-    (addr, len as libc::socklen_t)
-}
-
-/// Reads one child's message on an accepted connection: who sent it (from the kernel), what
-/// it says, and the descriptor it carries.
-fn receive(conn: &OwnedFd) -> Option<Arrival> {
-    // SAFETY: plain data; all zeroes is valid.
-    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `cred`.
-    let ok = unsafe {
-        libc::getsockopt(
-            conn.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            &mut cred as *mut _ as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    if ok != 0 {
-        return None;
-    }
-    // The child sent its message right after connecting: wait a moment for it.
-    let mut pfd = libc::pollfd {
-        fd: conn.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: poll on one pollfd of ours.
-    if unsafe { libc::poll(&mut pfd, 1, 1000) } != 1 {
-        return None;
-    }
-    let mut payload = [0u8; 32];
-    let mut control = [0u64; 8];
-    let mut iov = libc::iovec {
-        iov_base: payload.as_mut_ptr().cast(),
-        iov_len: payload.len(),
-    };
-    // SAFETY: plain data; all zeroes is valid.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control);
-    // SAFETY: recvmsg into our buffers, sized above.
-    let n = unsafe { libc::recvmsg(conn.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    let fd = received_fd(&msg);
-    let hello = (n > 0)
-        .then(|| Hello::parse(&payload[..n as usize]))
-        .flatten();
-    Some(Arrival {
-        pid: cred.pid as u32,
-        uid: cred.uid,
-        hello: hello?,
-        fd: fd?,
-    })
-}
-
-/// The one descriptor an `SCM_RIGHTS` message carried (any others are closed).
-fn received_fd(msg: &libc::msghdr) -> Option<OwnedFd> {
-    let mut found = None;
-    // SAFETY: the CMSG macros walk the control buffer recvmsg filled in, within its length.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c) as *const libc::c_int;
-                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
-                    / std::mem::size_of::<libc::c_int>();
-                for i in 0..count {
-                    let fd = OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i)));
-                    if found.is_none() {
-                        found = Some(fd);
-                    }
-                }
-            }
-            c = libc::CMSG_NXTHDR(msg, c);
-        }
-    }
-    found
-}
-
 /// The parent of `pid` (from /proc).
-fn parent_of(pid: u32) -> Option<u32> {
+pub fn parent_of(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit_once(')')?
         .1
@@ -246,6 +75,21 @@ struct Child {
     pid: u32,
     reader: Reader<Box<RingMem>>,
     announced_version: bool,
+    /// Born by a fork (not by exec, nor attached).
+    forked: bool,
+    /// Readable once the process has exited (`None`: gone before it was admitted, or no
+    /// pidfd on this kernel).
+    exit: Option<OwnedFd>,
+}
+
+/// What happened to the followed children during one [`Children::pump`], for a live view.
+pub enum Event<'a> {
+    /// A child was admitted (its pid and command line).
+    Started(u32, &'a str),
+    /// A record went to the capture of child `pid` (as [`Reader::pump_observed`] shows it).
+    Record(u32, &'a [u8]),
+    /// Child `pid`'s capture is finished: it exited (or the session ended).
+    Ended(u32),
 }
 
 /// The followed children of a recording.
@@ -260,10 +104,19 @@ pub struct Children {
     /// Every child admitted, and the program's user.
     known: std::collections::HashSet<u32>,
     root_uid: Option<u32>,
+    /// Bytes written to the captures of children already finished.
+    written_done: u64,
+    /// Forked children that ended without a sample (most often a fork that ran another
+    /// program at once): their captures are not kept.
+    empty_forks: usize,
+    /// When children without a pidfd were last looked up in /proc.
+    last_proc_check: Option<Instant>,
 }
 
 /// Most children one recording follows.
 const MAX_CHILDREN: usize = 4096;
+/// How often children without a pidfd are looked up in /proc to see whether they ended.
+const PROC_CHECK: Duration = Duration::from_millis(100);
 
 fn uid_of(pid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -274,6 +127,15 @@ fn uid_of(pid: u32) -> Option<u32> {
             .parse()
             .ok()
     })
+}
+
+/// A pidfd of `pid`, readable once it exits; `None` if it is gone already (or the kernel has
+/// no `pidfd_open`).
+fn pidfd(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags; the result is checked.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    // SAFETY: a fresh descriptor that nothing else owns.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
 }
 
 impl Children {
@@ -299,45 +161,129 @@ impl Children {
             refused: 0,
             known: std::collections::HashSet::new(),
             root_uid: uid_of(root),
+            written_done: 0,
+            empty_forks: 0,
+            last_proc_check: None,
         }
     }
 
     /// Takes the rings children handed over, drains every child's ring, and finishes the
-    /// captures of children that ended. Returns the bytes moved.
-    pub fn pump(&mut self, rendezvous: &Rendezvous) -> Result<usize> {
+    /// captures of children that ended; `observe` sees what happened. Returns the bytes moved.
+    pub fn pump(
+        &mut self,
+        rendezvous: &Rendezvous,
+        observe: &mut dyn FnMut(Event),
+    ) -> Result<usize> {
         for arrival in rendezvous.arrivals() {
-            if let Err(e) = self.admit(arrival) {
-                self.refused += 1;
-                eprintln!("mprof: warning: a child's ring was refused: {e:#}");
-            }
-        }
-        let mut moved = 0;
-        let mut i = 0;
-        while i < self.live.len() {
-            let child = &mut self.live[i];
-            moved += child.reader.pump()?;
-            if !child.announced_version {
-                let version = child.reader.ring().python_version();
-                if !version.is_empty() {
-                    child.announced_version = true;
-                    child.reader.capture.write(&Record::Meta {
-                        text: format!("python={version}\n"),
-                    })?;
+            // A process that announces itself again has run a new program (exec): the stream
+            // of its old image is over.
+            if let Some(at) = self.live.iter().position(|c| c.pid == arrival.pid) {
+                let old = self.live.swap_remove(at);
+                if self.end(old, observe)? {
+                    eprintln!(
+                        "mprof: warning: PID {} ran a new program; the capture of its previous \
+                         one is replaced",
+                        arrival.pid
+                    );
                 }
             }
-            if !running(child.pid) {
-                let mut child = self.live.swap_remove(i);
-                while child.reader.pump()? > 0 {}
-                child.reader.finish()?;
-                self.done += 1;
-                continue;
+            match self.admit(arrival) {
+                Ok(pid) => {
+                    let command = command_line(pid);
+                    observe(Event::Started(pid, &command));
+                }
+                Err(e) => {
+                    self.refused += 1;
+                    eprintln!("mprof: warning: a child's ring was refused: {e:#}");
+                }
             }
-            i += 1;
+        }
+        let exited = self.exited();
+        let mut moved = 0;
+        for child in &mut self.live {
+            let pid = child.pid;
+            moved += child
+                .reader
+                .pump_observed(|b| observe(Event::Record(pid, b)))?;
+            child.announce_version()?;
+        }
+        for pid in exited {
+            if let Some(at) = self.live.iter().position(|c| c.pid == pid) {
+                let child = self.live.swap_remove(at);
+                self.end(child, observe)?;
+            }
         }
         Ok(moved)
     }
 
-    fn admit(&mut self, arrival: Arrival) -> Result<()> {
+    /// The children that have exited (their rings still to be drained), from their pidfds
+    /// (one `poll` for all), and from /proc now and then for those without one.
+    fn exited(&mut self) -> Vec<u32> {
+        let mut fds: Vec<libc::pollfd> = Vec::new();
+        let mut pids = Vec::new();
+        let check_proc = self
+            .last_proc_check
+            .is_none_or(|t| t.elapsed() >= PROC_CHECK);
+        let mut exited = Vec::new();
+        for child in &self.live {
+            match &child.exit {
+                Some(fd) => {
+                    fds.push(libc::pollfd {
+                        fd: fd.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    });
+                    pids.push(child.pid);
+                }
+                None if check_proc && !running(child.pid) => exited.push(child.pid),
+                None => {}
+            }
+        }
+        if check_proc {
+            self.last_proc_check = Some(Instant::now());
+        }
+        if !fds.is_empty() {
+            // SAFETY: poll on our own array of pollfds, without waiting.
+            let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+            if ready > 0 {
+                let done = fds.iter().zip(&pids).filter(|(f, _)| f.revents != 0);
+                exited.extend(done.map(|(_, &pid)| pid));
+            }
+        }
+        exited
+    }
+
+    /// Drains an ended child's ring to the end and finishes its capture; a forked child that
+    /// took no sample loses its capture (see `empty_forks`). Returns whether it was kept.
+    fn end(&mut self, mut child: Child, observe: &mut dyn FnMut(Event)) -> Result<bool> {
+        let pid = child.pid;
+        while child
+            .reader
+            .pump_observed(|b| observe(Event::Record(pid, b)))?
+            > 0
+        {}
+        let key = if running(pid) {
+            "detach_unix_ms"
+        } else {
+            "exit_unix_ms"
+        };
+        child.reader.capture.write(&Record::Meta {
+            text: format!("{key}={}\n", crate::driver::unix_ms()),
+        })?;
+        child.reader.finish()?;
+        observe(Event::Ended(pid));
+        if child.forked && child.reader.ring().reader().samples() == 0 {
+            drop(child);
+            self.dir.remove(&format!("{pid}.mprof"));
+            self.empty_forks += 1;
+            return Ok(false);
+        }
+        self.written_done += child.reader.capture.written();
+        self.done += 1;
+        Ok(true)
+    }
+
+    fn admit(&mut self, arrival: Arrival) -> Result<u32> {
         let Arrival {
             pid,
             uid,
@@ -350,6 +296,7 @@ impl Children {
         if self.profiled() >= MAX_CHILDREN {
             anyhow::bail!("more than {MAX_CHILDREN} children: PID {pid} is not profiled");
         }
+        let exit = pidfd(pid);
         let ring = Box::new(RingMem::from_child(fd)?);
         let mut capture = CaptureWriter::create_in(&self.dir, &format!("{pid}.mprof"))?;
         capture.place()?;
@@ -360,10 +307,12 @@ impl Children {
         };
         capture.write(&Record::Meta {
             text: format!(
-                "mode=child\npid={pid}\nppid={}\nborn={born}\nroot_pid={}\ncommand={}\n{}",
+                "mode=child\npid={pid}\nppid={}\nborn={born}\nroot_pid={}\ncommand={}\n\
+                 start_unix_ms={}\n{}",
                 hello.ppid,
                 self.root,
                 command_line(pid).replace('\n', "\\n"),
+                crate::driver::unix_ms(),
                 self.sampling.meta()
             ),
         })?;
@@ -372,23 +321,26 @@ impl Children {
             pid,
             reader: Reader::new(ring, capture, pid),
             announced_version: false,
+            forked: born == "fork",
+            exit,
         });
-        Ok(())
+        Ok(pid)
     }
 
     /// Takes on a process mprof attached itself (a descendant of the root, under `attach
     /// --follow-children`): its capture goes beside the forked children's.
     pub fn adopt(&mut self, pid: u32, ring: RingMem, meta: &str) -> Result<()> {
+        let exit = pidfd(pid);
         let mut capture = CaptureWriter::create_in(&self.dir, &format!("{pid}.mprof"))?;
         capture.place()?;
         capture.write(&Record::Meta {
             text: format!(
-                "{meta}root_pid={}\ncommand={}\nrate={}\nmax_depth={}\nseed={}\n",
+                "{meta}root_pid={}\nppid={}\ncommand={}\nstart_unix_ms={}\n{}",
                 self.root,
+                parent_of(pid).unwrap_or(0),
                 command_line(pid).replace('\n', "\\n"),
-                self.sampling.rate,
-                self.sampling.max_depth,
-                self.sampling.seed
+                crate::driver::unix_ms(),
+                self.sampling.meta()
             ),
         })?;
         self.known.insert(pid);
@@ -396,6 +348,8 @@ impl Children {
             pid,
             reader: Reader::new(Box::new(ring), capture, pid),
             announced_version: false,
+            forked: false,
+            exit,
         });
         Ok(())
     }
@@ -405,20 +359,38 @@ impl Children {
         self.live.iter().map(|c| (c.pid, c.reader.ring()))
     }
 
+    /// How full the fullest child's ring is (0 to 1).
+    pub fn fill(&self) -> f64 {
+        self.rings().map(|(_, r)| r.fill()).fold(0.0, f64::max)
+    }
+
+    /// Bytes written to the children's captures so far.
+    pub fn written(&self) -> u64 {
+        self.written_done
+            + self
+                .live
+                .iter()
+                .map(|c| c.reader.capture.written())
+                .sum::<u64>()
+    }
+
     /// After the program ended: drains the children still running for up to `grace`, then
     /// finishes every capture.
-    pub fn finish(&mut self, rendezvous: &Rendezvous, grace: Duration) -> Result<()> {
+    pub fn finish(
+        &mut self,
+        rendezvous: &Rendezvous,
+        grace: Duration,
+        observe: &mut dyn FnMut(Event),
+    ) -> Result<()> {
         let until = Instant::now() + grace;
         while !self.live.is_empty() && Instant::now() < until {
-            if self.pump(rendezvous)? == 0 {
+            if self.pump(rendezvous, observe)? == 0 {
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
-        self.pump(rendezvous)?;
-        for mut child in self.live.drain(..) {
-            while child.reader.pump()? > 0 {}
-            child.reader.finish()?;
-            self.done += 1;
+        self.pump(rendezvous, observe)?;
+        for child in std::mem::take(&mut self.live) {
+            self.end(child, observe)?;
         }
         Ok(())
     }
@@ -441,8 +413,30 @@ impl Children {
         self.done + self.live.len()
     }
 
+    /// How many forked children took no sample (their captures were not kept).
+    pub fn empty_forks(&self) -> usize {
+        self.empty_forks
+    }
+
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+}
+
+impl Child {
+    /// Writes the interpreter's version into the capture once the agent has said it.
+    fn announce_version(&mut self) -> Result<()> {
+        if self.announced_version {
+            return Ok(());
+        }
+        let version = self.reader.ring().python_version();
+        if !version.is_empty() {
+            self.announced_version = true;
+            self.reader.capture.write(&Record::Meta {
+                text: format!("python={version}\n"),
+            })?;
+        }
+        Ok(())
     }
 }
 

@@ -213,9 +213,10 @@ pub fn json(base: &Profile, new: &Profile, view: View, by: Grouping, top: usize)
 }
 
 /// `mprof diff`: prints the diff of two captures, read through `lens` (the files that count
-/// as your code, the allocators kept).
+/// as your code, the allocators kept, the processes of NEW shown) and `base_pick` (the
+/// processes of BASE shown).
 pub fn run(
-    base: &Path,
+    (base, base_pick): (&Path, crate::processes::Pick),
     new: &Path,
     view: View,
     by: Grouping,
@@ -223,7 +224,13 @@ pub fn run(
     as_json: bool,
     lens: &Lens,
 ) -> Result<()> {
-    let b = Profile::load_with(base, lens)?;
+    let b = Profile::load_with(
+        base,
+        &Lens {
+            pick: base_pick,
+            ..*lens
+        },
+    )?;
     let n = Profile::load_with(new, lens)?;
     let out = if as_json {
         json(&b, &n, view, by, top)?

@@ -21,6 +21,7 @@
 use crate::allocators::{Allocator, Allocators};
 use crate::export::{check_output, folded, write_file, Format};
 use crate::frames::{self, Kind};
+use crate::processes::{CaptureSet, Pick};
 use crate::profile::{Estimate, Profile, View};
 use crate::report::{rate_text, view_title};
 use crate::text::xml_escape;
@@ -72,9 +73,16 @@ pub fn allocator_frame(a: Allocator) -> String {
     format!("<allocator {}>", a.name())
 }
 
-/// `mprof flamegraph`: writes the flamegraph of `path` (or its folded stacks) to `out`; with
-/// `diff`, the growth since that base capture.
-pub fn run(path: &Path, out: &Path, settings: &Settings, diff: Option<&Path>) -> Result<()> {
+/// `mprof flamegraph`: writes the flamegraph of `path` (the processes `pick` says; or its
+/// folded stacks) to `out`; with `diff`, the growth since that base capture (all its
+/// processes).
+pub fn run(
+    path: &Path,
+    out: &Path,
+    settings: &Settings,
+    diff: Option<&Path>,
+    pick: Pick,
+) -> Result<()> {
     let folded_out = Format::of_path(out) == Some(Format::Folded);
     check_output(
         out,
@@ -90,7 +98,7 @@ pub fn run(path: &Path, out: &Path, settings: &Settings, diff: Option<&Path>) ->
             out.display()
         );
     }
-    let mut p = Profile::load(path)?;
+    let mut p = Profile::load_set(&CaptureSet::open(path, pick)?)?;
     p.select(settings.allocators);
     if let Some(tid) = settings.thread {
         let tids = p.thread_ids();

@@ -139,8 +139,9 @@ fn other_views(p: &Profile, path: &Path) {
         let svg = crate::flamegraph::svg(p, &settings, Some(p)).expect("flamegraph");
         outputs.push(("flamegraph", svg.into_bytes()));
     }
-    let file = crate::capture::CaptureFile::open(path).expect("the input is still there");
-    let timeline = crate::timeline::load(&file, p, 5).expect("timeline");
+    let set = crate::processes::CaptureSet::open(path, crate::processes::Pick::All)
+        .expect("the input is still there");
+    let timeline = crate::timeline::load(&set, p, 5).expect("timeline");
     outputs.push((
         "timeline",
         crate::timeline::svg(p, &timeline)

@@ -75,9 +75,10 @@ impl GrowthWatch {
         };
         Some(format!(
             "mprof: note: the capture grows by {}/s ({rate}); a minute of this is {}. \
-             A larger --rate (the default is 128KiB) keeps it small.",
+             A larger --rate (the default is {}) keeps it small.",
             human_bytes(per_second),
-            human_bytes(per_second * 60.0)
+            human_bytes(per_second * 60.0),
+            crate::DEFAULT_RATE
         ))
     }
 }
@@ -193,7 +194,7 @@ mod tests {
             note,
             "mprof: note: the capture grows by 95.37 MiB/s (--rate 1 records every \
              allocation); a minute of this is 5.59 GiB. A larger --rate (the default is \
-             128KiB) keeps it small."
+             32KiB) keeps it small."
         );
         assert_eq!(w.check(at(9.0), 990_000_000), None, "said once");
         let mut sampled = GrowthWatch::with_limit(4096, GROWTH_NOTE, t0);

@@ -7,10 +7,10 @@
 //! Content-Security-Policy forbids every network request.
 
 use crate::allocators::split_text;
-use crate::capture::CaptureFile;
 use crate::export::{check_output, write_file, Format};
 use crate::flamegraph::{self, Settings};
 use crate::grouping::Grouping;
+use crate::processes::{CaptureSet, Pick};
 use crate::profile::{Completeness, Profile, View};
 use crate::report::{
     peak_text, plus_minus, python_version, rate_text, target_text, view_title, NOT_NATIVE,
@@ -27,12 +27,12 @@ use std::path::Path;
 /// Rows of the sites table.
 pub const TOP_SITES: usize = 50;
 
-/// `mprof html`: writes the report of `path` to `out`.
-pub fn run(path: &Path, out: &Path) -> Result<()> {
+/// `mprof html`: writes the report of `path` (the processes `pick` says) to `out`.
+pub fn run(path: &Path, out: &Path, pick: Pick) -> Result<()> {
     check_output(out, Format::Html)?;
-    let file = CaptureFile::open(path)?;
-    let p = Profile::load_file(&file)?;
-    let t = timeline::load(&file, &p, 5)?;
+    let set = CaptureSet::open(path, pick)?;
+    let p = Profile::load_set(&set)?;
+    let t = timeline::load(&set, &p, 5)?;
     write_file(out, "HTML report", page(&p, &t)?.as_bytes())
 }
 

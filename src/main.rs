@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 use mprof::allocators::{self, Allocator, Allocators};
 use mprof::export::Format;
 use mprof::grouping::Grouping;
+use mprof::processes::{Pick, PidArgs};
 use mprof::profile::{Lens, View};
 use mprof::{attach, diff, export, flamegraph, html, record, report, timeline, SamplingArgs};
 use std::path::PathBuf;
@@ -97,6 +98,12 @@ enum Command {
         #[arg(long = "allocator", value_name = "ALLOCATOR", value_delimiter = ',',
               value_parser = allocators::parse)]
         allocators: Vec<Allocator>,
+        #[command(flatten)]
+        processes: PidArgs,
+        /// List the processes of the capture (pid, parent, command, samples, bytes) instead of
+        /// the allocation sites.
+        #[arg(long)]
+        per_process: bool,
     },
     /// Write a flamegraph SVG of a capture.
     Flamegraph {
@@ -128,6 +135,8 @@ enum Command {
         /// The allocator as the root frame of every stack (`<allocator native>`).
         #[arg(long)]
         by_allocator: bool,
+        #[command(flatten)]
+        processes: PidArgs,
     },
     /// Write a timeline SVG: RSS, the estimated live heap and the top sites over time.
     Timeline {
@@ -139,6 +148,8 @@ enum Command {
         /// How many allocation sites get their own area.
         #[arg(long, default_value_t = 5)]
         top: usize,
+        #[command(flatten)]
+        processes: PidArgs,
     },
     /// Write a self-contained HTML report (summary, timeline, flamegraphs, top sites).
     Html {
@@ -147,6 +158,8 @@ enum Command {
         /// HTML file to write.
         #[arg(short, long, default_value = "mprof-report.html")]
         output: PathBuf,
+        #[command(flatten)]
+        processes: PidArgs,
     },
     /// Compare two captures: per site the change in bytes ± its standard error, largest
     /// growth first; changes within 2 standard errors are marked as noise.
@@ -176,6 +189,13 @@ enum Command {
         #[arg(long = "allocator", value_name = "ALLOCATOR", value_delimiter = ',',
               value_parser = allocators::parse)]
         allocators: Vec<Allocator>,
+        /// Only this process of NEW (a capture recorded with --follow-children; default: all
+        /// its processes merged).
+        #[arg(long)]
+        pid: Option<u32>,
+        /// Only this process of BASE (default: all its processes merged).
+        #[arg(long)]
+        base_pid: Option<u32>,
     },
     /// Write a capture in a format other tools read: pprof, speedscope, folded stacks, JSON.
     Export {
@@ -199,6 +219,8 @@ enum Command {
         /// an `allocator` label anyway).
         #[arg(long)]
         by_allocator: bool,
+        #[command(flatten)]
+        processes: PidArgs,
     },
 }
 
@@ -247,17 +269,19 @@ fn run(cli: Cli) -> Result<ExitCode> {
             json,
             focus,
             allocators,
-        } => done(report::run(
-            &file,
-            view,
-            by,
-            top,
-            json,
-            &Lens {
+            processes,
+            per_process,
+        } => {
+            let lens = Lens {
                 focus: &focus,
                 allocators: Allocators::of(&allocators),
-            },
-        )),
+                pick: processes.pick(),
+            };
+            done(match per_process {
+                true => report::run_per_process(&file, json, &lens),
+                false => report::run(&file, view, by, top, json, &lens),
+            })
+        }
         Command::Flamegraph {
             file,
             output,
@@ -268,6 +292,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             diff,
             allocators,
             by_allocator,
+            processes,
         } => {
             let settings = flamegraph::Settings {
                 view,
@@ -277,10 +302,26 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 by_allocator,
                 allocators: Allocators::of(&allocators),
             };
-            done(flamegraph::run(&file, &output, &settings, diff.as_deref()))
+            let pick = processes.pick();
+            done(flamegraph::run(
+                &file,
+                &output,
+                &settings,
+                diff.as_deref(),
+                pick,
+            ))
         }
-        Command::Timeline { file, output, top } => done(timeline::run(&file, &output, top)),
-        Command::Html { file, output } => done(html::run(&file, &output)),
+        Command::Timeline {
+            file,
+            output,
+            top,
+            processes,
+        } => done(timeline::run(&file, &output, top, processes.pick())),
+        Command::Html {
+            file,
+            output,
+            processes,
+        } => done(html::run(&file, &output, processes.pick())),
         Command::Diff {
             base,
             new,
@@ -290,8 +331,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             json,
             focus,
             allocators,
+            pid,
+            base_pid,
         } => done(diff::run(
-            &base,
+            (&base, Pick::of(base_pid)),
             &new,
             view,
             by,
@@ -300,6 +343,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             &Lens {
                 focus: &focus,
                 allocators: Allocators::of(&allocators),
+                pick: Pick::of(pid),
             },
         )),
         Command::Export {
@@ -309,6 +353,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             view,
             allocators,
             by_allocator,
+            processes,
         } => done(export::run(
             &file,
             format,
@@ -318,6 +363,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 allocators: Allocators::of(&allocators),
                 by_allocator,
             },
+            processes.pick(),
         )),
     }
 }

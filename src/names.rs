@@ -236,6 +236,19 @@ pub(crate) struct StackResolver {
     cache_has_unknown: bool,
     /// Frames held by `cache`.
     cached_frames: usize,
+    /// The process whose code objects `code_at` and the memo hold, and the other processes'
+    /// (each process has its own code addresses: see [`StackResolver::switch_process`]).
+    process: u32,
+    stashed: Vec<Codes>,
+}
+
+/// What the resolver knows of one process's code: addresses → code, and the memo.
+#[derive(Default)]
+struct Codes {
+    code_at: FastMap<u64, u32>,
+    cache: [FastMap<Vec<Frame>, u32>; 6],
+    cache_has_unknown: bool,
+    cached_frames: usize,
 }
 
 /// The memo of raw stacks of `allocator`, whole or `truncated`.
@@ -266,7 +279,32 @@ impl StackResolver {
             cache: Default::default(),
             cache_has_unknown: false,
             cached_frames: 0,
+            process: 0,
+            stashed: Vec::new(),
         }
+    }
+
+    /// The frames resolved from now on are process `process`'s: its own Code records give
+    /// its code addresses their meaning (an address in one process says nothing of another).
+    pub(crate) fn switch_process(&mut self, process: u32) {
+        if process == self.process {
+            return;
+        }
+        let needed = process.max(self.process) as usize + 1;
+        if self.stashed.len() < needed {
+            self.stashed.resize_with(needed, Codes::default);
+        }
+        let old = &mut self.stashed[self.process as usize];
+        std::mem::swap(&mut self.code_at, &mut old.code_at);
+        std::mem::swap(&mut self.cache, &mut old.cache);
+        std::mem::swap(&mut self.cache_has_unknown, &mut old.cache_has_unknown);
+        std::mem::swap(&mut self.cached_frames, &mut old.cached_frames);
+        let new = &mut self.stashed[process as usize];
+        std::mem::swap(&mut self.code_at, &mut new.code_at);
+        std::mem::swap(&mut self.cache, &mut new.cache);
+        std::mem::swap(&mut self.cache_has_unknown, &mut new.cache_has_unknown);
+        std::mem::swap(&mut self.cached_frames, &mut new.cached_frames);
+        self.process = process;
     }
 
     fn clear_cache(&mut self) {

@@ -464,6 +464,19 @@ impl OutputDir {
         &self.path
     }
 
+    /// Removes the file `name` of the directory (one mprof made there: a regular file of the
+    /// invoking user; anything else is left alone).
+    pub fn remove(&self, name: &str) {
+        let cname = cstr(name.as_ref());
+        let me = unsafe { libc::geteuid() };
+        if let Ok(Some(st)) = lstat_at(&self.fd, &cname) {
+            if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_uid == me {
+                // SAFETY: unlinkat relative to our directory descriptor, a NUL-ended name.
+                unsafe { libc::unlinkat(self.fd.as_raw_fd(), cname.as_ptr(), 0) };
+            }
+        }
+    }
+
     /// Creates the file `name` in the directory, as [`create`] does.
     pub fn create(
         &self,

@@ -6,22 +6,23 @@
 //! stacks in [`crate::names`], the replay rules in [`crate::aggregate`].
 //!
 //! A capture is untrusted input. It is read through one descriptor and only as far as it
-//! reached when opened ([`CaptureFile`]); a digest of the records notices a file rewritten
+//! reached when opened ([`crate::capture::CaptureFile`]); a digest of the records notices a file rewritten
 //! between the two passes ([`LoadError::Changed`]); names, stacks and metadata are bounded
 //! where they are interned ([`MAX_NAME`], [`MAX_DEPTH`], [`MAX_META_VALUE`]); and the reader's
 //! memory is checked record by record against [`MEMORY_PER_BYTE`] times the capture's size
 //! plus [`MEMORY_FIXED`] (`Budget`, counted by [`crate::memory`]).
 
-use crate::aggregate::{meta_rate, Aggregator, Block, Change};
+use crate::aggregate::{meta_rate, Aggregator, Block, Change, ProcessFigures};
 pub use crate::aggregate::{MAX_META_KEYS, MAX_META_VALUE};
 use crate::allocators::{Allocator, Allocators, ByAllocator, NATIVE_META};
-use crate::capture::{CaptureFile, Digest};
+use crate::capture::Digest;
 pub use crate::estimate::{Estimate, Figures, Sample, View};
 use crate::focus::Focus;
 pub use crate::names::{
     FastMap, Location, StackId, MAX_DEPTH, MAX_NAME, NO_PYTHON_FRAME, TRUNCATED, UNKNOWN,
 };
 use crate::names::{Names, StackResolver};
+use crate::processes::{CaptureSet, Pick};
 use anyhow::{Context, Result};
 use mprof_common::record::Record;
 use std::collections::BTreeMap;
@@ -96,9 +97,10 @@ impl Budget {
     }
 }
 
-/// One pass over the records: hands each, with the digest of the bytes up to it, to the
-/// callback until it returns false. See [`Profile::build`].
-type PassFn<'a> = dyn FnMut(&Record, Digest) -> bool + 'a;
+/// One pass over the records: hands each, with its process (see [`crate::processes`]) and the
+/// digest of the bytes up to it, to the callback until it returns false. See
+/// [`Profile::build`].
+type PassFn<'a> = dyn FnMut(u32, &Record, Digest) -> bool + 'a;
 
 /// How a view reads a capture beyond its records: which files count as your code
 /// (`--focus`) and which allocators it keeps (`--allocator`).
@@ -108,7 +110,12 @@ pub struct Lens<'a> {
     pub focus: &'a [PathBuf],
     /// The allocators kept.
     pub allocators: Allocators,
+    /// The processes shown (`--pid`): all of them merged, or one.
+    pub pick: Pick,
 }
+
+/// Warnings about the other processes' captures shown at most (then how many more).
+const MAX_PROCESS_WARNINGS: usize = 8;
 
 /// How far a capture got.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,6 +128,23 @@ pub enum Completeness {
     /// Neither: mprof was killed, or the capture is still being written. Figures stop at the
     /// last record.
     Incomplete,
+}
+
+/// One process of a capture (the program's, or a followed child's), as the profile saw it.
+#[derive(Clone, Debug)]
+pub struct Process {
+    /// Its pid (from its capture's file name, or the program's metadata).
+    pub pid: Option<u32>,
+    /// What it did alone, and its metadata (`ppid`, `born`, `command`...; the program's is
+    /// [`Profile::meta`]).
+    pub figures: ProcessFigures,
+}
+
+impl Process {
+    /// A metadata value of the process (made printable by the views).
+    pub fn meta(&self, key: &str) -> Option<&str> {
+        self.figures.meta.get(key).map(String::as_str)
+    }
 }
 
 /// A capture, aggregated.
@@ -161,6 +185,16 @@ pub struct Profile {
     sites: Vec<((StackId, u32), Figures)>,
     /// Which files are yours (see [`Profile::focus`]).
     focus: Focus,
+    /// The processes whose records the figures add up: one, or the program and its followed
+    /// children (see [`crate::processes`]).
+    pub processes: Vec<Process>,
+    /// Whether the capture followed child processes (`--follow-children`), even when one
+    /// process was picked.
+    pub followed: bool,
+    /// The processes asked for (`--pid`).
+    pub pick: Pick,
+    /// What the reader was told about the other processes' captures (unreadable, damaged).
+    process_warnings: Vec<String>,
 }
 
 impl Profile {
@@ -168,24 +202,25 @@ impl Profile {
     /// the peak) through one descriptor and only as far as it reached when opened; prints its
     /// warnings ([`Profile::warnings`]) to stderr as `mprof: warning: ...` lines. A capture
     /// that changes between the passes, or that would take more memory than
-    /// [`MEMORY_PER_BYTE`] times its size plus [`MEMORY_FIXED`], is an error.
+    /// [`MEMORY_PER_BYTE`] times its size plus [`MEMORY_FIXED`], is an error. A capture with
+    /// followed children is read with theirs, merged (see [`crate::processes`]).
     pub fn load(path: &Path) -> Result<Profile> {
-        Profile::load_file(&CaptureFile::open(path)?)
+        Profile::load_set(&CaptureSet::open(path, Pick::All)?)
     }
 
-    /// [`Profile::load`], then seen through `lens` ([`Profile::set_focus`],
-    /// [`Profile::select`]).
+    /// [`Profile::load`] of the processes `lens` picks, then seen through `lens`
+    /// ([`Profile::set_focus`], [`Profile::select`]).
     pub fn load_with(path: &Path, lens: &Lens) -> Result<Profile> {
-        let mut p = Profile::load(path)?;
+        let mut p = Profile::load_set(&CaptureSet::open(path, lens.pick)?)?;
         p.set_focus(lens.focus);
         p.select(lens.allocators);
         Ok(p)
     }
 
-    /// [`Profile::load`] of a capture already open (to read it again afterwards, as the
+    /// [`Profile::load`] of captures already open (to read them again afterwards, as the
     /// timeline does).
-    pub fn load_file(file: &CaptureFile) -> Result<Profile> {
-        let (profile, warnings) = Profile::read_file(file)?;
+    pub fn load_set(set: &CaptureSet) -> Result<Profile> {
+        let (profile, warnings) = Profile::read_set(set)?;
         for w in warnings {
             eprintln!("mprof: warning: {w}");
         }
@@ -194,32 +229,45 @@ impl Profile {
 
     /// [`Profile::load`] that returns its warnings instead of printing them.
     pub fn read(path: &Path) -> Result<(Profile, Vec<String>)> {
-        Profile::read_file(&CaptureFile::open(path)?)
+        Profile::read_set(&CaptureSet::open(path, Pick::All)?)
     }
 
-    /// [`Profile::load_file`] that returns its warnings instead of printing them.
-    pub fn read_file(file: &CaptureFile) -> Result<(Profile, Vec<String>)> {
+    /// [`Profile::load_set`] that returns its warnings instead of printing them.
+    pub fn read_set(set: &CaptureSet) -> Result<(Profile, Vec<String>)> {
         let mut first_rate = None;
-        file.for_each(|r, _| {
+        set.root().for_each(|r, _| {
             if let Record::Meta { text } = &r {
                 first_rate = meta_rate(text);
             }
             first_rate.is_none()
         })?;
-        let mut damaged = None;
-        let mut first_pass = true;
-        let mut profile = Profile::build(first_rate, Some(file.size), |apply| {
-            // The header read fine a moment ago: failing now means the file changed.
-            let pass = file
-                .for_each(|r, digest| apply(&r, digest))
+        let mut passes = Vec::new();
+        let mut profile = Profile::build(first_rate, Some(set.size()), |apply| {
+            // The headers read fine a moment ago: failing now means a file changed.
+            let pass = set
+                .for_each(|process, r, digest| apply(process, &r, digest))
                 .map_err(|_| LoadError::Changed)?;
-            if std::mem::take(&mut first_pass) {
-                damaged = pass.warning;
+            if passes.is_empty() {
+                passes = pass;
             }
             Ok(())
         })
-        .with_context(|| format!("cannot read {}", file.path().display()))?;
-        profile.damaged = damaged;
+        .with_context(|| format!("cannot read {}", set.root().path().display()))?;
+        let mut passes = passes.into_iter().map(|p| p.warning);
+        profile.damaged = passes.next().flatten();
+        profile.followed = set.followed;
+        profile.pick = set.pick;
+        profile.process_warnings = set.warnings.clone();
+        for (member, warning) in set.members.iter().skip(1).zip(passes) {
+            if let Some(w) = warning {
+                let name = member.file.path().file_name().unwrap_or_default();
+                let name = name.to_string_lossy();
+                profile.process_warnings.push(format!("{name}: {w}"));
+            }
+        }
+        for (process, member) in profile.processes.iter_mut().zip(&set.members) {
+            process.pid = member.pid;
+        }
         let warnings = profile.warnings();
         Ok((profile, warnings))
     }
@@ -230,6 +278,18 @@ impl Profile {
         let mut out = Vec::new();
         if let Some(w) = &self.damaged {
             out.push(w.clone());
+        }
+        out.extend(
+            self.process_warnings
+                .iter()
+                .take(MAX_PROCESS_WARNINGS)
+                .cloned(),
+        );
+        if self.process_warnings.len() > MAX_PROCESS_WARNINGS {
+            out.push(format!(
+                "… and {} more warnings about the followed processes' captures",
+                self.process_warnings.len() - MAX_PROCESS_WARNINGS
+            ));
         }
         if !self.rate_known && self.samples > 0 {
             out.push(
@@ -261,7 +321,7 @@ impl Profile {
         });
         Profile::build(first_rate, None, |apply| {
             for r in records {
-                if !apply(r, Digest::default()) {
+                if !apply(0, r, Digest::default()) {
                     break;
                 }
             }
@@ -296,7 +356,8 @@ impl Profile {
         let mut stacks: Vec<u32> = Vec::new();
         let mut figures: Vec<Figures> = Vec::new();
         let mut sites: FastMap<(StackId, u32), Figures> = FastMap::default();
-        pass(&mut |record, digest| {
+        pass(&mut |process, record, digest| {
+            agg.enter(process);
             if let Change::Alloc { block, sample, .. } = agg.apply(record) {
                 let stack = block.stack.0 as usize;
                 stacks.push(block.stack.0);
@@ -333,10 +394,11 @@ impl Profile {
             a.add(&block.sample());
             b.add(&block.sample());
         };
-        for block in agg.live.values() {
+        for block in agg.live_blocks() {
             add_live(block, false);
         }
-        agg.live = FastMap::default();
+        agg.live = Vec::new();
+        agg.ended = Vec::new();
         let mut peak_seconds = None;
         if let Some((end, _, peak_ns)) = agg.peak() {
             peak_seconds = agg
@@ -345,8 +407,8 @@ impl Profile {
             let mut replay = Replay::new(&stacks, first_rate.unwrap_or(1));
             let mut index = 0;
             let mut reached = None;
-            pass(&mut |record, digest| {
-                if let Err(e) = replay.apply(record).and_then(|()| budget.check()) {
+            pass(&mut |process, record, digest| {
+                if let Err(e) = replay.apply(process, record).and_then(|()| budget.check()) {
                     failure = Some(e);
                     return false;
                 }
@@ -362,7 +424,7 @@ impl Profile {
             if reached != Some(peak_digest) {
                 return Err(LoadError::Changed.into());
             }
-            for block in replay.live.values() {
+            for block in replay.live.iter().flat_map(|m| m.values()) {
                 add_live(block, true);
             }
         }
@@ -377,8 +439,20 @@ impl Profile {
             (Some(a), Some(b)) => b.saturating_sub(a) as f64 / 1e9,
             _ => 0.0,
         };
+        let processes = agg
+            .processes()
+            .iter()
+            .map(|figures| Process {
+                pid: None,
+                figures: figures.clone(),
+            })
+            .collect();
         let mut profile = Profile {
             focus: Focus::new(&agg.meta, &[]),
+            processes,
+            followed: false,
+            pick: Pick::All,
+            process_warnings: Vec::new(),
             meta: agg.meta,
             rate: agg.rate,
             rate_known: first_rate.is_some(),
@@ -528,47 +602,8 @@ impl Profile {
     }
 }
 
-/// Replays records to find which sampled blocks were live at a given point, reusing the stack
-/// of each Alloc found by the first pass (`stacks`, one per Alloc, in order).
-struct Replay<'a> {
-    live: FastMap<u64, Block>,
-    rate: u64,
-    allocs: std::slice::Iter<'a, u32>,
-}
-
-impl<'a> Replay<'a> {
-    fn new(stacks: &'a [u32], first_rate: u64) -> Replay<'a> {
-        Replay {
-            live: FastMap::default(),
-            rate: first_rate,
-            allocs: stacks.iter(),
-        }
-    }
-
-    /// Applies the next record; an Alloc the first pass did not see means the file changed.
-    fn apply(&mut self, record: &Record) -> Result<(), LoadError> {
-        match record {
-            Record::Meta { text } => self.rate = meta_rate(text).unwrap_or(self.rate),
-            Record::Alloc {
-                addr, size, tid, ..
-            } => {
-                let stack = *self.allocs.next().ok_or(LoadError::Changed)?;
-                let block = Block {
-                    stack: StackId(stack),
-                    tid: *tid,
-                    size: *size,
-                    rate: self.rate,
-                };
-                self.live.insert(*addr, block);
-            }
-            Record::Free { addr } => {
-                self.live.remove(addr);
-            }
-            _ => {}
-        }
-        Ok(())
-    }
-}
+mod replay;
+use replay::Replay;
 
 #[cfg(test)]
 mod tests;

@@ -1,7 +1,7 @@
 //! `mprof record`: run a command with the agent preloaded and profile it from its first line.
 
 use crate::capture::CaptureWriter;
-use crate::hints::GrowthWatch;
+use crate::driver::{Followed, Session, Watch};
 use crate::live::{self, Closed, Live};
 use crate::profile::Profile;
 use crate::session::{Reader, RingMem};
@@ -14,7 +14,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Finds `program` the way `execvp` would, so that a missing command is reported before
 /// anything starts.
@@ -31,13 +31,6 @@ fn resolve(program: &str) -> Result<PathBuf> {
         .map(|dir| dir.join(program))
         .find(|p| p.is_file())
         .with_context(|| format!("command not found: {program}"))
-}
-
-fn unix_ms() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0)
 }
 
 /// Where the program's stdout and stderr go under `--live`: `CAPTURE.out`, beside the capture.
@@ -124,6 +117,44 @@ fn view_closed(closed: Closed, pid: u32, command: &str) {
     }
 }
 
+/// The file name of the program, as the messages name it.
+fn command_name(program: &str) -> String {
+    let name = Path::new(program).file_name().unwrap_or_default();
+    name.to_string_lossy().into_owned()
+}
+
+/// What ends a recording: the program's exit. Meanwhile signals sent to mprof alone are
+/// passed on to it, and a closed live view is explained (see [`view_closed`]).
+struct Program<'a> {
+    child: &'a mut Child,
+    pid: u32,
+    name: String,
+    /// Python children seen, when they are not followed (for the hint at the end).
+    unfollowed: Option<crate::children::Unfollowed>,
+}
+
+impl Watch for Program<'_> {
+    type Ending = ExitStatus;
+
+    fn check(&mut self, s: &mut Session, closed: Option<Closed>) -> Result<Option<ExitStatus>> {
+        let pid = self.pid;
+        if let Some(closed) = closed {
+            view_closed(closed, pid, &self.name);
+        }
+        if let Some(sig) = signals::take_forward() {
+            if s.view.take().is_some() {
+                eprintln!("mprof: live view closed by signal {sig}; passing it on to PID {pid}");
+            }
+            // SAFETY: kill with a pid and a signal number.
+            unsafe { libc::kill(pid as i32, sig) };
+        }
+        if let Some(unfollowed) = self.unfollowed.as_mut() {
+            unfollowed.watch(pid);
+        }
+        Ok(self.child.try_wait()?)
+    }
+}
+
 /// Runs `command` under the profiler; returns the child's exit status as mprof's. With `live`,
 /// a live view shows the allocation sites while the program runs (see `crate::live`).
 pub fn run(
@@ -182,15 +213,16 @@ pub fn run(
         let _ = child.wait();
         return Err(e);
     }
-    let mut children = children_dir.map(|dir| crate::children::Children::new(dir, pid, sampling));
+    let children = children_dir.map(|dir| crate::children::Children::new(dir, pid, sampling));
     let cwd = std::env::current_dir().ok();
     let yours = crate::focus::meta_lines(command, cwd.as_deref(), &sampling.focus);
     capture.write(&Record::Meta {
         text: format!(
-            "mode=record\ncommand={}\npid={pid}\n{}start_unix_ms={}\n{yours}",
+            "mode=record\ncommand={}\npid={pid}\nppid={}\n{}start_unix_ms={}\n{yours}",
             command.join(" ").replace('\n', "\\n"),
+            std::process::id(),
             sampling.meta(),
-            unix_ms()
+            crate::driver::unix_ms()
         ),
     })?;
     if children.is_some() {
@@ -203,7 +235,7 @@ pub fn run(
             ),
         })?;
     }
-    let mut view = match program_output.as_ref().map(|out| {
+    let view = match program_output.as_ref().map(|out| {
         Live::start(live::Target {
             mode: live::Mode::Record,
             pid,
@@ -223,54 +255,32 @@ pub fn run(
             return Err(e);
         }
     };
-    let mut reader = Reader::new(&ring, capture, pid);
-    let mut unfollowed = crate::children::Unfollowed::default();
-    let mut announced_version = false;
-    let mut growth = GrowthWatch::new(sampling.rate);
-    let status = loop {
-        let (moved, closed) = live::pump(&mut view, &mut reader, &ring)?;
-        if view.is_none() {
-            if let Some(note) = growth.check(Instant::now(), reader.capture.written()) {
-                eprintln!("{note}");
-            }
-        }
-        if let Some(closed) = closed {
-            let name = Path::new(&command[0]).file_name().unwrap_or_default();
-            view_closed(closed, pid, &name.to_string_lossy());
-        }
-        if !announced_version && !ring.python_version().is_empty() {
-            announced_version = true;
-            reader.capture.write(&Record::Meta {
-                text: format!("python={}\n", ring.python_version()),
-            })?;
-        }
-        if let Some(sig) = signals::take_forward() {
-            if view.take().is_some() {
-                eprintln!("mprof: live view closed by signal {sig}; passing it on to PID {pid}");
-            }
-            unsafe { libc::kill(pid as i32, sig) };
-        }
-        let mut moved = moved;
-        match (children.as_mut(), rendezvous.as_ref()) {
-            (Some(children), Some(r)) => moved += children.pump(r)?,
-            _ => unfollowed.watch(pid),
-        }
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if moved == 0 {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+    let reader = Reader::new(&ring, capture, pid);
+    let followed = rendezvous
+        .zip(children)
+        .map(|(rendezvous, children)| Followed {
+            rendezvous,
+            children,
+        });
+    let following = followed.is_some();
+    let mut session = Session::new(reader, sampling.rate, view, followed, true);
+    let mut watch = Program {
+        child: &mut child,
+        pid,
+        name: command_name(&command[0]),
+        unfollowed: (!following).then(crate::children::Unfollowed::default),
     };
-    // The terminal is the user's again before anything is printed.
-    drop(view);
-    // Whatever the agent published before the child ended is still in the ring.
-    while reader.pump()? > 0 {}
-    reader.finish()?;
+    let status = session.run(&mut watch)?;
+    // The terminal is the user's again before anything is printed; whatever the agent
+    // published before the child ended is still in the ring.
+    session.drain()?;
+    session.reader.capture.write(&Record::Meta {
+        text: format!("exit_unix_ms={}\n", crate::driver::unix_ms()),
+    })?;
     // Children may outlive the program a moment (a pool's workers exiting with it).
-    if let (Some(children), Some(r)) = (children.as_mut(), rendezvous.as_ref()) {
-        children.finish(r, Duration::from_secs(2))?;
-    }
+    session.finish(Duration::from_secs(2))?;
+    let children_note = session.children_note();
+    drop(session);
     drop(agent);
     let state = ring.state()?;
     if state == STATE_FAILED {
@@ -291,14 +301,13 @@ pub fn run(
         let profile = Profile::load(output)?;
         eprintln!("{}", report::summary(&profile));
         eprintln!("mprof: capture written to {}", output.display());
-        if let Some(children) = &children {
-            eprintln!(
-                "mprof: {} child process(es) profiled; their captures are in {}",
-                children.profiled(),
-                children.dir().display()
-            );
+        if let Some(note) = children_note {
+            eprintln!("{note}");
         }
-        if let Some(hint) = unfollowed.hint(ring.forked_unfollowed()) {
+        if let Some(hint) = watch
+            .unfollowed
+            .and_then(|u| u.hint(ring.forked_unfollowed()))
+        {
             eprintln!("mprof: {hint}");
         }
     }

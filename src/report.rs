@@ -29,6 +29,12 @@ pub fn run(
     write_stdout(out.as_bytes())
 }
 
+/// `mprof report --per-process`: prints the processes of a capture (see
+/// [`crate::process_table`]).
+pub fn run_per_process(path: &Path, json: bool, lens: &Lens) -> Result<()> {
+    crate::process_table::run(path, json, lens)
+}
+
 /// The report as `mprof report` prints it: JSON (see [`crate::export::json`]) or text.
 pub fn render(p: &Profile, view: View, by: Grouping, top: usize, json: bool) -> Result<String> {
     if json {
@@ -121,6 +127,9 @@ pub fn header_lines(p: &Profile) -> Vec<String> {
     let mut lines = Vec::new();
     if let Some(target) = target_text(p) {
         lines.push(target);
+    }
+    if let Some(processes) = crate::process_table::header_line(p) {
+        lines.push(processes);
     }
     let mut about = vec![
         rate_text(p),
@@ -263,6 +272,15 @@ pub fn summary(p: &Profile) -> String {
         p.dropped,
         rate_text(p)
     );
+    if p.followed {
+        let _ = writeln!(
+            out,
+            "mprof: {} process(es) profiled: the program and {} followed child process(es), \
+             merged below (mprof report --per-process lists them)",
+            p.processes.len(),
+            p.processes.len().saturating_sub(1)
+        );
+    }
     if p.samples == 0 {
         let _ = write!(out, "mprof: no allocation was sampled");
         return out;

@@ -30,7 +30,7 @@ const AGENT_SPACE: u64 = 16 << 20;
 pub fn ring_data_size(rate: u64, headroom: Option<u64>) -> Result<usize, String> {
     let wanted = match rate {
         0..=4096 => MAX_RING,
-        4097..=65536 => 64 << 20,
+        4097..=16384 => 64 << 20,
         _ => 16 << 20,
     };
     let Some(headroom) = headroom else {
@@ -385,6 +385,11 @@ pub struct Reader<R: std::ops::Deref<Target = RingMem>> {
 impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
     /// The ring this reader drains.
     pub fn ring(&self) -> &RingMem {
+        &self.ring
+    }
+
+    /// The ring this reader drains, as it was handed over (to keep its lifetime).
+    pub fn ring_ref(&self) -> &R {
         &self.ring
     }
 

@@ -2,18 +2,20 @@
 //! sites' live bytes as stacked areas and the peak marked (the moment `--view peak` shows),
 //! drawn as SVG by `plotters`.
 //!
-//! The capture is read once more, through the same descriptor as its profile
-//! ([`CaptureFile`]), the same [`Aggregator`] as every view and the same memory allowance
+//! The capture is read once more, through the same descriptors as its profile
+//! ([`CaptureSet`]: with followed children, all their captures merged, so RSS is the sum of
+//! the processes' and the heap theirs together), the same [`Aggregator`] as every view and
+//! the same memory allowance
 //! (`Budget`): after each timed record (samples, RSS readings, the END) that is at least
 //! 1/[`POINTS`] of the capture after the previous point, a point is taken: the last RSS
 //! reading, the live heap, and the live bytes of each top site (by line, ranked by their
 //! bytes at the peak).
 
 use crate::aggregate::{Aggregator, Change};
-use crate::capture::CaptureFile;
 use crate::export::{check_output, write_file, Format};
 use crate::grouping::Grouping;
 use crate::names::StackId;
+use crate::processes::{CaptureSet, Pick};
 use crate::profile::{Budget, FastMap, Profile, View};
 use crate::report::rate_text;
 use crate::sites::rows;
@@ -51,8 +53,8 @@ pub struct Timeline {
     pub peak: Option<(f64, f64)>,
 }
 
-/// Reads the timeline of the capture `file`, whose profile is `p`, with `top` sites.
-pub fn load(file: &CaptureFile, p: &Profile, top: usize) -> Result<Timeline> {
+/// Reads the timeline of the captures `set`, whose profile is `p`, with `top` sites.
+pub fn load(set: &CaptureSet, p: &Profile, top: usize) -> Result<Timeline> {
     let keys: Vec<(String, String, u32)> = rows(p, View::Peak, Grouping::Line)
         .iter()
         .filter(|r| r.figures.peak.bytes >= 0.5)
@@ -61,9 +63,10 @@ pub fn load(file: &CaptureFile, p: &Profile, top: usize) -> Result<Timeline> {
         .collect();
     let mut builder = Builder::new(p, keys.len());
     let mut key_of: FastMap<StackId, Option<usize>> = FastMap::default();
-    let budget = Budget::new(Some(file.size));
+    let budget = Budget::new(Some(set.size()));
     let mut failure = None;
-    file.for_each(|record, _| {
+    set.for_each(|process, record, _| {
+        builder.agg.enter(process);
         let change = builder.agg.apply(&record);
         let mut site = |agg: &Aggregator, stack: StackId| {
             *key_of.entry(stack).or_insert_with(|| {
@@ -91,6 +94,13 @@ pub fn load(file: &CaptureFile, p: &Profile, top: usize) -> Result<Timeline> {
             Change::Free(old) => {
                 if let Some(k) = site(&builder.agg, old.stack) {
                     builder.live[k] -= old.sample().bytes();
+                }
+            }
+            Change::Ended(blocks) => {
+                for old in &builder.agg.ended[blocks] {
+                    if let Some(k) = site(&builder.agg, old.stack) {
+                        builder.live[k] -= old.sample().bytes();
+                    }
                 }
             }
             Change::Other => {}
@@ -303,12 +313,12 @@ fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::
     Ok(())
 }
 
-/// `mprof timeline`: writes the timeline of `path` to `out` (SVG).
-pub fn run(path: &Path, out: &Path, top: usize) -> Result<()> {
+/// `mprof timeline`: writes the timeline of `path` (the processes `pick` says) to `out` (SVG).
+pub fn run(path: &Path, out: &Path, top: usize, pick: Pick) -> Result<()> {
     check_output(out, Format::Svg)?;
-    let file = CaptureFile::open(path)?;
-    let p = Profile::load_file(&file)?;
-    let t = load(&file, &p, top)?;
+    let set = CaptureSet::open(path, pick)?;
+    let p = Profile::load_set(&set)?;
+    let t = load(&set, &p, top)?;
     if t.points.is_empty() {
         eprintln!("mprof: warning: the capture has no timed record; the timeline is empty");
     }
@@ -336,9 +346,9 @@ mod tests {
         c.free(1);
         c.alloc(3, 100, 3_000_000_000, &[(2, 6)]);
         let path = c.write(dir.path(), "t.mprof");
-        let file = CaptureFile::open(&path).unwrap();
-        let p = Profile::load_file(&file).unwrap();
-        let t = load(&file, &p, 5).unwrap();
+        let set = CaptureSet::open(&path, Pick::All).unwrap();
+        let p = Profile::load_set(&set).unwrap();
+        let t = load(&set, &p, 5).unwrap();
         assert_eq!(t.sites, ["f (a.py:2)", "g (a.py:6)"]);
         let at = |s: f64| {
             t.points

@@ -115,7 +115,8 @@ fn pool_worker_estimates_lie_within_three_standard_errors() {
     }
 }
 
-/// A pre-fork server (os.fork workers serving requests) and a fork bomb of 100 short-lived
+/// A pre-fork server (os.fork workers sharing a listening socket, under a bounded loopback
+/// client: each worker's request handler appears, exact) and a fork bomb of 100 short-lived
 /// children: every child is profiled, nothing hangs, and no child is left behind.
 #[test]
 fn prefork_workers_and_a_fork_bomb() {

@@ -284,7 +284,11 @@ fn numpy_arrays_are_found_at_the_line_that_made_them() {
             .output()
             .is_ok_and(|o| o.status.success());
         if !has_numpy {
-            eprintln!("SKIPPED numpy test on {} (numpy not importable)", py.label);
+            eprintln!(
+                "SKIPPED numpy test on {} (numpy not importable; tools/test-deps.sh installs \
+                 it into pyenv's 3.11)",
+                py.label
+            );
             continue;
         }
         let dir = common::tempdir();

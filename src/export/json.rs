@@ -56,6 +56,10 @@ pub struct JsonReport<'a> {
     allocators: Vec<&'static str>,
     totals: BTreeMap<&'static str, JsonEstimate>,
     totals_by_allocator: JsonSplit,
+    /// A capture recorded with `--follow-children`: its processes, each one's own figures
+    /// (the figures above are theirs merged, or one process's with `--pid`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    processes: Option<Vec<crate::process_table::ProcessRow>>,
     locations_total: usize,
     locations: Vec<JsonLocation<'a>>,
 }
@@ -240,6 +244,7 @@ pub fn json_report(p: &Profile, view: View, by: Grouping, top: usize) -> JsonRep
         allocators: shown.iter().map(Allocator::name).collect(),
         totals: json_views(p.totals()),
         totals_by_allocator: JsonSplit::of(p.by_allocator(), |a, _| shown.contains(a)),
+        processes: p.followed.then(|| crate::process_table::rows(p)),
         locations_total: rows.len(),
         locations: rows
             .iter()

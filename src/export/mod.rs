@@ -169,13 +169,14 @@ pub fn exporter(format: Format) -> Option<Box<dyn Exporter>> {
     }
 }
 
-/// `mprof export`: writes `input` in `format` (or the format `output` names) to `output` (or
-/// beside the input, with the format's extension).
+/// `mprof export`: writes `input` (the processes `pick` says) in `format` (or the format
+/// `output` names) to `output` (or beside the input, with the format's extension).
 pub fn run(
     input: &Path,
     format: Option<Format>,
     output: Option<&Path>,
     options: &Options,
+    pick: crate::processes::Pick,
 ) -> Result<()> {
     let format = match (format, output.and_then(Format::of_path)) {
         (Some(f), _) => f,
@@ -194,7 +195,8 @@ pub fn run(
         None => beside(input, format),
     };
     check_output(&output, format)?;
-    let mut p = Profile::load(input)?;
+    let set = crate::processes::CaptureSet::open(input, pick)?;
+    let mut p = Profile::load_set(&set)?;
     p.select(options.allocators);
     let bytes = exporter.export(&p, options)?;
     write_file(&output, format.label(), &bytes)

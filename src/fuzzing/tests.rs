@@ -486,7 +486,7 @@ fn a_capture_that_changes_between_passes_is_corrupt() {
         calls += 1;
         let records = if calls == 1 { &before } else { &after };
         for (i, r) in records.iter().enumerate() {
-            if !apply(r, crate::capture::Digest::for_test(i as u64)) {
+            if !apply(0, r, crate::capture::Digest::for_test(i as u64)) {
                 break;
             }
         }

@@ -148,7 +148,7 @@ fn check(name: &str, actual: &str) {
 fn view(keys: &[Key], snap: &Snapshot) -> ViewState {
     let mut v = ViewState::default();
     for &k in keys {
-        v.apply(k, &snap.threads, 15);
+        v.apply(k, &snap.threads, &snap.processes, 15);
     }
     v
 }
@@ -321,4 +321,41 @@ fn the_heap_is_split_by_allocator() {
         ..t
     };
     assert!(line(&python_only, 100).contains("python only (--python-only"));
+}
+
+/// A followed child: its records come through [`Model::enter`] with its own code objects
+/// (the same numbers as the program's mean other functions there). The table title counts
+/// the processes, the footer offers `c`, and `c` narrows the table to one process; when the
+/// child ends, its blocks leave the live heap.
+#[test]
+fn processes_are_shown_together_or_one_at_a_time() {
+    const CHILD: u32 = 4300;
+    let mut m = Model::new(1, T0);
+    m.started(MAIN, "python3 pool.py");
+    m.enter(MAIN);
+    m.apply(&code(1, "/srv/pool.py", "main", 1));
+    m.apply(&alloc(MAIN, 0x10, 3 * KIB, T0, &[(1, 2)]));
+    m.started(CHILD, "python3 pool.py (worker)");
+    m.enter(CHILD);
+    m.apply(&code(1, "/srv/pool.py", "work", 9));
+    m.apply(&alloc(CHILD, 0x10, 5 * KIB, T0, &[(1, 10)]));
+    m.enter(MAIN);
+    m.apply(&Record::Free { addr: 0x99 });
+    let snap = m.roll(T0 + SECOND);
+    let t = target(Mode::Record);
+    let all = render(&t, &m, &snap, &view(&[], &snap), 100, 24);
+    assert!(all.contains("all 2 processes (2 running)"), "{all}");
+    assert!(all.contains("c process"), "{all}");
+    assert!(all.contains("main") && all.contains("work"), "{all}");
+    let child = view(&[Key::Process, Key::Process], &snap);
+    assert_eq!(child.settings.process, Some(CHILD));
+    let screen = render(&t, &m, &snap, &child, 100, 24);
+    check("live-100x24-one-process", &screen);
+    assert!(screen.contains("work") && !screen.contains("pool.py:2"));
+    assert_eq!(snap.live_heap, 8.0 * KIB as f64);
+    m.ended(CHILD);
+    let snap = m.roll(T0 + 2 * SECOND);
+    assert_eq!(snap.live_heap, 3.0 * KIB as f64, "the child's block left");
+    let screen = render(&t, &m, &snap, &child, 100, 24);
+    assert!(screen.contains("ended"), "{screen}");
 }

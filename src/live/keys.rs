@@ -5,7 +5,7 @@
 //! reader, which spins forever once the terminal hangs up (its read loop retries end-of-file
 //! and errors); here a hang-up is an error the session survives.
 
-use super::model::{Column, Settings, Thread};
+use super::model::{Column, Process, Settings, Thread};
 
 /// A key's meaning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,6 +24,8 @@ pub enum Key {
     Inclusive,
     /// `f`: next thread (all threads, then each one seen).
     Thread,
+    /// `c`: next process (all processes, then each one seen), with `--follow-children`.
+    Process,
     /// `p`, space: freeze or unfreeze the display.
     Pause,
     /// `?`, `h`, F1: the help.
@@ -62,6 +64,7 @@ pub fn parse(bytes: &[u8]) -> Vec<Key> {
             b'g' => Key::Group,
             b't' => Key::Inclusive,
             b'f' => Key::Thread,
+            b'c' => Key::Process,
             b'p' | b' ' => Key::Pause,
             b'?' | b'h' => Key::Help,
             b'k' => Key::Scroll(Scroll::Up),
@@ -119,9 +122,15 @@ pub struct ViewState {
 }
 
 impl ViewState {
-    /// Applies `key`; `threads` are the threads seen so far and `page` the table's height.
-    /// Returns the key back when it closes the view (`Quit`, `Interrupt`).
-    pub fn apply(&mut self, key: Key, threads: &[Thread], page: usize) -> Option<Key> {
+    /// Applies `key`; `threads` and `processes` are those seen so far and `page` the table's
+    /// height. Returns the key back when it closes the view (`Quit`, `Interrupt`).
+    pub fn apply(
+        &mut self,
+        key: Key,
+        threads: &[Thread],
+        processes: &[Process],
+        page: usize,
+    ) -> Option<Key> {
         if self.help && !matches!(key, Key::Quit | Key::Interrupt | Key::Other) {
             // Any key closes the help; it does nothing else.
             self.help = false;
@@ -134,7 +143,19 @@ impl ViewState {
             Key::Sort(column) => s.sort = column.unwrap_or(s.sort.next()),
             Key::Group => s.group = s.group.next_in_live_view(),
             Key::Inclusive => s.inclusive = !s.inclusive,
-            Key::Thread => s.thread = next_thread(s.thread, threads),
+            Key::Thread => {
+                // Only the threads of the process shown, when one is.
+                let shown: Vec<Thread> = threads
+                    .iter()
+                    .filter(|t| s.process.is_none_or(|p| p == t.pid))
+                    .cloned()
+                    .collect();
+                s.thread = next_thread(s.thread, &shown);
+            }
+            Key::Process => {
+                s.process = next_process(s.process, processes);
+                s.thread = None;
+            }
             Key::Pause => self.paused = !self.paused,
             Key::Help => self.help = true,
             Key::Scroll(how) => self.scroll(how, page),
@@ -142,7 +163,7 @@ impl ViewState {
         }
         if matches!(
             key,
-            Key::Sort(_) | Key::Group | Key::Inclusive | Key::Thread
+            Key::Sort(_) | Key::Group | Key::Inclusive | Key::Thread | Key::Process
         ) {
             self.scroll = 0;
         }
@@ -170,6 +191,17 @@ fn next_thread(current: Option<u32>, threads: &[Thread]) -> Option<u32> {
         Some(tid) => {
             let at = threads.iter().position(|t| t.tid == tid)?;
             threads.get(at + 1).map(|t| t.tid)
+        }
+    }
+}
+
+/// All processes → the first process → ... → the last → all processes.
+fn next_process(current: Option<u32>, processes: &[Process]) -> Option<u32> {
+    match current {
+        None => processes.first().map(|p| p.pid),
+        Some(pid) => {
+            let at = processes.iter().position(|p| p.pid == pid)?;
+            processes.get(at + 1).map(|p| p.pid)
         }
     }
 }
@@ -216,30 +248,35 @@ mod tests {
     #[test]
     fn cycling_settings_and_threads() {
         let threads = [
-            Thread { tid: 5, name: None },
+            Thread {
+                tid: 5,
+                name: None,
+                pid: 5,
+            },
             Thread {
                 tid: 9,
                 name: Some("w".into()),
+                pid: 5,
             },
         ];
         let mut v = ViewState::default();
-        v.apply(Key::Sort(None), &threads, 10);
+        v.apply(Key::Sort(None), &threads, &[], 10);
         assert_eq!(v.settings.sort, Column::Allocated);
         assert_eq!(v.settings.group, Grouping::YourCode);
         for _ in 0..3 {
-            v.apply(Key::Group, &threads, 10);
+            v.apply(Key::Group, &threads, &[], 10);
         }
         assert_eq!(v.settings.group, Grouping::File);
         let tids: Vec<_> = (0..3)
             .map(|_| {
-                v.apply(Key::Thread, &threads, 10);
+                v.apply(Key::Thread, &threads, &[], 10);
                 v.settings.thread
             })
             .collect();
         assert_eq!(tids, [Some(5), Some(9), None]);
-        v.apply(Key::Scroll(Scroll::PageDown), &threads, 10);
+        v.apply(Key::Scroll(Scroll::PageDown), &threads, &[], 10);
         assert_eq!(v.scroll, 10);
-        v.apply(Key::Inclusive, &threads, 10);
+        v.apply(Key::Inclusive, &threads, &[], 10);
         assert!(v.settings.inclusive);
         assert_eq!(v.scroll, 0);
     }
@@ -247,20 +284,51 @@ mod tests {
     #[test]
     fn help_swallows_one_key_but_not_quit() {
         let mut v = ViewState::default();
-        v.apply(Key::Help, &[], 10);
+        v.apply(Key::Help, &[], &[], 10);
         assert!(v.help);
-        assert_eq!(v.apply(Key::Pause, &[], 10), None);
+        assert_eq!(v.apply(Key::Pause, &[], &[], 10), None);
         assert!(!v.help && !v.paused);
-        v.apply(Key::Help, &[], 10);
-        assert_eq!(v.apply(Key::Quit, &[], 10), Some(Key::Quit));
+        v.apply(Key::Help, &[], &[], 10);
+        assert_eq!(v.apply(Key::Quit, &[], &[], 10), Some(Key::Quit));
     }
 
     #[test]
     fn esc_closes_the_help_alone_and_otherwise_the_view() {
         let mut v = ViewState::default();
-        v.apply(Key::Help, &[], 10);
-        assert_eq!(v.apply(Key::Esc, &[], 10), None);
+        v.apply(Key::Help, &[], &[], 10);
+        assert_eq!(v.apply(Key::Esc, &[], &[], 10), None);
         assert!(!v.help);
-        assert_eq!(v.apply(Key::Esc, &[], 10), Some(Key::Quit));
+        assert_eq!(v.apply(Key::Esc, &[], &[], 10), Some(Key::Quit));
+    }
+
+    #[test]
+    fn cycling_processes_narrows_the_threads() {
+        let thread = |tid, pid| Thread {
+            tid,
+            name: None,
+            pid,
+        };
+        let threads = [thread(5, 5), thread(6, 5), thread(8, 8)];
+        let process = |pid| Process {
+            pid,
+            command: String::new(),
+            ended: false,
+        };
+        let processes = [process(5), process(8)];
+        let mut v = ViewState::default();
+        v.apply(Key::Process, &threads, &processes, 10);
+        assert_eq!(v.settings.process, Some(5));
+        v.apply(Key::Thread, &threads, &processes, 10);
+        v.apply(Key::Thread, &threads, &processes, 10);
+        assert_eq!(v.settings.thread, Some(6));
+        v.apply(Key::Thread, &threads, &processes, 10);
+        assert_eq!(v.settings.thread, None, "thread 8 is another process's");
+        v.apply(Key::Process, &threads, &processes, 10);
+        assert_eq!(v.settings.process, Some(8));
+        v.apply(Key::Thread, &threads, &processes, 10);
+        assert_eq!(v.settings.thread, Some(8));
+        v.apply(Key::Process, &threads, &processes, 10);
+        assert_eq!((v.settings.process, v.settings.thread), (None, None));
+        assert_eq!(parse(b"c"), [Key::Process]);
     }
 }

@@ -29,6 +29,7 @@ pub mod keys;
 pub mod model;
 pub mod ui;
 
+use crate::children::Event;
 use crate::session::{monotonic_ns, Reader, RingMem};
 use anyhow::{bail, Context, Result};
 use crossterm::terminal::{self, EnterAlternateScreen, LeaveAlternateScreen};
@@ -207,6 +208,8 @@ impl Live {
         let now = monotonic_ns();
         let mut model = Model::new(target.rate, now);
         model.set_focus(target.focus.clone());
+        model.started(target.pid, &target.command);
+        model.enter(target.pid);
         let snapshot = model.roll(now);
         let mut live = Live {
             terminal: ManuallyDrop::new(terminal),
@@ -229,6 +232,7 @@ impl Live {
         ring: &RingMem,
     ) -> Result<(usize, Option<Closed>)> {
         let model = &mut self.model;
+        model.enter(self.target.pid);
         let mut behind = ring.fill() > BEHIND;
         let mut seen = 0u32;
         let moved = reader.pump_observed(|bytes| {
@@ -266,7 +270,8 @@ impl Live {
             let page = ui::table_rows(self.terminal.size()?.height);
             for key in keys::parse(&typed) {
                 let was_paused = self.view.paused;
-                match self.view.apply(key, &self.snapshot.threads, page) {
+                let snap = &self.snapshot;
+                match self.view.apply(key, &snap.threads, &snap.processes, page) {
                     Some(Key::Interrupt) => return Ok(Some(Closed::Interrupt)),
                     Some(_) => return Ok(Some(Closed::Quit)),
                     None => redraw = true,
@@ -329,6 +334,27 @@ fn enter() -> Result<Terminal<CrosstermBackend<Stdout>>> {
     let mut terminal = Terminal::new(CrosstermBackend::new(out))?;
     terminal.clear()?;
     Ok(terminal)
+}
+
+impl Live {
+    /// Shows the view what happened to a followed child (see [`Event`]).
+    pub fn child(&mut self, event: &Event) {
+        match *event {
+            Event::Started(pid, command) => self.model.started(pid, command),
+            Event::Record(pid, bytes) => {
+                self.model.enter(pid);
+                self.model.observe(bytes);
+            }
+            Event::Ended(pid) => self.model.ended(pid),
+        }
+    }
+}
+
+/// [`Live::child`] on an optional view.
+pub fn child_event(view: &mut Option<Live>, event: &Event) {
+    if let Some(live) = view {
+        live.child(event);
+    }
 }
 
 /// [`Live::pump`] on an optional view: without one it is `reader.pump()`. When the view

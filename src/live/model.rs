@@ -5,7 +5,7 @@
 //! Every refresh [`Model::roll`]s the interval over and takes a [`Snapshot`]; the screen is drawn
 //! from snapshots only, so pausing the display is keeping an old one.
 
-use crate::aggregate::{Aggregator, Change};
+use crate::aggregate::{Aggregator, Change, MAX_PROCESSES};
 use crate::focus::{Focus, Memo};
 use crate::grouping::{Beside, Grouping, YourCodeGroups};
 use crate::profile::{Estimate, FastMap, Location, StackId};
@@ -15,6 +15,8 @@ use std::collections::{HashMap, VecDeque};
 
 /// Points of history kept for the sparklines (one per refresh).
 const HISTORY: usize = 256;
+/// Longest command line kept per process, in bytes.
+const MAX_COMMAND: usize = 512;
 
 /// Figures of one stack in one thread, or of a row of the table.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -40,6 +42,19 @@ impl SiteFigures {
 pub struct Thread {
     pub tid: u32,
     pub name: Option<String>,
+    /// The process it belongs to (0 when the view was never told).
+    pub pid: u32,
+}
+
+/// A process whose records the view shows: the program, then each followed child
+/// (`--follow-children`), in the order they started.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Process {
+    pub pid: u32,
+    /// Its command line (from /proc; untrusted text, shown through `printable`).
+    pub command: String,
+    /// Its records are over (it exited, or mprof let it go).
+    pub ended: bool,
 }
 
 impl Thread {
@@ -63,6 +78,8 @@ pub struct Snapshot {
     pub sites: Vec<(StackId, u32, SiteFigures)>,
     /// Threads in the order they first allocated.
     pub threads: Vec<Thread>,
+    /// The processes seen, the program first.
+    pub processes: Vec<Process>,
     pub rss: Option<u64>,
     /// Estimated bytes of the live heap, and its highest value so far.
     pub live_heap: f64,
@@ -88,6 +105,9 @@ pub struct Model {
     agg: Aggregator,
     sites: FastMap<(StackId, u32), SiteFigures>,
     threads: Vec<Thread>,
+    /// The processes seen (index = the aggregator's process), and the one records come from.
+    processes: Vec<Process>,
+    current: usize,
     skipped: u64,
     start_ns: u64,
     last_roll_ns: u64,
@@ -95,8 +115,9 @@ pub struct Model {
     python: String,
     history: VecDeque<(f64, f64)>,
     focus: Focus,
-    /// Turns interned samples back into whole ones, as the capture reader does.
-    stacks: Expander,
+    /// Turns interned samples back into whole ones, as the capture reader does: one per
+    /// process (by index), since each process's stream has stack nodes of its own.
+    stacks: Vec<Expander>,
 }
 
 impl Model {
@@ -106,6 +127,8 @@ impl Model {
             agg: Aggregator::new(rate),
             sites: FastMap::default(),
             threads: Vec::new(),
+            processes: Vec::new(),
+            current: 0,
             skipped: 0,
             start_ns,
             last_roll_ns: start_ns,
@@ -113,7 +136,7 @@ impl Model {
             python: String::new(),
             history: VecDeque::new(),
             focus: Focus::default(),
-            stacks: Expander::new(),
+            stacks: vec![Expander::new()],
         }
     }
 
@@ -122,10 +145,62 @@ impl Model {
         self.focus = focus;
     }
 
+    /// The records applied from now on come from process `pid` (the first process the model
+    /// hears of is the program's). Past [`MAX_PROCESSES`] processes, the last one stands for
+    /// the rest.
+    pub fn enter(&mut self, pid: u32) {
+        self.current = self.process(pid);
+        self.agg.enter(self.current as u32);
+    }
+
+    /// The index of process `pid`, a new one if it is not known yet.
+    fn process(&mut self, pid: u32) -> usize {
+        if let Some(at) = self.processes.iter().position(|p| p.pid == pid) {
+            return at;
+        }
+        if self.processes.len() >= MAX_PROCESSES {
+            return MAX_PROCESSES - 1;
+        }
+        self.processes.push(Process {
+            pid,
+            command: String::new(),
+            ended: false,
+        });
+        if self.stacks.len() < self.processes.len() {
+            self.stacks.push(Expander::new());
+        }
+        self.processes.len() - 1
+    }
+
+    /// A followed process started: `command` is its command line.
+    pub fn started(&mut self, pid: u32, command: &str) {
+        let at = self.process(pid);
+        let p = &mut self.processes[at];
+        if p.pid == pid {
+            p.command = crate::text::elide(command, MAX_COMMAND).into_owned();
+        }
+    }
+
+    /// A followed process's records are over: its blocks leave the live heap.
+    pub fn ended(&mut self, pid: u32) {
+        let Some(at) = self.processes.iter().position(|p| p.pid == pid) else {
+            return;
+        };
+        self.processes[at].ended = true;
+        // Its stack nodes are of no further use.
+        self.stacks[at] = Expander::new();
+        let blocks = self.agg.leave(at as u32);
+        self.forget(blocks);
+    }
+
+    fn current_pid(&self) -> u32 {
+        self.processes.get(self.current).map_or(0, |p| p.pid)
+    }
+
     /// Applies an encoded record (as the reader writes it to the capture); undecodable bytes
     /// are ignored, as the capture reader would skip them.
     pub fn observe(&mut self, bytes: &[u8]) {
-        let decoded = match self.stacks.feed(bytes) {
+        let decoded = match self.stacks[self.current].feed(bytes) {
             Expanded::Pass(bytes) => record::decode(bytes),
             Expanded::Alloc(alloc) => record::decode(&alloc),
             Expanded::Consumed | Expanded::Bad(_) => return,
@@ -166,7 +241,16 @@ impl Model {
                 site.recent.add(&sample);
             }
             Change::Free(old) => self.site(old.stack, old.tid).live.remove(&old.sample()),
+            Change::Ended(blocks) => self.forget(blocks),
             Change::Other => {}
+        }
+    }
+
+    /// The blocks `agg.ended[blocks]` are no longer live in their sites.
+    fn forget(&mut self, blocks: std::ops::Range<usize>) {
+        for old in &self.agg.ended[blocks] {
+            let site = self.sites.entry((old.stack, old.tid)).or_default();
+            site.live.remove(&old.sample());
         }
     }
 
@@ -178,7 +262,12 @@ impl Model {
         let at = match self.threads.iter().position(|t| t.tid == tid) {
             Some(at) => at,
             None => {
-                self.threads.push(Thread { tid, name: None });
+                let pid = self.current_pid();
+                self.threads.push(Thread {
+                    tid,
+                    name: None,
+                    pid,
+                });
                 self.threads.len() - 1
             }
         };
@@ -224,6 +313,7 @@ impl Model {
             interval_s,
             sites,
             threads: self.threads.clone(),
+            processes: self.processes.clone(),
             rss,
             live_heap: self.agg.live_bytes.max(0.0),
             live_split: self.agg.live_split.map(|b| b.max(0.0)),
@@ -307,6 +397,8 @@ pub struct Settings {
     pub inclusive: bool,
     /// Only this thread's allocations, or all threads.
     pub thread: Option<u32>,
+    /// Only this process's allocations (a PID), or all processes.
+    pub process: Option<u32>,
 }
 
 impl Default for Settings {
@@ -316,6 +408,7 @@ impl Default for Settings {
             group: Grouping::YourCode,
             inclusive: false,
             thread: None,
+            process: None,
         }
     }
 }
@@ -343,10 +436,16 @@ impl Row<'_> {
 /// The table's rows for a snapshot, sorted by `settings.sort` (largest first; ties by the
 /// allocated bytes, then file, function and line, so the order never flickers).
 pub fn rows<'a>(model: &'a Model, snap: &Snapshot, settings: &Settings) -> Vec<Row<'a>> {
-    let sites = snap
-        .sites
-        .iter()
-        .filter(|(_, tid, _)| settings.thread.is_none_or(|t| t == *tid));
+    let pid_of: HashMap<u32, u32> = match settings.process {
+        Some(_) => snap.threads.iter().map(|t| (t.tid, t.pid)).collect(),
+        None => HashMap::new(),
+    };
+    let sites = snap.sites.iter().filter(|(_, tid, _)| {
+        settings.thread.is_none_or(|t| t == *tid)
+            && settings
+                .process
+                .is_none_or(|p| pid_of.get(tid).is_some_and(|&q| q == p))
+    });
     let mut rows = if settings.group == Grouping::YourCode && !settings.inclusive {
         let mut groups = YourCodeGroups::new(&model.focus);
         for (stack, _, figures) in sites {

@@ -23,10 +23,10 @@ use crate::allocators::Allocator;
 use crate::grouping::Grouping;
 use crate::text::printable;
 use crate::units::human_bytes;
-use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::Line;
-use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row as TableRow, Table, Wrap};
+use ratatui::widgets::{Cell, Paragraph, Row as TableRow, Table};
 use ratatui::Frame;
 
 /// Lines above the table, and below it.
@@ -71,7 +71,11 @@ pub fn draw(frame: &mut Frame, s: &Screen) {
     lines.push(table_title(s, &rows, first, page, width));
     frame.render_widget(Paragraph::new(lines), header);
     frame.render_widget(site_table(s, &rows[first..], width), table);
-    frame.render_widget(Paragraph::new(footer_lines(s.target, width)), footer);
+    let followed = s.snap.processes.len() > 1;
+    frame.render_widget(
+        Paragraph::new(footer_lines(s.target, followed, width)),
+        footer,
+    );
     if s.view.help {
         draw_help(frame, s.target, area);
     }
@@ -229,6 +233,25 @@ fn table_title(s: &Screen, rows: &[Row], first: usize, page: usize, width: usize
     } else {
         "own bytes".to_owned()
     });
+    let processes = &s.snap.processes;
+    match set.process {
+        None if processes.len() > 1 => {
+            let running = processes.iter().filter(|p| !p.ended).count();
+            parts.push(format!(
+                "all {} processes ({running} running)",
+                processes.len()
+            ));
+        }
+        None => {}
+        Some(pid) => parts.push(match processes.iter().find(|p| p.pid == pid) {
+            Some(p) if !p.command.is_empty() => {
+                let command = cut_right(&printable(&p.command), 40);
+                let ended = if p.ended { ", ended" } else { "" };
+                format!("PID {pid} ({command}{ended})")
+            }
+            _ => format!("PID {pid}"),
+        }),
+    }
     parts.push(match set.thread {
         None => "all threads".to_owned(),
         Some(tid) => match s.snap.threads.iter().find(|t| t.tid == tid) {
@@ -371,26 +394,26 @@ fn location_cell(r: &Row, group: Grouping, width: usize) -> String {
     format!("{} ← {}", cut_left(&own, a), cut_left(&inner, b))
 }
 
-/// The key summary and where the output goes.
-fn footer_lines(t: &Target, width: usize) -> Vec<Line<'static>> {
+/// The key summary (with the process key when there is more than one process: `followed`)
+/// and where the output goes.
+fn footer_lines(t: &Target, followed: bool, width: usize) -> Vec<Line<'static>> {
     let quit = match t.mode {
         Mode::Record => " q close view",
         Mode::Attach => " q detach",
     };
-    let keys = fit(
-        &[
-            quit.to_owned(),
-            "? help".to_owned(),
-            "s/1-4 sort".to_owned(),
-            "g group".to_owned(),
-            "t own/total".to_owned(),
-            "f thread".to_owned(),
-            "p pause".to_owned(),
-            "↑↓ scroll".to_owned(),
-        ],
-        "  ",
-        width,
-    );
+    let mut keys = vec![
+        quit.to_owned(),
+        "? help".to_owned(),
+        "s/1-4 sort".to_owned(),
+        "g group".to_owned(),
+        "t own/total".to_owned(),
+        "f thread".to_owned(),
+    ];
+    if followed {
+        keys.push("c process".to_owned());
+    }
+    keys.extend(["p pause".to_owned(), "↑↓ scroll".to_owned()]);
+    let keys = fit(&keys, "  ", width);
     let capture = t.capture.display().to_string();
     let whereabouts = match &t.program_output {
         Some(out) => {
@@ -412,74 +435,6 @@ fn footer_lines(t: &Target, width: usize) -> Vec<Line<'static>> {
         Line::styled(pad(&keys, width), reversed()),
         Line::raw(cut_right(&whereabouts, width)),
     ]
-}
-
-/// The help overlay's text.
-pub fn help_text(t: &Target) -> Vec<String> {
-    let mut lines: Vec<String> = [
-        "s, Tab    next sort column; 1-4 sort by ALLOC/s, ALLOCATED, LIVE, SAMPLES",
-        "g         group by your code (← innermost) → line → function → file",
-        "t         own bytes ↔ total bytes (a site and everything it calls)",
-        "f         next thread: all → each thread seen (names from the system)",
-        "p, space  pause the display; sampling and the capture go on",
-        "↑ ↓ PgUp PgDn Home End  scroll        ?, h  this help (a key closes it)",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    match t.mode {
-        Mode::Record => lines.extend([
-            "q, Esc    close the view (Esc on this help closes the help): mprof".into(),
-            "          records on until the program ends,".into(),
-            "          then prints its summary (Ctrl-C then stops the program)".into(),
-            "Ctrl-C    close the view and interrupt the program (SIGINT)".into(),
-        ]),
-        Mode::Attach => lines.extend([
-            "q, Esc, Ctrl-C  close the view and detach (Esc on this help closes".into(),
-            "          the help): the process runs on as before, and mprof prints".into(),
-            "          its summary".into(),
-        ]),
-    }
-    lines.extend([
-        String::new(),
-        "Figures are estimates from samples; SAMPLES says how many stand behind".into(),
-        "a row. ALLOC/s covers the last refresh (about a second). LIVE: sampled".into(),
-        "blocks not freed yet. RSS − heap: memory the process holds beyond the".into(),
-        "live blocks of all allocators (free lists, fragmentation, unseen memory).".into(),
-        "When samples come faster than the view can add them up, it skips some".into(),
-        "(\"view skipped N\"); the capture file still gets every one.".into(),
-    ]);
-    if let Some(out) = &t.program_output {
-        lines.push(format!(
-            "The program's stdout and stderr go to {}.",
-            out.display()
-        ));
-    }
-    lines.push(format!(
-        "The capture is written to {}.",
-        t.capture.display()
-    ));
-    lines
-}
-
-fn draw_help(frame: &mut Frame, t: &Target, area: Rect) {
-    let text: Vec<Line> = help_text(t).into_iter().map(Line::raw).collect();
-    let w = area.width.min(78);
-    let h = area.height.min(text.len() as u16 + 2);
-    let rect = Rect {
-        x: area.x + (area.width - w) / 2,
-        y: area.y + (area.height - h) / 2,
-        width: w,
-        height: h,
-    };
-    frame.render_widget(Clear, rect);
-    let block = Block::default()
-        .borders(Borders::ALL)
-        .title(" mprof live view: keys ");
-    frame.render_widget(
-        Paragraph::new(text).block(block).wrap(Wrap { trim: false }),
-        rect,
-    );
 }
 
 /// Splits `width` columns between two texts `a` and `b` columns long: evenly, except that a
@@ -581,6 +536,10 @@ fn clock(seconds: f64) -> String {
     let s = seconds.max(0.0) as u64;
     format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }
+
+mod help;
+use help::draw_help;
+pub use help::help_text;
 
 #[cfg(test)]
 mod tests;

@@ -2,15 +2,19 @@
  * family and with anonymous mmap/mremap, for the native-allocation tests. Each entry point
  * makes `n` blocks of `size` bytes, keeps the first `keep` and releases the rest; the kept
  * ones are released by release_all(). Sizes are multiples of the page size, so that valloc,
- * pvalloc and mmap allocate exactly what is asked. */
+ * pvalloc and mmap allocate exactly what is asked. map_file() maps a file (not heap: the
+ * profile must leave it out); kept_bytes() says how many heap and anonymous bytes are kept. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define MAX_KEPT 100000
+/* mapped: 0 from the malloc family, 1 an anonymous mapping, 2 a file mapping. */
 static struct { void *p; size_t size; int mapped; } kept[MAX_KEPT];
 static size_t nkept;
 
@@ -65,6 +69,36 @@ static PyObject *allocate(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* n private read-only mappings of the first `size` bytes of the file at `path`, each read
+ * through; the first `keep` are kept. */
+static PyObject *map_file(PyObject *self, PyObject *args) {
+    const char *path;
+    Py_ssize_t size, n, keep;
+    if (!PyArg_ParseTuple(args, "snnn", &path, &size, &n, &keep)) return NULL;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
+    unsigned long sum = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) { close(fd); return PyErr_SetFromErrno(PyExc_OSError); }
+        for (Py_ssize_t b = 0; b < size; b += 4096) sum += p[b];
+        if (i < keep && nkept < MAX_KEPT) {
+            kept[nkept].p = p; kept[nkept].size = size; kept[nkept].mapped = 2; nkept++;
+        } else {
+            munmap(p, size);
+        }
+    }
+    close(fd);
+    return PyLong_FromUnsignedLong(sum);
+}
+
+/* The bytes kept from the malloc family and anonymous mappings (file mappings left out). */
+static PyObject *kept_bytes(PyObject *self, PyObject *args) {
+    size_t total = 0;
+    for (size_t i = 0; i < nkept; i++) if (kept[i].mapped != 2) total += kept[i].size;
+    return PyLong_FromSize_t(total);
+}
+
 static PyObject *release_all(PyObject *self, PyObject *args) {
     for (size_t i = 0; i < nkept; i++) release(kept[i].p, kept[i].size, kept[i].mapped);
     nkept = 0;
@@ -108,6 +142,8 @@ static PyObject *storm(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"allocate", allocate, METH_VARARGS, "allocate(fn, size, n, keep)"},
+    {"map_file", map_file, METH_VARARGS, "map_file(path, size, n, keep) -> checksum"},
+    {"kept_bytes", kept_bytes, METH_NOARGS, "heap and anonymous bytes kept"},
     {"release_all", release_all, METH_NOARGS, "release the kept blocks"},
     {"storm", storm, METH_VARARGS, "storm(threads, rounds) -> checksum"},
     {NULL, NULL, 0, NULL},

@@ -5,6 +5,7 @@
 
 pub mod native;
 pub mod procs;
+pub mod tmux;
 pub mod tools;
 pub mod views;
 

@@ -4,8 +4,14 @@ C extension `native_allocs` (built by the test into DIR) and through ctypes.
 usage: native_workload.py DIR [wait]
 With "wait", prints "ready PID" and waits for DIR/go before importing the extension (so that
 an attach can come before or after the import: DIR/import-first imports it before "ready"),
-then prints "allocated" and waits for DIR/finish. Without, it just runs.
-The truth (live bytes each function keeps) is in TRUTH, printed as "truth NAME BYTES".
+then prints "allocated" and waits for DIR/finish. Without, it just runs. DIR/go is a FIFO the
+workload blocks on in read() until a byte is written to it: the wait makes no allocation, so
+that after an attach with a fixed --seed the sampling is the same every run.
+
+Prints the truth: "truth NAME LIVE ALLOCATED" for each function (a realloc or mremap first
+allocates half the size, then the whole), "native-live BYTES" for all the heap and anonymous
+bytes the extension and ctypes keep, and "file-backed NAME BYTES" for use_mmap_file, whose
+file mappings are not heap.
 """
 import ctypes
 import os
@@ -27,11 +33,19 @@ def wait(name):
         time.sleep(0.01)
 
 
+def wait_fifo(name):
+    """Blocks in read() (where an attach may come) until a byte is written to the FIFO."""
+    fd = os.open(os.path.join(DIR, name), os.O_RDWR)  # does not wait for a writer
+    os.read(fd, 1)
+    os.close(fd)
+
+
 if WAIT and os.path.exists(os.path.join(DIR, "import-first")):
     import native_allocs
 if WAIT:
+    os.mkfifo(os.path.join(DIR, "go"))
     print("ready", os.getpid(), flush=True)
-    wait("go")
+    wait_fifo("go")
 import native_allocs  # noqa: E402 (after the attach when the test wants it so)
 
 
@@ -57,11 +71,24 @@ def use_ctypes():
             libc.free(p)
 
 
+MAPPED_FILE = os.path.join(DIR, "mapped.bin")
+with open(MAPPED_FILE, "wb") as f:
+    f.write(b"\1" * SIZE)
+
+
+def use_mmap_file():
+    native_allocs.map_file(MAPPED_FILE, SIZE, N, KEEP)
+
+
 for index, name in enumerate(FNS):
     make_caller(index, name)()
 use_ctypes()
+use_mmap_file()
 for name in FNS + ["ctypes"]:
-    print("truth", "use_" + name, KEEP * SIZE, N * SIZE, flush=True)
+    grows = name in ("realloc", "reallocarray", "mremap")
+    print("truth", "use_" + name, KEEP * SIZE, N * SIZE * 3 // 2 if grows else N * SIZE, flush=True)
+print("native-live", native_allocs.kept_bytes() + len(ctypes_kept) * SIZE, flush=True)
+print("file-backed", "use_mmap_file", KEEP * SIZE, flush=True)
 if WAIT:
     print("allocated", flush=True)
     wait("finish")

@@ -5,12 +5,14 @@ METHOD: fork | spawn | forkserver | prefork | forkbomb
 Each worker runs keep_in_worker(n) for its tasks, which allocates n bytes objects of 10,000
 bytes (one allocation each, sys.getsizeof bytes) and keeps them until the worker exits. The
 parent writes {worker pid: bytes keep_in_worker keeps} to TRUTH_JSON.
-prefork: os.fork() twice, each worker serves 20 "requests" in handle_request.
+prefork: a pre-fork server (a listening socket, os.fork() twice); a loopback client makes 40
+connections and each worker serves 20 of them in handle_request, then exits.
 forkbomb: 100 short-lived children, each allocating in short_lived() and exiting at once.
 """
 import json
 import multiprocessing as mp
 import os
+import socket
 import sys
 import time
 
@@ -19,6 +21,8 @@ import time
 KEPT = [None] * 1000
 COUNT = [0]
 SIZE = sys.getsizeof(bytes(10_000))
+# Connections each pre-fork worker serves.
+REQUESTS = 20
 
 
 def keep_in_worker(n):
@@ -49,7 +53,24 @@ def pool(method, truth_path):
     return truth
 
 
+def serve(srv, wfd):
+    """A worker: serves REQUESTS connections (each a number, answered "ok"), then reports."""
+    total = 0
+    for _ in range(REQUESTS):
+        conn, _ = srv.accept()
+        n = int(conn.recv(64).decode())
+        total += handle_request(n)
+        conn.sendall(b"ok")
+        conn.close()
+    os.write(wfd, str(total).encode())
+    os._exit(0)
+
+
 def prefork():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    port = srv.getsockname()[1]
     truth = {}
     pids = []
     for w in range(2):
@@ -57,11 +78,16 @@ def prefork():
         pid = os.fork()
         if pid == 0:
             os.close(r)
-            total = sum(handle_request(i) for i in range(20))
-            os.write(wfd, str(total).encode())
-            os._exit(0)
+            serve(srv, wfd)
         os.close(wfd)
         pids.append((pid, r))
+    srv.close()
+    # The bounded loopback client: each worker serves REQUESTS connections and exits, so the
+    # other takes the rest and both handle requests.
+    for i in range(2 * REQUESTS):
+        with socket.create_connection(("127.0.0.1", port)) as c:
+            c.sendall(str(i).encode())
+            assert c.recv(2) == b"ok"
     for pid, r in pids:
         truth[pid] = int(os.read(r, 64).decode())
         os.waitpid(pid, 0)

@@ -321,6 +321,8 @@ extern "C" fn after_fork_child() {
     // SAFETY: the child's copies of the locks `before_fork` took in the parent.
     unsafe { SESSION.raw_unlock() };
     got::unlock_after_fork();
+    // The forking thread's cached id is its parent's: the child's records must carry its own.
+    let _ = sampler::THREAD.try_with(|t| t.tid.set(0));
     let mut s = SESSION.lock();
     let running = s.mapped.is_some();
     match running

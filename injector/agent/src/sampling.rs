@@ -136,6 +136,8 @@ unsafe fn record_alloc(
 /// runs under the session lock: the old block's FREE is recorded only if the realloc
 /// succeeded (a failed one leaves the block live), and still before any other thread can
 /// record an allocation at the released address.
+#[cold]
+#[inline(never)]
 pub unsafe fn sampled_realloc(
     domain: usize,
     layer: usize,
@@ -276,7 +278,11 @@ unsafe fn this_thread_state(api: &Api) -> Option<*const c_void> {
     (!tstate.is_null()).then_some(tstate as *const c_void)
 }
 
-/// Slow path of a free whose address passed the filter: record it if it was sampled.
+/// Slow path of a free whose address passed the filter: record it if it was sampled. Kept out
+/// of line so that the free hook's fast path saves no registers (inlined, it cost every free
+/// five pushes and five pops).
+#[cold]
+#[inline(never)]
 pub fn sampled_free(addr: usize) {
     THREAD.with(|t| {
         if t.busy.get() {

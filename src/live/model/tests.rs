@@ -81,6 +81,7 @@ fn totals_count_a_recursive_function_once_per_stack() {
         group: Grouping::Function,
         inclusive: true,
         thread: None,
+        process: None,
     };
     assert_eq!(
         table(&m, &s, settings),

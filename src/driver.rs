@@ -1,0 +1,199 @@
+//! The session driver: the one loop that `record` and `attach` run while the target samples.
+//!
+//! Each round it drains the program's ring into its capture (through the live view when there
+//! is one), takes the rings of followed children and drains them into theirs (the view sees
+//! their records too), writes what the capture should know once (the Python version), says
+//! when the capture grows fast, then asks the command's [`Watch`] whether the session is over
+//! (the program exited, a signal came, the duration is up, the agent stopped...). Between
+//! rounds it sleeps [`POLL`], unless the round moved a lot or a ring is filling up: with many
+//! rings, data arrives in every round, and a loop that sleeps only when nothing moved would
+//! spin.
+//!
+//! What differs between the commands is only how a session starts and stops: `crate::record`
+//! spawns the program and waits for it, `crate::attach` injects the agent and detaches; both
+//! hand the rest to [`Session`].
+
+use crate::children::{Children, Event, Rendezvous};
+use crate::hints::GrowthWatch;
+use crate::live::{self, Closed, Live};
+use crate::session::{Reader, RingMem};
+use anyhow::Result;
+use mprof_common::record::Record;
+use std::time::{Duration, Instant};
+
+/// Sleep between rounds that moved little.
+pub const POLL: Duration = Duration::from_millis(5);
+/// A round that moved this many bytes goes on at once.
+const BUSY_BYTES: usize = 256 << 10;
+/// A ring this full is drained at once.
+const FILLING: f64 = 1.0 / 16.0;
+
+/// The processes followed besides the program (`--follow-children`).
+pub struct Followed {
+    pub rendezvous: Rendezvous,
+    pub children: Children,
+}
+
+/// Decides when a session's loop ends: the part of the loop that differs between `record`
+/// and `attach`.
+pub trait Watch {
+    /// Why the loop ended, as the command needs to know it.
+    type Ending;
+
+    /// Called after every round; `closed` says whether (and why) the live view closed in it
+    /// (it is dropped by then). Returns why the session ends, or `None` to go on.
+    fn check(&mut self, s: &mut Session, closed: Option<Closed>) -> Result<Option<Self::Ending>>;
+}
+
+/// A running session: the program's ring and capture, the live view, the followed children.
+pub struct Session<'r> {
+    pub reader: Reader<&'r RingMem>,
+    pub view: Option<Live>,
+    pub followed: Option<Followed>,
+    growth: GrowthWatch,
+    /// Whether the capture still waits for the Python version (`record`: the agent says it
+    /// after the interpreter started; `attach` knows it before).
+    announce_python: bool,
+}
+
+impl<'r> Session<'r> {
+    /// A session that drains `reader` (at `rate`), shows `view`, follows `followed`.
+    /// `announce_python`: write the version into the capture once the agent says it.
+    pub fn new(
+        reader: Reader<&'r RingMem>,
+        rate: u64,
+        view: Option<Live>,
+        followed: Option<Followed>,
+        announce_python: bool,
+    ) -> Session<'r> {
+        Session {
+            reader,
+            view,
+            followed,
+            growth: GrowthWatch::new(rate),
+            announce_python,
+        }
+    }
+
+    /// The program's ring.
+    pub fn ring(&self) -> &'r RingMem {
+        self.reader.ring_ref()
+    }
+
+    /// Runs rounds until `watch` says the session is over.
+    pub fn run<W: Watch>(&mut self, watch: &mut W) -> Result<W::Ending> {
+        loop {
+            let (moved, closed) = self.round()?;
+            if let Some(ending) = watch.check(self, closed)? {
+                return Ok(ending);
+            }
+            if moved < BUSY_BYTES && self.fill() < FILLING {
+                std::thread::sleep(POLL);
+            }
+        }
+    }
+
+    /// One round (see the module doc): returns the bytes moved, and why the view closed if
+    /// it did.
+    pub fn round(&mut self) -> Result<(usize, Option<Closed>)> {
+        let ring = self.ring();
+        let (mut moved, closed) = live::pump(&mut self.view, &mut self.reader, ring)?;
+        moved += self.pump_children()?;
+        if self.view.is_none() {
+            let written = self.written();
+            if let Some(note) = self.growth.check(Instant::now(), written) {
+                eprintln!("{note}");
+            }
+        }
+        if self.announce_python && !ring.python_version().is_empty() {
+            self.announce_python = false;
+            self.reader.capture.write(&Record::Meta {
+                text: format!("python={}\n", ring.python_version()),
+            })?;
+        }
+        Ok((moved, closed))
+    }
+
+    /// Drains the followed children's rings, showing their records to the view.
+    pub fn pump_children(&mut self) -> Result<usize> {
+        let Some(f) = self.followed.as_mut() else {
+            return Ok(0);
+        };
+        let view = &mut self.view;
+        f.children
+            .pump(&f.rendezvous, &mut |e| live::child_event(view, &e))
+    }
+
+    /// Bytes written to every capture of the session.
+    fn written(&self) -> u64 {
+        let children = self.followed.as_ref().map_or(0, |f| f.children.written());
+        self.reader.capture.written() + children
+    }
+
+    /// How full the fullest ring is (0 to 1).
+    fn fill(&self) -> f64 {
+        let children = self.followed.as_ref().map_or(0.0, |f| f.children.fill());
+        self.ring().fill().max(children)
+    }
+
+    /// Closes the view (the terminal is the user's again) and drains what the program's
+    /// agent published: the end of the program's capture, before [`Session::finish`].
+    pub fn drain(&mut self) -> Result<()> {
+        self.view = None;
+        while self.reader.pump()? > 0 {}
+        Ok(())
+    }
+
+    /// Drains the children still running for up to `grace` and finishes their captures,
+    /// then writes mprof's own CPU time and the closing record into the program's capture.
+    pub fn finish(&mut self, grace: Duration) -> Result<()> {
+        self.view = None;
+        if let Some(f) = self.followed.as_mut() {
+            f.children
+                .finish(&f.rendezvous, grace, &mut |_: Event| {})?;
+        }
+        self.reader.capture.write(&Record::Meta {
+            text: format!("reader_cpu_ms={}\n", own_cpu_ms()),
+        })?;
+        self.reader.finish()
+    }
+
+    /// How many children were profiled, and where their captures are (under
+    /// `--follow-children`).
+    pub fn children_note(&self) -> Option<String> {
+        let f = self.followed.as_ref()?;
+        let empty = match f.children.empty_forks() {
+            0 => String::new(),
+            n => format!(
+                " ({n} forked process(es) took no sample, e.g. a fork that ran another program \
+                 at once, and have no capture)"
+            ),
+        };
+        Some(format!(
+            "mprof: {} child process(es) profiled; their captures are in {}{empty}",
+            f.children.profiled(),
+            f.children.dir().display()
+        ))
+    }
+}
+
+/// The UTC time in milliseconds, for the captures' metadata.
+pub fn unix_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}
+
+/// The CPU time mprof itself has used (user and system), in milliseconds: what reading the
+/// rings cost (`benches/workers.py` reports it).
+pub fn own_cpu_ms() -> u64 {
+    // SAFETY: plain data; all zeroes is valid.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the struct we own.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0;
+    }
+    let ms = |t: libc::timeval| t.tv_sec as u64 * 1000 + t.tv_usec as u64 / 1000;
+    ms(usage.ru_utime) + ms(usage.ru_stime)
+}

@@ -1,0 +1,219 @@
+//! A followed process tree as one capture set: `record --follow-children` on a program that
+//! forks a child, runs `sys.executable` and a shell; every process is listed with its parent
+//! and its start and exit, the shell is left alone, and every view offers all the processes
+//! merged and one of them with `--pid`.
+
+mod common;
+
+use common::{by_function, mprof, pythons, report_json, run_with_timeout, script, Python};
+use mprof::export::pprof::PprofProfile;
+use prost::Message;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::Path;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(120);
+const FUNCTIONS: [&str; 3] = ["in_program", "in_forked", "in_exec_child"];
+
+/// Records `tree_workload.py` at `--rate 1`; returns mprof's standard error and the truth:
+/// function → (pid, bytes kept), and what the shell printed with its exit status.
+fn record(py: &Python, dir: &Path) -> (String, HashMap<String, (u32, f64)>, Value) {
+    let capture = dir.join("c.mprof");
+    let truth = dir.join("truth.json");
+    let out = run_with_timeout(
+        mprof()
+            .args(["record", "--rate", "1", "--follow-children", "-o"])
+            .arg(&capture)
+            .arg("--")
+            .arg(&py.path)
+            .arg(script("tree_workload.py"))
+            .arg(&truth),
+        LIMIT,
+    );
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{}: {err}", py.label);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&truth).unwrap()).unwrap();
+    let known = FUNCTIONS
+        .iter()
+        .map(|f| {
+            let pid = v[f][0].as_u64().unwrap() as u32;
+            (f.to_string(), (pid, v[f][1].as_f64().unwrap()))
+        })
+        .collect();
+    (err, known, v["sh"].clone())
+}
+
+/// Live bytes per function of a report of `capture` (`args` added).
+fn live(capture: &Path, args: &[&str]) -> HashMap<String, f64> {
+    let mut all = vec!["--view", "live", "--by", "function", "--top", "0"];
+    all.extend_from_slice(args);
+    by_function(&report_json(capture, &all))
+        .into_iter()
+        .map(|(f, v)| (f, v["live_bytes"].as_f64().unwrap_or(0.0)))
+        .collect()
+}
+
+fn within_1_percent(got: Option<&f64>, want: f64) -> bool {
+    got.is_some_and(|g| (g - want).abs() / want < 0.01)
+}
+
+/// Every process is profiled and listed (pid, parent, how it was born, start and exit); the
+/// merged report and each process's own are exact at `--rate 1`; the shell ran unharmed and
+/// unprofiled; the summary says how many processes were profiled.
+#[test]
+fn a_process_tree_is_one_capture_set() {
+    for py in pythons() {
+        let dir = common::tempdir();
+        let (err, truth, sh) = record(&py, dir.path());
+        let capture = dir.path().join("c.mprof");
+        assert_eq!(sh, serde_json::json!(["42 clean", 0]), "{}", py.label);
+        assert!(
+            err.contains("3 process(es) profiled"),
+            "{}: {err}",
+            py.label
+        );
+        let program = truth["in_program"].0;
+        let table = report_json(&capture, &["--per-process"]);
+        let rows = table["processes"].as_array().unwrap();
+        let mut born = HashMap::new();
+        for r in rows {
+            let pid = r["pid"].as_u64().unwrap() as u32;
+            born.insert(pid, r["born"].as_str().unwrap().to_owned());
+            let (start, exit) = (r["start_unix_ms"].as_u64(), r["exit_unix_ms"].as_u64());
+            assert!(
+                start.is_some() && exit >= start,
+                "{}: {pid} start {start:?} exit {exit:?}",
+                py.label
+            );
+            if pid != program {
+                assert_eq!(r["ppid"].as_u64(), Some(program as u64), "{}", py.label);
+            }
+        }
+        let expect: HashMap<u32, String> = [
+            (program, "record"),
+            (truth["in_forked"].0, "fork"),
+            (truth["in_exec_child"].0, "exec"),
+        ]
+        .into_iter()
+        .map(|(p, b)| (p, b.to_owned()))
+        .collect();
+        assert_eq!(
+            born, expect,
+            "{}: the shell is not a process of the set",
+            py.label
+        );
+        let merged = live(&capture, &[]);
+        for f in FUNCTIONS {
+            let (pid, want) = truth[f];
+            assert!(
+                within_1_percent(merged.get(f), want),
+                "{}: merged {f}: {:?}, truth {want}",
+                py.label,
+                merged.get(f)
+            );
+            let alone = live(&capture, &["--pid", &pid.to_string()]);
+            assert!(within_1_percent(alone.get(f), want), "{}: {f}", py.label);
+            for other in FUNCTIONS.iter().filter(|&&o| o != f) {
+                assert!(
+                    !alone.contains_key(*other),
+                    "{}: {other} in {pid}",
+                    py.label
+                );
+            }
+        }
+        eprintln!("{}: 3 processes, merged and one by one within 1%", py.label);
+    }
+}
+
+fn run_ok(args: &[&str]) -> String {
+    let out = run_with_timeout(mprof().args(args), LIMIT);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "mprof {args:?}: {err}");
+    err
+}
+
+fn read(path: &Path) -> String {
+    String::from_utf8_lossy(&std::fs::read(path).unwrap()).into_owned()
+}
+
+/// The HTML page with its flamegraphs (base64 `data:` URIs) decoded.
+fn html_text(path: &Path) -> String {
+    use base64::Engine;
+    let page = read(path);
+    let mut text = page.clone();
+    for part in page.split("base64,").skip(1) {
+        let data = part.split('"').next().unwrap();
+        let svg = base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .unwrap();
+        text.push_str(&String::from_utf8_lossy(&svg));
+    }
+    text
+}
+
+fn pprof_text(path: &Path) -> String {
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())
+        .read_to_end(&mut raw)
+        .unwrap();
+    format!("{:?}", PprofProfile::decode(raw.as_slice()).unwrap())
+}
+
+/// Every view of the same capture (flamegraph SVG and folded, HTML, timeline, pprof,
+/// speedscope, the text report) shows all the processes by default and the forked child
+/// alone with `--pid`; a pid that is not in the set is refused with a message.
+#[test]
+fn every_view_shows_all_processes_or_one() {
+    let py = pythons().pop().unwrap();
+    let dir = common::tempdir();
+    let (_, truth, _) = record(&py, dir.path());
+    let capture = dir.path().join("c.mprof");
+    let c = capture.to_str().unwrap();
+    let child = truth["in_forked"].0.to_string();
+    type View = (&'static str, fn(&Path) -> String, &'static [&'static str]);
+    let views: [View; 7] = [
+        ("fg.svg", read, &["flamegraph"]),
+        ("fg.folded", read, &["flamegraph"]),
+        ("r.html", html_text, &["html"]),
+        ("t.svg", read, &["timeline", "--top", "50"]),
+        ("p.pb.gz", pprof_text, &["export", "--format", "pprof"]),
+        (
+            "s.speedscope.json",
+            read,
+            &["export", "--format", "speedscope"],
+        ),
+        ("f.folded", read, &["export", "--format", "folded"]),
+    ];
+    for (name, text, command) in views {
+        for pick in [None, Some(child.as_str())] {
+            let out = dir.path().join(format!("{}{name}", pick.unwrap_or("all")));
+            let mut args = command.to_vec();
+            args.extend([c, "-o", out.to_str().unwrap()]);
+            if let Some(pid) = pick {
+                args.extend(["--pid", pid]);
+            }
+            let err = run_ok(&args);
+            let shown = text(&out);
+            for f in FUNCTIONS {
+                if name == "t.svg" && pick.is_none() && f == "in_forked" {
+                    // The timeline ranks sites by their bytes at the merged peak, when the
+                    // forked child has ended already.
+                    continue;
+                }
+                let want = pick.is_none() || f == "in_forked";
+                assert_eq!(shown.contains(f), want, "{args:?}: {f}\n{err}");
+            }
+        }
+    }
+    let out = run_with_timeout(mprof().args(["report", c, "--by", "function"]), LIMIT);
+    let all = String::from_utf8_lossy(&out.stdout);
+    assert!(all.contains("3 processes merged"), "{all}");
+    let out = run_with_timeout(mprof().args(["report", c, "--pid", &child]), LIMIT);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("process {child} alone")), "{text}");
+    let out = run_with_timeout(mprof().args(["report", c, "--pid", "1"]), LIMIT);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("PID 1"), "{err}");
+}
