@@ -116,6 +116,7 @@ pub fn load(file: &CaptureFile, p: &Profile, top: usize) -> Result<Timeline> {
                 function,
                 line: *line,
                 firstline: *line,
+                module: None,
             })
         })
         .collect();
