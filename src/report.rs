@@ -310,6 +310,7 @@ mod tests {
             name: name.into(),
         };
         let alloc = |addr: u64, size: u64, frames: &[(u64, u32)]| Record::Alloc {
+            native: None,
             tid: 1,
             flags: 0,
             addr,
@@ -390,6 +391,7 @@ mod tests {
         let mut recs = records();
         recs.truncate(4);
         let alloc = |addr: u64, code: u64, line: u32, caller: u32| Record::Alloc {
+            native: None,
             tid: 1,
             flags: 0,
             addr,
@@ -438,6 +440,7 @@ mod tests {
         }]
         .into_iter()
         .chain([Record::Alloc {
+            native: None,
             tid: 1,
             flags: 0,
             addr: 1,
