@@ -147,7 +147,7 @@ const NOT_NATIVE: u32 = u32::MAX;
 const ROOTS: u32 = Allocator::ALL.len() as u32;
 
 impl Names {
-    fn new() -> Names {
+    pub(crate) fn new() -> Names {
         let mut names = Names::default();
         for a in Allocator::ALL {
             names.nodes.push((0, u32::MAX));
@@ -249,7 +249,7 @@ impl Names {
         self.location(self.nodes[node as usize].1)
     }
 
-    fn location(&self, frame: u32) -> Location<'_> {
+    pub(crate) fn location(&self, frame: u32) -> Location<'_> {
         let (code, line) = self.frames[frame as usize];
         let (file, name, firstline, module) = self.codes[code as usize];
         Location {

@@ -78,6 +78,11 @@ impl Symbols {
         within.then_some(sym)
     }
 
+    /// Whether there is no symbol at all.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Whether a function of this name is defined.
     pub fn defines(&self, name: &str) -> bool {
         self.0.iter().any(|s| s.name == name)
@@ -108,44 +113,55 @@ pub fn has_dwarf(data: &[u8]) -> bool {
 }
 
 /// The load bias of a mapping of the ELF image `data`: `start` is where the mapping begins
-/// and `offset` the file offset mapped there. Found from the PT_LOAD segment that holds the
-/// offset: an address of the file plus the bias is the address in the process.
+/// and `offset` the file offset mapped there. Found from the PT_LOAD segment mapped there: the
+/// loader maps a segment from the page that holds its first byte, so the segment whose page
+/// is `offset` (an executable one first: linkers such as lld start the code in the page where
+/// the read-only data ends), else one that holds `offset`. An address of the file plus the
+/// bias is the address in the process.
 pub fn bias(data: &[u8], start: u64, offset: u64) -> Option<u64> {
-    let load = |p_offset: u64, p_vaddr: u64, p_filesz: u64| {
-        let page = p_offset & !0xfff;
-        (page <= offset && offset < p_offset.saturating_add(p_filesz.max(1)))
-            .then(|| start.wrapping_sub(p_vaddr.wrapping_sub(p_offset).wrapping_add(offset)))
+    let loads = loads(data)?;
+    let page = |s: &Load| s.offset & !0xfff;
+    let exact = |exec: bool| loads.iter().find(|s| page(s) == offset && s.exec == exec);
+    let holds = || {
+        loads
+            .iter()
+            .find(|s| page(s) <= offset && offset < s.offset.saturating_add(s.filesz.max(1)))
     };
+    let s = exact(true).or_else(|| exact(false)).or_else(holds)?;
+    Some(start.wrapping_sub(s.vaddr.wrapping_sub(s.offset).wrapping_add(offset)))
+}
+
+/// A PT_LOAD segment.
+struct Load {
+    offset: u64,
+    vaddr: u64,
+    filesz: u64,
+    exec: bool,
+}
+
+/// The PT_LOAD segments of an ELF image (at most 256 kept).
+fn loads(data: &[u8]) -> Option<Vec<Load>> {
+    fn of<H: FileHeader<Endian = object::Endianness>>(data: &[u8]) -> Option<Vec<Load>> {
+        let f = ElfFile::<H>::parse(data).ok()?;
+        let e = f.endian();
+        let headers = f.elf_header().program_headers(e, data).ok()?;
+        Some(
+            headers
+                .iter()
+                .filter(|p| p.p_type(e) == object::elf::PT_LOAD)
+                .take(256)
+                .map(|p| Load {
+                    offset: p.p_offset(e).into(),
+                    vaddr: p.p_vaddr(e).into(),
+                    filesz: p.p_filesz(e).into(),
+                    exec: p.p_flags(e).contains(object::elf::PF_X),
+                })
+                .collect(),
+        )
+    }
     match object::FileKind::parse(data).ok()? {
-        object::FileKind::Elf64 => {
-            let f = ElfFile::<object::elf::FileHeader64<object::Endianness>>::parse(data).ok()?;
-            let e = f.endian();
-            f.elf_header()
-                .program_headers(e, data)
-                .ok()?
-                .iter()
-                .find_map(|p| {
-                    (p.p_type(e) == object::elf::PT_LOAD)
-                        .then(|| load(p.p_offset(e), p.p_vaddr(e), p.p_filesz(e)))?
-                })
-        }
-        object::FileKind::Elf32 => {
-            let f = ElfFile::<object::elf::FileHeader32<object::Endianness>>::parse(data).ok()?;
-            let e = f.endian();
-            f.elf_header()
-                .program_headers(e, data)
-                .ok()?
-                .iter()
-                .find_map(|p| {
-                    (p.p_type(e) == object::elf::PT_LOAD).then(|| {
-                        load(
-                            p.p_offset(e).into(),
-                            p.p_vaddr(e).into(),
-                            p.p_filesz(e).into(),
-                        )
-                    })?
-                })
-        }
+        object::FileKind::Elf64 => of::<object::elf::FileHeader64<object::Endianness>>(data),
+        object::FileKind::Elf32 => of::<object::elf::FileHeader32<object::Endianness>>(data),
         _ => None,
     }
 }
@@ -154,7 +170,10 @@ pub fn bias(data: &[u8], start: u64, offset: u64) -> Option<u64> {
 pub type Slice = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
 
 /// Decompressed sections, kept for the life of the process once per file and section.
-static SECTIONS: Mutex<Option<HashMap<(usize, &'static str), &'static [u8]>>> = Mutex::new(None);
+static SECTIONS: Mutex<Option<Sections>> = Mutex::new(None);
+
+/// (file's address, section name) → the decompressed section.
+type Sections = HashMap<(usize, &'static str), &'static [u8]>;
 
 /// The DWARF sections of the ELF image `data` (compressed ones decompressed once per
 /// process), or None if it has none.

@@ -3,15 +3,30 @@
 //! file itself, from `/usr/lib/debug/.build-id/xx/yyyy.debug`, or through its
 //! `.gnu_debuglink` (beside it, in `.debug/` beside it, or under `/usr/lib/debug`).
 //!
-//! A debug file found by build id is used even when the library itself is gone.
+//! A debug file found by build id is used even when the library itself is gone. The
+//! directories searched instead of `/usr/lib/debug` can be given in `MPROF_DEBUG_DIRS`
+//! (colon-separated, as GDB's `debug-file-directory`).
 
 use super::elf::{self, Slice, Symbols};
 use super::file;
 use mprof_common::record::Module;
 use std::path::{Path, PathBuf};
 
-/// Where separate debug files live.
+/// Where separate debug files live, unless `MPROF_DEBUG_DIRS` says otherwise.
 const DEBUG_ROOT: &str = "/usr/lib/debug";
+/// Most debug directories searched.
+const MAX_DEBUG_DIRS: usize = 8;
+
+/// The directories of separate debug files: `MPROF_DEBUG_DIRS`, or `/usr/lib/debug`.
+fn debug_roots() -> Vec<PathBuf> {
+    match std::env::var_os("MPROF_DEBUG_DIRS") {
+        Some(dirs) => std::env::split_paths(&dirs)
+            .filter(|d| d.is_absolute())
+            .take(MAX_DEBUG_DIRS)
+            .collect(),
+        None => vec![PathBuf::from(DEBUG_ROOT)],
+    }
+}
 
 /// A module's symbols, ready for lookups.
 pub struct Loaded {
@@ -45,13 +60,14 @@ pub fn load(module: &Module) -> Result<Loaded, Missing> {
             Ok(()) => (Some(data), None),
             Err(why) => (None, Some(why)),
         },
-        Err(e) => (
+        Err(e) if !Path::new(&module.path).exists() => (
             None,
             Some(format!(
-                "{}: cannot be read ({e}), deleted or moved since the capture",
+                "{}: deleted or moved since the capture ({e})",
                 module.path
             )),
         ),
+        Err(e) => (None, Some(format!("{}: cannot be read ({e})", module.path))),
     };
     let debug = debug_data(module, main);
     if main.is_none() && debug.is_none() {
@@ -66,6 +82,13 @@ pub fn load(module: &Module) -> Result<Loaded, Missing> {
     let dwarf = debug
         .and_then(elf::dwarf)
         .and_then(|d| addr2line::Context::from_dwarf(d).ok());
+    if dwarf.is_none() && symbols.is_empty() {
+        return Err(format!(
+            "{}: no symbols (not an ELF file, or one without a symbol table); its frames show \
+             as {name}+0x…",
+            module.path
+        ));
+    }
     Ok(Loaded {
         dwarf,
         symbols,
@@ -121,9 +144,14 @@ fn by_build_id(id: &[u8]) -> Option<&'static [u8]> {
         return None;
     }
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-    let path = format!("{DEBUG_ROOT}/.build-id/{}/{}.debug", &hex[..2], &hex[2..]);
-    let data = file::read(Path::new(&path)).ok()?;
-    (elf::has_dwarf(data) && elf::build_id(data).as_deref() == Some(id)).then_some(data)
+    debug_roots().into_iter().find_map(|root| {
+        let path = root
+            .join(".build-id")
+            .join(&hex[..2])
+            .join(format!("{}.debug", &hex[2..]));
+        let data = file::read(&path).ok()?;
+        (elf::has_dwarf(data) && elf::build_id(data).as_deref() == Some(id)).then_some(data)
+    })
 }
 
 /// Whether a debug file found through `.gnu_debuglink` belongs to the module: the same build
@@ -138,12 +166,11 @@ fn same_object(module: &Module, debug: &[u8], crc: u32) -> bool {
 /// Where GDB looks for a `.gnu_debuglink` target.
 fn debuglink_paths(module_path: &str, name: &str) -> Vec<PathBuf> {
     let dir = Path::new(module_path).parent().unwrap_or(Path::new("/"));
-    let under_root = Path::new(DEBUG_ROOT).join(dir.strip_prefix("/").unwrap_or(dir));
-    vec![
-        dir.join(name),
-        dir.join(".debug").join(name),
-        under_root.join(name),
-    ]
+    let mut paths = vec![dir.join(name), dir.join(".debug").join(name)];
+    for root in debug_roots() {
+        paths.push(root.join(dir.strip_prefix("/").unwrap_or(dir)).join(name));
+    }
+    paths
 }
 
 #[cfg(test)]

@@ -58,6 +58,12 @@ impl NativeResolver {
         self.symbolizer.held()
     }
 
+    /// Distinct addresses symbolized and remembered, and modules loaded.
+    #[cfg(test)]
+    pub fn cached(&self) -> (usize, usize) {
+        (self.memo.len(), self.symbolizer.modules())
+    }
+
     /// Warnings about modules that could not be symbolized.
     pub fn warnings(&self) -> &[String] {
         self.symbolizer.warnings()
@@ -122,5 +128,67 @@ impl NativeResolver {
             .push((start, self.ids.len() as u32 - start, class));
         self.memo.insert(key, index);
         index
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::symbols::tracker::ModuleTracker;
+    use mprof_common::record::Record;
+
+    #[inline(never)]
+    fn one() -> u64 {
+        one as *const () as u64 + 1
+    }
+
+    #[inline(never)]
+    fn two() -> u64 {
+        two as *const () as u64 + 1
+    }
+
+    /// This process's modules, as `record --native` describes them.
+    fn modules(addrs: &[u64]) -> Vec<Module> {
+        ModuleTracker::new(std::process::id())
+            .before_sample(addrs)
+            .into_iter()
+            .filter_map(|r| match r {
+                Record::Module(m) => Some(m),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn symbols_are_cached_per_build_id_and_address_not_per_sample() {
+        let (a, b) = (one(), two());
+        let mut names = Names::new();
+        let mut r = NativeResolver::new(false);
+        let all = modules(&[a, b]);
+        let n = all.len();
+        // Each module described twice (a rescan): the same build ids, loaded once.
+        for m in all.iter().chain(&all) {
+            r.add_module(m.clone());
+        }
+        let stack = |r: &mut NativeResolver, names: &mut Names, i: u64| {
+            let native = NativeStack {
+                addrs: vec![a, b, a + i % 8],
+                entries: vec![],
+            };
+            r.stack(names, &[], &native)
+        };
+        let first = stack(&mut r, &mut names, 0);
+        let loc = names.location(first[0]);
+        assert!(loc.function.ends_with("one"), "{loc:?}");
+        assert!(loc.module.is_some_and(|m| !m.is_empty()));
+        let before = crate::memory::in_use();
+        for i in 0..200_000 {
+            stack(&mut r, &mut names, i);
+        }
+        let grown = crate::memory::in_use() - before;
+        let (addresses, loaded) = r.cached();
+        assert!(addresses <= 9, "{addresses} addresses remembered");
+        assert!(loaded <= n, "{loaded} modules loaded for {n} build ids");
+        assert!(grown < 64 << 10, "{grown} bytes for 200,000 samples");
     }
 }

@@ -102,6 +102,11 @@ impl Symbolizer {
         self.held
     }
 
+    /// Modules loaded (or found missing) so far: one per build id (or path and size).
+    pub fn modules(&self) -> usize {
+        self.loaded.len()
+    }
+
     /// One line per module that could not be symbolized, and why.
     pub fn warnings(&self) -> &[String] {
         &self.warnings

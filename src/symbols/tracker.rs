@@ -4,9 +4,11 @@
 //!
 //! mprof reads `/proc/PID/maps` when the first sample with a native stack arrives, again
 //! whenever a sample shows a return address outside every executable mapping it knows (a
-//! library loaded since, by `import` or `dlopen`), and every [`RESCAN`] (a library unloaded
-//! and another one loaded at the same place). An address still unknown after a fresh read
-//! (JIT code, or a hostile target's invention) is remembered, so it costs one read only.
+//! library loaded since, by `import` or `dlopen`: read at once, before the sample is written,
+//! or the sample could not be symbolized), and every [`RESCAN`] (a library unloaded and
+//! another one loaded at the same place). An address still unknown after a fresh read (JIT
+//! code, or a hostile target's invention) is remembered, so it costs one read only, and such
+//! reads are limited to [`MAX_FORCED_SCANS`] a second.
 //!
 //! Everything comes from the target: the files a mapping names are opened with `O_PATH` and
 //! checked to be the mapped file (device and inode) before their ELF headers are read
@@ -24,8 +26,9 @@ use std::time::{Duration, Instant};
 
 /// How often the map is read again once native samples arrive.
 pub const RESCAN: Duration = Duration::from_millis(500);
-/// The least time between two reads caused by unknown addresses.
-const MIN_RESCAN: Duration = Duration::from_millis(1);
+/// Most reads of the map caused by unknown addresses in a second (a JIT, or a hostile
+/// target, can show a new unknown page in every sample).
+const MAX_FORCED_SCANS: u32 = 200;
 /// Largest maps file read (a process with a million mappings).
 const MAX_MAPS: u64 = 128 << 20;
 /// Pages remembered as holding no known code at most.
@@ -44,6 +47,8 @@ pub struct ModuleTracker {
     written: HashSet<Key>,
     stale: HashSet<u64>,
     last_scan: Option<Instant>,
+    /// The current second's start and the reads caused by unknown addresses in it.
+    forced: (Instant, u32),
     exe: Option<((u32, u32), u64)>,
 }
 
@@ -58,6 +63,7 @@ impl ModuleTracker {
             written: HashSet::new(),
             stale: HashSet::new(),
             last_scan: None,
+            forced: (Instant::now(), 0),
             exe: None,
         }
     }
@@ -68,10 +74,16 @@ impl ModuleTracker {
         let unknown = addrs
             .iter()
             .any(|&a| !self.is_known(a) && !self.stale.contains(&(a >> 12)));
-        let due = self.last_scan.is_none_or(|t| t.elapsed() >= MIN_RESCAN);
-        if !unknown || !due {
+        if !unknown {
             return Vec::new();
         }
+        if self.forced.0.elapsed() >= Duration::from_secs(1) {
+            self.forced = (Instant::now(), 0);
+        }
+        if self.forced.1 >= MAX_FORCED_SCANS {
+            return Vec::new();
+        }
+        self.forced.1 += 1;
         let records = self.scan();
         for &a in addrs {
             if !self.is_known(a) {
@@ -160,9 +172,12 @@ fn exe_identity(pid: u32) -> Option<((u32, u32), u64)> {
     ))
 }
 
+/// A mapped file: (device, inode, path).
+type FileId<'a> = ((u32, u32), u64, &'a str);
+
 /// The file-backed objects with executable mappings, each with all its mappings.
 fn modules(maps: &[Mapping]) -> Vec<(Key, Vec<Mapping>)> {
-    let mut by_file: HashMap<((u32, u32), u64, &str), Vec<Mapping>> = HashMap::new();
+    let mut by_file: HashMap<FileId, Vec<Mapping>> = HashMap::new();
     for m in maps.iter().filter(|m| m.is_file()) {
         by_file
             .entry((m.dev, m.inode, m.path.as_str()))
@@ -251,9 +266,29 @@ mod tests {
         assert!(!exe.build_id.is_empty() && exe.file_size > 0);
         assert!(modules.iter().any(|m| m.path.contains("libc.so")));
         assert!(t.before_sample(&[here]).is_empty(), "known: nothing new");
-        std::thread::sleep(MIN_RESCAN);
         assert!(t.before_sample(&[8]).is_empty(), "nothing new to describe");
         assert!(t.stale.contains(&0));
         assert!(t.tick(true).is_empty(), "written once");
+    }
+
+    #[test]
+    fn a_library_loaded_just_after_a_read_is_described_before_its_first_sample() {
+        let mut t = ModuleTracker::new(std::process::id());
+        let here = a_library_loaded_just_after_a_read_is_described_before_its_first_sample
+            as *const () as u64;
+        assert!(!t.before_sample(&[here]).is_empty());
+        // SAFETY: loading a plain system library; its address is only looked at.
+        let bz2 = unsafe {
+            let handle = libc::dlopen(c"libbz2.so.1.0".as_ptr(), libc::RTLD_NOW);
+            assert!(!handle.is_null(), "libbz2 is installed");
+            libc::dlsym(handle, c"BZ2_bzlibVersion".as_ptr()) as u64
+        };
+        let records = t.before_sample(&[here, bz2]);
+        assert!(
+            records
+                .iter()
+                .any(|r| matches!(r, Record::Module(m) if m.path.contains("libbz2"))),
+            "described at once, not a millisecond later"
+        );
     }
 }
