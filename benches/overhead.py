@@ -78,6 +78,12 @@ def make_configs(mprof, with_memray):
     ]
     if with_memray:
         configs.append(Config("memray", lambda py, cap: [py, "-m", "memray", "run", "-q", "-f", "-o", cap]))
+        configs.append(
+            Config(
+                "memray --trace-python-allocators",
+                lambda py, cap: [py, "-m", "memray", "run", "-q", "-f", "--trace-python-allocators", "-o", cap],
+            )
+        )
     return configs
 
 
@@ -192,7 +198,7 @@ def run_tornado(config, args, capture, env, requests, warmup=500, wrapper=()):
     cmd = list(wrapper) + config.command(args.python, capture, script)
     server = start_group(cmd, stdout=subprocess.PIPE, stderr=errfile, env=env)
     try:
-        result, cpu_at_client_exit = drive_server(server, errfile, args, env, requests, warmup)
+        result, cpu_at_client_exit = drive_server(server, errfile, args, env, requests, warmup, wrapper)
     finally:
         kill_group(server)
         errfile.close()
@@ -203,7 +209,7 @@ def run_tornado(config, args, capture, env, requests, warmup=500, wrapper=()):
     return result
 
 
-def drive_server(server, errfile, args, env, requests, warmup):
+def drive_server(server, errfile, args, env, requests, warmup, wrapper=()):
     """Wait for the server's port, run the client against it, stop the server, collect its VmHWM.
 
     Returns (result, CPU seconds of reaped children right after the client was reaped)."""
@@ -213,7 +219,7 @@ def drive_server(server, errfile, args, env, requests, warmup):
     port = wait_for_port(lines, seen, deadline=time.monotonic() + 60)
     if port is None:
         return Result(error="server printed no PORT line: %s" % server_error(server, errfile)), None
-    client_cmd = [
+    client_cmd = list(wrapper if wrapper[:1] == ["taskset"] else []) + [
         args.python,
         os.path.join(WORKLOADS, "tornado_client.py"),
         str(port),
@@ -433,16 +439,19 @@ INSTRUCTION_CONFIGS = ("none", "mprof", "tracemalloc=1")
 
 
 def valgrind_counts(logdir, mprof):
-    """Instructions counted in the Python process and in the mprof process, from valgrind's logs."""
-    counts = {"python": 0, "mprof": 0}
+    """Instructions and simulated data-cache misses (D1, last level) of the Python process and of
+    the mprof process, from cachegrind's logs."""
+    fields = {"I": r"I\s+refs:\s+([\d,]+)", "D1": r"D1\s+misses:\s+([\d,]+)", "LLd": r"LLd\s+misses:\s+([\d,]+)"}
+    counts = {who: dict.fromkeys(fields, 0) for who in ("python", "mprof")}
     for name in os.listdir(logdir):
         with open(os.path.join(logdir, name), errors="replace") as log:
             text = log.read()
         command = re.search(r"== Command: (\S+)", text)
-        refs = re.search(r"I\s+refs:\s+([\d,]+)", text)
-        if command and refs:
+        if command and re.search(fields["I"], text):
             who = "mprof" if os.path.realpath(command.group(1)) == os.path.realpath(mprof) else "python"
-            counts[who] += int(refs.group(1).replace(",", ""))
+            for key, pattern in fields.items():
+                found = re.search(pattern, text)
+                counts[who][key] += int(found.group(1).replace(",", "")) if found else 0
         os.unlink(os.path.join(logdir, name))
     return counts
 
@@ -452,7 +461,7 @@ def count_once(workload, config, args, size, tmpdir, env):
     logdir = os.path.join(tmpdir, "vg")
     os.makedirs(logdir, exist_ok=True)
     wrapper = [
-        "valgrind", "--tool=cachegrind", "--cache-sim=no", "--trace-children=yes",
+        "valgrind", "--tool=cachegrind", "--cache-sim=yes", "--trace-children=yes",
         "--cachegrind-out-file=/dev/null", "--log-file=%s/%%p.log" % logdir,
     ]
     capture = os.path.join(tmpdir, "capture.out")
@@ -480,10 +489,13 @@ def run_instructions(args, workloads, configs, env):
                 if failure is not None:
                     print("%s %s failed: %s" % (workload, config.name, failure), file=sys.stderr)
                     continue
-                target = (second["python"] - first["python"]) / units
-                reader = (second["mprof"] - first["mprof"]) / units
-                base = target if config.name == "none" else base
-                ratio = "%.3fx" % ((target + reader) / base) if base else "-"
+                per = {
+                    who: {k: (second[who][k] - first[who][k]) / units for k in first[who]}
+                    for who in ("python", "mprof")
+                }
+                target, reader = per["python"]["I"], per["mprof"]["I"]
+                base = per["python"] if config.name == "none" else base
+                ratio = "%.3fx" % ((target + reader) / base["I"]) if base else "-"
                 row = [
                     workload,
                     config.name,
@@ -491,12 +503,25 @@ def run_instructions(args, workloads, configs, env):
                     "{:,.0f}".format(target),
                     "{:,.0f}".format(reader) if reader else "-",
                     ratio,
+                    "{:,.0f}".format(per["python"]["D1"]),
+                    "{:,.0f}".format(per["python"]["LLd"]),
+                    "%+.1f%%" % (100 * (per["python"]["D1"] / base["D1"] - 1)) if base and base["D1"] else "-",
                 ]
                 print("  ".join(row), file=sys.stderr, flush=True)
                 rows.append(row)
-    headers = ["workload", "configuration", "per", "instructions (target)", "instructions (mprof CLI)", "ratio vs none"]
+    headers = [
+        "workload",
+        "configuration",
+        "per",
+        "instructions (target)",
+        "instructions (mprof CLI)",
+        "ratio vs none",
+        "D1 misses (target)",
+        "LL data misses (target)",
+        "D1 misses vs none",
+    ]
     print()
-    print("instructions counted by valgrind; python: %s" % args.python)
+    print("instructions and simulated data-cache misses counted by cachegrind; python: %s" % args.python)
     print()
     print_table(rows, args.markdown, headers)
 

@@ -13,14 +13,16 @@
 use crate::output::{self, Access, Pending};
 use anyhow::{bail, Context, Result};
 use mprof_common::record::{self, DecodeError, Record};
+use mprof_common::stacks::{Expanded, Expander};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
 /// Magic bytes at the start of every capture file.
 pub const MAGIC: &[u8; 8] = b"MPROFCAP";
-/// The format version this build writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this build writes. 2: samples name interned stacks (STACK and SAMPLE
+/// records); 1 carried whole stacks in ALLOC records (still read).
+pub const FORMAT_VERSION: u32 = 2;
 const FILE_HEADER: usize = 16;
 
 /// Writes a capture file as records arrive. The file is created under a temporary name (mode
@@ -175,6 +177,8 @@ impl CaptureFile {
         let size = self.size;
         let mut at = FILE_HEADER as u64;
         let mut buf = Vec::with_capacity(4096);
+        let mut expander = Expander::new();
+        let mut unresolved = Unresolved::default();
         loop {
             buf.resize(record::PREAMBLE, 0);
             match read_full(&mut input, &mut buf)? {
@@ -212,8 +216,26 @@ impl CaptureFile {
             };
             buf.resize(len, 0);
             let got = read_full(&mut input, &mut buf[record::PREAMBLE..])?;
-            digest.add(&buf[..record::PREAMBLE + got]);
-            match record::decode(&buf[..record::PREAMBLE + got]) {
+            let bytes = &buf[..record::PREAMBLE + got];
+            digest.add(bytes);
+            let expanded;
+            let bytes = match expander.feed(bytes) {
+                Expanded::Pass(bytes) => bytes,
+                Expanded::Alloc(alloc) => {
+                    expanded = alloc;
+                    &expanded
+                }
+                Expanded::Consumed => {
+                    at += len as u64;
+                    continue;
+                }
+                Expanded::Bad(why) => {
+                    unresolved.note(why);
+                    at += len as u64;
+                    continue;
+                }
+            };
+            match record::decode(bytes) {
                 Ok((Record::Unknown { .. }, _)) => {}
                 Ok((r, _)) => {
                     if !f(r, digest) {
@@ -227,7 +249,38 @@ impl CaptureFile {
             }
             at += len as u64;
         }
+        if let Some(skipped) = unresolved.warning() {
+            pass.warning = Some(match pass.warning {
+                Some(tail) => format!("{tail}; {skipped}"),
+                None => skipped,
+            });
+        }
         Ok(pass)
+    }
+}
+
+/// Stack records that could not be resolved (see `mprof_common::stacks`): skipped, counted,
+/// and named once in the pass's warning.
+#[derive(Default)]
+struct Unresolved {
+    count: u64,
+    first: Option<&'static str>,
+}
+
+impl Unresolved {
+    fn note(&mut self, why: &'static str) {
+        self.count += 1;
+        self.first.get_or_insert(why);
+    }
+
+    fn warning(&self) -> Option<String> {
+        let first = self.first?;
+        Some(format!(
+            "{} stack record{} could not be resolved and {} skipped (first: {first})",
+            self.count,
+            if self.count == 1 { "" } else { "s" },
+            if self.count == 1 { "was" } else { "were" },
+        ))
     }
 }
 

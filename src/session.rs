@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use mprof_common::record::{self, Record, KIND_ALLOC, KIND_END};
 use mprof_common::ring::{self, Ring};
 use mprof_common::ring_reader::RingReader;
+use mprof_common::stacks::{self, KIND_SAMPLE};
 use std::collections::HashSet;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -433,7 +434,7 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
                         return;
                     }
                     if let Ok((_, kind, aux)) = record::preamble(bytes) {
-                        if kind == KIND_ALLOC && bytes.len() >= 12 {
+                        if (kind == KIND_ALLOC || kind == KIND_SAMPLE) && bytes.len() >= 12 {
                             let tid = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
                             // A hostile target can invent tids: names are looked up for
                             // a bounded number of them.
@@ -444,6 +445,11 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
                         // The modules a native stack reaches go into the capture before it.
                         let before = match kind {
                             KIND_ALLOC => native_addrs(bytes, aux)
+                                .map(|addrs| modules.before_sample(&addrs))
+                                .unwrap_or_default(),
+                            KIND_SAMPLE => bytes
+                                .get(record::PREAMBLE..)
+                                .and_then(stacks::sample_native_addrs)
                                 .map(|addrs| modules.before_sample(&addrs))
                                 .unwrap_or_default(),
                             KIND_END => modules.tick(true),

@@ -397,3 +397,55 @@ fn quick_start_flamegraph_labels_are_readable_at_1200_px() {
         assert_png(&shot);
     }
 }
+
+#[test]
+fn import_frames_are_folded_from_a_real_capture_unless_kept() {
+    let py = pythons().into_iter().next().expect("an interpreter");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let capture = d.join("imports.mprof");
+    // Importing these allocates megabytes inside importlib's frames, then the program's own
+    // function allocates some more.
+    let program = "import json, decimal, email.message, http.client, argparse, xml.dom.minidom\n\
+                   def own_work():\n    return [bytes(1000) for _ in range(2000)]\n\
+                   kept = own_work()\n";
+    let out = run_with_timeout(
+        mprof()
+            .args(["record", "-q", "--rate", "4096", "--seed", "1", "-o"])
+            .arg(&capture)
+            .arg("--")
+            .arg(&py.path)
+            .args(["-c", program]),
+        Duration::from_secs(120),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let titles = |extra: &[&str]| {
+        let svg = d.join("imports.svg");
+        let mut args = vec!["flamegraph", path_str(&capture), "-o", path_str(&svg)];
+        args.extend_from_slice(extra);
+        ok(&args);
+        let svg = std::fs::read_to_string(&svg).unwrap();
+        boxes(&svg).into_iter().map(|b| b.1).collect::<Vec<_>>()
+    };
+    let importlib =
+        |t: &String| t.contains("<frozen importlib") || t.contains("importlib/_bootstrap");
+    let folded = titles(&[]);
+    assert!(
+        folded.iter().any(|t| t.starts_with("own_work (")),
+        "the program's own function is missing: {folded:?}"
+    );
+    assert!(
+        !folded.iter().any(importlib),
+        "import machinery shown by default: {:?}",
+        folded.iter().filter(|t| importlib(t)).collect::<Vec<_>>()
+    );
+    let kept = titles(&["--keep-imports"]);
+    assert!(
+        kept.iter().any(|t| t.starts_with("_find_and_load (")),
+        "--keep-imports shows no importlib frame: {kept:?}"
+    );
+}

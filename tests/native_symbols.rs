@@ -190,7 +190,11 @@ fn every_view_shows_native_frames() {
     record(&py, dir.path(), &capture);
     let report = report_json(&capture, &["--by", "function", "--top", "0"]);
     let by_function = common::by_function(&report);
-    let level2 = &by_function["chain_level2"];
+    let level2 = by_function.get("chain_level2").unwrap_or_else(|| {
+        let (all, warnings) = report_stacks(&capture, &["--top", "8"]);
+        let all: Vec<Vec<&str>> = all.iter().map(|s| names(s)).collect();
+        panic!("no chain_level2 by function: {warnings:?} {all:?}")
+    });
     assert_eq!(level2["allocator"], "native");
     assert_eq!(level2["alloc_bytes"].as_u64(), Some(20 * 100_003));
     assert!(level2["file"].as_str().unwrap().ends_with("native_chain.c"));

@@ -9,3 +9,4 @@ pub mod layout;
 pub mod record;
 pub mod ring;
 pub mod ring_reader;
+pub mod stacks;

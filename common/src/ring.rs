@@ -23,8 +23,9 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 /// Magic bytes at the start of the ring.
 pub const RING_MAGIC: [u8; 8] = *b"MPROFRNG";
-/// Ring layout version; bumped on any change to `RingHeader`.
-pub const RING_VERSION: u32 = 2;
+/// Ring layout version; bumped on any change to `RingHeader` or to the records the agent
+/// writes (3: interned stacks).
+pub const RING_VERSION: u32 = 3;
 /// Where the data area starts.
 pub const HEADER_SIZE: usize = 4096;
 

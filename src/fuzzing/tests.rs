@@ -4,6 +4,7 @@ use super::*;
 use mprof_common::record::{
     encode, Frame, Module, ModuleRange, NativeStack, Record, KIND_ALLOC, KIND_CODE, PREAMBLE,
 };
+use mprof_common::stacks::{encode_sample, encode_stack, Node, Sample, KIND_SAMPLE, KIND_STACK};
 
 /// A small deterministic random source (xorshift64*).
 struct Rng(u64);
@@ -47,7 +48,13 @@ fn name(rng: &mut Rng) -> String {
 fn generated(rng: &mut Rng) -> Vec<u8> {
     let mut bytes = header();
     let codes = 1 + rng.below(40) as u64;
+    // Interned stacks: ids defined so far (a SAMPLE may also name one never defined).
+    let mut nodes = 0u32;
     for _ in 0..rng.below(400) {
+        if rng.below(4) == 0 {
+            bytes.extend_from_slice(&interned(rng, codes, &mut nodes));
+            continue;
+        }
         let record = match rng.below(14) {
             0..=1 => Record::Code {
                 code: rng.below(codes as usize) as u64,
@@ -151,6 +158,44 @@ fn module(rng: &mut Rng) -> Module {
     }
 }
 
+/// A STACK or a SAMPLE record: mostly well formed (parents defined before their children,
+/// depths that match), sometimes not (a parent from the future, a wrong depth, a huge id).
+fn interned(rng: &mut Rng, codes: u64, nodes: &mut u32) -> Vec<u8> {
+    if rng.below(2) == 0 || *nodes == 0 {
+        let id = match rng.below(30) {
+            0 => [0, u32::MAX, 1 << 20, (1 << 20) + 1][rng.below(4)],
+            _ => *nodes + 1,
+        };
+        let parent = match rng.below(30) {
+            0 => id.wrapping_add(rng.below(3) as u32),
+            _ => rng.below(*nodes as usize + 1) as u32,
+        };
+        *nodes = (*nodes).max(id.min(1 << 20));
+        let node = Node {
+            parent,
+            code: rng.below(codes as usize + 2) as u64,
+            line: rng.below(50) as u32,
+            entry: rng.below(3) == 0,
+        };
+        return encode_stack(id, &node);
+    }
+    let stack = rng.below(*nodes as usize + 2) as u32;
+    let depth = match rng.below(10) {
+        0 => [0, 256, 257, u16::MAX][rng.below(4)],
+        _ => rng.below(12) as u16,
+    };
+    let sample = Sample {
+        tid: rng.below(4) as u32,
+        flags: rng.below(8) as u32,
+        addr: rng.below(64) as u64,
+        size: [0, 1, 1000, u64::MAX, rng.next() % 100_000][rng.below(5)],
+        time_ns: rng.next() % 1_000_000,
+        stack,
+    };
+    let native: Vec<u64> = (0..rng.below(5)).map(|_| native_address(rng)).collect();
+    encode_sample(&sample, depth, (rng.below(2) == 0).then_some(&native[..]))
+}
+
 /// Offsets of the records in a capture, as far as they parse.
 fn record_starts(bytes: &[u8]) -> Vec<usize> {
     let mut at = 16;
@@ -231,7 +276,8 @@ fn mutate(bytes: &mut Vec<u8>, rng: &mut Rng) {
                     }
                 }
                 1 => {
-                    let kind = [KIND_ALLOC, KIND_CODE, 9, 0xffff][rng.below(4)];
+                    let kind =
+                        [KIND_ALLOC, KIND_CODE, KIND_STACK, KIND_SAMPLE, 0xffff][rng.below(5)];
                     bytes[at + 4..at + 6].copy_from_slice(&kind.to_le_bytes());
                 }
                 2 => bytes[at + 6..at + 8].copy_from_slice(&(v as u16).to_le_bytes()),

@@ -10,6 +10,7 @@ use crate::focus::{Focus, Memo};
 use crate::grouping::{Beside, Grouping, YourCodeGroups};
 use crate::profile::{Estimate, FastMap, Location, StackId};
 use mprof_common::record::{self, Record, KIND_ALLOC};
+use mprof_common::stacks::{Expanded, Expander, KIND_SAMPLE};
 use std::collections::{HashMap, VecDeque};
 
 /// Points of history kept for the sparklines (one per refresh).
@@ -94,6 +95,8 @@ pub struct Model {
     python: String,
     history: VecDeque<(f64, f64)>,
     focus: Focus,
+    /// Turns interned samples back into whole ones, as the capture reader does.
+    stacks: Expander,
 }
 
 impl Model {
@@ -110,6 +113,7 @@ impl Model {
             python: String::new(),
             history: VecDeque::new(),
             focus: Focus::default(),
+            stacks: Expander::new(),
         }
     }
 
@@ -121,7 +125,12 @@ impl Model {
     /// Applies an encoded record (as the reader writes it to the capture); undecodable bytes
     /// are ignored, as the capture reader would skip them.
     pub fn observe(&mut self, bytes: &[u8]) {
-        if let Ok((record, _)) = record::decode(bytes) {
+        let decoded = match self.stacks.feed(bytes) {
+            Expanded::Pass(bytes) => record::decode(bytes),
+            Expanded::Alloc(alloc) => record::decode(&alloc),
+            Expanded::Consumed | Expanded::Bad(_) => return,
+        };
+        if let Ok((record, _)) = decoded {
             self.apply(&record);
         }
     }
@@ -131,7 +140,7 @@ impl Model {
     /// what is shown stays consistent.
     pub fn observe_but_skip_samples(&mut self, bytes: &[u8]) {
         match record::preamble(bytes) {
-            Ok((_, KIND_ALLOC, _)) => self.skipped += 1,
+            Ok((_, KIND_ALLOC | KIND_SAMPLE, _)) => self.skipped += 1,
             _ => self.observe(bytes),
         }
     }

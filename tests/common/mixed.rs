@@ -75,7 +75,10 @@ pub fn expect<'a>(label: &str, all: &'a [Vec<Frame>], want: &[&str]) -> &'a [Fra
     }
     let near: Vec<Vec<&str>> = all
         .iter()
-        .filter(|s| s.iter().any(|f| f.function == want[0]))
+        .filter(|s| {
+            s.iter()
+                .any(|f| f.function == want[0] || f.function == want[want.len() - 2])
+        })
         .map(|s| names(s))
         .take(5)
         .collect();

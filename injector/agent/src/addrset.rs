@@ -1,13 +1,18 @@
 //! Which blocks were sampled, so that their frees are recorded.
 //!
 //! Every free in the target asks "was this block sampled?". The common answer, "no", costs one
-//! multiply and one byte load from `FILTER`, a table of counters indexed by a hash of the
-//! address that is only ever written under the agent lock (a counting filter: a zero counter
-//! proves the address was not sampled). Only a non-zero counter takes the lock and asks the exact
-//! set, an open-addressing hash table in memory mapped straight from the kernel.
+//! multiply and one bit test in `SUMMARY`, 8 KiB that mostly stay in the first level cache
+//! (measured with cachegrind on the alloc benchmark: at 32 KiB the summary's own loads missed D1
+//! on about a quarter of the frees).
+//! Behind it is `FILTER`, a megabyte of counters indexed by the same hash (a counting filter: a
+//! zero counter proves the address was not sampled); a summary bit is set while any of the 16
+//! counters it covers is non-zero (with 8,000 live samples, 1 GB of live heap at the default
+//! rate, about one bit in eight is set). Only a set bit reads the counter, and only a non-zero
+//! counter takes the lock and asks the exact set, an open-addressing hash table in memory
+//! mapped straight from the kernel. Both are only ever written under the agent lock.
 
 use crate::sys::{map_anon, munmap};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 const FILTER_BITS: u32 = 20;
 const FILTER_LEN: usize = 1 << FILTER_BITS;
@@ -15,6 +20,37 @@ const FILTER_LEN: usize = 1 << FILTER_BITS;
 const STUCK: u8 = u8::MAX;
 
 static FILTER: [AtomicU8; FILTER_LEN] = [const { AtomicU8::new(0) }; FILTER_LEN];
+/// Counters per summary bit.
+const PER_BIT: usize = 16;
+/// Bit `i` is set while one of the counters `PER_BIT * i ..` is non-zero.
+static SUMMARY: [AtomicU64; FILTER_LEN / PER_BIT / 64] =
+    [const { AtomicU64::new(0) }; FILTER_LEN / PER_BIT / 64];
+
+#[inline(always)]
+fn summary_bit(slot: usize) -> (usize, u64) {
+    let bit = slot / PER_BIT;
+    (bit / 64, 1 << (bit % 64))
+}
+
+/// Counter `slot` went from zero to one.
+fn summary_set(slot: usize) {
+    let (word, mask) = summary_bit(slot);
+    let w = &SUMMARY[word];
+    w.store(w.load(Ordering::Relaxed) | mask, Ordering::Relaxed);
+}
+
+/// Counter `slot` went to zero: the bit clears if its neighbours are zero too.
+fn summary_clear(slot: usize) {
+    let first = slot / PER_BIT * PER_BIT;
+    if FILTER[first..first + PER_BIT]
+        .iter()
+        .all(|c| c.load(Ordering::Relaxed) == 0)
+    {
+        let (word, mask) = summary_bit(slot);
+        let w = &SUMMARY[word];
+        w.store(w.load(Ordering::Relaxed) & !mask, Ordering::Relaxed);
+    }
+}
 
 #[inline(always)]
 fn slot(addr: usize) -> usize {
@@ -26,7 +62,9 @@ fn slot(addr: usize) -> usize {
 /// The free path's question: false proves `addr` was not sampled.
 #[inline(always)]
 pub fn maybe_sampled(addr: usize) -> bool {
-    FILTER[slot(addr)].load(Ordering::Relaxed) != 0
+    let slot = slot(addr);
+    let (word, mask) = summary_bit(slot);
+    SUMMARY[word].load(Ordering::Relaxed) & mask != 0 && FILTER[slot].load(Ordering::Relaxed) != 0
 }
 
 const EMPTY: usize = 0;
@@ -86,10 +124,14 @@ impl AddrSet {
                 }
                 self.set(i, addr);
                 self.live += 1;
-                let c = &FILTER[slot(addr)];
+                let slot = slot(addr);
+                let c = &FILTER[slot];
                 let v = c.load(Ordering::Relaxed);
                 if v != STUCK {
                     c.store(v + 1, Ordering::Relaxed);
+                }
+                if v == 0 {
+                    summary_set(slot);
                 }
                 return true;
             }
@@ -132,10 +174,14 @@ impl AddrSet {
             if e == addr {
                 self.set(i, TOMBSTONE);
                 self.live -= 1;
-                let c = &FILTER[slot(addr)];
+                let slot = slot(addr);
+                let c = &FILTER[slot];
                 let v = c.load(Ordering::Relaxed);
                 if v != STUCK && v != 0 {
                     c.store(v - 1, Ordering::Relaxed);
+                    if v == 1 {
+                        summary_clear(slot);
+                    }
                 }
                 return true;
             }
@@ -196,6 +242,11 @@ impl AddrSet {
                 c.store(0, Ordering::Relaxed);
             }
         }
+        for w in SUMMARY.iter() {
+            if w.load(Ordering::Relaxed) != 0 {
+                w.store(0, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -218,6 +269,14 @@ mod tests {
         for &a in addrs.iter().skip(1).step_by(2) {
             assert!(maybe_sampled(a), "a live address always passes the filter");
             assert!(s.remove(a));
+        }
+        assert!(
+            addrs.iter().all(|&a| !maybe_sampled(a)),
+            "an emptied set leaves no bit behind"
+        );
+        assert!(SUMMARY.iter().all(|w| w.load(Ordering::Relaxed) == 0));
+        for &a in &addrs[..100] {
+            s.insert(a);
         }
         s.clear();
         assert!(addrs.iter().all(|&a| !maybe_sampled(a)));

@@ -4,6 +4,7 @@
 use crate::python::Api;
 use mprof_common::layout::{PyLayout, ABSENT};
 use std::ffi::c_void;
+use std::mem::MaybeUninit;
 
 /// Deepest stack the agent ever records.
 pub const MAX_FRAMES: usize = 256;
@@ -23,7 +24,7 @@ unsafe fn top_frame(l: &PyLayout, tstate: *const c_void) -> *const c_void {
 }
 
 /// What a frame holds.
-enum Found {
+pub enum Found {
     /// A code object and the byte offset of its current instruction.
     Code(*mut c_void, i32),
     /// A frame to skip: owned by the C stack, not started, or (3.13) running no code object.
@@ -33,7 +34,7 @@ enum Found {
     Broken,
 }
 
-unsafe fn code_and_offset(api: &Api, l: &PyLayout, f: *const c_void) -> Found {
+pub unsafe fn code_and_offset(api: &Api, l: &PyLayout, f: *const c_void) -> Found {
     let code: *mut c_void = read(f, l.frame_code);
     if code.is_null() {
         return Found::Skip;
@@ -84,7 +85,7 @@ pub struct RawFrame {
 /// Whether frame `f` (running a code object) was the first one its C-level call of the
 /// bytecode loop ran: every frame before 3.11; `is_entry` in 3.11; from 3.12 the frame right
 /// above one owned by the C stack (or the outermost).
-unsafe fn is_entry(l: &PyLayout, f: *const c_void) -> bool {
+pub unsafe fn is_entry(l: &PyLayout, f: *const c_void) -> bool {
     if l.frame_owner == ABSENT {
         return true;
     }
@@ -96,6 +97,85 @@ unsafe fn is_entry(l: &PyLayout, f: *const c_void) -> bool {
         || (l.owner_cstack != ABSENT && read::<u8>(prev, l.frame_owner) as u16 == l.owner_cstack)
 }
 
+/// One link of a thread's frame chain as it is in memory, unchecked: what a sample compares
+/// with the previous sample's chain to find the frames that did not move (see `stacks`).
+///
+/// From 3.11 the instruction pointer points into the code object, so the frame's address and
+/// its instruction say which code it runs. 3.11 marks entry frames with a byte of their own: a
+/// frame at the same place running the same instruction can still differ in it (a C function
+/// between it and its caller), so it goes into the pointer's top bit (from 3.12 those C
+/// functions leave a frame of their own in the chain). Before 3.11, `f_lasti` is an index and
+/// goes above the code object's address.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct Link {
+    pub frame: usize,
+    /// What the frame runs: see above. [`UNCOMPARABLE`] never matches.
+    pub at: usize,
+}
+
+/// A `Link::at` that cannot be told exactly (a 3.8–3.10 frame whose `f_lasti` does not fit):
+/// its frame is worked out afresh at every sample.
+pub const UNCOMPARABLE: usize = usize::MAX;
+
+impl Link {
+    /// Whether the link is the same as `other`, as far as can be told.
+    #[inline(always)]
+    pub fn same(&self, other: &Link) -> bool {
+        self.frame == other.frame && self.at == other.at && self.at != UNCOMPARABLE
+    }
+}
+
+/// Fills `out` with the calling thread's frame chain, innermost first, with plain loads and no
+/// checks. Returns how many links and whether the chain ended (false: longer than `out`).
+///
+/// # Safety
+/// As for [`walk`].
+pub unsafe fn links(
+    l: &PyLayout,
+    tstate: *const c_void,
+    out: &mut [MaybeUninit<Link>],
+) -> (usize, bool) {
+    let f = top_frame(l, tstate);
+    let (back, instr) = (l.frame_back, l.frame_instr);
+    if l.frame_owner == ABSENT {
+        let code = l.frame_code;
+        chain(f, back, out, |f| {
+            let lasti = read::<i32>(f, instr) as u32 as usize;
+            if lasti < 1 << 16 {
+                read::<usize>(f, code) | lasti << 47
+            } else {
+                UNCOMPARABLE
+            }
+        })
+    } else if l.frame_is_entry != ABSENT {
+        let entry = l.frame_is_entry;
+        chain(f, back, out, |f| {
+            read::<usize>(f, instr) | ((read::<u8>(f, entry) != 0) as usize) << 63
+        })
+    } else {
+        chain(f, back, out, |f| read(f, instr))
+    }
+}
+
+#[inline(always)]
+unsafe fn chain(
+    mut f: *const c_void,
+    back: u16,
+    out: &mut [MaybeUninit<Link>],
+    at: impl Fn(*const c_void) -> usize,
+) -> (usize, bool) {
+    let mut n = 0;
+    while !f.is_null() && n < out.len() {
+        out.get_unchecked_mut(n).write(Link {
+            frame: f as usize,
+            at: at(f),
+        });
+        n += 1;
+        f = read(f, back);
+    }
+    (n, f.is_null())
+}
+
 /// Fills `out` with the calling thread's Python frames, innermost first. Returns how many and
 /// whether the stack was deeper than `max`.
 ///
@@ -105,7 +185,7 @@ pub unsafe fn walk(
     api: &Api,
     l: &PyLayout,
     tstate: *const c_void,
-    out: &mut [std::mem::MaybeUninit<RawFrame>],
+    out: &mut [MaybeUninit<RawFrame>],
     max: usize,
 ) -> (usize, bool) {
     let max = max.min(out.len());

@@ -66,17 +66,6 @@ fn through<const D: usize>(size: usize, call: impl FnOnce() -> *mut c_void) -> *
     }
 }
 
-#[inline(always)]
-fn free_check(ptr: *mut c_void) {
-    // No NULL test: NULL was never sampled, so it passes the filter only on a rare collision,
-    // and the exact set then says no.
-    if maybe_sampled(ptr as usize) {
-        // Recorded before the block is released: once released, its address can be sampled
-        // again by another thread, and that record must come after this one.
-        sampling::sampled_free(ptr as usize);
-    }
-}
-
 unsafe extern "C" fn hook_malloc<const D: usize, const L: usize>(
     _ctx: *mut c_void,
     size: usize,
@@ -136,7 +125,23 @@ unsafe extern "C" fn hook_free<const D: usize, const L: usize>(
     if D == RAW && escape::owns(ptr) {
         return escape::free(ptr);
     }
-    free_check(ptr);
+    // No NULL test: NULL was never sampled, so it passes the filter only on a rare collision,
+    // and the exact set then says no.
+    if maybe_sampled(ptr as usize) {
+        return slow_free::<D, L>(ptr);
+    }
+    let p = chain::prev(L, D);
+    (p.free)(p.ctx, ptr)
+}
+
+/// A free whose address passed the filter. Out of line, with the release in it too, so that
+/// the fast path above keeps nothing across a call and saves no register.
+#[cold]
+#[inline(never)]
+unsafe fn slow_free<const D: usize, const L: usize>(ptr: *mut c_void) {
+    // Recorded before the block is released: once released, its address can be sampled
+    // again by another thread, and that record must come after this one.
+    sampling::sampled_free(ptr as usize);
     let p = chain::prev(L, D);
     (p.free)(p.ctx, ptr)
 }

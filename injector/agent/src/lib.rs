@@ -24,8 +24,10 @@ mod lifecycle;
 mod lock;
 mod native;
 mod python;
+mod sample_stack;
 mod sampler;
 mod sampling;
+mod stacks;
 mod sys;
 mod unwind;
 

@@ -20,6 +20,7 @@ use crate::frames::CodeKey;
 use crate::lock::SpinLock;
 use crate::python::{self, Api};
 use crate::sampler;
+use crate::stacks::Stacks;
 use crate::sys::{self, now_ns};
 use mprof_common::layout::{self, PyLayout};
 use mprof_common::record::{EndReason, KIND_END};
@@ -75,6 +76,8 @@ pub struct Session {
     /// The sampled blocks that are still live.
     pub set: AddrSet,
     pub caches: Caches,
+    /// Node ids of the stacks announced so far, and each thread's previous chain.
+    pub stacks: Stacks,
     /// The hooks the session installed.
     table: Option<&'static HookTable>,
 }
@@ -93,6 +96,7 @@ pub static SESSION: SpinLock<Session> = SpinLock::new(Session {
         codes: [None; CODE_CACHE],
         lines: [None; LINE_CACHE],
     },
+    stacks: Stacks::new(),
     table: None,
 });
 
@@ -171,6 +175,7 @@ pub unsafe fn start(
     s.layout = Some(layout);
     s.max_depth = (max_depth as usize).clamp(1, crate::frames::MAX_FRAMES);
     s.caches.generation = s.caches.generation.wrapping_add(1);
+    s.stacks.reset();
     s.table = Some(table);
     sampler::configure(rate, seed, layer);
     ENABLED.store(true, Ordering::Release);
@@ -234,6 +239,7 @@ pub fn stop_locked(s: &mut Session, reason: EndReason) {
         _ => chain::Lost::default(),
     };
     s.set.clear();
+    s.stacks.release();
     let Some(mut m) = s.mapped.take() else { return };
     if lost.any() {
         let names = ["raw", "mem", "obj"];
@@ -265,19 +271,28 @@ pub fn stop_locked(s: &mut Session, reason: EndReason) {
 /// Why the session should end now, if it should: the reader asked for a detach, its heartbeat
 /// is older than `timeout_ns`, or the interpreter is finalizing.
 pub fn stop_reason(s: &Session, api: &Api) -> Option<EndReason> {
+    stop_reason_at(s, api, now_ns())
+}
+
+/// [`stop_reason`] with the time already read (`now`, from `now_ns`).
+pub fn stop_reason_at(s: &Session, api: &Api, now: u64) -> Option<EndReason> {
     let m = s.mapped.as_ref()?;
     if python::finalizing(api) {
         return Some(EndReason::Finalizing);
     }
-    reader_stopped(m.ring.header(), READER_TIMEOUT_NS)
+    reader_stopped_at(m.ring.header(), READER_TIMEOUT_NS, now)
 }
 
 fn reader_stopped(h: &RingHeader, timeout_ns: u64) -> Option<EndReason> {
+    reader_stopped_at(h, timeout_ns, now_ns())
+}
+
+fn reader_stopped_at(h: &RingHeader, timeout_ns: u64, now: u64) -> Option<EndReason> {
     if h.state.load(Ordering::Acquire) == STATE_STOP_REQUESTED {
         return Some(EndReason::Detached);
     }
     let beat = h.reader_heartbeat_ns.load(Ordering::Acquire);
-    (beat != 0 && now_ns().saturating_sub(beat) > timeout_ns).then_some(EndReason::ReaderGone)
+    (beat != 0 && now.saturating_sub(beat) > timeout_ns).then_some(EndReason::ReaderGone)
 }
 
 /// In a forked child that is followed: go on sampling into the child's own ring (`base`, `len`,
@@ -296,6 +311,7 @@ pub fn continue_in_child(s: &mut Session, base: *mut u8, len: usize) {
     }
     s.set.clear();
     s.caches.generation = s.caches.generation.wrapping_add(1);
+    s.stacks.reset();
     let h = ring.header();
     // SAFETY: getpid has no preconditions.
     h.agent_pid
@@ -319,4 +335,5 @@ pub fn forget_in_child(s: &mut Session) {
         unsafe { sys::munmap(m.base.cast(), m.len) };
     }
     s.set.clear();
+    s.stacks.release();
 }

@@ -83,7 +83,17 @@ unsafe extern "C" fn hook_reallocarray(ptr: *mut c_void, n: usize, size: usize) 
 }
 
 unsafe extern "C" fn hook_free(ptr: *mut c_void) {
-    free_check(ptr);
+    if maybe_sampled(ptr as usize) {
+        return slow_free(ptr);
+    }
+    sys::free(ptr)
+}
+
+/// A free that passed the filter, out of line so that `hook_free` saves no register.
+#[cold]
+#[inline(never)]
+unsafe fn slow_free(ptr: *mut c_void) {
+    sampling::sampled_free(ptr as usize);
     sys::free(ptr)
 }
 

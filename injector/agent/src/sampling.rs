@@ -4,17 +4,15 @@
 //! the session must end.
 
 use crate::chain;
-use crate::frames::{self, CodeKey, RawFrame, MAX_FRAMES};
-use crate::lifecycle::{self, Caches, LineEntry, Session, ENABLED, LINE_CACHE, SESSION};
+use crate::lifecycle::{self, Session, ENABLED, SESSION};
 use crate::python::{self, Api};
+use crate::sample_stack::{Announcer, Stack};
 use crate::sampler::{self, ThreadState, EPOCH, GIL_COUNTDOWN, IDLE_COUNTDOWN, THREAD};
 use crate::sys::{self, now_ns};
-use mprof_common::layout::PyLayout;
 use mprof_common::record::{
-    Allocator, Frame, ALLOC_FIXED, ALLOC_NATIVE_STACK, ALLOC_TRUNCATED, CODE_FIXED, FRAME_SIZE,
-    KIND_ALLOC, KIND_CODE, KIND_FREE, MAX_NATIVE_FRAMES,
+    Allocator, ALLOC_NATIVE_STACK, ALLOC_TRUNCATED, KIND_FREE, MAX_NATIVE_FRAMES,
 };
-use mprof_common::ring::Ring;
+use mprof_common::stacks::{write_sample, Sample, KIND_SAMPLE, SAMPLE_FIXED};
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering;
@@ -51,9 +49,9 @@ pub unsafe fn sampled_alloc(
         let sample = !was_busy && decide(domain, layer, t, size);
         let ptr = call();
         if sample && !ptr.is_null() {
-            let mut native = [0u64; MAX_NATIVE_FRAMES];
-            let n = native_stack(&mut native);
-            record_alloc(t, ptr as usize, size, allocator_of(domain), &native[..n]);
+            let mut native = [const { MaybeUninit::<u64>::uninit() }; MAX_NATIVE_FRAMES];
+            let native = native_stack(&mut native);
+            record_alloc(t, ptr as usize, size, allocator_of(domain), native);
         }
         t.busy.set(was_busy);
         ptr
@@ -61,12 +59,14 @@ pub unsafe fn sampled_alloc(
 }
 
 /// The native stack of this sample (`--native`), unwound before the session lock is taken.
-fn native_stack(out: &mut [u64]) -> usize {
-    if crate::unwind::on() {
+fn native_stack(out: &mut [MaybeUninit<u64>]) -> &[u64] {
+    let n = if crate::unwind::on() {
         crate::unwind::unwind(out)
     } else {
         0
-    }
+    };
+    // SAFETY: `unwind` wrote the first `n`.
+    unsafe { std::slice::from_raw_parts(out.as_ptr().cast(), n) }
 }
 
 /// Whether this allocation, whose countdown in `layer` ran out, is sampled; re-arms the
@@ -136,6 +136,8 @@ unsafe fn record_alloc(
 /// runs under the session lock: the old block's FREE is recorded only if the realloc
 /// succeeded (a failed one leaves the block live), and still before any other thread can
 /// record an allocation at the released address.
+#[cold]
+#[inline(never)]
 pub unsafe fn sampled_realloc(
     domain: usize,
     layer: usize,
@@ -152,8 +154,12 @@ pub unsafe fn sampled_realloc(
             return ptr;
         }
         let sample = countdown_ran_out && decide(domain, layer, t, size);
-        let mut native = [0u64; MAX_NATIVE_FRAMES];
-        let n = if sample { native_stack(&mut native) } else { 0 };
+        let mut native = [const { MaybeUninit::<u64>::uninit() }; MAX_NATIVE_FRAMES];
+        let native = if sample {
+            native_stack(&mut native)
+        } else {
+            &[]
+        };
         let mut shared = SESSION.lock();
         let was_sampled = shared.set.contains(old);
         let ptr = call();
@@ -162,7 +168,6 @@ pub unsafe fn sampled_realloc(
             record_free_locked(&mut shared, old);
         }
         if sample && !ptr.is_null() {
-            let native = &native[..n];
             record_alloc_locked(
                 &mut shared,
                 t,
@@ -186,81 +191,72 @@ unsafe fn record_alloc_locked(
     allocator: Allocator,
     native: &[u64],
 ) {
-    // Uninitialised: zeroing 8 KiB per sample cost more than the walk itself.
-    let mut raw = [const { MaybeUninit::<RawFrame>::uninit() }; MAX_FRAMES];
-    let mut frames = [const { MaybeUninit::<Frame>::uninit() }; MAX_FRAMES];
     let Some(api) = python::api() else { return };
-    let Some(layout) = shared.layout else { return };
     if shared.mapped.is_none() || !ENABLED.load(Ordering::Relaxed) {
         return;
     }
-    if let Some(reason) = lifecycle::stop_reason(shared, api) {
+    let now = now_ns();
+    if let Some(reason) = lifecycle::stop_reason_at(shared, api, now) {
         lifecycle::stop_locked(shared, reason);
         return;
     }
-    let (n, truncated) = walk_this_thread(api, layout, &mut raw, shared.max_depth);
+    let tid = tid(t);
     let Session {
         mapped: Some(mapped),
+        layout: Some(layout),
         caches,
         set,
+        stacks,
+        max_depth,
         ..
     } = shared
     else {
         return;
     };
-    let ring = &mut mapped.ring;
-    for (f, out) in raw[..n].iter().zip(frames.iter_mut()) {
-        let f = f.assume_init();
-        if f.code.is_null() {
-            // Never announced: the reader shows it as `<unknown>`.
-            out.write(Frame { code: 0, line: 0 });
-            continue;
-        }
-        let key = announce(caches, ring, layout, f.code);
-        out.write(Frame {
-            code: f.code as u64,
-            line: line(caches, api, layout, key, f),
-        });
-    }
-    // The native section: which Python frames were entries of the bytecode loop, then the
-    // native addresses (see mprof_common::record).
-    let with_native = crate::unwind::on();
-    let mut entries = [0u64; MAX_FRAMES / 64];
-    for (i, f) in raw[..n].iter().enumerate() {
-        if f.assume_init().entry {
-            entries[i / 64] |= 1 << (i % 64);
-        }
-    }
-    let words = n.div_ceil(64);
-    let native_len = if with_native {
-        8 + 8 * (words + native.len())
-    } else {
-        0
+    let mut announcer = Announcer {
+        api,
+        layout,
+        ring: &mut mapped.ring,
+        caches,
+        stacks,
+        max_depth: *max_depth,
     };
-    let body = ALLOC_FIXED + n * FRAME_SIZE + native_len;
-    let tid = tid(t);
+    let stack = match this_thread_state(api) {
+        None => Stack {
+            node: 0,
+            depth: 0,
+            truncated: false,
+        },
+        Some(tstate) => match announcer.this_thread(tid, tstate) {
+            Ok(stack) => stack,
+            Err(_) => return,
+        },
+    };
+    let ring = &mut mapped.ring;
+    let with_native = crate::unwind::on();
+    let native_len = if with_native { 8 + 8 * native.len() } else { 0 };
     let flags = allocator.flags()
-        | if truncated { ALLOC_TRUNCATED } else { 0 }
+        | if stack.truncated { ALLOC_TRUNCATED } else { 0 }
         | if with_native { ALLOC_NATIVE_STACK } else { 0 };
-    let written = ring.try_write(KIND_ALLOC, n as u16, body, |b| {
-        b[0..4].copy_from_slice(&tid.to_le_bytes());
-        b[4..8].copy_from_slice(&flags.to_le_bytes());
-        b[8..16].copy_from_slice(&(addr as u64).to_le_bytes());
-        b[16..24].copy_from_slice(&(size as u64).to_le_bytes());
-        b[24..32].copy_from_slice(&now_ns().to_le_bytes());
-        for (i, f) in frames[..n].iter().enumerate() {
-            // SAFETY: the first `n` frames were written by the loop above.
-            let f = unsafe { f.assume_init() };
-            let at = ALLOC_FIXED + i * FRAME_SIZE;
-            b[at..at + 8].copy_from_slice(&f.code.to_le_bytes());
-            b[at + 8..at + 12].copy_from_slice(&f.line.to_le_bytes());
-        }
+    let sample = Sample {
+        tid,
+        flags,
+        addr: addr as u64,
+        size: size as u64,
+        time_ns: now,
+        stack: stack.node,
+    };
+    let body = SAMPLE_FIXED + native_len;
+    let written = ring.try_write(KIND_SAMPLE, stack.depth as u16, body, |b| {
+        write_sample(b, &sample);
         if with_native {
-            let mut at = ALLOC_FIXED + n * FRAME_SIZE;
+            // The native section (see mprof_common::stacks): no entry bitmap, the nodes
+            // carry the entry marks.
+            let mut at = SAMPLE_FIXED;
             b[at..at + 4].copy_from_slice(&(native.len() as u32).to_le_bytes());
-            b[at + 4..at + 8].copy_from_slice(&(words as u32).to_le_bytes());
+            b[at + 4..at + 8].copy_from_slice(&0u32.to_le_bytes());
             at += 8;
-            for w in entries[..words].iter().chain(native) {
+            for w in native {
                 b[at..at + 8].copy_from_slice(&w.to_le_bytes());
                 at += 8;
             }
@@ -273,54 +269,20 @@ unsafe fn record_alloc_locked(
     }
 }
 
-unsafe fn walk_this_thread(
-    api: &Api,
-    layout: &PyLayout,
-    out: &mut [MaybeUninit<RawFrame>],
-    max_depth: usize,
-) -> (usize, bool) {
+/// The calling thread's thread state, if the interpreter is running and the thread has one.
+unsafe fn this_thread_state(api: &Api) -> Option<*const c_void> {
     if (api.is_initialized)() == 0 {
-        return (0, false);
+        return None;
     }
     let tstate = (api.this_thread_state)();
-    if tstate.is_null() {
-        return (0, false);
-    }
-    frames::walk(api, layout, tstate, out, max_depth)
+    (!tstate.is_null()).then_some(tstate as *const c_void)
 }
 
-/// Writes a CODE record for `code` unless the same code object was announced already.
-unsafe fn announce(
-    caches: &mut Caches,
-    ring: &mut Ring,
-    l: &PyLayout,
-    code: *mut c_void,
-) -> CodeKey {
-    let key = frames::code_key(l, code);
-    let slot = (key.code >> 4).wrapping_mul(0x9E37_79B9) % lifecycle::CODE_CACHE;
-    if caches.codes[slot] == Some((caches.generation, key)) {
-        return key;
-    }
-    let mut filename = [0u8; 1024];
-    let mut name = [0u8; 512];
-    let flen = frames::read_str(l, key.filename as *const c_void, &mut filename);
-    let nlen = frames::read_str(l, key.name as *const c_void, &mut name);
-    let firstline = frames::first_line(l, code);
-    let written = ring.try_write(KIND_CODE, 0, CODE_FIXED + flen + nlen, |b| {
-        b[0..8].copy_from_slice(&(key.code as u64).to_le_bytes());
-        b[8..12].copy_from_slice(&firstline.to_le_bytes());
-        b[12..14].copy_from_slice(&(flen as u16).to_le_bytes());
-        b[14..16].copy_from_slice(&(nlen as u16).to_le_bytes());
-        b[CODE_FIXED..CODE_FIXED + flen].copy_from_slice(&filename[..flen]);
-        b[CODE_FIXED + flen..CODE_FIXED + flen + nlen].copy_from_slice(&name[..nlen]);
-    });
-    if written {
-        caches.codes[slot] = Some((caches.generation, key));
-    }
-    key
-}
-
-/// Slow path of a free whose address passed the filter: record it if it was sampled.
+/// Slow path of a free whose address passed the filter: record it if it was sampled. Kept out
+/// of line so that the free hook's fast path saves no registers (inlined, it cost every free
+/// five pushes and five pops).
+#[cold]
+#[inline(never)]
 pub fn sampled_free(addr: usize) {
     THREAD.with(|t| {
         if t.busy.get() {
@@ -350,29 +312,4 @@ fn record_free_locked(shared: &mut Session, addr: usize) {
         b[..8].copy_from_slice(&(addr as u64).to_le_bytes())
     });
     mapped.ring.header().frees.fetch_add(1, Ordering::Relaxed);
-}
-
-/// The line of a frame, through a direct-mapped cache: scanning line tables is the most
-/// expensive part of a sample.
-unsafe fn line(s: &mut Caches, api: &Api, l: &PyLayout, key: CodeKey, f: RawFrame) -> u32 {
-    let h = (key.code as u64 >> 4 ^ (f.offset as u64) << 20).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let slot = (h >> 40) as usize % LINE_CACHE;
-    if let Some(e) = s.lines[slot] {
-        if e.generation == s.generation
-            && e.code == key.code
-            && e.name == key.name
-            && e.offset == f.offset
-        {
-            return e.line;
-        }
-    }
-    let line = frames::line_of(api, l, f.code, f.offset);
-    s.lines[slot] = Some(LineEntry {
-        generation: s.generation,
-        code: key.code,
-        name: key.name,
-        offset: f.offset,
-        line,
-    });
-    line
 }

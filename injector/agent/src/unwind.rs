@@ -8,6 +8,7 @@
 //! other lock of the agent may be held meanwhile). Frames of the agent itself are left out.
 
 use std::ffi::{c_int, c_void};
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 const URC_NO_REASON: c_int = 0;
@@ -62,7 +63,7 @@ fn own_text() -> Option<(usize, usize)> {
 }
 
 struct Walk<'a> {
-    out: &'a mut [u64],
+    out: &'a mut [MaybeUninit<u64>],
     n: usize,
     lo: usize,
     hi: usize,
@@ -81,14 +82,14 @@ unsafe extern "C" fn step(ctx: *mut c_void, arg: *mut c_void) -> c_int {
     if w.n == w.out.len() {
         return URC_END_OF_STACK;
     }
-    w.out[w.n] = ip as u64;
+    w.out[w.n].write(ip as u64);
     w.n += 1;
     URC_NO_REASON
 }
 
 /// Fills `out` with the calling thread's instruction addresses, innermost first, from the
-/// first frame outside the agent; returns how many.
-pub fn unwind(out: &mut [u64]) -> usize {
+/// first frame outside the agent; returns how many (the first that many are written).
+pub fn unwind(out: &mut [MaybeUninit<u64>]) -> usize {
     let mut w = Walk {
         out,
         n: 0,

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Overhead as simultaneous pinned pairs: the way to read a few percent on a noisy machine.
+
+    python3 benches/pairs.py [--python PATH] [--pairs N] [--workloads alloc,tornado]
+                             [--configs mprof,mprof --rate 1,memray,...]
+
+Each pair runs the unprofiled program on one core and the profiled one on its neighbour at the
+same moment, so both see the same machine (the other tenants of a shared VM, turbo, thermal
+state); the sides swap every other pair. The profiler runs on the profiled program's core (its
+reader's CPU is part of the cost); tornado's client runs on its server's core. Every configuration is also paired once more with itself
+unprofiled ("none"): that row is the noise floor of the method on this machine.
+
+Per workload and configuration it prints the median and the quartiles of the ratios
+(profiled / unprofiled time for alloc, unprofiled / profiled requests per second for tornado: above
+1 is slower either way). One slot (cores 0 and 1) unless --slots says more; a machine with fewer
+than 2 CPUs cannot pair. The workloads and configurations are benches/overhead.py's.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import overhead  # noqa: E402  (the workloads, configurations and runners)
+
+
+def run_pinned(workload, config, args, tmpdir, env, core, out, key):
+    wrapper = ["taskset", "-c", str(core)]
+    capture = os.path.join(tmpdir, "capture-%s.out" % key)
+    if workload == "alloc":
+        result = overhead.run_alloc(config, args, capture, env, wrapper=wrapper)
+    else:
+        result = overhead.run_tornado(config, args, capture, env, args.requests, wrapper=wrapper)
+    out[key] = result
+
+
+def ratio(workload, base, other):
+    if base.error or other.error:
+        return None
+    if workload == "alloc":
+        return other.value / base.value
+    return base.value / other.value
+
+
+def pairs_of(workload, base_config, config, args, tmpdir, env):
+    """`args.pairs` ratios (after one warm-up pair) of config against base_config."""
+    ratios, failures = [], []
+    for rep in range(args.pairs + 1):
+        out, threads = {}, []
+        for slot in range(args.slots):
+            a, b = 2 * slot, 2 * slot + 1
+            if rep % 2:
+                a, b = b, a
+            for cfg, core, side in ((base_config, a, "a"), (config, b, "b")):
+                key = "%d%s" % (slot, side)
+                threads.append(threading.Thread(
+                    target=run_pinned, args=(workload, cfg, args, tmpdir, env, core, out, key)))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if rep == 0:
+            continue
+        for slot in range(args.slots):
+            base, other = out["%da" % slot], out["%db" % slot]
+            r = ratio(workload, base, other)
+            if r is None:
+                failures.append(base.error or other.error)
+            else:
+                ratios.append(r)
+        print("  %s %s pair %d/%d: %s" % (workload, config.name, rep, args.pairs,
+                                         "%.3f" % ratios[-1] if ratios else "failed"),
+              file=sys.stderr, flush=True)
+    return ratios, failures
+
+
+def summary(ratios):
+    if len(ratios) < 2:
+        return ["%.3f" % ratios[0] if ratios else "-", "-", "-"]
+    q = statistics.quantiles(ratios, n=4)
+    return ["%.3f" % statistics.median(ratios), "%.3f..%.3f" % (q[0], q[2]),
+            "%.3f..%.3f" % (min(ratios), max(ratios))]
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n", 2)[2])
+    p.add_argument("--python", default=overhead.default_python(),
+                   help="interpreter under test (default: the newest ~/.pyenv/versions/3.11.*)")
+    p.add_argument("--mprof", default=os.path.join(overhead.ROOT, "target", "release", "mprof"))
+    p.add_argument("--pairs", type=int, default=12, help="pairs per configuration (default 12)")
+    p.add_argument("--slots", type=int, default=1, help="pairs run at once, on cores 2k and 2k+1")
+    p.add_argument("--workloads", default="alloc,tornado")
+    p.add_argument("--configs", default="none,mprof,mprof --rate 1,memray,memray --trace-python-allocators",
+                   help="comma-separated; 'none' pairs the program with itself (the noise floor)")
+    p.add_argument("--requests", type=int, default=10000)
+    p.add_argument("--connections", type=int, default=8)
+    p.add_argument("--timeout", type=int, default=300)
+    p.add_argument("--markdown", action="store_true")
+    args = p.parse_args()
+    if (os.cpu_count() or 1) < 2 * args.slots:
+        p.error("%d slot(s) need %d CPUs, this machine has %d" % (args.slots, 2 * args.slots, os.cpu_count()))
+    if not args.python or not os.path.exists(args.python):
+        p.error("no Python interpreter found; pass --python PATH")
+    if not os.access(args.mprof, os.X_OK):
+        p.error("%s not found: run `cargo build --release` first" % args.mprof)
+    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    return args
+
+
+def main():
+    args = parse_args()
+    with_memray = overhead.importable(args.python, "memray")
+    configs = {c.name: c for c in overhead.make_configs(os.path.abspath(args.mprof), with_memray)}
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
+    workloads = list(args.workloads)
+    if "tornado" in workloads and not overhead.importable(args.python, "tornado"):
+        print("skipping tornado: not installed for %s (pip install -r %s)" % (args.python, overhead.REQUIREMENTS),
+              file=sys.stderr)
+        workloads.remove("tornado")
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="mprof-pairs-") as tmpdir:
+            for workload in workloads:
+                for name in args.configs:
+                    if name not in configs:
+                        print("skipping %r: not available (memray not importable?)" % name, file=sys.stderr)
+                        continue
+                    ratios, failures = pairs_of(workload, configs["none"], configs[name], args, tmpdir, env)
+                    label = "none (noise floor)" if name == "none" else name
+                    rows.append([workload, label, str(len(ratios))] + summary(ratios))
+                    for failure in failures[:2]:
+                        print("  failed: %s" % failure, file=sys.stderr)
+    finally:
+        overhead.kill_all_groups()
+    print()
+    print("python: %s; %d pair(s) per row, one slot = cores 0 and 1, sides swapped every other pair; "
+          "load average %.2f" % (args.python, args.pairs, os.getloadavg()[0]))
+    print()
+    overhead.print_table(rows, args.markdown,
+                         ["workload", "configuration", "pairs", "median ratio", "quartiles", "min..max"])
+
+
+if __name__ == "__main__":
+    main()

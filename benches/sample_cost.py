@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""What one sample costs the profiled program, in instructions and simulated cache misses.
+
+    python3 benches/sample_cost.py                  # 30-deep Python stack, the newest 3.12
+    python3 benches/sample_cost.py --depth 10 --python ~/.pyenv/versions/3.11.7/bin/python3
+    python3 benches/sample_cost.py --native         # the same with --native (native unwind)
+
+The workload (workloads/deep_stack.py) recurses to a fixed depth, then allocates in a loop. It
+runs under valgrind's cachegrind (cache simulation on) *inside* `mprof record`: only the Python
+process is under valgrind, the reader runs at full speed and keeps up, so no sample is dropped and
+every sample is paid for.
+
+Each configuration runs at two sizes of the loop; the difference cancels start-up and the
+profiler's fixed costs. Then
+
+    per sample = (cost at the sampling rate − cost with hooks but no samples) / samples taken
+
+where "hooks but no samples" is `--rate` far above the bytes allocated, and the number of samples
+is read from the capture. The hook-only cost per loop iteration is printed beside it.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKLOAD = os.path.join(HERE, "workloads", "deep_stack.py")
+NO_SAMPLES_RATE = 1 << 40
+
+
+def newest_python(minor):
+    found = glob.glob(os.path.expanduser("~/.pyenv/versions/3.%d.*/bin/python3" % minor))
+    found.sort(key=lambda p: int(re.search(r"3\.%d\.(\d+)" % minor, p).group(1)))
+    return found[-1] if found else None
+
+
+def counters(log):
+    """Instructions, D1 misses and last-level misses from a cachegrind log."""
+    def total(label):
+        m = re.search(r"%s:\s+([\d,]+)" % label, log)
+        return int(m.group(1).replace(",", "")) if m else 0
+    return {
+        "instr": total(r"I\s+refs"),
+        "d1": total(r"D1\s+misses"),
+        "ll": total(r"LL\s+misses"),
+    }
+
+
+def samples_in(mprof, capture):
+    """Samples taken (written + dropped) according to the capture's summary."""
+    out = subprocess.run(
+        [mprof, "report", "--json", capture], capture_output=True, text=True, check=True
+    ).stdout
+    doc = json.loads(out)
+    return int(doc["samples"]) + int(doc["dropped"])
+
+
+def run(args, rate, iterations, tmp):
+    capture = os.path.join(tmp, "cost.mprof")
+    log = os.path.join(tmp, "vg.log")
+    cmd = [args.mprof, "record", "--quiet", "--rate", str(rate), "-o", capture]
+    if args.native:
+        cmd.append("--native")
+    cmd += [
+        "--", "valgrind", "--tool=cachegrind", "--cache-sim=yes",
+        "--cachegrind-out-file=/dev/null", "--log-file=" + log,
+        args.python, WORKLOAD, str(iterations), str(args.depth),
+    ]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(log, errors="replace") as f:
+        c = counters(f.read())
+    c["samples"] = samples_in(args.mprof, capture)
+    c["capture"] = os.path.getsize(capture)
+    return c
+
+
+def delta(a, b):
+    return {k: b[k] - a[k] for k in a}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--python", default=newest_python(12) or "python3")
+    p.add_argument("--mprof", default=os.path.join(HERE, "..", "target", "release", "mprof"))
+    p.add_argument("--depth", type=int, default=30, help="Python frames on the stack when allocating")
+    p.add_argument("--rate", type=int, default=1, help="sampling rate whose samples are costed (bytes)")
+    p.add_argument("--small", type=int, default=20_000, help="loop iterations of the small run")
+    p.add_argument("--large", type=int, default=60_000, help="loop iterations of the large run")
+    p.add_argument("--native", action="store_true", help="record with --native")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="mprof-cost-") as tmp:
+        extra = args.large - args.small
+        hooks = delta(run(args, NO_SAMPLES_RATE, args.small, tmp), run(args, NO_SAMPLES_RATE, args.large, tmp))
+        sampled = delta(run(args, args.rate, args.small, tmp), run(args, args.rate, args.large, tmp))
+    samples = sampled["samples"]
+    if samples <= 0:
+        sys.exit("no samples were taken: raise the loop size or lower --rate")
+    per = {k: (sampled[k] - hooks[k]) / samples for k in ("instr", "d1", "ll")}
+    print("python %s, %d-deep stack, rate %d%s" % (args.python, args.depth, args.rate, ", --native" if args.native else ""))
+    print("  hooks only:  %8.0f instructions per loop iteration" % (hooks["instr"] / extra))
+    print("  per sample:  %8.0f instructions  %6.2f D1 misses  %6.2f LL misses  (%d samples)" % (
+        per["instr"], per["d1"], per["ll"], samples))
+    print("  capture:     %8.1f bytes per sample" % (sampled["capture"] / samples))
+
+
+if __name__ == "__main__":
+    main()

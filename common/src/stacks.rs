@@ -1,0 +1,290 @@
+//! Interned stacks: the agent announces each distinct stack once, as a chain of STACK nodes,
+//! and a sample names its innermost node instead of carrying every frame.
+//!
+//! ```text
+//!  STACK (kind 10), aux = flags (bit 0: the frame was an entry of the bytecode loop)
+//!  0      4        8            16     20     24
+//!  +------+--------+------------+------+------+
+//!  | id   | parent | code u64   | line | pad  |
+//!  +------+--------+------------+------+------+
+//!
+//!  SAMPLE (kind 11), aux = Python frames in the stack
+//!  0      4       8          16         24          32      36     40
+//!  +------+-------+----------+----------+-----------+-------+------+----------------+
+//!  | tid  | flags | addr u64 | size u64 | time u64  | stack | pad  | native section |
+//!  +------+-------+----------+----------+-----------+-------+------+----------------+
+//! ```
+//! A node is one frame (a code object, announced by CODE, and a line) on top of its `parent`
+//! (0: the outermost frame). Ids are given out in increasing order, so a node's parent always
+//! has a smaller id; the agent starts again from 1 when its table fills, and a later
+//! definition of an id replaces the earlier one (records are read in order). SAMPLE flags are
+//! ALLOC's. Its native section, when flag bit 3 says there is one, is ALLOC's with no entry
+//! bitmap (`nwords` 0): the nodes carry the entry marks.
+//!
+//! Readers turn a SAMPLE back into the ALLOC record it stands for with [`Expander`], so that
+//! everything after it sees one kind of sample.
+
+use crate::record::{
+    preamble, ALLOC_FIXED, ALLOC_NATIVE_STACK, FRAME_SIZE, KIND_ALLOC, MAX_NATIVE_FRAMES, PREAMBLE,
+};
+
+pub const KIND_STACK: u16 = 10;
+pub const KIND_SAMPLE: u16 = 11;
+/// Size of a STACK body.
+pub const STACK_BODY: usize = 24;
+/// Size of the fixed part of a SAMPLE body.
+pub const SAMPLE_FIXED: usize = 40;
+/// STACK aux bit: the frame was the first one a C-level call of the bytecode loop ran.
+pub const STACK_ENTRY: u16 = 1;
+/// Largest node id a writer uses (the agent's table starts again below it).
+pub const MAX_STACK_ID: u32 = 1 << 20;
+/// Deepest stack a SAMPLE may name.
+pub const MAX_STACK_DEPTH: usize = 256;
+
+/// One node as the agent writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Node {
+    pub parent: u32,
+    pub code: u64,
+    pub line: u32,
+    pub entry: bool,
+}
+
+/// Writes the body of a STACK record into `b` (at least [`STACK_BODY`] bytes); returns its aux.
+pub fn write_stack(b: &mut [u8], id: u32, node: &Node) -> u16 {
+    b[0..4].copy_from_slice(&id.to_le_bytes());
+    b[4..8].copy_from_slice(&node.parent.to_le_bytes());
+    b[8..16].copy_from_slice(&node.code.to_le_bytes());
+    b[16..20].copy_from_slice(&node.line.to_le_bytes());
+    b[20..24].copy_from_slice(&0u32.to_le_bytes());
+    if node.entry {
+        STACK_ENTRY
+    } else {
+        0
+    }
+}
+
+/// Writes the fixed part of a SAMPLE body into `b` (at least [`SAMPLE_FIXED`] bytes); the
+/// record's aux is the stack's depth.
+pub fn write_sample(b: &mut [u8], s: &Sample) {
+    b[0..4].copy_from_slice(&s.tid.to_le_bytes());
+    b[4..8].copy_from_slice(&s.flags.to_le_bytes());
+    b[8..16].copy_from_slice(&s.addr.to_le_bytes());
+    b[16..24].copy_from_slice(&s.size.to_le_bytes());
+    b[24..32].copy_from_slice(&s.time_ns.to_le_bytes());
+    b[32..36].copy_from_slice(&s.stack.to_le_bytes());
+    b[36..40].copy_from_slice(&0u32.to_le_bytes());
+}
+
+/// The fixed part of a SAMPLE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    pub tid: u32,
+    pub flags: u32,
+    pub addr: u64,
+    pub size: u64,
+    pub time_ns: u64,
+    /// The innermost node, 0 for a sample with no Python frame.
+    pub stack: u32,
+}
+
+/// A whole STACK record (tests and tools; the agent writes into its ring).
+pub fn encode_stack(id: u32, node: &Node) -> Vec<u8> {
+    let mut body = [0u8; STACK_BODY];
+    let aux = write_stack(&mut body, id, node);
+    whole(KIND_STACK, aux, &body)
+}
+
+/// A whole SAMPLE record with `depth` frames and, if given, native return addresses.
+pub fn encode_sample(s: &Sample, depth: u16, native: Option<&[u64]>) -> Vec<u8> {
+    let mut body = vec![0u8; SAMPLE_FIXED];
+    write_sample(&mut body, s);
+    if let Some(addrs) = native {
+        body.extend_from_slice(&(addrs.len() as u32).to_le_bytes());
+        body.extend_from_slice(&0u32.to_le_bytes());
+        for a in addrs {
+            body.extend_from_slice(&a.to_le_bytes());
+        }
+    }
+    whole(KIND_SAMPLE, depth, &body)
+}
+
+fn whole(kind: u16, aux: u16, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(PREAMBLE + body.len());
+    out.extend_from_slice(&((PREAMBLE + body.len()) as u32).to_le_bytes());
+    out.extend_from_slice(&kind.to_le_bytes());
+    out.extend_from_slice(&aux.to_le_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+/// What [`Expander::feed`] made of a record.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Expanded<'a> {
+    /// Not a stack record: use the bytes as they are.
+    Pass(&'a [u8]),
+    /// A STACK node, now known to the expander: nothing to show.
+    Consumed,
+    /// A SAMPLE, rewritten as the ALLOC record it stands for.
+    Alloc(Vec<u8>),
+    /// A stack record that cannot be right (a node or sample naming nodes never defined, or
+    /// a depth that does not match): skip it.
+    Bad(&'static str),
+}
+
+/// Rebuilds samples from interned stacks, reading records in order. Memory is bounded by
+/// [`MAX_STACK_ID`] nodes, whatever the input.
+#[derive(Default)]
+pub struct Expander {
+    /// Index = id; `None` = never defined. Index 0 is the root and is never defined.
+    nodes: Vec<Option<Node>>,
+    frames: Vec<Node>,
+}
+
+impl Expander {
+    pub fn new() -> Expander {
+        Expander::default()
+    }
+
+    /// Takes one whole record (its preamble first). Bytes that are not a record pass.
+    pub fn feed<'a>(&mut self, bytes: &'a [u8]) -> Expanded<'a> {
+        let Ok((len, kind, aux)) = preamble(bytes) else {
+            return Expanded::Pass(bytes);
+        };
+        let Some(body) = bytes.get(PREAMBLE..len) else {
+            return Expanded::Pass(bytes);
+        };
+        match kind {
+            KIND_STACK => self.define(body, aux),
+            KIND_SAMPLE => self.expand(body, aux as usize),
+            _ => Expanded::Pass(bytes),
+        }
+    }
+
+    fn define(&mut self, body: &[u8], aux: u16) -> Expanded<'static> {
+        if body.len() < STACK_BODY {
+            return Expanded::Bad("a stack node record is too short");
+        }
+        let id = u32_at(body, 0);
+        let node = Node {
+            parent: u32_at(body, 4),
+            code: u64_at(body, 8),
+            line: u32_at(body, 16),
+            entry: aux & STACK_ENTRY != 0,
+        };
+        if id == 0 || id > MAX_STACK_ID || node.parent >= id {
+            return Expanded::Bad("a stack node has an impossible id");
+        }
+        if node.parent != 0 && self.node(node.parent).is_none() {
+            return Expanded::Bad("a stack node names a parent never defined");
+        }
+        let id = id as usize;
+        if self.nodes.len() <= id {
+            self.nodes.resize(id + 1, None);
+        }
+        self.nodes[id] = Some(node);
+        Expanded::Consumed
+    }
+
+    fn node(&self, id: u32) -> Option<Node> {
+        self.nodes.get(id as usize).copied().flatten()
+    }
+
+    fn expand(&mut self, body: &[u8], depth: usize) -> Expanded<'static> {
+        if body.len() < SAMPLE_FIXED {
+            return Expanded::Bad("a sample record is too short");
+        }
+        if depth > MAX_STACK_DEPTH {
+            return Expanded::Bad("a sample is deeper than any stack");
+        }
+        let flags = u32_at(body, 4);
+        let mut id = u32_at(body, 32);
+        self.frames.clear();
+        while id != 0 && self.frames.len() <= depth {
+            let Some(node) = self.node(id) else {
+                return Expanded::Bad("a sample names a stack never defined");
+            };
+            self.frames.push(node);
+            id = node.parent;
+        }
+        if self.frames.len() != depth || id != 0 {
+            return Expanded::Bad("a sample's stack is not as deep as it says");
+        }
+        let native = if flags & ALLOC_NATIVE_STACK != 0 {
+            match native_addresses(&body[SAMPLE_FIXED..]) {
+                Some(addrs) => Some(addrs),
+                None => return Expanded::Bad("a sample's native section is damaged"),
+            }
+        } else {
+            None
+        };
+        Expanded::Alloc(self.alloc_bytes(body, native))
+    }
+
+    /// The ALLOC record (see `record`) the sample stands for.
+    fn alloc_bytes(&self, body: &[u8], native: Option<&[u8]>) -> Vec<u8> {
+        let depth = self.frames.len();
+        let words = depth.div_ceil(64);
+        let native_len = native.map_or(0, |a| 8 + 8 * words + a.len());
+        let len = PREAMBLE + ALLOC_FIXED + depth * FRAME_SIZE + native_len;
+        let mut out = Vec::with_capacity(len);
+        out.extend_from_slice(&(len as u32).to_le_bytes());
+        out.extend_from_slice(&KIND_ALLOC.to_le_bytes());
+        out.extend_from_slice(&(depth as u16).to_le_bytes());
+        out.extend_from_slice(&body[..ALLOC_FIXED]);
+        for f in &self.frames {
+            out.extend_from_slice(&f.code.to_le_bytes());
+            out.extend_from_slice(&f.line.to_le_bytes());
+            out.extend_from_slice(&0u32.to_le_bytes());
+        }
+        if let Some(addrs) = native {
+            let mut entries = vec![0u64; words];
+            for (i, f) in self.frames.iter().enumerate() {
+                if f.entry {
+                    entries[i / 64] |= 1 << (i % 64);
+                }
+            }
+            out.extend_from_slice(&((addrs.len() / 8) as u32).to_le_bytes());
+            out.extend_from_slice(&(words as u32).to_le_bytes());
+            for w in entries {
+                out.extend_from_slice(&w.to_le_bytes());
+            }
+            out.extend_from_slice(addrs);
+        }
+        debug_assert_eq!(out.len(), len);
+        out
+    }
+}
+
+/// The native return addresses of a SAMPLE body, if its flags say it has a native section and
+/// the section is whole.
+pub fn sample_native_addrs(body: &[u8]) -> Option<Vec<u64>> {
+    let flags = u32_at(body.get(..SAMPLE_FIXED)?, 4);
+    if flags & ALLOC_NATIVE_STACK == 0 {
+        return None;
+    }
+    let addrs = native_addresses(&body[SAMPLE_FIXED..])?;
+    Some(addrs.chunks_exact(8).map(|c| u64_at(c, 0)).collect())
+}
+
+/// The return addresses of a SAMPLE's native section (`section` starts at its `nnative`).
+fn native_addresses(section: &[u8]) -> Option<&[u8]> {
+    let head = section.get(..8)?;
+    let n = u32_at(head, 0) as usize;
+    let words = u32_at(head, 4) as usize;
+    if n > MAX_NATIVE_FRAMES || words != 0 {
+        return None;
+    }
+    section.get(8..8 + 8 * n)
+}
+
+#[cfg(test)]
+mod tests;

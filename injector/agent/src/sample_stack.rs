@@ -1,0 +1,268 @@
+//! The allocating thread's Python stack as one interned node: walk the frame chain, keep the
+//! part that has not changed since the thread's previous sample (its nodes are known), and
+//! announce the rest — CODE records for new code objects, STACK records for new nodes.
+//!
+//! Between two samples of a thread usually only the innermost frame or two differ, so the
+//! per-frame work (checking the code object, finding the line, interning) is paid for those
+//! only; the other frames cost a few loads and a compare each.
+
+use crate::frames::{self, CodeKey, Found, Link, RawFrame, MAX_FRAMES};
+use crate::lifecycle::{self, Caches, LineEntry};
+use crate::python::Api;
+use crate::stacks::{Cached, FrameKey, Interned, Stacks, ThreadChain, LINK_CAP};
+use mprof_common::layout::PyLayout;
+use mprof_common::record::{CODE_FIXED, KIND_CODE};
+use mprof_common::ring::Ring;
+use mprof_common::stacks::{write_stack, Node, KIND_STACK, STACK_BODY, STACK_ENTRY};
+use std::ffi::c_void;
+use std::mem::MaybeUninit;
+
+/// How many links, outermost first, are as they were: `now` is innermost first, `before`
+/// outermost first and no longer than `now`.
+#[inline]
+fn unchanged(now: &[Link], before: &[Cached]) -> usize {
+    let n = now.len();
+    let mut i = 0;
+    while i < before.len() {
+        // SAFETY: `i < before.len() <= n`, so both indices are in bounds.
+        let (a, b) = unsafe { (now.get_unchecked(n - 1 - i), &before.get_unchecked(i).link) };
+        if !a.same(b) {
+            break;
+        }
+        i += 1;
+    }
+    i
+}
+
+/// Everything announcing frames needs, borrowed from the session.
+pub struct Announcer<'a> {
+    pub api: &'a Api,
+    pub layout: &'a PyLayout,
+    pub ring: &'a mut Ring,
+    pub caches: &'a mut Caches,
+    pub stacks: &'a mut Stacks,
+    pub max_depth: usize,
+}
+
+/// A sample's stack: its innermost node and how many Python frames it has.
+#[derive(Clone, Copy)]
+pub struct Stack {
+    pub node: u32,
+    pub depth: u32,
+    /// The stack was deeper than `max_depth`: only the innermost frames are in it.
+    pub truncated: bool,
+}
+
+/// Why a stack could not be had.
+pub enum Lost {
+    /// The ring had no room for a record it needed.
+    RingFull,
+    /// The node table was full and started again: the nodes this walk had named are gone.
+    TableFull,
+}
+use Lost::RingFull;
+
+impl Announcer<'_> {
+    /// The stack of the calling thread (`tid`), whose thread state is `tstate`.
+    ///
+    /// # Safety
+    /// `tstate` is the calling thread's own thread state.
+    pub unsafe fn this_thread(&mut self, tid: u32, tstate: *const c_void) -> Result<Stack, Lost> {
+        let mut links = [const { MaybeUninit::<Link>::uninit() }; LINK_CAP];
+        let (n, whole) = frames::links(self.layout, tstate, &mut links);
+        if whole {
+            // SAFETY: `links` wrote the first `n`.
+            let links = std::slice::from_raw_parts(links.as_ptr() as *const Link, n);
+            match self.cached(tid, links) {
+                Ok(Some(stack)) => return Ok(stack),
+                Ok(None) => {}
+                Err(Lost::TableFull) => return self.uncached(tid, tstate),
+                Err(lost) => return Err(lost),
+            }
+        }
+        match self.uncached(tid, tstate) {
+            // Once more with the emptied table: a stack never needs more than a fraction of it.
+            Err(Lost::TableFull) => self.uncached(tid, tstate),
+            other => other,
+        }
+    }
+
+    /// Through the thread's previous chain. `Ok(None)`: this chain cannot be cached (too deep
+    /// or broken), walk it the plain way.
+    unsafe fn cached(&mut self, tid: u32, links: &[Link]) -> Result<Option<Stack>, Lost> {
+        let Some(chain) = self.stacks.chain_of(tid) else {
+            return Ok(None);
+        };
+        let chain: *mut ThreadChain = chain;
+        // SAFETY: the chain is mapped memory of `stacks` that interning never touches (node
+        // ids live in another mapping), so it can be used beside `&mut self`.
+        let chain = &mut *chain;
+        let n = links.len();
+        let same = unchanged(links, &chain.links[..chain.len.min(n)]);
+        chain.len = same;
+        let (mut node, mut depth) = match same {
+            0 => (0, 0),
+            k => (chain.links[k - 1].node, chain.links[k - 1].depth),
+        };
+        for i in same..n {
+            let link = links[n - 1 - i];
+            let f = link.frame as *const c_void;
+            match frames::code_and_offset(self.api, self.layout, f) {
+                Found::Skip => {}
+                Found::Broken => return Ok(None),
+                Found::Code(code, offset) => {
+                    depth += 1;
+                    if depth as usize > self.max_depth {
+                        return Ok(None);
+                    }
+                    let entry = frames::is_entry(self.layout, f);
+                    let raw = RawFrame {
+                        code,
+                        offset,
+                        entry,
+                    };
+                    node = self.node_of(node, raw)?;
+                }
+            }
+            chain.links[i] = Cached { link, node, depth };
+            chain.len = i + 1;
+        }
+        Ok(Some(Stack {
+            node,
+            depth,
+            truncated: false,
+        }))
+    }
+
+    /// The plain walk: innermost `max_depth` frames, interned from the outermost kept. The
+    /// thread's cached chain is void after it.
+    unsafe fn uncached(&mut self, tid: u32, tstate: *const c_void) -> Result<Stack, Lost> {
+        if let Some(chain) = self.stacks.chain_of(tid) {
+            chain.len = 0;
+        }
+        let mut raw = [const { MaybeUninit::<RawFrame>::uninit() }; MAX_FRAMES];
+        let (n, truncated) = frames::walk(self.api, self.layout, tstate, &mut raw, self.max_depth);
+        let mut node = 0;
+        for f in raw[..n].iter().rev() {
+            node = self.node_of(node, f.assume_init())?;
+        }
+        Ok(Stack {
+            node,
+            depth: n as u32,
+            truncated,
+        })
+    }
+
+    /// The node of frame `f` on top of `parent`, announced if new.
+    unsafe fn node_of(&mut self, parent: u32, f: RawFrame) -> Result<u32, Lost> {
+        if f.code.is_null() {
+            // Where the walk stopped at something it could not read: `<unknown>`.
+            let unknown = Node {
+                parent,
+                ..Node::default()
+            };
+            return self.intern(&unknown);
+        }
+        let key = FrameKey {
+            parent,
+            offset: f.offset,
+            entry: f.entry,
+            code: frames::code_key(self.layout, f.code),
+        };
+        if let Some(node) = self.stacks.known_frame(&key) {
+            return Ok(node);
+        }
+        self.announce(key.code)?;
+        let node = Node {
+            parent,
+            code: f.code as u64,
+            line: self.line(key.code, f),
+            entry: f.entry,
+        };
+        let id = self.intern(&node)?;
+        self.stacks.remember_frame(key, id);
+        Ok(id)
+    }
+
+    fn intern(&mut self, node: &Node) -> Result<u32, Lost> {
+        match self.stacks.intern(node) {
+            Interned::Known(id) => Ok(id),
+            Interned::New(id) => self.define(id, node),
+            Interned::Full => {
+                // Ids start again; the nodes this walk already named are gone with the rest,
+                // so the caller walks again from scratch.
+                self.stacks.reset();
+                Err(Lost::TableFull)
+            }
+        }
+    }
+
+    fn define(&mut self, id: u32, node: &Node) -> Result<u32, Lost> {
+        let aux = if node.entry { STACK_ENTRY } else { 0 };
+        let written = self.ring.try_write(KIND_STACK, aux, STACK_BODY, |b| {
+            write_stack(b, id, node);
+        });
+        if !written {
+            return Err(RingFull);
+        }
+        self.stacks.commit(id, node);
+        Ok(id)
+    }
+
+    /// Writes a CODE record for the code object of `key` unless it was announced already.
+    unsafe fn announce(&mut self, key: CodeKey) -> Result<(), Lost> {
+        let (l, caches) = (self.layout, &mut *self.caches);
+        let code = key.code as *const c_void;
+        let slot = (key.code >> 4).wrapping_mul(0x9E37_79B9) % lifecycle::CODE_CACHE;
+        if caches.codes[slot] == Some((caches.generation, key)) {
+            return Ok(());
+        }
+        let mut filename = [0u8; 1024];
+        let mut name = [0u8; 512];
+        let flen = frames::read_str(l, key.filename as *const c_void, &mut filename);
+        let nlen = frames::read_str(l, key.name as *const c_void, &mut name);
+        let firstline = frames::first_line(l, code);
+        let written = self
+            .ring
+            .try_write(KIND_CODE, 0, CODE_FIXED + flen + nlen, |b| {
+                b[0..8].copy_from_slice(&(key.code as u64).to_le_bytes());
+                b[8..12].copy_from_slice(&firstline.to_le_bytes());
+                b[12..14].copy_from_slice(&(flen as u16).to_le_bytes());
+                b[14..16].copy_from_slice(&(nlen as u16).to_le_bytes());
+                b[CODE_FIXED..CODE_FIXED + flen].copy_from_slice(&filename[..flen]);
+                b[CODE_FIXED + flen..CODE_FIXED + flen + nlen].copy_from_slice(&name[..nlen]);
+            });
+        if !written {
+            return Err(RingFull);
+        }
+        caches.codes[slot] = Some((caches.generation, key));
+        Ok(())
+    }
+
+    /// The line of a frame, through a direct-mapped cache: scanning line tables is the most
+    /// expensive part of a new frame.
+    unsafe fn line(&mut self, key: CodeKey, f: RawFrame) -> u32 {
+        let s = &mut *self.caches;
+        let h =
+            (key.code as u64 >> 4 ^ (f.offset as u64) << 20).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let slot = (h >> 40) as usize % lifecycle::LINE_CACHE;
+        if let Some(e) = s.lines[slot] {
+            if e.generation == s.generation
+                && e.code == key.code
+                && e.name == key.name
+                && e.offset == f.offset
+            {
+                return e.line;
+            }
+        }
+        let line = frames::line_of(self.api, self.layout, f.code, f.offset);
+        s.lines[slot] = Some(LineEntry {
+            generation: s.generation,
+            code: key.code,
+            name: key.name,
+            offset: f.offset,
+            line,
+        });
+        line
+    }
+}

@@ -1,0 +1,334 @@
+//! The agent's half of interned stacks (see `mprof_common::stacks`): the table that gives each
+//! distinct (parent, frame) a node id, and each thread's chain as of its previous sample, so a
+//! sample only works on the frames that changed since.
+//!
+//! Both live in memory mapped straight from the kernel (never the target's allocator) and are
+//! only touched under the session lock.
+
+use crate::frames::{CodeKey, Link};
+use crate::sys::{map_anon, munmap};
+use mprof_common::stacks::{Node, MAX_STACK_ID};
+
+/// Links a thread's chain may have for the cache to follow it (frames, plus the C-stack
+/// shims of 3.12+ between them); a longer chain is walked without the cache.
+pub const LINK_CAP: usize = 320;
+/// Threads whose previous chain is remembered; a thread whose slot another took starts over.
+const THREAD_SLOTS: usize = 16;
+const FIRST_CAP: usize = 4096;
+/// The table never holds more than this many slots (half of them used at most).
+const MAX_CAP: usize = 2 * MAX_STACK_ID as usize;
+
+/// One slot of the node table; `id` 0 = empty.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Slot {
+    code: u64,
+    parent: u32,
+    /// line << 1 | entry
+    line_entry: u32,
+    id: u32,
+    _pad: u32,
+}
+
+/// A link of a thread's previous chain and what the sample made of it.
+#[derive(Clone, Copy, Default)]
+pub struct Cached {
+    pub link: Link,
+    /// The node of the innermost frame up to and including this link (0 for none).
+    pub node: u32,
+    /// Python frames up to and including this link.
+    pub depth: u32,
+}
+
+/// The chain a thread had at its previous sample, outermost first.
+pub struct ThreadChain {
+    tid: u32,
+    generation: u32,
+    pub len: usize,
+    pub links: [Cached; LINK_CAP],
+}
+
+/// Slots of the frame cache.
+const FRAME_CACHE: usize = 1 << 12;
+
+/// What makes a frame the node it is, on top of a given parent: a frame cache key.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct FrameKey {
+    pub parent: u32,
+    pub offset: i32,
+    pub entry: bool,
+    /// The code object and the strings it names (an address reused by another code object
+    /// differs in one of them).
+    pub code: CodeKey,
+}
+
+#[derive(Clone, Copy)]
+struct FrameEntry {
+    generation: u32,
+    key: FrameKey,
+    node: u32,
+}
+
+/// Node ids and thread chains of a session.
+pub struct Stacks {
+    table: *mut Slot,
+    cap: usize,
+    used: usize,
+    next_id: u32,
+    /// Bumped whenever ids start again: every thread chain made before is void.
+    generation: u32,
+    threads: [*mut ThreadChain; THREAD_SLOTS],
+    /// Frames whose node is known, so the frames a thread keeps coming back to are one
+    /// lookup instead of a line-table scan and a table probe. Direct-mapped.
+    frames: [Option<FrameEntry>; FRAME_CACHE],
+}
+
+// SAFETY: the mappings are owned by the value and only used under the session lock.
+unsafe impl Send for Stacks {}
+
+fn hash(code: u64, parent: u32, line_entry: u32) -> u64 {
+    (code ^ (parent as u64) << 40 ^ (line_entry as u64) << 8).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// What `intern` found.
+pub enum Interned {
+    /// The node was defined before.
+    Known(u32),
+    /// A new id: its STACK record must be written before any sample names it.
+    New(u32),
+    /// No room (the table could not grow): start again with [`Stacks::reset`].
+    Full,
+}
+
+impl Stacks {
+    pub const fn new() -> Stacks {
+        Stacks {
+            table: std::ptr::null_mut(),
+            cap: 0,
+            used: 0,
+            next_id: 1,
+            generation: 0,
+            threads: [std::ptr::null_mut(); THREAD_SLOTS],
+            frames: [None; FRAME_CACHE],
+        }
+    }
+
+    fn frame_slot(key: &FrameKey) -> usize {
+        let h = (key.code.code as u64 >> 4 ^ (key.offset as u64) << 20 ^ (key.parent as u64) << 40)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (h >> 52) as usize % FRAME_CACHE
+    }
+
+    /// The node of a frame seen before in this generation, if the cache still has it.
+    #[inline]
+    pub fn known_frame(&self, key: &FrameKey) -> Option<u32> {
+        match self.frames[Self::frame_slot(key)] {
+            Some(e) if e.generation == self.generation && e.key == *key => Some(e.node),
+            _ => None,
+        }
+    }
+
+    /// Remembers the node of a frame.
+    pub fn remember_frame(&mut self, key: FrameKey, node: u32) {
+        self.frames[Self::frame_slot(&key)] = Some(FrameEntry {
+            generation: self.generation,
+            key,
+            node,
+        });
+    }
+
+    /// Forgets every node (ids start again at 1) and voids every thread's chain. Memory is
+    /// kept for the next ids.
+    pub fn reset(&mut self) {
+        if !self.table.is_null() {
+            // SAFETY: the table maps `cap` slots; all-zero bytes are an empty slot.
+            unsafe { std::ptr::write_bytes(self.table, 0, self.cap) };
+        }
+        self.used = 0;
+        self.next_id = 1;
+        self.generation = self.generation.wrapping_add(1);
+    }
+
+    /// Gives the memory back (the session ended).
+    pub fn release(&mut self) {
+        if !self.table.is_null() {
+            // SAFETY: the table, forgotten right after.
+            unsafe { munmap(self.table.cast(), self.cap * std::mem::size_of::<Slot>()) };
+        }
+        for t in &mut self.threads {
+            if !t.is_null() {
+                // SAFETY: a chain mapped by `chain_of`, forgotten right after.
+                unsafe { munmap(t.cast(), std::mem::size_of::<ThreadChain>()) };
+                *t = std::ptr::null_mut();
+            }
+        }
+        self.table = std::ptr::null_mut();
+        self.cap = 0;
+        self.used = 0;
+        self.next_id = 1;
+        // Voids the frame cache and any chain mapped later.
+        self.generation = self.generation.wrapping_add(1);
+    }
+
+    /// The id of `node`: known, or new (the caller writes its STACK record, then calls
+    /// [`Stacks::commit`]; if it cannot, nothing is remembered).
+    pub fn intern(&mut self, node: &Node) -> Interned {
+        if (self.used + 1) * 2 > self.cap && !self.grow() {
+            return Interned::Full;
+        }
+        if self.next_id > MAX_STACK_ID {
+            return Interned::Full;
+        }
+        let line_entry = node.line << 1 | node.entry as u32;
+        let mut i = hash(node.code, node.parent, line_entry) as usize & (self.cap - 1);
+        loop {
+            // SAFETY: `i < cap` (masked), and the table maps `cap` slots.
+            let s = unsafe { &*self.table.add(i) };
+            if s.id == 0 {
+                return Interned::New(self.next_id);
+            }
+            if s.code == node.code && s.parent == node.parent && s.line_entry == line_entry {
+                return Interned::Known(s.id);
+            }
+            i = (i + 1) & (self.cap - 1);
+        }
+    }
+
+    /// Remembers `node` as `id` (the id [`Stacks::intern`] just gave, its record written).
+    pub fn commit(&mut self, id: u32, node: &Node) {
+        debug_assert_eq!(id, self.next_id);
+        self.next_id += 1;
+        self.place(Slot {
+            code: node.code,
+            parent: node.parent,
+            line_entry: node.line << 1 | node.entry as u32,
+            id,
+            _pad: 0,
+        });
+    }
+
+    fn place(&mut self, slot: Slot) {
+        let mut i = hash(slot.code, slot.parent, slot.line_entry) as usize & (self.cap - 1);
+        loop {
+            // SAFETY: as in `intern`.
+            let s = unsafe { &mut *self.table.add(i) };
+            if s.id == 0 {
+                *s = slot;
+                self.used += 1;
+                return;
+            }
+            i = (i + 1) & (self.cap - 1);
+        }
+    }
+
+    fn grow(&mut self) -> bool {
+        let new_cap = (self.cap * 2).max(FIRST_CAP);
+        if new_cap > MAX_CAP {
+            return false;
+        }
+        let table = map_anon(new_cap * std::mem::size_of::<Slot>()) as *mut Slot;
+        if table.is_null() {
+            return false;
+        }
+        let (old, old_cap) = (self.table, self.cap);
+        self.table = table;
+        self.cap = new_cap;
+        self.used = 0;
+        for i in 0..old_cap {
+            // SAFETY: the old table maps `old_cap` slots until it is unmapped below.
+            let s = unsafe { *old.add(i) };
+            if s.id != 0 {
+                self.place(s);
+            }
+        }
+        if !old.is_null() {
+            // SAFETY: the old table, which nothing refers to any more.
+            unsafe { munmap(old.cast(), old_cap * std::mem::size_of::<Slot>()) };
+        }
+        true
+    }
+
+    /// The chain `tid` had at its previous sample in this table's generation (empty if none),
+    /// to be updated by the caller; `None` if no memory could be had for it.
+    pub fn chain_of(&mut self, tid: u32) -> Option<&mut ThreadChain> {
+        let slot = &mut self.threads[tid as usize % THREAD_SLOTS];
+        if slot.is_null() {
+            let p = map_anon(std::mem::size_of::<ThreadChain>()) as *mut ThreadChain;
+            if p.is_null() {
+                return None;
+            }
+            // Zeroed memory is an empty chain of tid 0, generation 0; made void below.
+            *slot = p;
+        }
+        // SAFETY: a mapping of one ThreadChain (any bytes are a valid one), used only under
+        // the session lock through this `&mut self`.
+        let chain = unsafe { &mut **slot };
+        if chain.tid != tid || chain.generation != self.generation {
+            chain.tid = tid;
+            chain.generation = self.generation;
+            chain.len = 0;
+        }
+        Some(chain)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(parent: u32, code: u64, line: u32) -> Node {
+        Node {
+            parent,
+            code,
+            line,
+            entry: false,
+        }
+    }
+
+    fn id_of(s: &mut Stacks, n: &Node) -> u32 {
+        match s.intern(n) {
+            Interned::Known(id) => id,
+            Interned::New(id) => {
+                s.commit(id, n);
+                id
+            }
+            Interned::Full => panic!("full"),
+        }
+    }
+
+    #[test]
+    fn the_same_frame_on_the_same_parent_is_one_node() {
+        let mut s = Stacks::new();
+        let a = id_of(&mut s, &node(0, 0x100, 1));
+        let b = id_of(&mut s, &node(a, 0x200, 2));
+        assert_eq!((a, b), (1, 2));
+        assert_eq!(id_of(&mut s, &node(0, 0x100, 1)), a);
+        assert_eq!(id_of(&mut s, &node(a, 0x200, 2)), b);
+        let mut entry = node(a, 0x200, 2);
+        entry.entry = true;
+        assert_eq!(id_of(&mut s, &entry), 3, "an entry frame is another node");
+        // Enough nodes to grow the table a few times.
+        let ids: Vec<u32> = (0..20_000)
+            .map(|i| id_of(&mut s, &node(b, 0x300, i)))
+            .collect();
+        let again: Vec<u32> = (0..20_000)
+            .map(|i| id_of(&mut s, &node(b, 0x300, i)))
+            .collect();
+        assert_eq!(ids, again);
+        s.reset();
+        assert_eq!(id_of(&mut s, &node(0, 0x999, 1)), 1, "ids start again");
+        s.release();
+    }
+
+    #[test]
+    fn a_thread_chain_is_voided_by_a_reset_or_another_thread() {
+        let mut s = Stacks::new();
+        s.chain_of(5).unwrap().len = 3;
+        assert_eq!(s.chain_of(5).unwrap().len, 3);
+        assert_eq!(s.chain_of(5 + THREAD_SLOTS as u32).unwrap().len, 0);
+        s.chain_of(5).unwrap().len = 3;
+        s.reset();
+        assert_eq!(s.chain_of(5).unwrap().len, 0);
+        s.release();
+    }
+}
