@@ -88,8 +88,16 @@ impl Budget {
 
     /// An error once the reader holds more than its allowance.
     pub(crate) fn check(&self) -> Result<(), LoadError> {
+        self.check_apart(0)
+    }
+
+    /// [`Budget::check`], not counting `apart` bytes the reader holds for something else than
+    /// the capture (debug information of files on this machine, for native frames).
+    pub(crate) fn check_apart(&self, apart: isize) -> Result<(), LoadError> {
         match self.limit {
-            Some((limit, size)) if crate::memory::in_use() - self.base > limit as isize => {
+            Some((limit, size))
+                if crate::memory::in_use() - self.base - apart.max(0) > limit as isize =>
+            {
                 Err(LoadError::TooDense { size, limit })
             }
             _ => Ok(()),
@@ -195,6 +203,8 @@ pub struct Profile {
     pub pick: Pick,
     /// What the reader was told about the other processes' captures (unreadable, damaged).
     process_warnings: Vec<String>,
+    /// Native modules that could not be symbolized, and why (one line each).
+    symbol_warnings: Vec<String>,
 }
 
 impl Profile {
@@ -301,6 +311,7 @@ impl Profile {
         if let Some(w) = self.incomplete() {
             out.push(w);
         }
+        out.extend(self.symbol_warnings.iter().cloned());
         out
     }
 
@@ -374,12 +385,13 @@ impl Profile {
                     peak_digest = digest;
                 }
             }
-            failure = budget.check().err();
+            failure = budget.check_apart(agg.resolver.symbol_memory()).err();
             failure.is_none()
         })?;
         if let Some(e) = failure {
             return Err(e.into());
         }
+        let symbol_warnings = agg.resolver.symbol_warnings();
         let names = std::mem::take(&mut agg.resolver.names);
         agg.resolver = StackResolver::new();
         figures.resize(names.nodes.len(), Figures::default());
@@ -471,6 +483,7 @@ impl Profile {
             names,
             figures,
             sites,
+            symbol_warnings,
         };
         profile.add_up();
         Ok(profile)

@@ -626,6 +626,7 @@ fn synthetic_capture(n: u64, name: &str) -> Vec<u8> {
     });
     for i in 0..n {
         push(Record::Alloc {
+            native: None,
             tid: 1,
             flags: 0,
             addr: i,
@@ -718,6 +719,7 @@ fn crafted_captures_stay_within_memory_and_output_bounds() {
     }));
     let frames: Vec<Frame> = (0..65_535).map(|i| Frame { code: 7, line: i }).collect();
     bytes.extend_from_slice(&encode(&Record::Alloc {
+        native: None,
         tid: 1,
         flags: 0,
         addr: 1,
