@@ -261,11 +261,14 @@ impl Aggregator {
                 frames,
                 time_ns,
                 flags,
+                native,
             } => {
                 self.saw_time(*time_ns);
                 let allocator = Allocator::of_flags(*flags);
                 let truncated = flags & ALLOC_TRUNCATED != 0;
-                let stack = self.resolver.stack(frames, truncated, allocator);
+                let stack = self
+                    .resolver
+                    .stack(frames, truncated, allocator, native.as_ref());
                 self.samples += 1;
                 let block = Block {
                     stack: StackId(stack),
@@ -329,6 +332,7 @@ impl Aggregator {
                 self.threads
                     .insert(*tid, elide(name, MAX_NAME).into_owned());
             }
+            Record::Module(module) => self.resolver.add_module(module.clone()),
             Record::Unknown { .. } => {}
         }
         Change::Other

@@ -351,6 +351,9 @@ pub fn run(o: Options) -> Result<ExitCode> {
     let injector = hints::noting_a_stale_session(pid, || Injector::new(pid))?;
     let mut capture = CaptureWriter::create(output)?;
     let rendezvous = follow_children.then(Rendezvous::listen).transpose()?;
+    let children_dir = follow_children
+        .then(|| Children::prepare_dir(output))
+        .transpose()?;
     let name = rendezvous.as_ref().map(|r| r.name().to_string());
     let attached = inject(injector, sampling, started, timeout, name.as_deref())?;
     // If the attach fails, dropping the capture removes only its temporary file: whatever is
@@ -387,8 +390,8 @@ pub fn run(o: Options) -> Result<ExitCode> {
             attached.how
         );
     }
-    let followed = match rendezvous {
-        Some(rendezvous) => {
+    let followed = match rendezvous.zip(children_dir) {
+        Some((rendezvous, children_dir)) => {
             let dir = crate::children::children_dir(output);
             capture.write(&Record::Meta {
                 text: format!(
@@ -396,7 +399,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
                     dir.file_name().unwrap_or_default().to_string_lossy()
                 ),
             })?;
-            let mut children = Children::new(output, pid, sampling)?;
+            let mut children = Children::new(children_dir, pid, sampling);
             attach_descendants(
                 &mut children,
                 pid,

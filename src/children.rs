@@ -139,10 +139,21 @@ fn pidfd(pid: u32) -> Option<OwnedFd> {
 }
 
 impl Children {
-    /// Prepares `CAPTURE.d` for the children of `root`, whose rings have `data_size` bytes.
-    pub fn new(capture: &Path, root: u32, sampling: &crate::SamplingArgs) -> Result<Children> {
-        Ok(Children {
-            dir: OutputDir::prepare(&children_dir(capture), "children's capture directory")?,
+    /// Prepares `CAPTURE.d` (see [`OutputDir::prepare`]), before the program starts or the
+    /// target is touched, so that a refusal changes nothing.
+    pub fn prepare_dir(capture: &Path) -> Result<OutputDir> {
+        Ok(OutputDir::prepare(
+            &children_dir(capture),
+            "children's capture directory",
+        )?)
+    }
+
+    /// The children of `root`, once its session has started; their captures go to `dir`
+    /// (from [`Children::prepare_dir`]), which is kept from now on.
+    pub fn new(mut dir: OutputDir, root: u32, sampling: &crate::SamplingArgs) -> Children {
+        dir.keep();
+        Children {
+            dir,
             root,
             sampling: sampling.clone(),
             live: Vec::new(),
@@ -153,7 +164,7 @@ impl Children {
             written_done: 0,
             empty_forks: 0,
             last_proc_check: None,
-        })
+        }
     }
 
     /// Takes the rings children handed over, drains every child's ring, and finishes the

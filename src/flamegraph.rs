@@ -281,7 +281,7 @@ fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<String>, Drawn> {
                 } else {
                     format!("{}:{}", loc.file, loc.line)
                 },
-                kind: frames::kind(loc.file, loc.function),
+                kind: frames::kind_of(loc),
             });
         }
         if frames.is_empty() {

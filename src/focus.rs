@@ -159,6 +159,10 @@ impl Focus {
         if loc.file == loc.function || loc.file.is_empty() {
             return false;
         }
+        if loc.is_native() {
+            // Native frames are yours only under a `--focus` path.
+            return self.focused(loc.file);
+        }
         *memo
             .entry(loc.file)
             .or_insert_with(|| self.is_your_file(loc.file))
@@ -350,6 +354,7 @@ mod tests {
         let dash_c = Focus::new(&BTreeMap::new(), &[PathBuf::from("<string>")]);
         assert!(dash_c.is_your_file("<string>"));
         let pseudo = Location {
+            module: None,
             file: "<unknown>",
             function: "<unknown>",
             line: 0,
@@ -397,6 +402,7 @@ mod tests {
     fn the_first_frame_in_your_code_is_found_from_the_innermost() {
         let f = Focus::default();
         let loc = |file, line| Location {
+            module: None,
             file,
             function: "f",
             line,

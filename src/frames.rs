@@ -90,6 +90,15 @@ pub fn kind(file: &str, function: &str) -> Kind {
     Kind::Program
 }
 
+/// The kind of code of a frame: [`Kind::Native`] for a native frame, else by its file
+/// ([`kind`]).
+pub fn kind_of(loc: &Location) -> Kind {
+    match loc.module {
+        Some(_) => Kind::Native,
+        None => kind(loc.file, loc.function),
+    }
+}
+
 /// Whether `file` is part of Python's import machinery: `importlib._bootstrap` and
 /// `_bootstrap_external` (frozen or not), `zipimport`, and `site.py`, which runs `.pth` files.
 pub fn is_import_file(file: &str) -> bool {
@@ -216,7 +225,23 @@ mod tests {
             function: "load",
             line: 7,
             firstline: 1,
+            module: None,
         };
         assert_eq!(label(&loc), "load (pkg/mod.py:7)");
+        let native = Location {
+            file: "/src/ext/chain.c",
+            function: "level2",
+            line: 12,
+            firstline: 0,
+            module: Some("/venv/lib/python3.12/site-packages/ext.so"),
+        };
+        assert_eq!(label(&native), "level2 (ext/chain.c:12)");
+        assert_eq!(kind_of(&native), Kind::Native);
+        let symbol_only = Location {
+            file: "/usr/lib/libz.so.1",
+            line: 0,
+            ..native
+        };
+        assert_eq!(label(&symbol_only), "level2 (lib/libz.so.1)");
     }
 }

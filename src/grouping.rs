@@ -185,6 +185,7 @@ mod tests {
 
     fn loc(file: &'static str, line: u32) -> Location<'static> {
         Location {
+            module: None,
             file,
             function: "f",
             line,

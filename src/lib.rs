@@ -8,7 +8,8 @@
 //!   bytes came from), [`names`] (interning, stacks), [`aggregate`] (replaying records),
 //!   [`profile`] (a whole capture, within its memory allowance), [`grouping`] and [`sites`]
 //!   (rows), [`focus`] (which code is yours), [`frames`] (labels and kinds of code), [`text`]
-//!   (making untrusted names printable, bounding them), [`units`];
+//!   (making untrusted names printable, bounding them), [`units`], [`symbols`] (native
+//!   stacks: modules, symbolization, the merge with Python frames);
 //! - views: [`report`] (text), [`flamegraph`], [`timeline`], [`html`], [`diff`], [`export`]
 //!   (pprof, speedscope, folded, JSON), [`live`] (the terminal view);
 //! - sessions: [`record`], [`attach`], [`session`] (the ring reader), [`signals`], [`hints`]
@@ -48,6 +49,7 @@ pub mod report;
 pub mod session;
 pub mod signals;
 pub mod sites;
+pub mod symbols;
 pub mod testing;
 pub mod text;
 pub mod timeline;

@@ -21,6 +21,10 @@ use std::time::Duration;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// With native stacks (`--native`): keep the interpreter's own C frames (the bytecode loop,
+    /// call machinery, allocator internals, start-up) that are hidden by default.
+    #[arg(long, global = true)]
+    show_interpreter_frames: bool,
 }
 
 #[derive(Subcommand)]
@@ -371,7 +375,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    mprof::symbols::set_show_interpreter_frames(cli.show_interpreter_frames);
+    match run(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("mprof: error: {e:#}");

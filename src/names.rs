@@ -19,7 +19,8 @@
 //! [`MAX_DEPTH`] keeps its innermost frames and counts as truncated, and the memo of raw
 //! stacks is bounded (`CACHE_FRAMES`).
 
-use mprof_common::record::{Allocator, Frame};
+use crate::symbols::resolve::NativeResolver;
+use mprof_common::record::{Allocator, Frame, Module, NativeStack};
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -53,15 +54,28 @@ pub struct Location<'a> {
     pub line: u32,
     /// The first line of the function.
     pub firstline: u32,
+    /// For a native frame (`--native`), the path of its module (executable or library);
+    /// `None` for Python frames and pseudo-frames.
+    pub module: Option<&'a str>,
+}
+
+impl Location<'_> {
+    /// Whether this is a native (C) frame.
+    pub fn is_native(&self) -> bool {
+        self.module.is_some()
+    }
 }
 
 impl fmt::Display for Location<'_> {
-    /// `function (file:line)`; the pseudo-frames (`<unknown>`, `<no Python frame>`) show their
-    /// name alone, with the line when there is one.
+    /// `function (file:line)`, or `function (file)` without a line (a native function known
+    /// by its symbol only: the file is its module); the pseudo-frames (`<unknown>`, `<no
+    /// Python frame>`) and native frames known by an offset only show their name alone, with
+    /// the line when there is one.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (self.file == self.function, self.line) {
             (true, 0) => write!(f, "{}", self.function),
             (true, line) => write!(f, "{}:{line}", self.function),
+            (false, 0) => write!(f, "{} ({})", self.function, self.file),
             (false, line) => write!(f, "{} ({}:{line})", self.function, self.file),
         }
     }
@@ -112,9 +126,9 @@ pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
 pub(crate) struct Names {
     strings: Vec<String>,
     string_ids: HashMap<String, u32>,
-    /// (file, name, firstline) string ids.
-    codes: Vec<(u32, u32, u32)>,
-    code_ids: FastMap<(u32, u32, u32), u32>,
+    /// (file, name, firstline, module) string ids; the module is [`NOT_NATIVE`] for Python.
+    codes: Vec<(u32, u32, u32, u32)>,
+    code_ids: FastMap<(u32, u32, u32, u32), u32>,
     /// (code id, line).
     frames: Vec<(u32, u32)>,
     frame_ids: FastMap<(u32, u32), u32>,
@@ -126,11 +140,14 @@ pub(crate) struct Names {
     allocators: Vec<u8>,
 }
 
+/// The module id of Python frames and pseudo-frames.
+const NOT_NATIVE: u32 = u32::MAX;
+
 /// The roots of the trie: node `i` is the root of the stacks of allocator `i`.
 const ROOTS: u32 = Allocator::ALL.len() as u32;
 
 impl Names {
-    fn new() -> Names {
+    pub(crate) fn new() -> Names {
         let mut names = Names::default();
         for a in Allocator::ALL {
             names.nodes.push((0, u32::MAX));
@@ -162,13 +179,36 @@ impl Names {
     }
 
     fn code(&mut self, file: &str, name: &str, firstline: u32) -> u32 {
-        let key = (self.string(file), self.string(name), firstline);
+        let key = (self.string(file), self.string(name), firstline, NOT_NATIVE);
+        self.code_of(key)
+    }
+
+    fn code_of(&mut self, key: (u32, u32, u32, u32)) -> u32 {
         let next = self.codes.len() as u32;
         let id = *self.code_ids.entry(key).or_insert(next);
         if id == next {
             self.codes.push(key);
         }
         id
+    }
+
+    /// The frame id of a native frame: `function` at `file:line` (the module's path when
+    /// there is no source file) in `module`.
+    pub(crate) fn native_frame(
+        &mut self,
+        function: &str,
+        file: &str,
+        line: u32,
+        module: &str,
+    ) -> u32 {
+        let key = (
+            self.string(file),
+            self.string(function),
+            0,
+            self.string(module),
+        );
+        let code = self.code_of(key);
+        self.frame(code, line)
     }
 
     fn frame(&mut self, code: u32, line: u32) -> u32 {
@@ -209,14 +249,15 @@ impl Names {
         self.location(self.nodes[node as usize].1)
     }
 
-    fn location(&self, frame: u32) -> Location<'_> {
+    pub(crate) fn location(&self, frame: u32) -> Location<'_> {
         let (code, line) = self.frames[frame as usize];
-        let (file, name, firstline) = self.codes[code as usize];
+        let (file, name, firstline, module) = self.codes[code as usize];
         Location {
             file: &self.strings[file as usize],
             function: &self.strings[name as usize],
             line,
             firstline,
+            module: (module != NOT_NATIVE).then(|| self.strings[module as usize].as_str()),
         }
     }
 }
@@ -236,19 +277,46 @@ pub(crate) struct StackResolver {
     cache_has_unknown: bool,
     /// Frames held by `cache`.
     cached_frames: usize,
-    /// The process whose code objects `code_at` and the memo hold, and the other processes'
-    /// (each process has its own code addresses: see [`StackResolver::switch_process`]).
+    /// Native stacks (`--native`): the capture's modules and their symbols.
+    native: NativeResolver,
+    /// Mixed stacks → stack, per allocator and truncation (`cache_slot`): the key is the Python
+    /// frames, then the native addresses and entry marks. Cleared with `cache`, and when a
+    /// module record changes what addresses mean.
+    mixed: [FastMap<Box<[u64]>, u32>; 6],
+    mixed_words: usize,
+    mixed_generation: u64,
+    /// The process whose code objects and modules `code_at`, `native` and the memos hold, and
+    /// the other processes' (each process has its own code addresses and its own module map:
+    /// see [`StackResolver::switch_process`]).
     process: u32,
     stashed: Vec<Codes>,
 }
 
-/// What the resolver knows of one process's code: addresses → code, and the memo.
-#[derive(Default)]
+/// What the resolver knows of one process: code addresses → code, its modules, and the memos.
 struct Codes {
     code_at: FastMap<u64, u32>,
     cache: [FastMap<Vec<Frame>, u32>; 6],
     cache_has_unknown: bool,
     cached_frames: usize,
+    native: NativeResolver,
+    mixed: [FastMap<Box<[u64]>, u32>; 6],
+    mixed_words: usize,
+    mixed_generation: u64,
+}
+
+impl Default for Codes {
+    fn default() -> Codes {
+        Codes {
+            code_at: Default::default(),
+            cache: Default::default(),
+            cache_has_unknown: false,
+            cached_frames: 0,
+            native: NativeResolver::new(crate::symbols::show_interpreter_frames()),
+            mixed: Default::default(),
+            mixed_words: 0,
+            mixed_generation: 0,
+        }
+    }
 }
 
 /// The memo of raw stacks of `allocator`, whole or `truncated`.
@@ -279,6 +347,10 @@ impl StackResolver {
             cache: Default::default(),
             cache_has_unknown: false,
             cached_frames: 0,
+            native: NativeResolver::new(crate::symbols::show_interpreter_frames()),
+            mixed: Default::default(),
+            mixed_words: 0,
+            mixed_generation: 0,
             process: 0,
             stashed: Vec::new(),
         }
@@ -294,23 +366,47 @@ impl StackResolver {
         if self.stashed.len() < needed {
             self.stashed.resize_with(needed, Codes::default);
         }
-        let old = &mut self.stashed[self.process as usize];
-        std::mem::swap(&mut self.code_at, &mut old.code_at);
-        std::mem::swap(&mut self.cache, &mut old.cache);
-        std::mem::swap(&mut self.cache_has_unknown, &mut old.cache_has_unknown);
-        std::mem::swap(&mut self.cached_frames, &mut old.cached_frames);
-        let new = &mut self.stashed[process as usize];
-        std::mem::swap(&mut self.code_at, &mut new.code_at);
-        std::mem::swap(&mut self.cache, &mut new.cache);
-        std::mem::swap(&mut self.cache_has_unknown, &mut new.cache_has_unknown);
-        std::mem::swap(&mut self.cached_frames, &mut new.cached_frames);
+        let old = std::mem::take(&mut self.stashed[process as usize]);
+        let old = self.swap_codes(old);
+        self.stashed[self.process as usize] = old;
         self.process = process;
+    }
+
+    /// Puts `codes` in place of the current process's, which it returns.
+    fn swap_codes(&mut self, mut codes: Codes) -> Codes {
+        std::mem::swap(&mut self.code_at, &mut codes.code_at);
+        std::mem::swap(&mut self.cache, &mut codes.cache);
+        std::mem::swap(&mut self.cache_has_unknown, &mut codes.cache_has_unknown);
+        std::mem::swap(&mut self.cached_frames, &mut codes.cached_frames);
+        std::mem::swap(&mut self.native, &mut codes.native);
+        std::mem::swap(&mut self.mixed, &mut codes.mixed);
+        std::mem::swap(&mut self.mixed_words, &mut codes.mixed_words);
+        std::mem::swap(&mut self.mixed_generation, &mut codes.mixed_generation);
+        codes
     }
 
     fn clear_cache(&mut self) {
         self.cache = Default::default();
         self.cache_has_unknown = false;
         self.cached_frames = 0;
+        self.mixed = Default::default();
+        self.mixed_words = 0;
+    }
+
+    /// A MODULE record (`--native`).
+    pub(crate) fn add_module(&mut self, module: Module) {
+        self.native.add_module(module);
+    }
+
+    /// Memory held for native symbols (debug information of files on this machine), apart
+    /// from the capture's allowance.
+    pub(crate) fn symbol_memory(&self) -> isize {
+        self.native.held()
+    }
+
+    /// Why some native frames are only `module+0x…`, one line per module.
+    pub(crate) fn symbol_warnings(&self) -> Vec<String> {
+        self.native.warnings().to_vec()
     }
 
     pub(crate) fn announce(&mut self, addr: u64, file: &str, name: &str, firstline: u32) {
@@ -323,9 +419,84 @@ impl StackResolver {
         }
     }
 
-    /// The stack of `frames` (innermost first) under `allocator`'s root; `truncated` when the
+    /// The stack of `frames` (innermost first) under `allocator`'s root, merged with the
+    /// native stack when there is one (see [`crate::symbols::merge`]); `truncated` when the
     /// agent cut it. A stack deeper than [`MAX_DEPTH`] is cut here.
-    pub(crate) fn stack(&mut self, frames: &[Frame], truncated: bool, allocator: Allocator) -> u32 {
+    pub(crate) fn stack(
+        &mut self,
+        frames: &[Frame],
+        truncated: bool,
+        allocator: Allocator,
+        native: Option<&NativeStack>,
+    ) -> u32 {
+        match native {
+            Some(native) if !native.addrs.is_empty() => {
+                self.mixed_stack(frames, truncated, allocator, native)
+            }
+            _ => self.python_stack(frames, truncated, allocator),
+        }
+    }
+
+    /// The code id of a raw frame's code address (`<unknown>` if never announced).
+    fn code_of(&mut self, code: u64) -> u32 {
+        match self.code_at.get(&code) {
+            Some(&code) => code,
+            None => {
+                self.cache_has_unknown = true;
+                self.unknown_code
+            }
+        }
+    }
+
+    /// [`StackResolver::stack`] of a sample with a native stack.
+    fn mixed_stack(
+        &mut self,
+        frames: &[Frame],
+        truncated: bool,
+        allocator: Allocator,
+        native: &NativeStack,
+    ) -> u32 {
+        if self.mixed_generation != self.native.generation {
+            self.mixed_generation = self.native.generation;
+            self.mixed = Default::default();
+            self.mixed_words = 0;
+        }
+        let frames = &frames[..frames.len().min(MAX_DEPTH)];
+        let key = mixed_key(frames, native);
+        let slot = cache_slot(allocator, truncated);
+        if let Some(&node) = self.mixed[slot].get(&key[..]) {
+            return node;
+        }
+        let python: Vec<u32> = frames
+            .iter()
+            .map(|f| {
+                let code = self.code_of(f.code);
+                self.names.frame(code, f.line)
+            })
+            .collect();
+        let merged = self.native.stack(&mut self.names, &python, native);
+        let a = allocator as usize;
+        let cut = merged.len() > MAX_DEPTH;
+        let merged = &merged[..merged.len().min(MAX_DEPTH)];
+        let mut node = match (truncated || cut, merged.is_empty()) {
+            (_, true) => self.empty_stack[a],
+            (true, false) => self.truncated_root[a],
+            (false, false) => Names::root(allocator),
+        };
+        for &frame in merged.iter().rev() {
+            node = self.names.child(node, frame);
+        }
+        if self.mixed_words + key.len() > CACHE_FRAMES {
+            self.mixed = Default::default();
+            self.mixed_words = 0;
+        }
+        self.mixed_words += key.len();
+        self.mixed[slot].insert(key, node);
+        node
+    }
+
+    /// [`StackResolver::stack`] of a sample with Python frames only.
+    fn python_stack(&mut self, frames: &[Frame], truncated: bool, allocator: Allocator) -> u32 {
         let a = allocator as usize;
         if frames.is_empty() {
             return self.empty_stack[a];
@@ -342,13 +513,7 @@ impl StackResolver {
             Names::root(allocator)
         };
         for f in frames.iter().rev() {
-            let code = match self.code_at.get(&f.code) {
-                Some(&code) => code,
-                None => {
-                    self.cache_has_unknown = true;
-                    self.unknown_code
-                }
-            };
+            let code = self.code_of(f.code);
             let frame = self.names.frame(code, f.line);
             node = self.names.child(node, frame);
         }
@@ -359,4 +524,16 @@ impl StackResolver {
         self.cache[slot].insert(frames.to_vec(), node);
         node
     }
+}
+
+/// The memo key of a mixed stack: the Python frames, the native addresses, the entry marks.
+fn mixed_key(frames: &[Frame], native: &NativeStack) -> Box<[u64]> {
+    let mut key =
+        Vec::with_capacity(2 * frames.len() + native.addrs.len() + native.entries.len() + 2);
+    key.extend(frames.iter().flat_map(|f| [f.code, u64::from(f.line)]));
+    key.push(frames.len() as u64);
+    key.extend_from_slice(&native.addrs);
+    key.push(native.addrs.len() as u64);
+    key.extend_from_slice(&native.entries);
+    key.into_boxed_slice()
 }

@@ -368,33 +368,43 @@ fn create_at(
 
 /// A directory of mprof's own beside an output (the captures of followed child processes):
 /// made private, opened without following a symlink, and used only through its descriptor.
+/// Like a streaming file it is prepared before the session starts and [`OutputDir::keep`]
+/// once it has: dropped before that, it removes the directory only if this run made it (and
+/// it is still empty), and never touches what an earlier run left there.
 pub struct OutputDir {
     fd: OwnedFd,
     path: PathBuf,
+    /// The directory holding it and its name there, to remove it if it is not kept.
+    parent: OwnedFd,
+    name: CString,
+    made: bool,
+    kept: bool,
 }
 
 impl OutputDir {
     /// Makes the directory `path` (mode 0700), or reuses it when it is already the invoking
-    /// user's own directory, removing the captures (`*.mprof`) of an earlier run there.
+    /// user's own directory. A symlink at `path` is followed only when it is the user's own
+    /// (as for files); anything of someone else's there is refused.
     pub fn prepare(path: &Path, label: &'static str) -> Result<OutputDir, OutputError> {
         let (parent, name, path) = destination(label, path).or_else(|e| match e {
-            // An existing directory is what is wanted here.
-            OutputError::NotAFile(..) => {
+            // An existing directory (perhaps where the user's own symlink points) is what is
+            // wanted here.
+            OutputError::NotAFile(_, path) => {
                 let name = cstr(path.file_name().unwrap_or_default());
                 let parent = match path.parent() {
                     Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
                     _ => PathBuf::from("."),
                 };
                 let dir =
-                    open_dir(&parent).map_err(io_err(label, "opening its directory", path))?;
-                Ok((dir, name, path.to_path_buf()))
+                    open_dir(&parent).map_err(io_err(label, "opening its directory", &path))?;
+                Ok((dir, name, path))
             }
             e => Err(e),
         })?;
         // SAFETY: `parent` is an open directory descriptor we own and `name` a NUL-ended
         // string, both alive for the call.
-        let made = unsafe { libc::mkdirat(parent.as_raw_fd(), name.as_ptr(), 0o700) };
-        if made != 0 && io::Error::last_os_error().kind() != io::ErrorKind::AlreadyExists {
+        let made = unsafe { libc::mkdirat(parent.as_raw_fd(), name.as_ptr(), 0o700) } == 0;
+        if !made && io::Error::last_os_error().kind() != io::ErrorKind::AlreadyExists {
             return Err(io_err(label, "creating it", &path)(
                 io::Error::last_os_error(),
             ));
@@ -415,16 +425,35 @@ impl OutputDir {
         // SAFETY: openat just returned `fd`, open and owned by nothing else.
         let dir = unsafe { File::from_raw_fd(fd) };
         let uid = dir.metadata().map_err(io_err(label, "fstat", &path))?.uid();
-        let fd = OwnedFd::from(dir);
         if uid != euid() {
             return Err(io_err(label, "using it", &path)(io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 format!("it belongs to uid {uid}, not to you"),
             )));
         }
-        let dir = OutputDir { fd, path };
-        dir.remove_old_captures();
-        Ok(dir)
+        if made {
+            // Exactly 0700 whatever the umask.
+            dir.set_permissions(std::fs::Permissions::from_mode(0o700))
+                .map_err(io_err(label, "chmod", &path))?;
+        }
+        let fd = OwnedFd::from(dir);
+        Ok(OutputDir {
+            fd,
+            path,
+            parent,
+            name,
+            made,
+            kept: false,
+        })
+    }
+
+    /// The session has started: the directory stays, and the captures (`*.mprof`) an earlier
+    /// run left there are removed.
+    pub fn keep(&mut self) {
+        if !self.kept {
+            self.kept = true;
+            self.remove_old_captures();
+        }
     }
 
     /// Removes this user's `*.mprof` files left in the directory by an earlier run.
@@ -486,6 +515,23 @@ impl OutputDir {
             label,
             access,
         )
+    }
+}
+
+impl Drop for OutputDir {
+    fn drop(&mut self) {
+        if self.made && !self.kept {
+            // Fails, harmlessly, if anything is in it.
+            // SAFETY: `self.parent` is an open directory descriptor `self` owns and `self.name`
+            // a NUL-ended string it owns, both alive for the call.
+            unsafe {
+                libc::unlinkat(
+                    self.parent.as_raw_fd(),
+                    self.name.as_ptr(),
+                    libc::AT_REMOVEDIR,
+                )
+            };
+        }
     }
 }
 
@@ -557,6 +603,35 @@ mod tests {
             std::fs::metadata(&other).unwrap().ino(),
             std::fs::metadata(&real).unwrap().ino()
         );
+    }
+
+    #[test]
+    fn an_output_directory_is_private_and_only_kept_once_the_session_started() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.mprof.d");
+        // Made by a run that then failed: gone again.
+        let made = OutputDir::prepare(&path, "test dir").unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        drop(made);
+        assert!(!path.exists());
+        // An earlier run's directory: a failed run leaves it and its captures alone; a run
+        // that starts removes the old captures, and only those.
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("1.mprof"), b"old").unwrap();
+        std::fs::write(path.join("notes"), b"mine").unwrap();
+        drop(OutputDir::prepare(&path, "test dir").unwrap());
+        assert!(path.join("1.mprof").exists());
+        let mut kept = OutputDir::prepare(&path, "test dir").unwrap();
+        kept.keep();
+        drop(kept);
+        assert!(!path.join("1.mprof").exists());
+        assert!(path.join("notes").exists());
+        // The user's own symlink to a directory is followed.
+        let link = dir.path().join("l.mprof.d");
+        std::os::unix::fs::symlink("c.mprof.d", &link).unwrap();
+        let followed = OutputDir::prepare(&link, "test dir").unwrap();
+        assert_eq!(followed.path(), path);
     }
 
     #[test]

@@ -156,6 +156,8 @@ pub struct Profile {
     pub pick: Pick,
     /// What the reader was told about the other processes' captures (unreadable, damaged).
     process_warnings: Vec<String>,
+    /// Native modules that could not be symbolized, and why (one line each).
+    symbol_warnings: Vec<String>,
 }
 
 impl Profile {
@@ -262,6 +264,7 @@ impl Profile {
         if let Some(w) = self.incomplete() {
             out.push(w);
         }
+        out.extend(self.symbol_warnings.iter().cloned());
         out
     }
 

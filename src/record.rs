@@ -177,6 +177,10 @@ pub fn run(
         .transpose()?;
     let program_output = live.then(|| program_output_path(output));
     let mut capture = CaptureWriter::create(output)?;
+    let children_dir = rendezvous
+        .as_ref()
+        .map(|_| crate::children::Children::prepare_dir(output))
+        .transpose()?;
     let data_size =
         crate::session::ring_data_size(sampling.rate, crate::session::inherited_headroom())
             .map_err(|why| {
@@ -203,10 +207,6 @@ pub fn run(
     // Followed children load the agent through this descriptor until the end.
     let agent = rendezvous.is_some().then_some(agent);
     let pid = child.id();
-    let children = match &rendezvous {
-        Some(_) => Some(crate::children::Children::new(output, pid, sampling)?),
-        None => None,
-    };
     // The program runs: its capture (and output) take their final names.
     let placed = capture.place().and_then(|()| match program_output_file {
         Some(mut p) => Ok(p.place()?),
@@ -217,6 +217,7 @@ pub fn run(
         let _ = child.wait();
         return Err(e);
     }
+    let children = children_dir.map(|dir| crate::children::Children::new(dir, pid, sampling));
     let cwd = std::env::current_dir().ok();
     let yours = crate::focus::meta_lines(command, cwd.as_deref(), &sampling.focus);
     capture.write(&Record::Meta {
@@ -228,14 +229,14 @@ pub fn run(
             crate::driver::unix_ms()
         ),
     })?;
-    if let Some(children) = &children {
-        let dir = children
-            .dir()
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy();
+    if children.is_some() {
+        // The name beside the capture (which may be the user's own symlink to the directory).
+        let dir = crate::children::children_dir(output);
         capture.write(&Record::Meta {
-            text: format!("children_dir={dir}\n"),
+            text: format!(
+                "children_dir={}\n",
+                dir.file_name().unwrap_or_default().to_string_lossy()
+            ),
         })?;
     }
     let view = match program_output.as_ref().map(|out| {

@@ -328,6 +328,7 @@ mod tests {
             name: name.into(),
         };
         let alloc = |addr: u64, size: u64, frames: &[(u64, u32)]| Record::Alloc {
+            native: None,
             tid: 1,
             flags: 0,
             addr,
@@ -408,6 +409,7 @@ mod tests {
         let mut recs = records();
         recs.truncate(4);
         let alloc = |addr: u64, code: u64, line: u32, caller: u32| Record::Alloc {
+            native: None,
             tid: 1,
             flags: 0,
             addr,
@@ -456,6 +458,7 @@ mod tests {
         }]
         .into_iter()
         .chain([Record::Alloc {
+            native: None,
             tid: 1,
             flags: 0,
             addr: 1,

@@ -3,12 +3,13 @@
 //! for (RSS readings from /proc, thread names).
 
 use crate::capture::CaptureWriter;
+use crate::symbols::tracker::ModuleTracker;
 use crate::SamplingArgs;
 use anyhow::{Context, Result};
-use mprof_common::record::{self, Record, KIND_ALLOC};
+use mprof_common::record::{self, Record, KIND_ALLOC, KIND_END};
 use mprof_common::ring::{self, Ring};
 use mprof_common::ring_reader::RingReader;
-use mprof_common::stacks::KIND_SAMPLE;
+use mprof_common::stacks::{self, KIND_SAMPLE};
 use std::collections::HashSet;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -401,6 +402,8 @@ pub struct Reader<R: std::ops::Deref<Target = RingMem>> {
     tids: HashSet<u32>,
     last_rss: Option<Instant>,
     last_flush: Instant,
+    /// The target's module map, for native stacks (`--native`).
+    modules: ModuleTracker,
 }
 
 impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
@@ -422,6 +425,7 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
             tids: HashSet::new(),
             last_rss: None,
             last_flush: Instant::now(),
+            modules: ModuleTracker::new(pid),
         };
         r.heartbeat();
         r
@@ -446,6 +450,7 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
         let mut result = Ok(());
         let capture = &mut self.capture;
         let tids = &mut self.tids;
+        let modules = &mut self.modules;
         let ring: &RingMem = &self.ring;
         let moved = ring
             .reader()
@@ -454,7 +459,7 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
                     if result.is_err() {
                         return;
                     }
-                    if let Ok((_, kind, _)) = record::preamble(bytes) {
+                    if let Ok((_, kind, aux)) = record::preamble(bytes) {
                         if (kind == KIND_ALLOC || kind == KIND_SAMPLE) && bytes.len() >= 12 {
                             let tid = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
                             // A hostile target can invent tids: names are looked up for
@@ -462,6 +467,27 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
                             if tids.len() < MAX_THREAD_NAMES && tids.insert(tid) {
                                 new_tids.push(tid);
                             }
+                        }
+                        // The modules a native stack reaches go into the capture before it.
+                        let before = match kind {
+                            KIND_ALLOC => native_addrs(bytes, aux)
+                                .map(|addrs| modules.before_sample(&addrs))
+                                .unwrap_or_default(),
+                            KIND_SAMPLE => bytes
+                                .get(record::PREAMBLE..)
+                                .and_then(stacks::sample_native_addrs)
+                                .map(|addrs| modules.before_sample(&addrs))
+                                .unwrap_or_default(),
+                            KIND_END => modules.tick(true),
+                            _ => Vec::new(),
+                        };
+                        for module in before {
+                            let encoded = record::encode(&module);
+                            if let Err(e) = capture.write_raw(&encoded) {
+                                result = Err(e);
+                                return;
+                            }
+                            observe(&encoded);
                         }
                     }
                     result = capture.write_raw(bytes);
@@ -496,8 +522,12 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
         self.add(&Record::Thread { tid, name }, observe)
     }
 
-    /// RSS every 100 ms, flush every 200 ms.
+    /// RSS every 100 ms, flush every 200 ms, the module map's changes every
+    /// [`crate::symbols::tracker::RESCAN`] (once native stacks arrive).
     fn tick(&mut self, observe: &mut impl FnMut(&[u8])) -> Result<()> {
+        for module in self.modules.tick(false) {
+            self.add(&module, observe)?;
+        }
         let now = Instant::now();
         if self
             .last_rss
@@ -528,4 +558,12 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
         })?;
         self.capture.flush()
     }
+}
+
+/// The native return addresses of an ALLOC record as the ring holds it (`aux` is its number
+/// of Python frames), if it carries a native stack.
+fn native_addrs(bytes: &[u8], aux: u16) -> Option<Vec<u64>> {
+    let body = bytes.get(record::PREAMBLE..)?;
+    let flags = u32::from_le_bytes(body.get(4..8)?.try_into().ok()?);
+    record::native_stack(body, aux as usize, flags).map(|n| n.addrs)
 }

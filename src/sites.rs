@@ -45,6 +45,7 @@ impl Row<'_> {
             function: self.function,
             line: self.line,
             firstline: self.line,
+            module: None,
         };
         loc.to_string()
     }

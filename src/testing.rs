@@ -42,6 +42,7 @@ pub fn alloc_from(
             .iter()
             .map(|&(code, line)| Frame { code, line })
             .collect(),
+        native: None,
     }
 }
 

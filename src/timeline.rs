@@ -126,6 +126,7 @@ pub fn load(set: &CaptureSet, p: &Profile, top: usize) -> Result<Timeline> {
                 function,
                 line: *line,
                 firstline: *line,
+                module: None,
             })
         })
         .collect();

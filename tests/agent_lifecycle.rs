@@ -38,6 +38,13 @@ fn fork_shows_no_thread_warning_under_record_or_attach() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{} record: {err}", py.label);
         assert!(!err.contains("multi-threaded"), "{}: {err}", py.label);
+        assert!(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .any(|l| l == "forked"),
+            "{} record: the program did not fork",
+            py.label
+        );
 
         let dir = common::tempdir();
         let target = Target::start(

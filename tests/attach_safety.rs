@@ -256,6 +256,12 @@ fn attach_to_an_interpreter_whose_file_was_deleted() {
     );
     assert!(status.success(), "{err}");
     assert!(err.contains("attached to PID"), "{err}");
+    // ... and sampled it: the loop's bytearrays are in the capture.
+    let json = common::report_json(&capture, &["--top", "0"]);
+    assert!(
+        json["totals"]["allocated"]["bytes"].as_u64().unwrap_or(0) > 0,
+        "no samples from the deleted interpreter: {json}"
+    );
 
     // As nobody, attaching to nobody's own process (allowed: no Yama here, or scope 0).
     let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").unwrap_or_default();
@@ -361,7 +367,9 @@ fn concurrent_attaches_to_one_pid() {
 /// A hostile target running as `nobody` swaps every mprof memory file it holds for an O_PATH
 /// descriptor of a root-only file, racing root's attach: mprof never writes through such a
 /// descriptor (it takes the target's descriptors with pidfd_getfd and checks them), so the
-/// root-only file is never touched, and the target comes to no harm it did not ask for.
+/// root-only file is never touched, and the target comes to no harm it did not ask for. The
+/// target reports each swap it made, and the test asserts that the attack took place for every
+/// interpreter (a swap, or mprof's "interfered" refusal), not only that the file survived.
 #[test]
 fn a_target_that_swaps_its_descriptors_cannot_make_root_write_a_file() {
     use common::procs::{attach_once, is_root, Target};
@@ -384,7 +392,15 @@ fn a_target_that_swaps_its_descriptors_cannot_make_root_write_a_file() {
         let mut cmd = Command::new(&py.path);
         cmd.arg(&hostile).arg(&victim);
         let target = Target::start(&mut cmd);
-        for round in 0..4 {
+        // The target prints "swapped N" for each dup2 over one of mprof's memory files. The
+        // attack has to have taken place (or mprof saw it and refused) for the test to mean
+        // anything; it is a race the target can lose, so attach at least 4 times and until
+        // it has happened (at most 30).
+        let (mut refused, mut swaps) = (0, 0);
+        for round in 0.. {
+            if round >= 30 || (round >= 4 && swaps + refused > 0) {
+                break;
+            }
             let capture = dir.path().join(format!("c{round}.mprof"));
             let (status, err) = attach_once(
                 target.pid,
@@ -394,19 +410,39 @@ fn a_target_that_swaps_its_descriptors_cannot_make_root_write_a_file() {
                 "attached".to_string()
             } else {
                 assert_eq!(err.trim().lines().count(), 1, "{}: {err}", py.label);
+                // "PID 123 interfered ... (descriptor 4 ...", "the loader of PID 123 refused
+                // the mprof agent: ...": keep what does not vary.
                 let text = err.split(':').nth(2).unwrap_or(&err).trim();
-                // "PID 123 interfered ... (descriptor 4 ...": keep what does not vary.
-                let words: Vec<&str> = text.split_whitespace().collect();
-                words
-                    .iter()
-                    .skip(2)
-                    .take(5)
-                    .copied()
+                text.split_whitespace()
+                    .map(|w| {
+                        if w.chars().any(|c| c.is_ascii_digit()) {
+                            "N"
+                        } else {
+                            w
+                        }
+                    })
+                    .take(7)
                     .collect::<Vec<_>>()
                     .join(" ")
             };
+            if !status.success() && err.contains("interfered with the attach") {
+                refused += 1;
+            }
             *outcomes.entry(outcome).or_default() += 1;
+            swaps +=
+                std::iter::from_fn(|| target.out.recv_timeout(Duration::from_millis(100)).ok())
+                    .filter(|l| l.starts_with("swapped "))
+                    .count();
         }
+        eprintln!(
+            "{}: {swaps} descriptor swaps over mprof's memory files, {refused} refusals",
+            py.label
+        );
+        assert!(
+            swaps + refused > 0,
+            "{}: the target never swapped a descriptor and mprof never refused: no attack took place",
+            py.label
+        );
         let after = std::fs::metadata(&victim).unwrap();
         assert_eq!(
             std::fs::read(&victim).unwrap(),

@@ -247,6 +247,13 @@ fn attach_survives_a_target_that_scribbles_on_its_ring() {
             status.success(),
             "{what}: the target ended {status}: {rest:?}"
         );
+        if mode != "truncate-race" {
+            // The attack took place (the target found its ring and scribbled on it).
+            assert!(
+                rest.iter().any(|l| *l == format!("scribbled {mode}")),
+                "{what}: the target never scribbled: {rest:?}"
+            );
+        }
         match mode {
             "header" | "truncate-race" => assert!(ok, "{what}: {err}"),
             _ => assert!(!ok && err.contains("damaged the ring"), "{what}: {err}"),
@@ -308,9 +315,11 @@ fn refused(out: &Output, what: &str) {
     );
 }
 
-/// Symlinks planted by `nobody` at the capture, `CAPTURE.out` and flamegraph names are refused
-/// (root's files are not written through them), nothing is left behind, and a symlink of the
-/// user's own is followed with a note. Captures and `CAPTURE.out` are private (0600).
+/// Symlinks planted by `nobody` at every kind of output name (the capture, `CAPTURE.out`, the
+/// children's capture directory `CAPTURE.d`, flamegraph, timeline, HTML report, exports) are
+/// refused (root's files are not written through them), nothing is left behind, and a
+/// symlink of the user's own is followed with a note. Captures, `CAPTURE.out` and the
+/// children's captures are private (0600, `CAPTURE.d` 0700) even under umask 0.
 #[test]
 fn planted_symlinks_at_output_names_are_refused() {
     if !is_root() {
@@ -362,6 +371,65 @@ fn planted_symlinks_at_output_names_are_refused() {
     );
     refused(&out, "flamegraph -o symlink");
 
+    // Every other kind of file mprof writes from a capture.
+    for (name, view) in [
+        ("t.svg", &["timeline"][..]),
+        ("r.html", &["html"][..]),
+        ("e.pb.gz", &["export"][..]),
+        ("e.json", &["export", "-f", "json"][..]),
+        ("e.speedscope.json", &["export", "-f", "speedscope"][..]),
+    ] {
+        plant(&d.join(name), &sentinel.path);
+        let out = run_with_timeout(
+            mprof().args(view).arg(&capture).arg("-o").arg(d.join(name)),
+            LIMIT,
+        );
+        refused(&out, &format!("{} -o symlink", view.join(" ")));
+    }
+
+    // The children's capture directory (record --follow-children): nobody's symlink there, to
+    // a directory of root's holding a capture (which a reused directory loses), and nobody's
+    // own directory there, are refused before the program starts.
+    let roots = common::tempdir();
+    std::fs::write(roots.path().join("precious.mprof"), b"root's capture").unwrap();
+    let witness = common::tempdir();
+    let ran = witness.path().join("ran");
+    let touch = format!("import pathlib; pathlib.Path({:?}).touch()", ran);
+    plant(&d.join("k.mprof.d"), roots.path());
+    std::fs::create_dir(d.join("n.mprof.d")).unwrap();
+    std::os::unix::fs::chown(d.join("n.mprof.d"), Some(NOBODY), Some(NOBODY)).unwrap();
+    for (name, says) in [
+        ("k.mprof", "owned by uid 65534"),
+        ("n.mprof", "it belongs to uid 65534"),
+    ] {
+        let out = run_with_timeout(
+            mprof()
+                .args(["record", "--follow-children", "-o"])
+                .arg(d.join(name))
+                .args(["--", py.path.to_str().unwrap(), "-c", &touch]),
+            LIMIT,
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!clean_exit(&out, name), "{name}: not refused: {err}");
+        assert!(
+            err.contains("children's capture directory") && err.contains(says),
+            "{name}: {err}"
+        );
+        assert!(
+            !ran.exists(),
+            "{name}: the program ran though mprof refused"
+        );
+    }
+    assert_eq!(names(roots.path()), ["precious.mprof"]);
+    assert_eq!(
+        std::fs::read(roots.path().join("precious.mprof")).unwrap(),
+        b"root's capture"
+    );
+    assert_eq!(
+        std::fs::metadata(d.join("n.mprof.d")).unwrap().uid(),
+        NOBODY
+    );
+
     // record --live needs a terminal: `script` gives it one. The program's output file is
     // the planted one; the capture is free.
     plant(&d.join("l.mprof.out"), &sentinel.path);
@@ -386,8 +454,89 @@ fn planted_symlinks_at_output_names_are_refused() {
         !d.join("l.mprof").exists(),
         "the failed run left its capture"
     );
-    assert_eq!(names(d), ["c.mprof", "f.svg", "l.mprof.out", "real.mprof"]);
+    assert_eq!(
+        names(d),
+        [
+            "c.mprof",
+            "e.json",
+            "e.pb.gz",
+            "e.speedscope.json",
+            "f.svg",
+            "k.mprof.d",
+            "l.mprof.out",
+            "n.mprof.d",
+            "r.html",
+            "real.mprof",
+            "t.svg"
+        ]
+    );
     sentinel.check();
+
+    // What mprof does write is private whatever the umask: the capture, `CAPTURE.out` (the
+    // live view answered through `script`: a cursor-position reply typed ahead), and with
+    // --follow-children, `CAPTURE.d` and the children's captures in it.
+    let umask0 = |cmd: &mut Command| {
+        use std::os::unix::process::CommandExt;
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::umask(0);
+                Ok(())
+            })
+        };
+    };
+    let live = format!(
+        "{} record --live -o {} -- {} -c 'print(\"to CAPTURE.out\")'",
+        env!("CARGO_BIN_EXE_mprof"),
+        d.join("lv.mprof").display(),
+        py.path.display()
+    );
+    let mut cmd = Command::new("sh");
+    cmd.args([
+        "-c",
+        "printf '\\033[1;1R' | script -qec \"$0\" /dev/null",
+        &live,
+    ]);
+    umask0(&mut cmd);
+    let out = run_with_timeout(&mut cmd, LIMIT);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("capture written"), "record --live: {text}");
+    assert_eq!(
+        std::fs::read_to_string(d.join("lv.mprof.out")).unwrap(),
+        "to CAPTURE.out\n"
+    );
+    let spawn = "import subprocess, sys; \
+                 subprocess.run([sys.executable, '-c', 'x = bytearray(10**6)'], check=True)";
+    let mut cmd = mprof();
+    cmd.args(["record", "-q", "--follow-children", "-o"])
+        .arg(d.join("f.mprof"))
+        .args(["--", py.path.to_str().unwrap(), "-c", spawn]);
+    umask0(&mut cmd);
+    assert!(clean_exit(
+        &run_with_timeout(&mut cmd, LIMIT),
+        "--follow-children"
+    ));
+    let children: Vec<PathBuf> = std::fs::read_dir(d.join("f.mprof.d"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(!children.is_empty(), "no child capture");
+    for (path, mode) in [
+        (d.join("lv.mprof"), 0o600),
+        (d.join("lv.mprof.out"), 0o600),
+        (d.join("f.mprof"), 0o600),
+        (d.join("f.mprof.d"), 0o700),
+    ]
+    .into_iter()
+    .chain(children.into_iter().map(|c| (c, 0o600)))
+    {
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert_eq!(
+            (meta.mode() & 0o777, meta.uid()),
+            (mode, 0),
+            "{} under umask 0",
+            path.display()
+        );
+    }
 
     // The user's own symlink (root's, here) is followed, and said so.
     let mine = common::tempdir();
@@ -477,6 +626,7 @@ fn synthetic_capture(n: u64, name: &str) -> Vec<u8> {
     });
     for i in 0..n {
         push(Record::Alloc {
+            native: None,
             tid: 1,
             flags: 0,
             addr: i,
@@ -517,7 +667,12 @@ fn a_capture_rewritten_while_report_reads_it_is_corrupt_not_a_panic() {
         })
     };
     let mut outcomes = std::collections::BTreeMap::new();
-    for _ in 0..30 {
+    // At least 30 reports, and until one of them met a rewrite while reading (at most 150):
+    // the test must have seen the attack it is about.
+    for round in 0..150 {
+        if round >= 30 && outcomes.contains_key("changed") {
+            break;
+        }
         let out = run_with_timeout(mprof().arg("report").arg(&path), LIMIT);
         let ok = clean_exit(&out, "report during rewrites");
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -540,6 +695,10 @@ fn a_capture_rewritten_while_report_reads_it_is_corrupt_not_a_panic() {
             "unexpected outcome: {kind}"
         );
     }
+    assert!(
+        outcomes.contains_key("changed"),
+        "no report met a rewrite while reading: {outcomes:?}"
+    );
 }
 
 /// Crafted captures: the issue's 65,535-frame stack over a 60 KB name full of control
@@ -560,6 +719,7 @@ fn crafted_captures_stay_within_memory_and_output_bounds() {
     }));
     let frames: Vec<Frame> = (0..65_535).map(|i| Frame { code: 7, line: i }).collect();
     bytes.extend_from_slice(&encode(&Record::Alloc {
+        native: None,
         tid: 1,
         flags: 0,
         addr: 1,

@@ -112,12 +112,46 @@ fn check_no_file_mapping(label: &str, sites: &HashMap<String, serde_json::Value>
     }
 }
 
-/// At the default rate: every function's allocated and live estimates within three standard
-/// errors of the truth (the `alloc_stderr` and `live_stderr` of the JSON report; see
-/// tests/record.rs for the estimator), the file mappings nowhere.
-fn check_default_rate(label: &str, capture: &Path, truth: &Truth) {
+/// How the default-rate estimates of a test's runs compare with the truth.
+#[derive(Default)]
+struct Tally {
+    checks: usize,
+    /// Estimates beyond three standard errors (but within five).
+    beyond_3: Vec<String>,
+}
+
+impl Tally {
+    /// Three standard errors is the criterion, but over hundreds of checks a few land beyond
+    /// it by chance: 0.3% each for a normal estimate, more here, where a function's blocks
+    /// (twice the rate) are each sampled with probability 0.86 and the count's lower tail is
+    /// long, and where one seed gives the same samples on several interpreters (so misses come
+    /// in clusters). So: every estimate within five standard errors, and at most 2% of them
+    /// beyond three. A biased estimator, or samples lost or counted twice, fails many checks at
+    /// once.
+    fn assert_within(&self, what: &str) {
+        let allowed = (self.checks / 50).max(2);
+        eprintln!(
+            "{what}: {} of {} estimates beyond 3 SE (allowed {allowed}){}",
+            self.beyond_3.len(),
+            self.checks,
+            self.beyond_3
+                .iter()
+                .map(|m| format!("\n  {m}"))
+                .collect::<String>()
+        );
+        assert!(
+            self.beyond_3.len() <= allowed,
+            "{what}: too many estimates beyond 3 SE"
+        );
+    }
+}
+
+/// At the default rate: every function's allocated and live estimates against the truth (the
+/// `alloc_stderr` and `live_stderr` of the JSON report; see tests/record.rs for the estimator),
+/// the file mappings nowhere.
+fn check_default_rate(label: &str, capture: &Path, truth: &Truth, tally: &mut Tally) {
     let report = live_by_function(capture);
-    assert_eq!(report["rate"], 131072, "{label}: not the default rate");
+    assert_eq!(report["rate"], 32768, "{label}: not the default rate");
     let sites = by_function(&report);
     for (name, &(live_truth, alloc_truth)) in &truth.functions {
         for (what, want) in [("alloc", alloc_truth), ("live", live_truth)] {
@@ -125,11 +159,14 @@ fn check_default_rate(label: &str, capture: &Path, truth: &Truth) {
             let got = site.map_or(0.0, |s| s[format!("{what}_bytes")].as_f64().unwrap());
             let se = site.map_or(0.0, |s| s[format!("{what}_stderr")].as_f64().unwrap());
             // An estimate of 0 (no sample) is bounded by what one sample would weigh.
-            let bound = 3.0 * se.max(if got == 0.0 { 131072.0 } else { 0.0 });
-            assert!(
-                (got - want as f64).abs() <= bound,
-                "{label}: {name} {what} estimate {got} ± {se} vs truth {want}"
-            );
+            let se = se.max(if got == 0.0 { 32768.0 } else { 0.0 });
+            let error = (got - want as f64).abs();
+            let message = format!("{label}: {name} {what} estimate {got} ± {se} vs truth {want}");
+            assert!(error <= 5.0 * se, "{message}");
+            tally.checks += 1;
+            if error > 3.0 * se {
+                tally.beyond_3.push(message);
+            }
         }
     }
     check_no_file_mapping(label, &sites, &truth.file_backed);
@@ -180,16 +217,12 @@ fn record_sees_every_native_allocator_function() {
 }
 
 /// At the default rate, with fixed seeds (the workload's allocations are the same every run,
-/// so the samples are too): estimates within three standard errors.
-///
-/// With about 15 samples per function, a standard error estimated from the sample itself is
-/// too small when the sample happens to be small: about 1% of such checks fall beyond 3 SE by
-/// chance, always on the low side (a binomial model of this workload predicts the same). So
-/// the seeds are fixed and the test repeatable; 3, 5 and 9 are seeds whose runs lie within 3 SE
-/// on every interpreter here (over seeds 1 to 40 the mean error of every function's estimate
-/// was within ±6% of the truth: unbiased). A change in what is sampled fails it.
+/// so the samples are too, and the test is repeatable): estimates within three standard errors,
+/// as [`Tally`] counts them. Over seeds 1 to 40 the mean error of every function's estimate was
+/// within ±6% of the truth (unbiased).
 #[test]
 fn record_default_rate_native_estimates_lie_within_three_standard_errors() {
+    let mut tally = Tally::default();
     for py in pythons() {
         let dir = common::tempdir();
         let Some(_) = build_extension(&py, dir.path()) else {
@@ -202,10 +235,11 @@ fn record_default_rate_native_estimates_lie_within_three_standard_errors() {
                 &format!("{} seed {seed}", py.label),
                 &capture,
                 &truths(&lines),
+                &mut tally,
             );
         }
-        eprintln!("{}: record, default rate: within 3 SE", py.label);
     }
+    tally.assert_within("record, default rate");
 }
 
 /// The GOT entries mprof patches live in the objects' RELRO regions (read-only mappings): all
@@ -335,10 +369,10 @@ fn attach_sees_native_allocations_of_extensions_imported_before_or_after() {
 
 /// The same at the default rate with fixed seeds: the workload waits for the attach in read(),
 /// allocating nothing, so the samples are the same every run; estimates within three standard
-/// errors. (As for record, the seeds are ones whose runs lie within 3 SE on every interpreter
-/// here: see record_default_rate_native_estimates_lie_within_three_standard_errors.)
+/// errors as [`Tally`] counts them.
 #[test]
 fn attach_default_rate_native_estimates_lie_within_three_standard_errors() {
+    let mut tally = Tally::default();
     for py in pythons() {
         for (seed, import_first) in [("3", true), ("3", false), ("5", false)] {
             let dir = common::tempdir();
@@ -349,10 +383,10 @@ fn attach_default_rate_native_estimates_lie_within_three_standard_errors() {
             let args = ["--seed", seed, "-o", capture.to_str().unwrap()];
             let lines = attach_workload(&py, dir.path(), import_first, &args, false);
             let label = format!("{} seed {seed}", import_label(&py, import_first));
-            check_default_rate(&label, &capture, &truths(&lines));
-            eprintln!("{label}: attach, default rate: within 3 SE");
+            check_default_rate(&label, &capture, &truths(&lines), &mut tally);
         }
     }
+    tally.assert_within("attach, default rate");
 }
 
 /// Eight threads allocating and freeing with malloc, without the GIL, while mprof attaches and

@@ -27,6 +27,7 @@
 //! | 6    | END     | reason    | time_ns u64                                                 |
 //! | 7    | META    | -         | UTF-8 text, `key=value` lines                               |
 //! | 8    | STATS   | -         | samples u64, dropped u64                                    |
+//! | 9    | MODULE  | -         | a loaded object and where it is mapped (see [`Module`])     |
 //!
 //! A frame in ALLOC is 16 bytes: code u64 (the code object's address, announced by a CODE
 //! record before its first use), line u32, pad u32. Frames are innermost first. ALLOC flags:
@@ -49,6 +50,9 @@
 
 use std::fmt;
 
+mod module;
+pub use module::{Module, ModuleRange, MODULE_BIAS_FROM_ELF, MODULE_DELETED, MODULE_MAIN};
+
 /// Size of the preamble that starts every record.
 pub const PREAMBLE: usize = 8;
 /// Size of the fixed part of an ALLOC body.
@@ -69,6 +73,7 @@ pub const KIND_RSS: u16 = 5;
 pub const KIND_END: u16 = 6;
 pub const KIND_META: u16 = 7;
 pub const KIND_STATS: u16 = 8;
+pub const KIND_MODULE: u16 = 9;
 
 /// ALLOC flag: the stack was cut at `max_depth`.
 pub const ALLOC_TRUNCATED: u32 = 1;
@@ -241,6 +246,8 @@ pub enum Record {
         size: u64,
         time_ns: u64,
         frames: Vec<Frame>,
+        /// The native section (`--native`), when the flags say one follows.
+        native: Option<NativeStack>,
     },
     Free {
         addr: u64,
@@ -270,6 +277,8 @@ pub enum Record {
         samples: u64,
         dropped: u64,
     },
+    /// A loaded object (written by mprof from the target's memory map, for `--native`).
+    Module(Module),
     /// A kind this reader does not know (written by a newer mprof): skipped.
     Unknown {
         kind: u16,
@@ -359,13 +368,15 @@ pub fn decode(buf: &[u8]) -> Result<(Record, usize), DecodeError> {
                     }
                 })
                 .collect();
+            let flags = u32_at(body, 4);
             Record::Alloc {
                 tid: u32_at(body, 0),
-                flags: u32_at(body, 4),
+                flags,
                 addr: u64_at(body, 8),
                 size: u64_at(body, 16),
                 time_ns: u64_at(body, 24),
                 frames,
+                native: native_stack(body, nframes, flags),
             }
         }
         KIND_FREE => {
@@ -421,6 +432,7 @@ pub fn decode(buf: &[u8]) -> Result<(Record, usize), DecodeError> {
                 dropped: u64_at(body, 8),
             }
         }
+        KIND_MODULE => Record::Module(Module::decode(body).map_err(DecodeError::Corrupt)?),
         other => Record::Unknown { kind: other },
     };
     Ok((record, len))
@@ -438,8 +450,13 @@ pub fn encode(record: &Record) -> Vec<u8> {
             size,
             time_ns,
             frames,
+            native,
         } => {
             aux = frames.len() as u16;
+            let flags = match native {
+                Some(_) => flags | ALLOC_NATIVE_STACK,
+                None => *flags,
+            };
             body.extend_from_slice(&tid.to_le_bytes());
             body.extend_from_slice(&flags.to_le_bytes());
             body.extend_from_slice(&addr.to_le_bytes());
@@ -449,6 +466,9 @@ pub fn encode(record: &Record) -> Vec<u8> {
                 body.extend_from_slice(&f.code.to_le_bytes());
                 body.extend_from_slice(&f.line.to_le_bytes());
                 body.extend_from_slice(&0u32.to_le_bytes());
+            }
+            if let Some(native) = native {
+                body.extend_from_slice(&native.encode());
             }
             KIND_ALLOC
         }
@@ -495,6 +515,10 @@ pub fn encode(record: &Record) -> Vec<u8> {
             body.extend_from_slice(&dropped.to_le_bytes());
             KIND_STATS
         }
+        Record::Module(module) => {
+            module.encode(&mut body);
+            KIND_MODULE
+        }
         Record::Unknown { kind } => *kind,
     };
     let len = PREAMBLE + body.len();
@@ -526,7 +550,32 @@ mod tests {
             size: 1234,
             time_ns: 99,
             frames: vec![Frame { code: 1, line: 2 }, Frame { code: 3, line: 4 }],
+            native: None,
         });
+        roundtrip(Record::Alloc {
+            tid: 7,
+            flags: ALLOC_NATIVE_STACK,
+            addr: 1,
+            size: 2,
+            time_ns: 3,
+            frames: vec![Frame { code: 1, line: 2 }],
+            native: Some(NativeStack {
+                addrs: vec![0x1000, 0x2000],
+                entries: vec![1],
+            }),
+        });
+        roundtrip(Record::Module(Module {
+            bias: 0x7f00_0000_0000,
+            file_size: 4096,
+            flags: MODULE_MAIN,
+            build_id: vec![1, 2, 3],
+            path: "/usr/lib/libx.so".into(),
+            ranges: vec![ModuleRange {
+                start: 0x7f00_0000_1000,
+                end: 0x7f00_0000_2000,
+                offset: 0x1000,
+            }],
+        }));
         roundtrip(Record::Free { addr: 42 });
         roundtrip(Record::Code {
             code: 5,

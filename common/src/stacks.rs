@@ -264,6 +264,17 @@ impl Expander {
     }
 }
 
+/// The native return addresses of a SAMPLE body, if its flags say it has a native section and
+/// the section is whole.
+pub fn sample_native_addrs(body: &[u8]) -> Option<Vec<u64>> {
+    let flags = u32_at(body.get(..SAMPLE_FIXED)?, 4);
+    if flags & ALLOC_NATIVE_STACK == 0 {
+        return None;
+    }
+    let addrs = native_addresses(&body[SAMPLE_FIXED..])?;
+    Some(addrs.chunks_exact(8).map(|c| u64_at(c, 0)).collect())
+}
+
 /// The return addresses of a SAMPLE's native section (`section` starts at its `nnative`).
 fn native_addresses(section: &[u8]) -> Option<&[u8]> {
     let head = section.get(..8)?;

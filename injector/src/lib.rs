@@ -6,7 +6,6 @@
 pub mod agent;
 #[cfg(target_arch = "x86_64")]
 mod choose;
-#[cfg(target_arch = "x86_64")]
 mod elf;
 mod error;
 #[cfg(target_arch = "x86_64")]
@@ -16,10 +15,8 @@ pub mod inject;
 #[cfg(not(target_arch = "x86_64"))]
 #[path = "inject_unsupported.rs"]
 pub mod inject;
-#[cfg(target_arch = "x86_64")]
-mod mapped_file;
-#[cfg(target_arch = "x86_64")]
-mod procmaps;
+pub mod mapped_file;
+pub mod procmaps;
 #[cfg(target_arch = "x86_64")]
 mod ptrace;
 #[cfg(target_arch = "x86_64")]

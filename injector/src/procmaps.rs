@@ -27,6 +27,11 @@ impl Mapping {
         self.end - self.start
     }
 
+    /// Whether the mapping covers nothing (never, as the kernel shows them).
+    pub fn is_empty(&self) -> bool {
+        self.end <= self.start
+    }
+
     /// Whether this maps a file (not anonymous memory, a stack, the vdso...).
     pub fn is_file(&self) -> bool {
         self.inode != 0 && !self.path.is_empty() && !self.path.starts_with('[')

@@ -135,6 +135,10 @@ struct JsonFrame<'a> {
     file: &'a str,
     function: &'a str,
     line: u32,
+    /// `python` or `native` (`--native` captures mix them).
+    kind: &'static str,
+    /// A native frame's module (executable or library); null for Python frames.
+    module: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -180,6 +184,8 @@ fn json_frame<'a>(f: &crate::profile::Location<'a>) -> JsonFrame<'a> {
         file: f.file,
         function: f.function,
         line: f.line,
+        kind: if f.is_native() { "native" } else { "python" },
+        module: f.module,
     }
 }
 

@@ -1,7 +1,9 @@
 //! The bounded fuzz run that CI does, and crafted worst cases.
 
 use super::*;
-use mprof_common::record::{encode, Frame, Record, KIND_ALLOC, KIND_CODE, PREAMBLE};
+use mprof_common::record::{
+    encode, Frame, Module, ModuleRange, NativeStack, Record, KIND_ALLOC, KIND_CODE, PREAMBLE,
+};
 use mprof_common::stacks::{encode_sample, encode_stack, Node, Sample, KIND_SAMPLE, KIND_STACK};
 
 /// A small deterministic random source (xorshift64*).
@@ -53,7 +55,7 @@ fn generated(rng: &mut Rng) -> Vec<u8> {
             bytes.extend_from_slice(&interned(rng, codes, &mut nodes));
             continue;
         }
-        let record = match rng.below(12) {
+        let record = match rng.below(14) {
             0..=1 => Record::Code {
                 code: rng.below(codes as usize) as u64,
                 firstline: rng.next() as u32,
@@ -66,6 +68,7 @@ fn generated(rng: &mut Rng) -> Vec<u8> {
                     _ => rng.below(12),
                 };
                 Record::Alloc {
+                    native: (rng.below(3) == 0).then(|| native_stack(rng)),
                     tid: rng.below(4) as u32,
                     // Truncated or not, every allocator (and the unused value 3).
                     flags: rng.below(8) as u32,
@@ -96,14 +99,63 @@ fn generated(rng: &mut Rng) -> Vec<u8> {
                 tid: rng.below(4) as u32,
                 name: name(rng),
             },
-            _ => Record::Stats {
+            11 => Record::Stats {
                 samples: rng.next(),
                 dropped: rng.next(),
             },
+            _ => Record::Module(module(rng)),
         };
         bytes.extend_from_slice(&encode(&record));
     }
     bytes
+}
+
+/// Native addresses land in the few ranges [`module`] maps, or anywhere.
+fn native_address(rng: &mut Rng) -> u64 {
+    match rng.below(4) {
+        0 => rng.next(),
+        _ => 0x10_0000 * (1 + rng.below(4) as u64) + rng.below(0x2000) as u64,
+    }
+}
+
+/// A native stack (`--native`) over the Python frames of a generated sample.
+fn native_stack(rng: &mut Rng) -> NativeStack {
+    NativeStack {
+        addrs: (0..rng.below(40)).map(|_| native_address(rng)).collect(),
+        entries: (0..rng.below(5)).map(|_| rng.next()).collect(),
+    }
+}
+
+/// A MODULE record: overlapping ranges, files that are missing, not files, not ELF, or this
+/// very test binary; build ids that match or not.
+fn module(rng: &mut Rng) -> Module {
+    let path = match rng.below(6) {
+        0 => "/nonexistent/libgone.so".to_owned(),
+        1 => "/dev/zero".to_owned(),
+        2 => "/proc/self/status".to_owned(),
+        3 => "/memfd:mprof-agent.so (deleted)".to_owned(),
+        4 => name(rng),
+        _ => "/".to_owned(),
+    };
+    Module {
+        bias: [0, 0x10_0000, rng.next()][rng.below(3)],
+        file_size: [0, 1, rng.next()][rng.below(3)],
+        flags: rng.below(8) as u32,
+        build_id: (0..[0, 20, 64][rng.below(3)])
+            .map(|_| rng.next() as u8)
+            .collect(),
+        path,
+        ranges: (0..rng.below(4))
+            .map(|_| {
+                let start = native_address(rng) & !0xfff;
+                ModuleRange {
+                    start,
+                    end: start.wrapping_add(rng.below(0x4000) as u64),
+                    offset: rng.next() % 0x10_0000,
+                }
+            })
+            .collect(),
+    }
 }
 
 /// A STACK or a SAMPLE record: mostly well formed (parents defined before their children,
@@ -140,7 +192,7 @@ fn interned(rng: &mut Rng, codes: u64, nodes: &mut u32) -> Vec<u8> {
         time_ns: rng.next() % 1_000_000,
         stack,
     };
-    let native: Vec<u64> = (0..rng.below(5)).map(|_| rng.next()).collect();
+    let native: Vec<u64> = (0..rng.below(5)).map(|_| native_address(rng)).collect();
     encode_sample(&sample, depth, (rng.below(2) == 0).then_some(&native[..]))
 }
 
@@ -214,8 +266,15 @@ fn mutate(bytes: &mut Vec<u8>, rng: &mut Rng) {
             }
             let at = starts[rng.below(starts.len())];
             let v = INTERESTING[rng.below(INTERESTING.len())];
-            match rng.below(4) {
+            match rng.below(5) {
                 0 => bytes[at..at + 4].copy_from_slice(&(v as u32).to_le_bytes()),
+                3 => {
+                    // The counts of a Module record: ranges, build id, path.
+                    if bytes.len() >= at + PREAMBLE + 26 {
+                        let f = at + PREAMBLE + 20 + 2 * rng.below(3);
+                        bytes[f..f + 2].copy_from_slice(&(v as u16).to_le_bytes());
+                    }
+                }
                 1 => {
                     let kind =
                         [KIND_ALLOC, KIND_CODE, KIND_STACK, KIND_SAMPLE, 0xffff][rng.below(5)];
@@ -356,6 +415,7 @@ fn a_giant_stack_over_a_giant_name_is_cut() {
     ];
     for addr in 0..2 {
         records.push(Record::Alloc {
+            native: None,
             tid: 1,
             flags: 0,
             addr,
@@ -406,6 +466,7 @@ fn many_deep_stacks_print_a_bounded_amount() {
             })
             .collect();
         records.push(Record::Alloc {
+            native: None,
             tid: 1,
             flags: 0,
             addr: i as u64,
@@ -442,6 +503,7 @@ fn dense_crafted_captures_are_refused_within_the_memory_bound() {
         };
         bytes.extend_from_slice(&encode(&code));
         let alloc = Record::Alloc {
+            native: None,
             tid: 0,
             flags: 0,
             addr: i,
@@ -470,6 +532,7 @@ fn a_capture_that_changes_between_passes_is_corrupt() {
         }];
         for addr in 0..n {
             r.push(Record::Alloc {
+                native: None,
                 tid: 1,
                 flags: 0,
                 addr,

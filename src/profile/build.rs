@@ -39,8 +39,16 @@ impl Budget {
 
     /// An error once the reader holds more than its allowance.
     pub(crate) fn check(&self) -> Result<(), LoadError> {
+        self.check_apart(0)
+    }
+
+    /// [`Budget::check`], not counting `apart` bytes the reader holds for something else than
+    /// the capture (debug information of files on this machine, for native frames).
+    pub(crate) fn check_apart(&self, apart: isize) -> Result<(), LoadError> {
         match self.limit {
-            Some((limit, size)) if crate::memory::in_use() - self.base > limit as isize => {
+            Some((limit, size))
+                if crate::memory::in_use() - self.base - apart.max(0) > limit as isize =>
+            {
                 Err(LoadError::TooDense { size, limit })
             }
             _ => Ok(()),
@@ -98,12 +106,13 @@ impl Profile {
                     peak_digest = digest;
                 }
             }
-            failure = budget.check().err();
+            failure = budget.check_apart(agg.resolver.symbol_memory()).err();
             failure.is_none()
         })?;
         if let Some(e) = failure {
             return Err(e.into());
         }
+        let symbol_warnings = agg.resolver.symbol_warnings();
         let names = std::mem::take(&mut agg.resolver.names);
         agg.resolver = StackResolver::new();
         figures.resize(names.nodes.len(), Figures::default());
@@ -195,6 +204,7 @@ impl Profile {
             names,
             figures,
             sites,
+            symbol_warnings,
         };
         profile.add_up();
         Ok(profile)

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod mixed;
 pub mod native;
 pub mod procs;
 pub mod tmux;

@@ -1,5 +1,6 @@
-//! The test's C extension (`tests/c/native_allocs.c`), built for an interpreter: native
-//! allocations of known sizes for the native-allocation tests.
+//! The tests' C extensions, built for an interpreter: `tests/c/native_allocs.c` (native
+//! allocations of known sizes) and `tests/c/native_chain.c` (known native call chains, for
+//! mixed stacks).
 
 use super::Python;
 use std::path::{Path, PathBuf};
@@ -8,6 +9,31 @@ use std::process::Command;
 /// Builds `tests/c/native_allocs.c` for `py` into `dir`; None (with a note) when the
 /// interpreter's headers are missing.
 pub fn build_extension(py: &Python, dir: &Path) -> Option<PathBuf> {
+    build(py, dir, "native_allocs", &["-O1", "-pthread"])
+}
+
+/// Builds `tests/c/native_chain.c` for `py` into `dir` with the compiler flags `flags`
+/// (`-g -O1`, `-g -O2 -DWITH_INLINE`…); None (with a note) when the headers are missing.
+pub fn build_chain(py: &Python, dir: &Path, flags: &[&str]) -> Option<PathBuf> {
+    build(py, dir, "native_chain", flags)
+}
+
+/// The source line of the `/* LINE name */` marker in `tests/c/native_chain.c`.
+pub fn chain_line(name: &str) -> u32 {
+    let src = std::fs::read_to_string(chain_source()).unwrap();
+    let marker = format!("/* LINE {name} */");
+    1 + src
+        .lines()
+        .position(|l| l.contains(&marker))
+        .unwrap_or_else(|| panic!("no marker {marker}")) as u32
+}
+
+/// The path of `tests/c/native_chain.c`.
+pub fn chain_source() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/native_chain.c")
+}
+
+fn build(py: &Python, dir: &Path, name: &str, flags: &[&str]) -> Option<PathBuf> {
     let out = Command::new(&py.path)
         .args([
             "-c",
@@ -23,18 +49,11 @@ pub fn build_extension(py: &Python, dir: &Path) -> Option<PathBuf> {
         eprintln!("SKIPPED {}: no Python.h in {include}", py.label);
         return None;
     }
-    let so = dir.join(format!("native_allocs{suffix}"));
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/native_allocs.c");
+    let so = dir.join(format!("{name}{suffix}"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
     let status = Command::new("cc")
-        .args([
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-pthread",
-            "-Wl,-z,relro,-z,now",
-            "-I",
-            include,
-        ])
+        .args(["-shared", "-fPIC", "-Wl,-z,relro,-z,now", "-I", include])
+        .args(flags)
         .arg(&src)
         .arg("-o")
         .arg(&so)
@@ -42,7 +61,7 @@ pub fn build_extension(py: &Python, dir: &Path) -> Option<PathBuf> {
         .expect("cc");
     assert!(
         status.success(),
-        "{}: building the extension failed",
+        "{}: building {name} with {flags:?} failed",
         py.label
     );
     Some(so)

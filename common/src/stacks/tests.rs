@@ -63,6 +63,7 @@ fn a_sample_expands_to_the_alloc_it_stands_for() {
             size: 64,
             time_ns: 5,
             frames,
+            native: None,
         }
     );
     // A sibling branch, and a sample with no Python frame.
@@ -88,6 +89,19 @@ fn the_native_section_gets_its_entry_marks_back() {
     assert_eq!(native.addrs, vec![0x10, 0x20]);
     // Innermost first: c (entry), b, a (entry).
     assert!(native.is_entry(0) && !native.is_entry(1) && native.is_entry(2));
+    // What the session reads from the SAMPLE itself, to describe the modules first.
+    let raw = encode_sample(&s, 3, Some(&[0x10, 0x20]));
+    assert_eq!(
+        sample_native_addrs(&raw[PREAMBLE..]),
+        Some(vec![0x10, 0x20])
+    );
+    for cut in PREAMBLE..raw.len() {
+        assert_eq!(sample_native_addrs(&raw[PREAMBLE..cut]), None, "cut {cut}");
+    }
+    assert_eq!(
+        sample_native_addrs(&encode_sample(&sample(3), 3, None)[PREAMBLE..]),
+        None
+    );
 }
 
 #[test]

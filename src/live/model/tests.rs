@@ -248,3 +248,48 @@ fn live_figures_agree_with_the_batch_profile() {
     let samples: u64 = s.sites.iter().map(|(_, _, x)| x.live.samples).sum();
     assert_eq!(samples, t.live.samples);
 }
+
+#[inline(never)]
+fn native_leaf() -> u64 {
+    native_leaf as *const () as u64 + 1
+}
+
+#[test]
+fn native_frames_are_rows_by_function_and_inclusive() {
+    // This test binary's modules, as `record --native` writes them, and a sample whose
+    // native stack holds one of its functions under a Python frame.
+    let here = native_leaf();
+    let mut m = Model::new(1, 0);
+    for r in crate::symbols::tracker::ModuleTracker::new(std::process::id()).before_sample(&[here])
+    {
+        m.apply(&r);
+    }
+    m.apply(&code(1, "app.py", "main", 1));
+    let mut sample = alloc(7, 100, 4096, &[(1, 2)]);
+    if let Record::Alloc { native, .. } = &mut sample {
+        *native = Some(mprof_common::record::NativeStack {
+            addrs: vec![here],
+            entries: vec![1],
+        });
+    }
+    m.apply(&sample);
+    let s = m.roll(1_000_000_000);
+    for inclusive in [false, true] {
+        let settings = Settings {
+            group: Grouping::Function,
+            inclusive,
+            ..Settings::default()
+        };
+        let rows = rows(&m, &s, &settings);
+        let native = rows
+            .iter()
+            .find(|r| r.function.ends_with("native_leaf"))
+            .unwrap_or_else(|| panic!("no native row: {rows:?}"));
+        assert_eq!(native.figures.allocated.bytes, 4096.0);
+        assert_eq!(
+            rows.iter().any(|r| r.function == "main"),
+            inclusive,
+            "{rows:?}"
+        );
+    }
+}
