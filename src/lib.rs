@@ -59,13 +59,16 @@ pub mod units;
 /// benchmark its samples cost 0.45% of the run's instructions beside the hooks' 3.2%, and every
 /// estimate's standard error is half of what 128 KiB gave (README, "Why 32 KiB by default").
 pub const DEFAULT_RATE: &str = "32KiB";
+/// The default `--rate` with `--native`: a native unwind costs about 35,000 instructions a
+/// sample, so that at 512 KiB `--native` adds under 1% to the alloc benchmark (README).
+pub const NATIVE_DEFAULT_RATE: u64 = 512 << 10;
 
 /// Settings shared by `record` and `attach`: sampling, and what counts as your code.
 #[derive(clap::Args, Clone, Debug)]
 pub struct SamplingArgs {
     /// Mean bytes allocated between two samples (`512KiB`, `1MiB`, plain bytes); 1 records
     /// every allocation. Units are 1024-based whatever their spelling: `k`, `KB` and `KiB` are
-    /// 1024 bytes, `MB` and `MiB` 1,048,576.
+    /// 1024 bytes, `MB` and `MiB` 1,048,576. The default is 512KiB with --native.
     #[arg(long, default_value = DEFAULT_RATE, value_parser = units::parse_size)]
     pub rate: u64,
     /// Deepest Python stack recorded, innermost frames kept.
@@ -90,6 +93,14 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
+    /// Settles the rate once the command line is read: `--native` without a `--rate` of the
+    /// user's samples at [`NATIVE_DEFAULT_RATE`].
+    pub fn settle_rate(&mut self, rate_given: bool) {
+        if self.native && !rate_given {
+            self.rate = NATIVE_DEFAULT_RATE;
+        }
+    }
+
     /// The ring's `config_flags` for these settings.
     pub fn config_flags(&self) -> u32 {
         let mut flags = 0;

@@ -117,7 +117,8 @@ fn pool_worker_estimates_lie_within_three_standard_errors() {
 
 /// A pre-fork server (os.fork workers sharing a listening socket, under a bounded loopback
 /// client: each worker's request handler appears, exact) and a fork bomb of 100 short-lived
-/// children: every child is profiled, nothing hangs, and no child is left behind.
+/// children: every child is profiled, nothing hangs, no child is left behind (no zombie) and
+/// none leaves an mprof descriptor in its parent.
 #[test]
 fn prefork_workers_and_a_fork_bomb() {
     let all = pythons();
@@ -134,6 +135,21 @@ fn prefork_workers_and_a_fork_bomb() {
         }
         let dir = common::tempdir();
         record(&py, dir.path(), "forkbomb", &["--rate", "1"]);
+        let leaks: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("truth.json.leaks")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            leaks["fds_after"], leaks["fds_before"],
+            "{}: the children left mprof descriptors in their parent",
+            py.label
+        );
+        assert_eq!(
+            leaks["zombies"],
+            serde_json::json!([]),
+            "{}: zombies left",
+            py.label
+        );
         let captures: Vec<_> = std::fs::read_dir(dir.path().join("c.mprof.d"))
             .unwrap()
             .flatten()

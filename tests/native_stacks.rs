@@ -152,3 +152,39 @@ fn attach_native_interleaves_c_and_python_frames() {
         eprintln!("{label}: attach --native: mixed stacks in order");
     }
 }
+
+/// `--native` samples at 512 KiB unless `--rate` says otherwise (a native unwind costs about
+/// 35,000 instructions); without it the default stays 32 KiB.
+#[test]
+fn native_has_its_own_default_rate() {
+    let py = pythons().into_iter().next().expect("an interpreter");
+    let dir = common::tempdir();
+    for (args, want) in [
+        (&["--native"][..], 512 << 10),
+        (&["--native", "--rate", "32KiB"][..], 32 << 10),
+        (&[][..], 32 << 10),
+    ] {
+        let capture = dir.path().join("r.mprof");
+        let out = common::run_with_timeout(
+            common::mprof()
+                .args(["record", "-q", "-o"])
+                .arg(&capture)
+                .args(args)
+                .arg("--")
+                .arg(&py.path)
+                .args(["-c", "x = [bytes(1000) for _ in range(1000)]"]),
+            LIMIT,
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report = common::run_with_timeout(
+            common::mprof().arg("report").arg("--json").arg(&capture),
+            LIMIT,
+        );
+        let json: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+        assert_eq!(json["rate"], want, "{args:?}");
+    }
+}

@@ -94,13 +94,48 @@ def prefork():
     return truth
 
 
+def mprof_fds():
+    """This process's descriptors and mappings of mprof's memfds (its ring, a child's)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            continue
+        if "memfd:mprof" in target:
+            found.append(target)
+    with open("/proc/self/maps") as maps:
+        found += sorted(line.split(None, 5)[-1].strip() for line in maps if "memfd:mprof" in line)
+    return found
+
+
+def zombies():
+    """Processes whose parent is this one and that are zombies."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "Z" and int(fields[1]) == os.getpid():
+            found.append(int(pid))
+    return found
+
+
 def forkbomb():
+    before = mprof_fds()
     for i in range(100):
         pid = os.fork()
         if pid == 0:
             short_lived(i)
             os._exit(0)
         os.waitpid(pid, 0)
+    # What the 100 children left behind in their parent: mprof descriptors, zombies.
+    with open(sys.argv[2] + ".leaks", "w") as f:
+        json.dump({"fds_before": before, "fds_after": mprof_fds(), "zombies": zombies()}, f)
     return {}
 
 
