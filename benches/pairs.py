@@ -30,8 +30,8 @@ import overhead  # noqa: E402  (the workloads, configurations and runners)
 def run_pinned(workload, config, args, tmpdir, env, core, out, key):
     wrapper = ["taskset", "-c", str(core)]
     capture = os.path.join(tmpdir, "capture-%s.out" % key)
-    if workload == "alloc":
-        result = overhead.run_alloc(config, args, capture, env, wrapper=wrapper)
+    if workload in overhead.TIMED:
+        result = overhead.run_timed(workload, config, args, capture, env, wrapper=wrapper)
     else:
         result = overhead.run_tornado(config, args, capture, env, args.requests, wrapper=wrapper)
     out[key] = result
@@ -40,7 +40,7 @@ def run_pinned(workload, config, args, tmpdir, env, core, out, key):
 def ratio(workload, base, other):
     if base.error or other.error:
         return None
-    if workload == "alloc":
+    if workload in overhead.TIMED:
         return other.value / base.value
     return base.value / other.value
 
@@ -94,7 +94,7 @@ def parse_args():
     p.add_argument("--mprof", default=os.path.join(overhead.ROOT, "target", "release", "mprof"))
     p.add_argument("--pairs", type=int, default=12, help="pairs per configuration (default 12)")
     p.add_argument("--slots", type=int, default=1, help="pairs run at once, on cores 2k and 2k+1")
-    p.add_argument("--workloads", default="alloc,tornado")
+    p.add_argument("--workloads", default="alloc,tornado", help="comma-separated: alloc, tornado, native")
     p.add_argument("--configs", default="none,mprof,mprof --rate 1,memray,memray --trace-python-allocators",
                    help="comma-separated; 'none' pairs the program with itself (the noise floor)")
     p.add_argument("--requests", type=int, default=10000)
