@@ -12,8 +12,12 @@
 //!   stacks: modules, symbolization, the merge with Python frames);
 //! - views: [`report`] (text), [`flamegraph`], [`timeline`], [`html`], [`diff`], [`export`]
 //!   (pprof, speedscope, folded, JSON), [`live`] (the terminal view);
-//! - sessions: [`record`], [`attach`], [`session`] (the ring reader), [`signals`], [`hints`]
-//!   (what a user who would otherwise be stuck is told);
+//! - sessions: [`record`], [`attach`], [`driver`] (the one drain loop both use, with each
+//!   command's stop conditions), [`session`] (the ring reader), [`signals`], [`hints`] (what a
+//!   user who would otherwise be stuck is told);
+//! - processes: [`children`] (following children: their rings and captures), [`rendezvous`]
+//!   (how a child hands its ring over), [`processes`] and [`process_table`] (a capture set's
+//!   processes, merged or picked with `--pid`);
 //! - safety: [`output`] (creating every output file), [`memory`] (the counting allocator),
 //!   `fuzzing` (the capture fuzzer, in tests and under `--cfg fuzzing`).
 
