@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod hostile;
 pub mod mixed;
 pub mod native;
 pub mod procs;

@@ -1,0 +1,221 @@
+//! Hostile capture files (issue 7, point 8): a capture rewritten while it is read, captures
+//! crafted to amplify memory or output, and control characters from a real target's names.
+
+mod common;
+
+use common::hostile::*;
+use common::{mprof, pythons, run_with_timeout, script};
+
+/// A capture of `n` samples at distinct addresses (so the peak is at the end), each on its
+/// own line of one function.
+fn synthetic_capture(n: u64, name: &str) -> Vec<u8> {
+    use mprof_common::record::{encode, Frame, Record};
+    let mut bytes = b"MPROFCAP".to_vec();
+    bytes.extend_from_slice(&1u32.to_le_bytes());
+    bytes.extend_from_slice(&0u32.to_le_bytes());
+    let mut push = |r: Record| bytes.extend_from_slice(&encode(&r));
+    push(Record::Meta {
+        text: "rate=1\n".into(),
+    });
+    push(Record::Code {
+        code: 1,
+        firstline: 1,
+        filename: "a.py".into(),
+        name: name.into(),
+    });
+    for i in 0..n {
+        push(Record::Alloc {
+            native: None,
+            tid: 1,
+            flags: 0,
+            addr: i,
+            size: 100,
+            time_ns: i,
+            frames: vec![Frame {
+                code: 1,
+                line: (i % 1000) as u32,
+            }],
+        });
+    }
+    bytes
+}
+
+/// A capture rewritten in place (with other records) while reports read it: every report
+/// either reads one consistent file or says the capture changed; none panics. (The second
+/// pass used to find more allocations than the first and panic.)
+#[test]
+fn a_capture_rewritten_while_report_reads_it_is_corrupt_not_a_panic() {
+    let dir = common::tempdir();
+    let path = dir.path().join("c.mprof");
+    let (big, small) = (
+        synthetic_capture(200_000, "big"),
+        synthetic_capture(150_000, "small"),
+    );
+    std::fs::write(&path, &big).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (path, stop) = (path.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let bytes = if n.is_multiple_of(2) { &small } else { &big };
+                std::fs::write(&path, bytes).unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    let mut outcomes = std::collections::BTreeMap::new();
+    // At least 30 reports, and until one of them met a rewrite while reading (at most 150):
+    // the test must have seen the attack it is about.
+    for round in 0..150 {
+        if round >= 30 && outcomes.contains_key("changed") {
+            break;
+        }
+        let out = run_with_timeout(mprof().arg("report").arg(&path), LIMIT);
+        let ok = clean_exit(&out, "report during rewrites");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let kind = if ok {
+            "read".to_owned()
+        } else if err.contains("changed while it was being read") {
+            "changed".to_owned()
+        } else {
+            // Opened while empty or half written: one line saying so.
+            err.trim().chars().take(90).collect()
+        };
+        *outcomes.entry(kind).or_insert(0) += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rewrites = writer.join().unwrap();
+    eprintln!("rewrites: {rewrites}; reports: {outcomes:?}");
+    for kind in outcomes.keys() {
+        assert!(
+            kind == "read" || kind == "changed" || kind.contains("is not a usable mprof capture"),
+            "unexpected outcome: {kind}"
+        );
+    }
+    assert!(
+        outcomes.contains_key("changed"),
+        "no report met a rewrite while reading: {outcomes:?}"
+    );
+}
+
+/// Crafted captures: the issue's 65,535-frame stack over a 60 KB name full of control
+/// characters. `report` reads it under an address-space limit of 4x its size plus a fixed
+/// amount, prints a bounded report, and no control character reaches the text.
+#[test]
+fn crafted_captures_stay_within_memory_and_output_bounds() {
+    use mprof_common::record::{encode, Frame, Record};
+    let dir = common::tempdir();
+    let path = dir.path().join("crafted.mprof");
+    let mut bytes = synthetic_capture(0, "x");
+    let evil = "\x1b]52;c;aGk=\x07\x1b[2J".repeat(3000);
+    bytes.extend_from_slice(&encode(&Record::Code {
+        code: 7,
+        firstline: 1,
+        filename: evil.clone(),
+        name: evil,
+    }));
+    let frames: Vec<Frame> = (0..65_535).map(|i| Frame { code: 7, line: i }).collect();
+    bytes.extend_from_slice(&encode(&Record::Alloc {
+        native: None,
+        tid: 1,
+        flags: 0,
+        addr: 1,
+        size: 10,
+        time_ns: 0,
+        frames,
+    }));
+    std::fs::write(&path, &bytes).unwrap();
+    let limit = 4 * bytes.len() as u64 + (64 << 20) + (96 << 20);
+    for args in [
+        vec!["--by", "stack", "--top", "0"],
+        vec!["--by", "stack", "--top", "0", "--json"],
+    ] {
+        let mut cmd = mprof();
+        cmd.arg("report").arg(&path).args(&args);
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(move || {
+                let rl = libc::rlimit {
+                    rlim_cur: limit,
+                    rlim_max: limit,
+                };
+                libc::setrlimit(libc::RLIMIT_AS, &rl);
+                Ok(())
+            });
+        }
+        let out = run_with_timeout(&mut cmd, LIMIT);
+        assert!(clean_exit(&out, "crafted capture"), "{args:?}: {out:?}");
+        assert!(
+            out.stdout.len() < 2 << 20,
+            "{args:?}: {} bytes",
+            out.stdout.len()
+        );
+        if !args.contains(&"--json") {
+            assert!(!out.stdout.contains(&0x1b) && !out.stdout.contains(&0x07));
+        }
+        eprintln!(
+            "crafted capture of {} bytes, report {args:?}: {} bytes of output",
+            bytes.len(),
+            out.stdout.len()
+        );
+    }
+}
+
+/// A real target whose code objects and file names hold terminal control sequences, on every
+/// interpreter: text reports show them escaped, JSON keeps them exactly (written as JSON
+/// escapes, so its bytes carry none either).
+#[test]
+fn control_characters_from_a_real_target_never_reach_the_terminal() {
+    const EVIL_NAME: &str = "boom\x1b]0;pwned\x07\x1b[31m\u{202e}";
+    for py in pythons() {
+        let dir = common::tempdir();
+        let capture = dir.path().join("c.mprof");
+        let out = run_with_timeout(
+            mprof()
+                .args(["record", "--rate", "4KiB", "--max-depth", "256", "-o"])
+                .arg(&capture)
+                .arg("--")
+                .arg(&py.path)
+                .arg(script("hostile_names.py")),
+            LIMIT,
+        );
+        assert!(clean_exit(&out, &py.label));
+        for text in [
+            out.stderr.clone(),
+            run_with_timeout(
+                mprof()
+                    .arg("report")
+                    .arg(&capture)
+                    .args(["--by", "stack", "--top", "0"]),
+                LIMIT,
+            )
+            .stdout,
+        ] {
+            let text = String::from_utf8_lossy(&text).into_owned();
+            assert!(
+                text.contains("boom\\u{1b}]0;pwned\\u{7}"),
+                "{}: {text}",
+                py.label
+            );
+            assert!(!text.contains(['\x1b', '\x07', '\u{202e}']), "{}", py.label);
+        }
+        let json = common::report_json(&capture, &["--by", "function", "--top", "0"]);
+        assert!(
+            common::by_function(&json).contains_key(EVIL_NAME),
+            "{}: {json}",
+            py.label
+        );
+        let raw = run_with_timeout(
+            mprof()
+                .arg("report")
+                .arg(&capture)
+                .args(["--json", "--by", "function", "--top", "0"]),
+            LIMIT,
+        )
+        .stdout;
+        let raw = String::from_utf8_lossy(&raw);
+        assert!(!raw.contains(['\x1b', '\x07', '\u{202e}']), "{}", py.label);
+    }
+}
