@@ -265,12 +265,22 @@ impl Names {
 /// Turns raw frames (code addresses) into stacks, following the Code records seen so far.
 pub(crate) struct StackResolver {
     pub(crate) names: Names,
-    code_at: FastMap<u64, u32>,
     unknown_code: u32,
     /// Per allocator: the stack of an allocation with no frame.
     empty_stack: [u32; 3],
     /// Per allocator: the pseudo-frame node under which stacks cut at `max_depth` start.
     truncated_root: [u32; 3],
+    /// What is known of the process whose records are read now, and of the other processes
+    /// (each process has its own code addresses and its own module map: see
+    /// [`StackResolver::switch_process`]).
+    here: Codes,
+    process: u32,
+    stashed: Vec<Codes>,
+}
+
+/// What the resolver knows of one process: code addresses → code, its modules, and the memos.
+struct Codes {
+    code_at: FastMap<u64, u32>,
     /// Raw frames → stack, per allocator for whole and for truncated stacks (`cache_slot`);
     /// valid until an address changes meaning.
     cache: [FastMap<Vec<Frame>, u32>; 6],
@@ -282,23 +292,6 @@ pub(crate) struct StackResolver {
     /// Mixed stacks → stack, per allocator and truncation (`cache_slot`): the key is the Python
     /// frames, then the native addresses and entry marks. Cleared with `cache`, and when a
     /// module record changes what addresses mean.
-    mixed: [FastMap<Box<[u64]>, u32>; 6],
-    mixed_words: usize,
-    mixed_generation: u64,
-    /// The process whose code objects and modules `code_at`, `native` and the memos hold, and
-    /// the other processes' (each process has its own code addresses and its own module map:
-    /// see [`StackResolver::switch_process`]).
-    process: u32,
-    stashed: Vec<Codes>,
-}
-
-/// What the resolver knows of one process: code addresses → code, its modules, and the memos.
-struct Codes {
-    code_at: FastMap<u64, u32>,
-    cache: [FastMap<Vec<Frame>, u32>; 6],
-    cache_has_unknown: bool,
-    cached_frames: usize,
-    native: NativeResolver,
     mixed: [FastMap<Box<[u64]>, u32>; 6],
     mixed_words: usize,
     mixed_generation: u64,
@@ -340,17 +333,10 @@ impl StackResolver {
         }
         StackResolver {
             names,
-            code_at: FastMap::default(),
             unknown_code,
             empty_stack,
             truncated_root,
-            cache: Default::default(),
-            cache_has_unknown: false,
-            cached_frames: 0,
-            native: NativeResolver::new(crate::symbols::show_interpreter_frames()),
-            mixed: Default::default(),
-            mixed_words: 0,
-            mixed_generation: 0,
+            here: Codes::default(),
             process: 0,
             stashed: Vec::new(),
         }
@@ -366,55 +352,41 @@ impl StackResolver {
         if self.stashed.len() < needed {
             self.stashed.resize_with(needed, Codes::default);
         }
-        let old = std::mem::take(&mut self.stashed[process as usize]);
-        let old = self.swap_codes(old);
-        self.stashed[self.process as usize] = old;
+        let next = std::mem::take(&mut self.stashed[process as usize]);
+        self.stashed[self.process as usize] = std::mem::replace(&mut self.here, next);
         self.process = process;
     }
 
-    /// Puts `codes` in place of the current process's, which it returns.
-    fn swap_codes(&mut self, mut codes: Codes) -> Codes {
-        std::mem::swap(&mut self.code_at, &mut codes.code_at);
-        std::mem::swap(&mut self.cache, &mut codes.cache);
-        std::mem::swap(&mut self.cache_has_unknown, &mut codes.cache_has_unknown);
-        std::mem::swap(&mut self.cached_frames, &mut codes.cached_frames);
-        std::mem::swap(&mut self.native, &mut codes.native);
-        std::mem::swap(&mut self.mixed, &mut codes.mixed);
-        std::mem::swap(&mut self.mixed_words, &mut codes.mixed_words);
-        std::mem::swap(&mut self.mixed_generation, &mut codes.mixed_generation);
-        codes
-    }
-
     fn clear_cache(&mut self) {
-        self.cache = Default::default();
-        self.cache_has_unknown = false;
-        self.cached_frames = 0;
-        self.mixed = Default::default();
-        self.mixed_words = 0;
+        self.here.cache = Default::default();
+        self.here.cache_has_unknown = false;
+        self.here.cached_frames = 0;
+        self.here.mixed = Default::default();
+        self.here.mixed_words = 0;
     }
 
     /// A MODULE record (`--native`).
     pub(crate) fn add_module(&mut self, module: Module) {
-        self.native.add_module(module);
+        self.here.native.add_module(module);
     }
 
     /// Memory held for native symbols (debug information of files on this machine), apart
     /// from the capture's allowance.
     pub(crate) fn symbol_memory(&self) -> isize {
-        self.native.held()
+        self.here.native.held()
     }
 
     /// Why some native frames are only `module+0x…`, one line per module.
     pub(crate) fn symbol_warnings(&self) -> Vec<String> {
-        self.native.warnings().to_vec()
+        self.here.native.warnings().to_vec()
     }
 
     pub(crate) fn announce(&mut self, addr: u64, file: &str, name: &str, firstline: u32) {
         let code = self.names.code(file, name, firstline);
-        match self.code_at.insert(addr, code) {
+        match self.here.code_at.insert(addr, code) {
             Some(old) if old == code => {}
             Some(_) => self.clear_cache(),
-            None if self.cache_has_unknown => self.clear_cache(),
+            None if self.here.cache_has_unknown => self.clear_cache(),
             None => {}
         }
     }
@@ -439,10 +411,10 @@ impl StackResolver {
 
     /// The code id of a raw frame's code address (`<unknown>` if never announced).
     fn code_of(&mut self, code: u64) -> u32 {
-        match self.code_at.get(&code) {
+        match self.here.code_at.get(&code) {
             Some(&code) => code,
             None => {
-                self.cache_has_unknown = true;
+                self.here.cache_has_unknown = true;
                 self.unknown_code
             }
         }
@@ -456,15 +428,15 @@ impl StackResolver {
         allocator: Allocator,
         native: &NativeStack,
     ) -> u32 {
-        if self.mixed_generation != self.native.generation {
-            self.mixed_generation = self.native.generation;
-            self.mixed = Default::default();
-            self.mixed_words = 0;
+        if self.here.mixed_generation != self.here.native.generation {
+            self.here.mixed_generation = self.here.native.generation;
+            self.here.mixed = Default::default();
+            self.here.mixed_words = 0;
         }
         let frames = &frames[..frames.len().min(MAX_DEPTH)];
         let key = mixed_key(frames, native);
         let slot = cache_slot(allocator, truncated);
-        if let Some(&node) = self.mixed[slot].get(&key[..]) {
+        if let Some(&node) = self.here.mixed[slot].get(&key[..]) {
             return node;
         }
         let python: Vec<u32> = frames
@@ -474,7 +446,7 @@ impl StackResolver {
                 self.names.frame(code, f.line)
             })
             .collect();
-        let merged = self.native.stack(&mut self.names, &python, native);
+        let merged = self.here.native.stack(&mut self.names, &python, native);
         let a = allocator as usize;
         let cut = merged.len() > MAX_DEPTH;
         let merged = &merged[..merged.len().min(MAX_DEPTH)];
@@ -486,12 +458,12 @@ impl StackResolver {
         for &frame in merged.iter().rev() {
             node = self.names.child(node, frame);
         }
-        if self.mixed_words + key.len() > CACHE_FRAMES {
-            self.mixed = Default::default();
-            self.mixed_words = 0;
+        if self.here.mixed_words + key.len() > CACHE_FRAMES {
+            self.here.mixed = Default::default();
+            self.here.mixed_words = 0;
         }
-        self.mixed_words += key.len();
-        self.mixed[slot].insert(key, node);
+        self.here.mixed_words += key.len();
+        self.here.mixed[slot].insert(key, node);
         node
     }
 
@@ -504,7 +476,7 @@ impl StackResolver {
         let truncated = truncated || frames.len() > MAX_DEPTH;
         let frames = &frames[..frames.len().min(MAX_DEPTH)];
         let slot = cache_slot(allocator, truncated);
-        if let Some(&node) = self.cache[slot].get(frames) {
+        if let Some(&node) = self.here.cache[slot].get(frames) {
             return node;
         }
         let mut node = if truncated {
@@ -517,11 +489,11 @@ impl StackResolver {
             let frame = self.names.frame(code, f.line);
             node = self.names.child(node, frame);
         }
-        if self.cached_frames + frames.len() > CACHE_FRAMES {
+        if self.here.cached_frames + frames.len() > CACHE_FRAMES {
             self.clear_cache();
         }
-        self.cached_frames += frames.len();
-        self.cache[slot].insert(frames.to_vec(), node);
+        self.here.cached_frames += frames.len();
+        self.here.cache[slot].insert(frames.to_vec(), node);
         node
     }
 }
