@@ -7,7 +7,7 @@ mod common;
 
 use common::native::build_extension;
 use common::procs::{touch, wait_line, Attach, Target, LIMIT};
-use common::{by_function, mprof, pythons, report_json, run_with_timeout, script, Python};
+use common::{by_function, pythons, record_script, report_json, script, Python};
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
@@ -174,24 +174,9 @@ fn check_default_rate(label: &str, capture: &Path, truth: &Truth, tally: &mut Ta
 
 /// `mprof record` of the workload with `args`; its stdout lines.
 fn record_workload(py: &Python, dir: &Path, capture: &Path, args: &[&str]) -> Vec<String> {
-    let out = run_with_timeout(
-        mprof()
-            .env("PYTHONHASHSEED", "0")
-            .args(["record", "-q", "-o"])
-            .arg(capture)
-            .args(args)
-            .arg("--")
-            .arg(&py.path)
-            .arg(script("native_workload.py"))
-            .arg(dir),
-        LIMIT,
-    );
-    assert!(
-        out.status.success(),
-        "{}: {}",
-        py.label,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let options: Vec<&str> = ["-q"].iter().chain(args).copied().collect();
+    let env = [("PYTHONHASHSEED", "0")];
+    let out = record_script(py, &options, &env, capture, "native_workload.py", dir);
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(String::from)

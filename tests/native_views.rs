@@ -9,7 +9,7 @@ mod common;
 
 use common::native::build_extension;
 use common::procs::{touch, wait_line, Attach, Target, LIMIT};
-use common::{by_function, mprof, pythons, report_json, run_with_timeout, script, Python};
+use common::{by_function, mprof, pythons, record_script, report_json, run_with_timeout, Python};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Output;
@@ -27,25 +27,7 @@ fn truths(stdout: &str) -> Vec<(String, String, u64)> {
 
 /// `mprof record` of the workload, with `args` before `--`.
 fn record(py: &Python, dir: &Path, capture: &Path, args: &[&str]) -> Output {
-    let out = run_with_timeout(
-        mprof()
-            .arg("record")
-            .args(args)
-            .arg("-o")
-            .arg(capture)
-            .arg("--")
-            .arg(&py.path)
-            .arg(script("allocator_workload.py"))
-            .arg(dir),
-        LIMIT,
-    );
-    assert!(
-        out.status.success(),
-        "{}: {}",
-        py.label,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    record_script(py, args, &[], capture, "allocator_workload.py", dir)
 }
 
 /// A location's live bytes from one allocator (0 when it has none): its own figures when

@@ -4,7 +4,7 @@
 
 use super::native::{chain_line, chain_source};
 use super::procs::LIMIT;
-use super::{mprof, pythons, report_json, run_with_timeout, script, Python};
+use super::{mprof, pythons, report_json, run_with_timeout, Python};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Output;
@@ -107,22 +107,8 @@ pub fn assert_python_frame(label: &str, f: &Frame) {
 
 /// `mprof record -q --native --rate 1` of the workload with the extension in `dir`.
 pub fn record(py: &Python, dir: &Path, capture: &Path) {
-    let out = run_with_timeout(
-        mprof()
-            .args(["record", "-q", "--native", "--rate", "1", "-o"])
-            .arg(capture)
-            .arg("--")
-            .arg(&py.path)
-            .arg(script("native_chain_workload.py"))
-            .arg(dir),
-        LIMIT,
-    );
-    assert!(
-        out.status.success(),
-        "{}: {}",
-        py.label,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let options = ["-q", "--native", "--rate", "1"];
+    super::record_script(py, &options, &[], capture, "native_chain_workload.py", dir);
 }
 
 /// The stacks and warnings of `report --by stack --json` (every stack unless `extra` says

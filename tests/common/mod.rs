@@ -190,3 +190,35 @@ pub fn tempdir() -> tempfile::TempDir {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     dir
 }
+
+/// `mprof record OPTIONS -o CAPTURE -- PYTHON tests/py/SCRIPT DIR` with `env` added; asserts
+/// that it succeeded and returns its output.
+pub fn record_script(
+    py: &Python,
+    options: &[&str],
+    env: &[(&str, &str)],
+    capture: &Path,
+    script_name: &str,
+    dir: &Path,
+) -> Output {
+    let out = run_with_timeout(
+        mprof()
+            .envs(env.iter().copied())
+            .arg("record")
+            .args(options)
+            .arg("-o")
+            .arg(capture)
+            .arg("--")
+            .arg(&py.path)
+            .arg(script(script_name))
+            .arg(dir),
+        procs::LIMIT,
+    );
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        py.label,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
