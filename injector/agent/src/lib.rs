@@ -8,21 +8,21 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 //!
-//! Modules, bottom up: `sys` (libc), `lock`, `python` (the interpreter's API), `frames` (stack
+//! Modules, bottom up: `sys` (libc), `lock`, `python` (the interpreter's API), `pyframes` (stack
 //! walking), `addrset` (sampled blocks), `sampler` (countdowns), `chain` (the allocator chain
 //! and the hook layers in it), `lifecycle` (the one owner of a session: start, stop), `sampling`
 //! (the hooks' slow path), `hooks` (the hooks' fast path), and here the entry points.
 
 mod addrset;
 mod chain;
-mod children;
-mod frames;
+mod follow;
 mod got;
 mod hooks;
 mod layout_check;
 mod lifecycle;
 mod lock;
 mod native;
+mod pyframes;
 mod python;
 mod sample_stack;
 mod sampler;
@@ -137,7 +137,7 @@ extern "C" fn preload_init() {
     let Some(ring_fd) = env_fd(ENV_RING_FD) else {
         // Not the program mprof started: a Python started by exec under a followed tree.
         if let (Some((name, ring)), Some(_)) = (follow, python::api()) {
-            children::remember_env(&name, ring);
+            follow::remember_env(&name, ring);
             start_own_ring(mprof_common::children::BORN_EXECED);
         }
         return;
@@ -184,7 +184,7 @@ extern "C" fn preload_init() {
 /// A followed child without an inherited ring: makes its own, hands it to mprof and starts a
 /// session on it.
 fn start_own_ring(born: u32) {
-    let Some(own) = children::make_and_announce(born) else {
+    let Some(own) = follow::make_and_announce(born) else {
         return;
     };
     // SAFETY: the ring just made; its mapping belongs to the session from now on, and the
@@ -326,7 +326,7 @@ extern "C" fn after_fork_child() {
     let mut s = SESSION.lock();
     let running = s.mapped.is_some();
     match running
-        .then(|| children::make_and_announce(children::FORKED))
+        .then(|| follow::make_and_announce(follow::FORKED))
         .flatten()
     {
         Some(own) => {

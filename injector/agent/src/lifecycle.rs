@@ -16,8 +16,8 @@
 
 use crate::addrset::AddrSet;
 use crate::chain::{self, HookTable};
-use crate::frames::CodeKey;
 use crate::lock::SpinLock;
+use crate::pyframes::CodeKey;
 use crate::python::{self, Api};
 use crate::sampler;
 use crate::stacks::Stacks;
@@ -169,11 +169,11 @@ pub unsafe fn start(
     let layer = chain::install(api, table).map_err(StartError::Hooks)?;
     let h = ring.header();
     let (max_depth, rate, seed) = (h.max_depth, h.rate, h.seed);
-    crate::children::remember(h);
+    crate::follow::remember(h);
     let native = h.config_flags & CONFIG_PYTHON_ONLY == 0;
     crate::unwind::configure(h.config_flags & CONFIG_NATIVE_STACKS != 0);
     s.layout = Some(layout);
-    s.max_depth = (max_depth as usize).clamp(1, crate::frames::MAX_FRAMES);
+    s.max_depth = (max_depth as usize).clamp(1, crate::pyframes::MAX_FRAMES);
     s.caches.generation = s.caches.generation.wrapping_add(1);
     s.stacks.reset();
     s.table = Some(table);
@@ -296,7 +296,7 @@ fn reader_stopped_at(h: &RingHeader, timeout_ns: u64, now: u64) -> Option<EndRea
 }
 
 /// In a forked child that is followed: go on sampling into the child's own ring (`base`, `len`,
-/// made and handed to mprof by `children`). The parent's ring is left alone (unmapped here),
+/// made and handed to mprof by `follow`). The parent's ring is left alone (unmapped here),
 /// the blocks the parent sampled are forgotten (their frees are the parent's business), code
 /// objects are announced again in the new ring, and sample distances are drawn afresh.
 pub fn continue_in_child(s: &mut Session, base: *mut u8, len: usize) {

@@ -6,8 +6,8 @@
 //! per-frame work (checking the code object, finding the line, interning) is paid for those
 //! only; the other frames cost a few loads and a compare each.
 
-use crate::frames::{self, CodeKey, Found, Link, RawFrame, MAX_FRAMES};
 use crate::lifecycle::{self, Caches, LineEntry};
+use crate::pyframes::{self as frames, CodeKey, Found, Link, RawFrame, MAX_FRAMES};
 use crate::python::Api;
 use crate::stacks::{Cached, FrameKey, Interned, Stacks, ThreadChain, LINK_CAP};
 use mprof_common::layout::PyLayout;

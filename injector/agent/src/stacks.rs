@@ -5,7 +5,7 @@
 //! Both live in memory mapped straight from the kernel (never the target's allocator) and are
 //! only touched under the session lock.
 
-use crate::frames::{CodeKey, Link};
+use crate::pyframes::{CodeKey, Link};
 use crate::sys::{map_anon, munmap};
 use mprof_common::stacks::{Node, MAX_STACK_ID};
 
