@@ -8,9 +8,24 @@
 //! session that finds the hooks gone installs another *layer* of the same hooks (const-generic
 //! copies with their own `PREV` and countdowns). Only the active layer samples; the others pass
 //! calls through.
+//!
+//! Frees left to pymalloc: when the MEM and OBJ domains a layer wraps are pymalloc itself, the
+//! layer's MEM and OBJ `free` is pymalloc's own (no hook on the most frequent call there is). A
+//! block the layer samples in those domains is then made a block pymalloc hands to the RAW
+//! domain (at least [`SMALL_MAX`]` + 1` bytes, asked of pymalloc itself, which counts it as it
+//! counts its other big blocks), so that its free reaches the RAW hook, which records it.
+//! Sampled small blocks grow to 513 bytes: at most `513 / rate` more memory, which is why this
+//! is done only at rates of [`FREES_TO_PYMALLOC_MIN_RATE`] and above.
 
 use crate::python::{Allocator, Api};
+use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+
+/// pymalloc hands requests above this size to the RAW domain (3.8+).
+pub const SMALL_MAX: usize = 512;
+/// The lowest sampling rate at which MEM and OBJ frees are left to pymalloc: the sampled blocks'
+/// growth then costs at most 1.6% more memory.
+pub const FREES_TO_PYMALLOC_MIN_RATE: u64 = 32 << 10;
 
 /// Layers of hooks: how many times a session may find its hooks taken out of the chain before
 /// the process has to be restarted to be profiled again.
@@ -30,6 +45,11 @@ static IN_CHAIN: [[AtomicBool; 3]; LAYERS] =
     [const { [const { AtomicBool::new(false) }; 3] }; LAYERS];
 /// The layer that samples, or `NONE`.
 static ACTIVE: AtomicUsize = AtomicUsize::new(NONE);
+/// Whether a layer's MEM and OBJ frees are pymalloc's own (see the module's doc).
+static FREES_TO_PYMALLOC: [AtomicBool; LAYERS] = [const { AtomicBool::new(false) }; LAYERS];
+/// pymalloc's `malloc` and `free`, learnt when the interpreter first says its allocators are its
+/// defaults; 0 while unknown.
+static PYMALLOC: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
 
 /// The allocator that `layer`'s hook of `domain` wraps.
 #[inline(always)]
@@ -55,15 +75,95 @@ fn same_hook(a: &Allocator, b: &Allocator) -> bool {
     a.malloc as usize == b.malloc as usize
 }
 
+/// Whether `layer`'s MEM and OBJ frees are pymalloc's own: its sampled blocks in those
+/// domains must be made RAW blocks (see the module's doc).
+#[inline]
+pub fn frees_to_pymalloc(layer: usize) -> bool {
+    layer < LAYERS && FREES_TO_PYMALLOC[layer].load(Ordering::Acquire)
+}
+
+/// Remembers pymalloc's functions if the current allocators are the interpreter's defaults.
+unsafe fn learn_pymalloc(api: &Api, now: &[Allocator; 3]) {
+    if PYMALLOC[0].load(Ordering::Relaxed) != 0 {
+        return;
+    }
+    let default = if api.minor == 12 && (api.is_initialized)() == 0 {
+        // 3.12's `_PyMem_GetCurrentAllocatorName` takes a lock that the runtime may not have
+        // made yet. Before initialization the allocators are the built-in defaults, whose
+        // shape tells them apart: pymalloc is the same function set in MEM and OBJ with no
+        // ctx, other than RAW's (the malloc defaults are RAW's, the debug ones have a ctx).
+        let (raw, mem, obj) = (&now[0], &now[1], &now[2]);
+        mem.ctx.is_null()
+            && obj.ctx.is_null()
+            && same_functions(mem, obj)
+            && mem.malloc as usize != raw.malloc as usize
+    } else {
+        match api.allocator_name {
+            Some(name) => {
+                let name = name();
+                !name.is_null() && CStr::from_ptr(name) == c"pymalloc"
+            }
+            None => false,
+        }
+    };
+    if default {
+        PYMALLOC[1].store(now[2].free as usize, Ordering::Relaxed);
+        PYMALLOC[0].store(now[2].malloc as usize, Ordering::Relaxed);
+    }
+}
+
+fn same_functions(a: &Allocator, b: &Allocator) -> bool {
+    a.malloc as usize == b.malloc as usize
+        && a.calloc as usize == b.calloc as usize
+        && a.realloc as usize == b.realloc as usize
+        && a.free as usize == b.free as usize
+}
+
+fn is_pymalloc(a: &Allocator) -> bool {
+    let malloc = PYMALLOC[0].load(Ordering::Relaxed);
+    malloc != 0
+        && a.malloc as usize == malloc
+        && a.free as usize == PYMALLOC[1].load(Ordering::Relaxed)
+}
+
+/// The allocator that puts `layer`'s hook of `domain` in front of `prev`.
+fn hook_over(table: &HookTable, layer: usize, domain: usize, prev: &Allocator) -> Allocator {
+    let free = if domain != 0 && FREES_TO_PYMALLOC[layer].load(Ordering::Relaxed) {
+        prev.free
+    } else {
+        table[layer][domain].free
+    };
+    Allocator {
+        ctx: prev.ctx,
+        free,
+        ..table[layer][domain]
+    }
+}
+
 /// Puts a layer of hooks in front of the current allocators and makes it the sampling one.
 /// Reuses a layer that is still installed in every domain (a session that stopped without
-/// restoring, or a re-attach); otherwise takes a layer that is in no chain.
+/// restoring, or a re-attach); otherwise takes a layer that is in no chain. `fast_frees`: the
+/// session's rate allows leaving MEM and OBJ frees to pymalloc (see the module's doc), which
+/// is done if those domains are pymalloc.
 ///
 /// # Safety
 /// Call with the session lock held (one caller at a time).
-pub unsafe fn install(api: &Api, table: &HookTable) -> Result<usize, &'static str> {
+pub unsafe fn install(
+    api: &Api,
+    table: &HookTable,
+    fast_frees: bool,
+) -> Result<usize, &'static str> {
     let now: [Allocator; 3] = [current(api, 0), current(api, 1), current(api, 2)];
+    learn_pymalloc(api, &now);
     if let Some(layer) = (0..LAYERS).find(|&l| (0..3).all(|d| same_hook(&now[d], &table[l][d]))) {
+        let bypass = fast_frees && (1..3).all(|d| is_pymalloc(prev(layer, d)));
+        if bypass != FREES_TO_PYMALLOC[layer].load(Ordering::Relaxed) {
+            // The layer's hooks are the current allocators: swap their frees.
+            FREES_TO_PYMALLOC[layer].store(bypass, Ordering::Release);
+            for d in 1..3 {
+                (api.set_allocator)(d as i32, &hook_over(table, layer, d, prev(layer, d)));
+            }
+        }
         ACTIVE.store(layer, Ordering::Release);
         return Ok(layer);
     }
@@ -73,14 +173,12 @@ pub unsafe fn install(api: &Api, table: &HookTable) -> Result<usize, &'static st
             "the program replaced mprof's allocator hooks too many times (tracemalloc.stop()?); \
              restart it to profile it again",
         )?;
+    let bypass = fast_frees && (1..3).all(|d| is_pymalloc(&now[d]));
+    FREES_TO_PYMALLOC[layer].store(bypass, Ordering::Release);
     for (d, prev) in now.iter().enumerate() {
         let saved: &'static mut Allocator = Box::leak(Box::new(*prev));
         PREV[layer][d].store(saved, Ordering::Release);
-        let hook = Allocator {
-            ctx: prev.ctx,
-            ..table[layer][d]
-        };
-        (api.set_allocator)(d as i32, &hook);
+        (api.set_allocator)(d as i32, &hook_over(table, layer, d, prev));
         IN_CHAIN[layer][d].store(true, Ordering::Relaxed);
     }
     ACTIVE.store(layer, Ordering::Release);

@@ -10,16 +10,12 @@
 //! byte load (see `addrset`). Everything else is in `sampling`.
 
 use crate::addrset::maybe_sampled;
-use crate::chain::{self, HookTable, LAYERS};
+use crate::chain::{self, HookTable, LAYERS, SMALL_MAX};
 use crate::python::Allocator;
 use crate::sampler::{GIL_COUNTDOWN, THREAD};
 use crate::sampling::{self, MEM, OBJ, RAW};
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
-
-/// pymalloc hands requests above this size to PyMem_RawMalloc: the nested RAW call must not be
-/// counted twice.
-const SMALL_MAX: usize = 512;
 
 /// Calls `f` with the thread marked busy, so allocations it makes are not sampled again.
 #[inline(always)]
@@ -32,6 +28,8 @@ fn nested<T>(f: impl FnOnce() -> T) -> T {
     })
 }
 
+/// pymalloc hands requests above `SMALL_MAX` to PyMem_RawMalloc: the nested RAW call must not
+/// be counted twice.
 #[inline(always)]
 fn passes_to_raw(domain: usize, size: usize) -> bool {
     domain != RAW && size > SMALL_MAX
@@ -81,7 +79,7 @@ unsafe extern "C" fn hook_malloc<const D: usize, const L: usize>(
 #[inline(never)]
 unsafe fn slow_malloc<const D: usize, const L: usize>(size: usize) -> *mut c_void {
     let p = chain::prev(L, D);
-    sampling::sampled_alloc(D, L, size, || (p.malloc)(p.ctx, size))
+    sampling::sampled_alloc(D, L, size, |n| (p.malloc)(p.ctx, n))
 }
 
 unsafe extern "C" fn hook_calloc<const D: usize, const L: usize>(
@@ -94,7 +92,13 @@ unsafe extern "C" fn hook_calloc<const D: usize, const L: usize>(
     if count_down::<D, L>(size) {
         return through::<D>(size, || (p.calloc)(p.ctx, nelem, elsize));
     }
-    sampling::sampled_alloc(D, L, size, || (p.calloc)(p.ctx, nelem, elsize))
+    sampling::sampled_alloc(D, L, size, |n| {
+        if n == size {
+            (p.calloc)(p.ctx, nelem, elsize)
+        } else {
+            (p.calloc)(p.ctx, 1, n)
+        }
+    })
 }
 
 unsafe extern "C" fn hook_realloc<const D: usize, const L: usize>(
@@ -104,18 +108,18 @@ unsafe extern "C" fn hook_realloc<const D: usize, const L: usize>(
 ) -> *mut c_void {
     let p = chain::prev(L, D);
     // A realloc may move a block between pymalloc and the RAW domain whatever its size.
-    let call = || {
+    let call = |n| {
         if D == RAW {
-            (p.realloc)(p.ctx, ptr, size)
+            (p.realloc)(p.ctx, ptr, n)
         } else {
-            nested(|| (p.realloc)(p.ctx, ptr, size))
+            nested(|| (p.realloc)(p.ctx, ptr, n))
         }
     };
     let ran_out = !count_down::<D, L>(size);
     if ran_out || maybe_sampled(ptr as usize) {
         return sampling::sampled_realloc(D, L, ptr as usize, size, ran_out, call);
     }
-    call()
+    call(size)
 }
 
 unsafe extern "C" fn hook_free<const D: usize, const L: usize>(

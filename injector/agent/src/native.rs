@@ -43,7 +43,8 @@ unsafe fn alloc(size: usize, domain: usize, call: impl FnOnce() -> *mut c_void) 
     if count_down(size) {
         return call();
     }
-    sampling::sampled_alloc(domain, 0, size, call)
+    // The native domains ask for the size they were given (see `sampling::asked`).
+    sampling::sampled_alloc(domain, 0, size, |_| call())
 }
 
 #[inline(always)]
@@ -64,7 +65,7 @@ unsafe extern "C" fn hook_calloc(n: usize, size: usize) -> *mut c_void {
 unsafe extern "C" fn hook_realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
     let ran_out = !count_down(size);
     if ran_out || maybe_sampled(ptr as usize) {
-        return sampling::sampled_realloc(NATIVE, 0, ptr as usize, size, ran_out, || {
+        return sampling::sampled_realloc(NATIVE, 0, ptr as usize, size, ran_out, |_| {
             sys::realloc(ptr, size)
         });
     }
@@ -75,7 +76,7 @@ unsafe extern "C" fn hook_reallocarray(ptr: *mut c_void, n: usize, size: usize) 
     let total = n.saturating_mul(size);
     let ran_out = !count_down(total);
     if ran_out || maybe_sampled(ptr as usize) {
-        return sampling::sampled_realloc(NATIVE, 0, ptr as usize, total, ran_out, || {
+        return sampling::sampled_realloc(NATIVE, 0, ptr as usize, total, ran_out, |_| {
             sys::reallocarray(ptr, n, size)
         });
     }
@@ -182,7 +183,7 @@ unsafe extern "C" fn hook_mremap(
     };
     let ran_out = !count_down(new_len);
     let p = if ran_out || maybe_sampled(old as usize) {
-        sampling::sampled_realloc(MMAP, 0, old as usize, new_len, ran_out, call)
+        sampling::sampled_realloc(MMAP, 0, old as usize, new_len, ran_out, |_| call())
     } else {
         call()
     };

@@ -41,6 +41,9 @@ pub struct Api {
     /// `&PyType_Type` and `&PyUnicode_Type`, to check a layout against the interpreter.
     pub type_type: *mut c_void,
     pub unicode_type: *mut c_void,
+    /// `_PyMem_GetCurrentAllocatorName` (3.8+): "pymalloc" when the three domains hold
+    /// CPython's default allocators.
+    pub allocator_name: Option<NoArgName>,
 }
 
 // SAFETY: function pointers and addresses of interpreter globals, valid for the life of
@@ -78,6 +81,7 @@ type SetAllocator = unsafe extern "C" fn(c_int, *const Allocator);
 type NoArgPtr = unsafe extern "C" fn() -> *mut c_void;
 type Addr2Line = unsafe extern "C" fn(*mut c_void, c_int) -> c_int;
 type NoArgInt = unsafe extern "C" fn() -> c_int;
+type NoArgName = unsafe extern "C" fn() -> *const c_char;
 
 /// Parses "3.11.7 (main, ...)" into (3, 11).
 pub fn parse_version(v: &[u8]) -> Option<(u8, u8)> {
@@ -122,6 +126,11 @@ fn resolve() -> Option<Api> {
         },
         type_type: sym(c"PyType_Type"),
         unicode_type: sym(c"PyUnicode_Type"),
+        allocator_name: {
+            let p = sym(c"_PyMem_GetCurrentAllocatorName");
+            // SAFETY: the function takes no argument and returns a static string or NULL.
+            (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, NoArgName>(p) })
+        },
     })
 }
 

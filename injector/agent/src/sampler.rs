@@ -76,6 +76,11 @@ pub fn configure(rate: u64, seed: u64, layer: usize) {
     GIL_COUNTDOWN[layer].store(draw(), Ordering::Relaxed);
 }
 
+/// The session's sampling rate, in bytes.
+pub fn rate() -> u64 {
+    RATE.load(Ordering::Relaxed)
+}
+
 /// Arms the countdowns of `layer`, which takes over sampling within the running session.
 pub fn arm_layer(layer: usize) {
     EPOCH.fetch_add(1, Ordering::Relaxed);

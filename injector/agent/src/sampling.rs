@@ -35,19 +35,32 @@ fn allocator_of(domain: usize) -> Allocator {
     }
 }
 
-/// Slow path of an allocation whose countdown ran out: allocate, then record the sample.
+/// How many bytes to ask of the allocator for a block of `size` bytes that is sampled (`sample`)
+/// or not: a sampled MEM or OBJ block of a layer whose frees are pymalloc's is made big enough
+/// for pymalloc to hand it to the RAW domain, where its free is seen (see `chain`).
+#[inline]
+fn asked(domain: usize, layer: usize, size: usize, sample: bool) -> usize {
+    if sample && (domain == MEM || domain == OBJ) && chain::frees_to_pymalloc(layer) {
+        size.max(chain::SMALL_MAX + 1)
+    } else {
+        size
+    }
+}
+
+/// Slow path of an allocation whose countdown ran out: allocate (`call` with the size to ask
+/// for), then record the sample.
 #[cold]
 #[inline(never)]
 pub unsafe fn sampled_alloc(
     domain: usize,
     layer: usize,
     size: usize,
-    call: impl FnOnce() -> *mut c_void,
+    call: impl FnOnce(usize) -> *mut c_void,
 ) -> *mut c_void {
     THREAD.with(|t| {
         let was_busy = t.busy.replace(true);
         let sample = !was_busy && decide(domain, layer, t, size);
-        let ptr = call();
+        let ptr = call(asked(domain, layer, size, sample));
         if sample && !ptr.is_null() {
             let mut native = [const { MaybeUninit::<u64>::uninit() }; MAX_NATIVE_FRAMES];
             let native = native_stack(&mut native);
@@ -135,7 +148,7 @@ unsafe fn record_alloc(
 /// Slow path of a realloc that may free a sampled block, or whose countdown ran out. The call
 /// runs under the session lock: the old block's FREE is recorded only if the realloc
 /// succeeded (a failed one leaves the block live), and still before any other thread can
-/// record an allocation at the released address.
+/// record an allocation at the released address. `call` reallocates to the size it is given.
 #[cold]
 #[inline(never)]
 pub unsafe fn sampled_realloc(
@@ -144,12 +157,12 @@ pub unsafe fn sampled_realloc(
     old: usize,
     size: usize,
     countdown_ran_out: bool,
-    call: impl FnOnce() -> *mut c_void,
+    call: impl FnOnce(usize) -> *mut c_void,
 ) -> *mut c_void {
     THREAD.with(|t| {
         let was_busy = t.busy.replace(true);
         if was_busy {
-            let ptr = call();
+            let ptr = call(size);
             t.busy.set(was_busy);
             return ptr;
         }
@@ -162,7 +175,7 @@ pub unsafe fn sampled_realloc(
         };
         let mut shared = SESSION.lock();
         let was_sampled = shared.set.contains(old);
-        let ptr = call();
+        let ptr = call(asked(domain, layer, size, sample));
         if was_sampled && (!ptr.is_null() || size == 0) {
             shared.set.remove(old);
             record_free_locked(&mut shared, old);
