@@ -17,6 +17,13 @@ use std::process::Command;
 /// count includes the interpreter's own caches).
 const BLOCKS_SLACK: i64 = 20;
 
+/// An allocator setting: its name, the environment it needs, the interpreter's options.
+type Setting = (
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    &'static [&'static str],
+);
+
 /// What the script printed as "blocks N".
 fn blocks(stdout: &str) -> i64 {
     stdout
@@ -78,7 +85,7 @@ fn plain_blocks(py: &Python, dir: &Path) -> i64 {
 /// (malloc, the debug hooks).
 #[test]
 fn record_sees_every_free_at_the_default_rate_under_every_allocator() {
-    let settings: [(&str, &[(&str, &str)], &[&str]); 5] = [
+    let settings: [Setting; 5] = [
         ("pymalloc", &[], &[]),
         (
             "tracemalloc on top",
