@@ -61,7 +61,7 @@ def main():
             order = order[run % len(order):] + order[: run % len(order)]
             for config in order:
                 capture = os.path.join(tmp, "c.mprof")
-                r = overhead.run_alloc(config, args, capture, env, script_args=script)
+                r = overhead.run_timed("alloc", config, args, capture, env, script_args=script)
                 if r.error:
                     sys.exit("%s: %s" % (config.name, r.error))
                 n = samples(args.mprof, capture)
