@@ -22,9 +22,10 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import overhead  # noqa: E402
+import runner  # noqa: E402
 
 # Keep the capture after a run: its sample count is read before it is removed.
-overhead.capture_size = lambda path: os.path.getsize(path) if os.path.exists(path) else None
+runner.capture_size = lambda path: os.path.getsize(path) if os.path.exists(path) else None
 
 
 def configs(mprof):
@@ -32,10 +33,10 @@ def configs(mprof):
         return lambda py, cap: [mprof, "record", "-q", *extra, "-o", cap, "--", py]
 
     return [
-        overhead.Config("mprof", record()),
-        overhead.Config("mprof --native", record("--native")),
-        overhead.Config("mprof --rate 1", record("--rate", "1")),
-        overhead.Config("mprof --rate 1 --native", record("--rate", "1", "--native")),
+        runner.Config("mprof", record()),
+        runner.Config("mprof --native", record("--native")),
+        runner.Config("mprof --rate 1", record("--rate", "1")),
+        runner.Config("mprof --rate 1 --native", record("--rate", "1", "--native")),
     ]
 
 
@@ -61,7 +62,7 @@ def main():
             order = order[run % len(order):] + order[: run % len(order)]
             for config in order:
                 capture = os.path.join(tmp, "c.mprof")
-                r = overhead.run_alloc(config, args, capture, env, script_args=script)
+                r = runner.run_timed("alloc", config, args, capture, env, script_args=script)
                 if r.error:
                     sys.exit("%s: %s" % (config.name, r.error))
                 n = samples(args.mprof, capture)

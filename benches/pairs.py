@@ -13,7 +13,7 @@ unprofiled ("none"): that row is the noise floor of the method on this machine.
 Per workload and configuration it prints the median and the quartiles of the ratios
 (profiled / unprofiled time for alloc, unprofiled / profiled requests per second for tornado: above
 1 is slower either way). One slot (cores 0 and 1) unless --slots says more; a machine with fewer
-than 2 CPUs cannot pair. The workloads and configurations are benches/overhead.py's.
+than 2 CPUs cannot pair. The workloads and configurations are benches/overhead.py's (benches/runner.py).
 """
 
 import argparse
@@ -24,23 +24,24 @@ import tempfile
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import overhead  # noqa: E402  (the workloads, configurations and runners)
+import overhead  # noqa: E402  (the set-up and the table)
+import runner  # noqa: E402  (the workloads, configurations and runners)
 
 
 def run_pinned(workload, config, args, tmpdir, env, core, out, key):
     wrapper = ["taskset", "-c", str(core)]
     capture = os.path.join(tmpdir, "capture-%s.out" % key)
-    if workload in overhead.TIMED:
-        result = overhead.run_timed(workload, config, args, capture, env, wrapper=wrapper)
+    if workload in runner.TIMED:
+        result = runner.run_timed(workload, config, args, capture, env, wrapper=wrapper)
     else:
-        result = overhead.run_tornado(config, args, capture, env, args.requests, wrapper=wrapper)
+        result = runner.run_tornado(config, args, capture, env, args.requests, wrapper=wrapper)
     out[key] = result
 
 
 def ratio(workload, base, other):
     if base.error or other.error:
         return None
-    if workload in overhead.TIMED:
+    if workload in runner.TIMED:
         return other.value / base.value
     return base.value / other.value
 
@@ -116,7 +117,7 @@ def parse_args():
 def main():
     args = parse_args()
     with_memray = overhead.importable(args.python, "memray")
-    configs = {c.name: c for c in overhead.make_configs(os.path.abspath(args.mprof), with_memray)}
+    configs = {c.name: c for c in runner.make_configs(os.path.abspath(args.mprof), with_memray)}
     env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
     workloads = list(args.workloads)
     if "tornado" in workloads and not overhead.importable(args.python, "tornado"):
@@ -137,7 +138,7 @@ def main():
                     for failure in failures[:2]:
                         print("  failed: %s" % failure, file=sys.stderr)
     finally:
-        overhead.kill_all_groups()
+        runner.kill_all_groups()
     print()
     print("python: %s; %d pair(s) per row, one slot = cores 0 and 1, sides swapped every other pair; "
           "load average %.2f" % (args.python, args.pairs, os.getloadavg()[0]))

@@ -8,12 +8,6 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-extern "C" {
-    fn kill(pid: i32, sig: i32) -> i32;
-}
-
-const SIGKILL: i32 = 9;
-
 /// A small deterministic generator, so a failing trial can be replayed from its seed.
 struct Lcg(u64);
 
@@ -101,7 +95,7 @@ fn trial(py: &Python, t: &Trial, steps: u32, expected: &str) -> Result<&'static 
             .unwrap(),
     );
     std::thread::sleep(Duration::from_micros(t.delay_us));
-    unsafe { kill(attach.0.id() as i32, SIGKILL) };
+    let _ = attach.0.kill();
     let _ = attach.0.wait();
     let reached = stage(pid);
     let start = Instant::now();

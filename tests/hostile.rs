@@ -6,6 +6,7 @@
 mod common;
 
 use common::hostile::*;
+use common::procs::is_root;
 use common::{mprof, pythons, run_with_timeout, ChildGuard, Python};
 use std::io::{BufRead, BufReader};
 use std::path::Path;

@@ -134,6 +134,9 @@ fn crafted_captures_stay_within_memory_and_output_bounds() {
     ] {
         let mut cmd = mprof();
         cmd.arg("report").arg(&path).args(&args);
+        // SAFETY: the closure runs in the forked child before exec; it only fills a stack
+        // struct and calls setrlimit, which allocates nothing, takes no lock and is
+        // async-signal-safe.
         unsafe {
             use std::os::unix::process::CommandExt;
             cmd.pre_exec(move || {

@@ -5,6 +5,7 @@
 mod common;
 
 use common::hostile::*;
+use common::procs::is_root;
 use common::{mprof, pythons, run_with_timeout, ChildGuard};
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -207,6 +208,8 @@ fn planted_symlinks_at_output_names_are_refused() {
     // --follow-children, `CAPTURE.d` and the children's captures in it.
     let umask0 = |cmd: &mut Command| {
         use std::os::unix::process::CommandExt;
+        // SAFETY: the closure runs in the forked child before exec and only calls umask,
+        // which allocates nothing, takes no lock and is async-signal-safe.
         unsafe {
             cmd.pre_exec(|| {
                 libc::umask(0);

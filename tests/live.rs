@@ -102,11 +102,11 @@ impl Run {
 }
 
 /// The pid of the mprof that the pane's shell runs.
-fn mprof_pid(tmux: &Tmux) -> i32 {
+fn mprof_pid(tmux: &Tmux) -> u32 {
     let shell = tmux.pane_pid();
     let children = std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children"))
         .expect("the pane's shell has children");
-    let pid: i32 = children
+    let pid: u32 = children
         .split_whitespace()
         .next()
         .expect("mprof runs under the pane's shell")
@@ -349,7 +349,7 @@ fn sigterm_to_mprof_restores_the_terminal() {
     let run = Run::new();
     let tmux = Tmux::start(&run.command(&py), 80, 24);
     wait_for_the_workload(&tmux);
-    unsafe { kill(mprof_pid(&tmux), 15) };
+    common::procs::signal(mprof_pid(&tmux), 15);
     // mprof passes SIGTERM on to the program and returns its status: 128 + 15.
     assert_eq!(run.wait_status(&tmux), 143, "{}", tmux.screen());
     run.assert_terminal_restored(&tmux);
@@ -404,10 +404,6 @@ fn live_without_a_terminal_is_a_clear_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--live needs a terminal"), "{stderr}");
     assert!(!dir.path().join("c.mprof").exists());
-}
-
-extern "C" {
-    fn kill(pid: i32, sig: i32) -> i32;
 }
 
 /// `attach --live`: the view shows the running target's allocation site, `q` detaches cleanly

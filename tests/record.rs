@@ -260,17 +260,12 @@ fn sigint_to_mprof_is_forwarded_to_the_child() {
         .unwrap();
     let mut guard = ChildGuard(child);
     wait_for_file(&ready);
-    unsafe { libc_kill(guard.0.id() as i32, 2) };
+    common::procs::signal(guard.0.id(), 2);
     let status = wait_deadline(&mut guard, Duration::from_secs(30));
     // Python ends with SIGINT after an unhandled KeyboardInterrupt: 128 + 2.
     assert_eq!(status.code(), Some(130));
     let report = report_json(&capture, &["--view", "live", "--by", "function"]);
     assert!(by_function(&report).contains_key("hold_memory"), "{report}");
-}
-
-extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, sig: i32) -> i32;
 }
 
 fn wait_for_file(path: &Path) {
@@ -315,12 +310,12 @@ fn a_target_killed_mid_run_leaves_a_readable_capture() {
         let mut guard = ChildGuard(child);
         wait_for_file(&pidfile);
         std::thread::sleep(Duration::from_millis(300));
-        let pid: i32 = std::fs::read_to_string(&pidfile)
+        let pid: u32 = std::fs::read_to_string(&pidfile)
             .unwrap()
             .trim()
             .parse()
             .unwrap();
-        unsafe { libc_kill(pid, 9) };
+        common::procs::signal(pid, 9);
         let status = wait_deadline(&mut guard, Duration::from_secs(30));
         assert_eq!(status.code(), Some(137), "{}", py.label);
         let report = report_json(&capture, &["--view", "live", "--by", "function"]);

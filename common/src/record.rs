@@ -33,25 +33,17 @@
 //! record before its first use), line u32, pad u32. Frames are innermost first. ALLOC flags:
 //! bit 0 the stack was cut; bits 1–2 the allocator (0 Python's PEP 445 domains, 1 the C
 //! allocator family `malloc`…, 2 anonymous `mmap`); bit 3 a native stack follows the frames
-//! (`--native`):
-//!
-//! ```text
-//!  native section (after the Python frames, 8-aligned):
-//!  +-------------+-------------+---------------------------+------------------------------+
-//!  | nnative u32 | nwords u32  | entry bitmap: nwords u64  | return addresses: nnative u64 |
-//!  +-------------+-------------+---------------------------+------------------------------+
-//! ```
-//! Bit i of the bitmap is set when Python frame i (innermost first) was the first frame a new
-//! C-level call of the bytecode loop ran (an "entry" frame: the native stack's eval-loop frames
-//! match the entry frames one to one). The addresses are innermost first; all but the first
-//! are return addresses (one past the call). Readers that do not know the section ignore it, as
-//! any trailing bytes of a body.
+//! (`--native`, see [`NativeStack`]).
 //! `time_ns` is CLOCK_MONOTONIC in nanoseconds.
 
 use std::fmt;
 
+mod allocator;
 mod module;
+mod native;
+pub use allocator::{Allocator, ALLOCATOR_MASK, ALLOCATOR_SHIFT};
 pub use module::{Module, ModuleRange, MODULE_BIAS_FROM_ELF, MODULE_DELETED, MODULE_MAIN};
+pub use native::{native_stack, NativeStack, MAX_NATIVE_FRAMES};
 
 /// Size of the preamble that starts every record.
 pub const PREAMBLE: usize = 8;
@@ -77,134 +69,8 @@ pub const KIND_MODULE: u16 = 9;
 
 /// ALLOC flag: the stack was cut at `max_depth`.
 pub const ALLOC_TRUNCATED: u32 = 1;
-/// ALLOC flag: a native stack section follows the Python frames (see the module docs).
+/// ALLOC flag: a native stack section follows the Python frames (see [`NativeStack`]).
 pub const ALLOC_NATIVE_STACK: u32 = 1 << 3;
-/// Most native frames a sample carries.
-pub const MAX_NATIVE_FRAMES: usize = 128;
-
-/// The native stack of a sample, decoded from an ALLOC body's native section.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct NativeStack {
-    /// Instruction addresses, innermost first (all but the first are return addresses).
-    pub addrs: Vec<u64>,
-    /// Bit i set: Python frame i was an entry frame of the bytecode loop.
-    pub entries: Vec<u64>,
-}
-
-impl NativeStack {
-    /// Whether Python frame `i` (innermost first) was an entry frame.
-    pub fn is_entry(&self, i: usize) -> bool {
-        self.entries
-            .get(i / 64)
-            .is_some_and(|w| w >> (i % 64) & 1 == 1)
-    }
-
-    /// The section's bytes, as the agent writes them.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(8 + 8 * (self.entries.len() + self.addrs.len()));
-        b.extend_from_slice(&(self.addrs.len() as u32).to_le_bytes());
-        b.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
-        for w in self.entries.iter().chain(&self.addrs) {
-            b.extend_from_slice(&w.to_le_bytes());
-        }
-        b
-    }
-}
-
-/// The native stack of an ALLOC body (`frames` Python frames long), if its flags say one
-/// follows; bounded: a section claiming more than the body holds is ignored.
-pub fn native_stack(body: &[u8], frames: usize, flags: u32) -> Option<NativeStack> {
-    if flags & ALLOC_NATIVE_STACK == 0 {
-        return None;
-    }
-    let at = ALLOC_FIXED + frames * FRAME_SIZE;
-    let head = body.get(at..at + 8)?;
-    let n = u32::from_le_bytes(head[0..4].try_into().ok()?) as usize;
-    let words = u32::from_le_bytes(head[4..8].try_into().ok()?) as usize;
-    if n > MAX_NATIVE_FRAMES || words > 4 {
-        return None;
-    }
-    let data = body.get(at + 8..at + 8 + 8 * (words + n))?;
-    let u64s: Vec<u64> = data
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    Some(NativeStack {
-        entries: u64s[..words].to_vec(),
-        addrs: u64s[words..].to_vec(),
-    })
-}
-/// ALLOC flags: which allocator the block came from (`ALLOCATOR_MASK`, shifted by
-/// `ALLOCATOR_SHIFT`, holds an [`Allocator`]).
-pub const ALLOCATOR_SHIFT: u32 = 1;
-pub const ALLOCATOR_MASK: u32 = 3 << ALLOCATOR_SHIFT;
-
-/// Where an allocation was made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u32)]
-pub enum Allocator {
-    /// CPython's allocators (PEP 445 RAW, MEM and OBJ domains).
-    Python = 0,
-    /// The C allocator family: `malloc`, `calloc`, `realloc`, `posix_memalign`...
-    Native = 1,
-    /// Anonymous memory mappings (`mmap`, `mremap`).
-    Mmap = 2,
-}
-
-impl Allocator {
-    /// Every allocator, in the order views list them.
-    pub const ALL: [Allocator; 3] = [Allocator::Python, Allocator::Native, Allocator::Mmap];
-
-    /// The allocator an ALLOC record's flags name (unknown values read as Python: an older
-    /// writer never set these bits).
-    pub fn of_flags(flags: u32) -> Allocator {
-        match (flags & ALLOCATOR_MASK) >> ALLOCATOR_SHIFT {
-            1 => Allocator::Native,
-            2 => Allocator::Mmap,
-            _ => Allocator::Python,
-        }
-    }
-
-    /// The ALLOC flag bits for this allocator.
-    pub fn flags(self) -> u32 {
-        (self as u32) << ALLOCATOR_SHIFT
-    }
-
-    /// Its name in reports and options.
-    pub fn name(self) -> &'static str {
-        match self {
-            Allocator::Python => "python",
-            Allocator::Native => "native",
-            Allocator::Mmap => "mmap",
-        }
-    }
-}
-
-#[cfg(test)]
-mod native_tests {
-    use super::*;
-
-    #[test]
-    fn a_native_section_round_trips_and_lies_are_ignored() {
-        let stack = NativeStack {
-            addrs: vec![0x1000, 0x2000, 0x3000],
-            entries: vec![0b101],
-        };
-        let mut body = vec![0u8; ALLOC_FIXED + 2 * FRAME_SIZE];
-        body.extend_from_slice(&stack.encode());
-        assert_eq!(
-            native_stack(&body, 2, ALLOC_NATIVE_STACK),
-            Some(stack.clone())
-        );
-        assert!(stack.is_entry(0) && !stack.is_entry(1) && stack.is_entry(2));
-        assert_eq!(native_stack(&body, 2, 0), None, "no flag, no section");
-        let mut lying = body.clone();
-        let at = ALLOC_FIXED + 2 * FRAME_SIZE;
-        lying[at..at + 4].copy_from_slice(&1000u32.to_le_bytes());
-        assert_eq!(native_stack(&lying, 2, ALLOC_NATIVE_STACK), None);
-        assert_eq!(native_stack(&body[..at + 12], 2, ALLOC_NATIVE_STACK), None);
-    }
-}
 
 /// Why the agent stopped sampling (the `aux` of an END record).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -531,99 +397,4 @@ pub fn encode(record: &Record) -> Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn roundtrip(r: Record) {
-        let bytes = encode(&r);
-        let (back, used) = decode(&bytes).unwrap();
-        assert_eq!(back, r);
-        assert_eq!(used, bytes.len());
-    }
-
-    #[test]
-    fn every_kind_round_trips() {
-        roundtrip(Record::Alloc {
-            tid: 7,
-            flags: ALLOC_TRUNCATED,
-            addr: 0xdead_beef,
-            size: 1234,
-            time_ns: 99,
-            frames: vec![Frame { code: 1, line: 2 }, Frame { code: 3, line: 4 }],
-            native: None,
-        });
-        roundtrip(Record::Alloc {
-            tid: 7,
-            flags: ALLOC_NATIVE_STACK,
-            addr: 1,
-            size: 2,
-            time_ns: 3,
-            frames: vec![Frame { code: 1, line: 2 }],
-            native: Some(NativeStack {
-                addrs: vec![0x1000, 0x2000],
-                entries: vec![1],
-            }),
-        });
-        roundtrip(Record::Module(Module {
-            bias: 0x7f00_0000_0000,
-            file_size: 4096,
-            flags: MODULE_MAIN,
-            build_id: vec![1, 2, 3],
-            path: "/usr/lib/libx.so".into(),
-            ranges: vec![ModuleRange {
-                start: 0x7f00_0000_1000,
-                end: 0x7f00_0000_2000,
-                offset: 0x1000,
-            }],
-        }));
-        roundtrip(Record::Free { addr: 42 });
-        roundtrip(Record::Code {
-            code: 5,
-            firstline: 10,
-            filename: "a.py".into(),
-            name: "f".into(),
-        });
-        roundtrip(Record::Thread {
-            tid: 3,
-            name: "worker".into(),
-        });
-        roundtrip(Record::Rss {
-            time_ns: 1,
-            rss_bytes: 2,
-        });
-        roundtrip(Record::End {
-            reason: EndReason::Detached as u16,
-            time_ns: 3,
-        });
-        roundtrip(Record::Meta {
-            text: "pid=1\n".into(),
-        });
-        roundtrip(Record::Stats {
-            samples: 1,
-            dropped: 2,
-        });
-    }
-
-    #[test]
-    fn truncated_and_corrupt_input_is_an_error_not_a_panic() {
-        let bytes = encode(&Record::Free { addr: 1 });
-        for cut in 0..bytes.len() {
-            assert!(matches!(
-                decode(&bytes[..cut]),
-                Err(DecodeError::Truncated { .. })
-            ));
-        }
-        let mut bad = bytes.clone();
-        bad[0..4].copy_from_slice(&3u32.to_le_bytes());
-        assert!(matches!(decode(&bad), Err(DecodeError::Corrupt(_))));
-        let mut short_alloc = encode(&Record::Free { addr: 1 });
-        short_alloc[4] = KIND_ALLOC as u8;
-        assert!(matches!(decode(&short_alloc), Err(DecodeError::Corrupt(_))));
-    }
-
-    #[test]
-    fn unknown_kinds_are_skipped() {
-        let bytes = encode(&Record::Unknown { kind: 999 });
-        assert_eq!(decode(&bytes).unwrap().0, Record::Unknown { kind: 999 });
-    }
-}
+mod tests;

@@ -11,11 +11,6 @@ use std::time::Duration;
 pub const LIMIT: Duration = Duration::from_secs(90);
 pub const NOBODY: u32 = 65534;
 
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// A root-owned, private file whose contents must never change.
 pub struct Sentinel {
     pub path: PathBuf,

@@ -120,7 +120,7 @@ pub fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    let pid = child.id() as i32;
+    let pid = child.id();
     let done = Arc::new(AtomicBool::new(false));
     let timed_out = Arc::new(AtomicBool::new(false));
     let watchdog = {
@@ -130,7 +130,7 @@ pub fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Output {
             while !done.load(Ordering::Acquire) {
                 if start.elapsed() > limit {
                     timed_out.store(true, Ordering::Release);
-                    unsafe { kill(pid, 9) };
+                    procs::signal(pid, 9);
                     return;
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -146,10 +146,6 @@ pub fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
-}
-
-extern "C" {
-    fn kill(pid: i32, sig: i32) -> i32;
 }
 
 /// `mprof report FILE --json` plus `args`, parsed.
