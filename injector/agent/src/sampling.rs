@@ -276,7 +276,9 @@ unsafe fn record_alloc_locked(
         }
     });
     if written {
-        ring.header().samples.fetch_add(1, Ordering::Relaxed);
+        // Only the holder of the session lock writes the counters: no read-modify-write.
+        let samples = &ring.header().samples;
+        samples.store(samples.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         // Without room for it in the set, its free would go unrecorded: it stays live.
         set.insert(addr);
     }
@@ -324,5 +326,6 @@ fn record_free_locked(shared: &mut Session, addr: usize) {
     mapped.ring.try_write(KIND_FREE, 0, 8, |b| {
         b[..8].copy_from_slice(&(addr as u64).to_le_bytes())
     });
-    mapped.ring.header().frees.fetch_add(1, Ordering::Relaxed);
+    let frees = &mapped.ring.header().frees;
+    frees.store(frees.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
 }
