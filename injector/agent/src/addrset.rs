@@ -78,6 +78,8 @@ pub struct AddrSet {
     cap: usize,
     used: usize, // live entries + tombstones
     live: usize,
+    /// A filter counter got stuck at [`STUCK`] (it may stay non-zero with no address).
+    stuck: bool,
 }
 
 // SAFETY: the table is anonymous memory owned by the set alone; used under the session lock.
@@ -90,6 +92,7 @@ impl AddrSet {
             cap: 0,
             used: 0,
             live: 0,
+            stuck: false,
         }
     }
 
@@ -131,6 +134,7 @@ impl AddrSet {
                 let v = c.load(Ordering::Relaxed);
                 if v != STUCK {
                     c.store(v + 1, Ordering::Relaxed);
+                    self.stuck |= v + 1 == STUCK;
                 }
                 if v == 0 {
                     summary_set(slot);
@@ -207,6 +211,7 @@ impl AddrSet {
             cap: new_cap,
             used: 0,
             live: 0,
+            stuck: self.stuck,
         };
         for i in 0..old_cap {
             // SAFETY: the old table maps `old_cap` words until it is unmapped below.
@@ -233,17 +238,29 @@ impl AddrSet {
     }
 
     /// Forgets every address and zeroes the filter, so that frees take the fast path again.
+    /// Every non-zero counter belongs to an address in the table (unless one got stuck): with
+    /// a table smaller than the filter, only those are zeroed (the whole filter is a megabyte
+    /// to walk, milliseconds at the end of every session).
     pub fn clear(&mut self) {
+        if self.stuck || self.cap > FILTER_LEN / 4 {
+            for c in FILTER.iter() {
+                if c.load(Ordering::Relaxed) != 0 {
+                    c.store(0, Ordering::Relaxed);
+                }
+            }
+        } else {
+            for i in 0..self.cap {
+                let e = self.get(i);
+                if e != EMPTY && e != TOMBSTONE {
+                    FILTER[slot(e)].store(0, Ordering::Relaxed);
+                }
+            }
+        }
         if !self.table.is_null() {
             // SAFETY: the table, forgotten right after.
             unsafe { munmap(self.table.cast(), self.cap * std::mem::size_of::<usize>()) };
         }
         *self = AddrSet::new();
-        for c in FILTER.iter() {
-            if c.load(Ordering::Relaxed) != 0 {
-                c.store(0, Ordering::Relaxed);
-            }
-        }
         for w in SUMMARY.iter() {
             if w.load(Ordering::Relaxed) != 0 {
                 w.store(0, Ordering::Relaxed);
@@ -256,8 +273,12 @@ impl AddrSet {
 mod tests {
     use super::*;
 
+    /// The filter is process-wide: one test at a time uses it.
+    static FILTER_USER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn insert_remove_and_filter_agree() {
+        let _one = FILTER_USER.lock().unwrap_or_else(|e| e.into_inner());
         let mut s = AddrSet::new();
         // Enough to grow the table a few times (twice under Miri, which is slow).
         let n = if cfg!(miri) { 3_000 } else { 20_000 };
@@ -284,5 +305,31 @@ mod tests {
         }
         s.clear();
         assert!(addrs.iter().all(|&a| !maybe_sampled(a)));
+        assert!(FILTER.iter().all(|c| c.load(Ordering::Relaxed) == 0));
+        assert!(SUMMARY.iter().all(|w| w.load(Ordering::Relaxed) == 0));
+    }
+
+    /// A counter stuck at its maximum has no address to find it by: clearing walks the filter.
+    #[test]
+    #[cfg_attr(miri, ignore = "a quarter of a billion hashes")]
+    fn a_stuck_counter_is_cleared_too() {
+        let _one = FILTER_USER.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = AddrSet::new();
+        let target = slot(0x7f00_0000_0000);
+        let same: Vec<usize> = (0..)
+            .map(|i| 0x7f00_0000_0000 + i * 16)
+            .filter(|&a| slot(a) == target)
+            .take(STUCK as usize + 5)
+            .collect();
+        for &a in &same {
+            assert!(s.insert(a));
+        }
+        for &a in &same {
+            assert!(s.remove(a));
+        }
+        assert!(maybe_sampled(same[0]), "a stuck counter stays");
+        s.clear();
+        assert!(FILTER.iter().all(|c| c.load(Ordering::Relaxed) == 0));
+        assert!(!maybe_sampled(same[0]));
     }
 }
