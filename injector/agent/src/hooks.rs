@@ -14,18 +14,30 @@ use crate::chain::{self, HookTable, LAYERS, SMALL_MAX};
 use crate::python::Allocator;
 use crate::sampler::{GIL_COUNTDOWN, THREAD};
 use crate::sampling::{self, MEM, OBJ, RAW};
+use crate::sys;
 use std::ffi::c_void;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Calls `f` with the thread marked busy, so allocations it makes are not sampled again.
+/// The thread (by its thread pointer) inside a MEM or OBJ call that pymalloc may pass to the
+/// RAW domain: the RAW hooks let that thread's calls through uncounted, as the outer hook
+/// counted them. Only a thread holding the GIL sets it (MEM and OBJ need the GIL), so a plain
+/// global does, and setting it costs no TLS lookup (the thread's busy flag would).
+static PASSING: AtomicUsize = AtomicUsize::new(0);
+
+/// Calls `f` with the thread marked as passing a call to RAW, so the RAW hooks let it through.
 #[inline(always)]
 fn nested<T>(f: impl FnOnce() -> T) -> T {
-    THREAD.with(|t| {
-        let was = t.busy.replace(true);
-        let r = f();
-        t.busy.set(was);
-        r
-    })
+    let was = PASSING.load(Ordering::Relaxed);
+    PASSING.store(sys::thread_pointer(), Ordering::Relaxed);
+    let r = f();
+    PASSING.store(was, Ordering::Relaxed);
+    r
+}
+
+/// Whether this RAW call comes from pymalloc under a MEM or OBJ hook (see `PASSING`).
+#[inline(always)]
+fn passed_from_above() -> bool {
+    PASSING.load(Ordering::Relaxed) == sys::thread_pointer()
 }
 
 /// pymalloc hands requests above `SMALL_MAX` to PyMem_RawMalloc: the nested RAW call must not
@@ -40,6 +52,9 @@ fn passes_to_raw(domain: usize, size: usize) -> bool {
 #[inline(always)]
 fn count_down<const D: usize, const L: usize>(size: usize) -> bool {
     if D == RAW {
+        if passed_from_above() {
+            return true;
+        }
         return THREAD.with(|t| {
             if t.busy.get() {
                 return true;
@@ -115,6 +130,9 @@ unsafe extern "C" fn hook_realloc<const D: usize, const L: usize>(
             nested(|| (p.realloc)(p.ctx, ptr, n))
         }
     };
+    if D == RAW && passed_from_above() {
+        return call(size);
+    }
     let ran_out = !count_down::<D, L>(size);
     if ran_out || maybe_sampled(ptr as usize) {
         return sampling::sampled_realloc(D, L, ptr as usize, size, ran_out, call);
