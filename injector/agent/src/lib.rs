@@ -256,7 +256,12 @@ static PRELOAD_INIT: extern "C" fn() = preload_init;
 /// gives the reader its bounded moment to read the memory map (`lifecycle::at_exit`).
 /// Loaded by `record` or `attach` alike; `_exit` and fatal signals skip it.
 extern "C" fn agent_fini() {
-    lifecycle::at_exit();
+    // Not from inside the agent (`exit()` called by a signal handler that interrupted this
+    // thread in the slow path, which may hold the session lock).
+    let inside_agent = sampler::THREAD.try_with(|t| t.busy.get()).unwrap_or(true);
+    if !inside_agent {
+        lifecycle::at_exit();
+    }
 }
 
 #[used]
