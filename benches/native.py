@@ -108,14 +108,14 @@ INSTRUCTION_CONFIGS = {
 }
 
 
-def count_target(args, flags, script, tmp):
+def count_target(args, flags, script, tmp, env):
     """Instructions of the profiled Python process alone (valgrind runs inside `mprof record`,
     so the reader keeps its own pace and is not counted), and the samples of the capture."""
     log, capture = os.path.join(tmp, "vg.log"), os.path.join(tmp, "c.mprof")
     valgrind = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
                 "--log-file=" + log, args.python, os.path.join(runner.WORKLOADS, "alloc_heavy.py")] + script
     cmd = valgrind if flags is None else [args.mprof, "record", "-q", *flags, "-o", capture, "--", *valgrind]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=args.timeout)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=args.timeout, env=env)
     with open(log, errors="replace") as f:
         found = re.search(r"I\s+refs:\s+([\d,]+)", f.read())
     n = 0
@@ -125,7 +125,7 @@ def count_target(args, flags, script, tmp):
     return int(found.group(1).replace(",", "")), n
 
 
-def measure_instructions(args):
+def measure_instructions(args, env):
     """Instructions per round of the profiled program for none, mprof, mprof at 512 KiB and
     --native, from runs of one and of three rounds; the ratios."""
     if not shutil.which("valgrind"):
@@ -134,7 +134,7 @@ def measure_instructions(args):
     per_round = {}
     with tempfile.TemporaryDirectory(prefix="mprof-native-vg-") as tmp:
         for name, flags in INSTRUCTION_CONFIGS.items():
-            (i1, n1), (i3, n3) = (count_target(args, flags, size, tmp) for size in sizes)
+            (i1, n1), (i3, n3) = (count_target(args, flags, size, tmp, env) for size in sizes)
             per_round[name] = ((i3 - i1) / 2, (n3 - n1) / 2)
             print("  %s: %.0f instructions and %.0f samples per round" % ((name,) + per_round[name]),
                   file=sys.stderr, flush=True)
@@ -216,7 +216,7 @@ def main():
         if "pairs" in args.parts:
             measure_pairs(args, all_configs, env)
         if "instructions" in args.parts:
-            measure_instructions(args)
+            measure_instructions(args, env)
         if "unwind" in args.parts:
             measure_unwind(args, all_configs, env)
     finally:
