@@ -32,7 +32,9 @@ def run_pinned(workload, config, args, tmpdir, env, core, out, key):
     wrapper = ["taskset", "-c", str(core)]
     capture = os.path.join(tmpdir, "capture-%s.out" % key)
     if workload in runner.TIMED:
-        result = runner.run_timed(workload, config, args, capture, env, wrapper=wrapper)
+        # The workload's own arguments, when the caller has some (benches/native.py's sizes).
+        script_args = getattr(args, "script_args", ())
+        result = runner.run_timed(workload, config, args, capture, env, script_args=script_args, wrapper=wrapper)
     else:
         result = runner.run_tornado(config, args, capture, env, args.requests, wrapper=wrapper)
     out[key] = result

@@ -220,7 +220,8 @@ impl RingMem {
 
     /// The ring a followed child made itself and handed over: sealed against resizing (so its
     /// size, read once, is the size for good) with a power-of-two data area no larger than
-    /// mprof makes; mapped, never re-initialised (the child writes into it already).
+    /// mprof makes, of this mprof's format; mapped, never re-initialised (the child writes into
+    /// it already).
     pub fn from_child(fd: OwnedFd) -> Result<RingMem> {
         // SAFETY: libc::stat is a C struct of integers only; all zeroes is a valid value.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -236,7 +237,12 @@ impl RingMem {
             );
         }
         check_sealed(&fd, ring::region_size(data_size)).context("a child's ring")?;
-        RingMem::map(fd, data_size)
+        let ring = RingMem::map(fd, data_size)?;
+        // Made by the child's agent, which could be another mprof's: never read as ours.
+        ring.reader
+            .check_format()
+            .map_err(|e| anyhow::anyhow!("a child's ring: {e}"))?;
+        Ok(ring)
     }
 
     fn map(fd: OwnedFd, data_size: usize) -> Result<RingMem> {
@@ -404,6 +410,9 @@ pub struct Reader<R: std::ops::Deref<Target = RingMem>> {
     last_flush: Instant,
     /// The target's module map, for native stacks (`--native`).
     modules: ModuleTracker,
+    /// The agent's last request to read the module map that was served (see
+    /// `mprof_common::ring`'s map handshake).
+    maps_served: u32,
 }
 
 impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
@@ -426,6 +435,7 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
             last_rss: None,
             last_flush: Instant::now(),
             modules: ModuleTracker::new(pid),
+            maps_served: 0,
         };
         r.heartbeat();
         r
@@ -447,15 +457,20 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
     pub fn pump_observed(&mut self, mut observe: impl FnMut(&[u8])) -> Result<usize> {
         self.heartbeat();
         let mut new_tids = Vec::new();
-        let mut result = Ok(());
         let capture = &mut self.capture;
         let tids = &mut self.tids;
         let modules = &mut self.modules;
+        let served = &mut self.maps_served;
         let ring: &RingMem = &self.ring;
+        // Before anything else, and between records: the agent may wait for it at its exit.
+        let mut result = serve_map_request(ring, modules, served, capture, &mut observe);
         let moved = ring
             .reader()
             .drain_then(
                 |bytes| {
+                    if result.is_ok() {
+                        result = serve_map_request(ring, modules, served, capture, &mut observe);
+                    }
                     if result.is_err() {
                         return;
                     }
@@ -558,6 +573,30 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
         })?;
         self.capture.flush()
     }
+}
+
+/// Serves the agent's request to read the module map, if it made a new one (the process is
+/// about to end or to unload a library, see `mprof_common::ring`): the map is read now, the
+/// MODULE records of what it shows are written, and only then is the request answered.
+fn serve_map_request(
+    ring: &RingMem,
+    modules: &mut ModuleTracker,
+    served: &mut u32,
+    capture: &mut CaptureWriter,
+    observe: &mut impl FnMut(&[u8]),
+) -> Result<()> {
+    let wanted = ring.reader().maps_wanted();
+    if wanted == *served {
+        return Ok(());
+    }
+    *served = wanted;
+    for module in modules.read_now() {
+        let encoded = record::encode(&module);
+        capture.write_raw(&encoded)?;
+        observe(&encoded);
+    }
+    ring.reader().maps_read(wanted);
+    Ok(())
 }
 
 /// The native return addresses of an ALLOC record as the ring holds it (`aux` is its number

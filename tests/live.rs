@@ -390,6 +390,53 @@ fn a_terminal_hang_up_closes_the_view_and_the_recording_goes_on() {
     assert!((recorded - HOT_BYTES).abs() < 0.1 * HOT_BYTES, "{recorded}");
 }
 
+/// `record --live --native`: the C functions of the test's extension (`tests/c/native_chain.c`,
+/// built `-g -O1`) are rows of their own when the view groups by function, with their source
+/// file; the program ends normally and the capture has them too.
+#[test]
+fn live_view_groups_native_frames_by_function() {
+    let Some(py) = prerequisites() else { return };
+    let run = Run::new();
+    let dir = run._dir.path();
+    let python = common::Python {
+        label: "live".into(),
+        path: py.clone(),
+    };
+    let Some(_so) = common::native::build_chain(&python, dir, &["-g", "-O1"]) else {
+        return;
+    };
+    std::fs::write(dir.join("go"), b"").unwrap();
+    let q = |p: &Path| format!("'{}'", p.display());
+    let command = format!(
+        "{} record --live --native --rate 1 -o {} -- {} {} {} wait; echo $? > {}; \
+         stty -a > {}; sleep 600",
+        q(Path::new(env!("CARGO_BIN_EXE_mprof"))),
+        q(&run.capture),
+        q(&py),
+        q(&script("native_chain_workload.py")),
+        q(dir),
+        q(&run.status),
+        q(&run.stty),
+    );
+    let tmux = Tmux::start(&command, 110, 30);
+    tmux.wait_for("the view", |s| s.contains("ALLOC/s"));
+    tmux.keys(&["g", "g"]);
+    let screen = tmux.wait_for("chain_level2 as a row by function", |s| {
+        s.contains("by function") && row(s, "chain_level2").is_some()
+    });
+    let level2 = row(&screen, "chain_level2").unwrap();
+    assert!(
+        level2[8].ends_with("native_chain.c"),
+        "a C function's row shows its source file:\n{screen}"
+    );
+    assert!(figures(&level2).0 > 0.0, "{screen}");
+    std::fs::write(dir.join("finish"), b"").unwrap();
+    assert_eq!(run.wait_status(&tmux), 0, "{}", tmux.screen());
+    run.assert_terminal_restored(&tmux);
+    let functions = by_function(&report_json(&run.capture, &["--by", "function"]));
+    assert!(functions.contains_key("chain_level2"), "{functions:?}");
+}
+
 #[test]
 fn live_without_a_terminal_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();

@@ -17,6 +17,21 @@
 //! straddles the end of the data area: a PAD record fills the gap instead. The consumer reads the
 //! record at `tail` once its length word is non-zero, zeroes the bytes it consumed (so stale bytes
 //! never look like a published record), then advances `tail`.
+//!
+//! The map handshake (`--native` only). The reader learns which libraries a native stack names
+//! from `/proc/PID/maps`, which is empty once the process has ended and has lost a library
+//! once it is unloaded. So before the process ends (and before `dlclose`), the agent asks:
+//!
+//! ```text
+//!  agent                                         reader (each record it drains, each round)
+//!  maps_wanted += 1  (= n)
+//!  [END record, state STOPPED]                   sees maps_wanted = n ≠ last served
+//!  waits: maps_read ≥ n, or 1 s, or the          reads /proc/PID/maps, writes MODULE records
+//!         heartbeat older than 250 ms            maps_read = n
+//!  exits (or unloads)
+//! ```
+//!
+//! The agent never waits on a reader that has stopped beating, nor longer than its bound.
 
 use crate::record::{KIND_PAD, PREAMBLE};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
@@ -24,8 +39,10 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 /// Magic bytes at the start of the ring.
 pub const RING_MAGIC: [u8; 8] = *b"MPROFRNG";
 /// Ring layout version; bumped on any change to `RingHeader` or to the records the agent
-/// writes (3: interned stacks).
-pub const RING_VERSION: u32 = 3;
+/// writes (3: interned stacks; 4: `maps_wanted` and `maps_read`). The agent refuses a ring of
+/// another version (`Ring::attach`), and so does the CLI a ring a followed child hands over
+/// (`RingReader::check_format`): old and new never read each other's headers.
+pub const RING_VERSION: u32 = 4;
 /// Where the data area starts.
 pub const HEADER_SIZE: usize = 4096;
 
@@ -82,7 +99,15 @@ pub struct RingHeader {
     /// Processes forked by the profiled one that were not followed (each child counts itself
     /// here before it lets the ring go), for the summary's hint.
     pub forked_unfollowed: AtomicU32,
-    _pad0: [u8; 512 - 476],
+    /// The agent's requests that the reader read the process's memory map now (`--native`):
+    /// a counter the agent increments when the process is about to end or to unload a
+    /// library, whose code the samples still in the ring may name.
+    pub maps_wanted: AtomicU32,
+    /// The last value of `maps_wanted` the reader has served: it read `/proc/PID/maps` after
+    /// seeing that value and wrote the MODULE records into the capture. The agent waits
+    /// (bounded) for it to catch up before the process ends.
+    pub maps_read: AtomicU32,
+    _pad0: [u8; 512 - 484],
     pub head: AtomicU64,
     _pad1: [u8; 56],
     pub tail: AtomicU64,

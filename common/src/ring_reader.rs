@@ -14,7 +14,9 @@
 //! Nonsense ends the session with a [`RingError`]; nothing here panics on the ring's contents.
 
 use crate::record::{KIND_PAD, PREAMBLE};
-use crate::ring::{RingHeader, HEADER_SIZE, STATE_FAILED, STATE_STOP_REQUESTED};
+use crate::ring::{
+    RingHeader, HEADER_SIZE, RING_MAGIC, RING_VERSION, STATE_FAILED, STATE_STOP_REQUESTED,
+};
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::mem::offset_of;
@@ -29,6 +31,8 @@ pub enum RingError {
     Record { len: u64, at: u64 },
     /// A `state` value the protocol does not have.
     State(u32),
+    /// Not a ring of this format: its magic, or its version (`RING_VERSION`).
+    Format { version: u32 },
 }
 
 impl fmt::Display for RingError {
@@ -42,6 +46,11 @@ impl fmt::Display for RingError {
             }
             RingError::Record { len, at } => write!(f, "record length {len} at {at}"),
             RingError::State(s) => write!(f, "unknown state {s}"),
+            RingError::Format { version } => write!(
+                f,
+                "not a ring of this mprof (format version {version}, this mprof reads {})",
+                crate::ring::RING_VERSION
+            ),
         }
     }
 }
@@ -98,6 +107,33 @@ impl RingReader {
             s @ 0..=STATE_FAILED => Ok(s),
             s => Err(RingError::State(s)),
         }
+    }
+
+    /// Checks that the ring is of this format (magic and version): for a ring made by the
+    /// other side (a followed child's), whose agent could be of another mprof.
+    pub fn check_format(&self) -> Result<(), RingError> {
+        let magic = self
+            .u64_at(offset_of!(RingHeader, magic))
+            .load(Ordering::Acquire);
+        let version = self
+            .u32_at(offset_of!(RingHeader, version))
+            .load(Ordering::Acquire);
+        if magic.to_ne_bytes() != RING_MAGIC || version != RING_VERSION {
+            return Err(RingError::Format { version });
+        }
+        Ok(())
+    }
+
+    /// The agent's latest request that the memory map be read (see `ring`'s map handshake).
+    pub fn maps_wanted(&self) -> u32 {
+        self.u32_at(offset_of!(RingHeader, maps_wanted))
+            .load(Ordering::Acquire)
+    }
+
+    /// Tells the agent that its request `n` is served: the map was read after it was made.
+    pub fn maps_read(&self, n: u32) {
+        self.u32_at(offset_of!(RingHeader, maps_read))
+            .store(n, Ordering::Release);
     }
 
     /// Asks the agent to stop if it is running (`ACTIVE` → `STOP_REQUESTED`).
@@ -344,5 +380,37 @@ mod tests {
         assert_eq!(reader.message(), "A".repeat(256));
         s.poke_u64(offset_of!(RingHeader, head), u64::MAX);
         assert_eq!(reader.fill(), 1.0);
+    }
+
+    #[test]
+    fn a_ring_of_another_format_is_refused() {
+        let mut s = Scribbled::new();
+        let reader = s.reader();
+        assert_eq!(reader.check_format(), Ok(()));
+        s.poke_u32(offset_of!(RingHeader, version), RING_VERSION - 1);
+        assert_eq!(
+            reader.check_format(),
+            Err(RingError::Format {
+                version: RING_VERSION - 1
+            })
+        );
+        s.poke_u32(offset_of!(RingHeader, version), RING_VERSION);
+        s.poke_u64(
+            offset_of!(RingHeader, magic),
+            u64::from_ne_bytes(*b"MPROFRNX"),
+        );
+        assert!(reader.check_format().is_err());
+    }
+
+    #[test]
+    fn a_map_request_is_seen_and_answered_through_the_header() {
+        let mut s = Scribbled::new();
+        let ring = s.ring();
+        let reader = s.reader();
+        assert_eq!(reader.maps_wanted(), 0);
+        ring.header().maps_wanted.fetch_add(1, Ordering::AcqRel);
+        assert_eq!(reader.maps_wanted(), 1);
+        reader.maps_read(1);
+        assert_eq!(ring.header().maps_read.load(Ordering::Acquire), 1);
     }
 }

@@ -367,13 +367,21 @@ fn site_table<'a>(s: &Screen, rows: &[Row], width: usize) -> Table<'a> {
         .column_spacing(1)
 }
 
-/// `file:line` (the function's first line by function, the file alone by file, `-` for a
-/// pseudo-frame).
+/// `file:line` (the function's first line by function, the file alone by file or without a
+/// line, as for a C function known by its symbol or by function, `-` for a pseudo-frame).
 fn location(r: &Row, group: Grouping) -> String {
     match group {
         _ if r.is_pseudo() && group != Grouping::File => "-".to_owned(),
         Grouping::File => r.file.to_owned(),
-        _ => format!("{}:{}", r.file, r.line),
+        _ => file_line(r.file, r.line),
+    }
+}
+
+/// `file:line`, or `file` for line 0 (no line known), as the reports write it.
+fn file_line(file: &str, line: u32) -> String {
+    match line {
+        0 => file.to_owned(),
+        _ => format!("{file}:{line}"),
     }
 }
 
@@ -386,7 +394,7 @@ fn location_cell(r: &Row, group: Grouping, width: usize) -> String {
         _ => return cut_left(&printable(&location(r, group)), width),
     };
     let short = |file: &str, line: u32| {
-        printable(&format!("{}:{line}", crate::frames::short_file(file))).into_owned()
+        printable(&file_line(&crate::frames::short_file(file), line)).into_owned()
     };
     let own = short(r.file, r.line);
     let inner = short(inner.file, inner.line);

@@ -8,7 +8,9 @@
 //! or the sample could not be symbolized), and every [`RESCAN`] (a library unloaded and
 //! another one loaded at the same place). An address still unknown after a fresh read (JIT
 //! code, or a hostile target's invention) is remembered, so it costs one read only, and such
-//! reads are limited to [`MAX_FORCED_SCANS`] a second.
+//! reads are limited to [`MAX_FORCED_SCANS`] a second. The agent also asks for a read when its
+//! process is about to end or to unload a library, and waits for it, bounded
+//! ([`ModuleTracker::read_now`], the map handshake of `mprof_common::ring`).
 //!
 //! Everything comes from the target: the files a mapping names are opened with `O_PATH` and
 //! checked to be the mapped file (device and inode) before their ELF headers are read
@@ -77,13 +79,9 @@ impl ModuleTracker {
         if !unknown {
             return Vec::new();
         }
-        if self.forced.0.elapsed() >= Duration::from_secs(1) {
-            self.forced = (Instant::now(), 0);
-        }
-        if self.forced.1 >= MAX_FORCED_SCANS {
+        if !self.spend_forced_read() {
             return Vec::new();
         }
-        self.forced.1 += 1;
         let records = self.scan();
         for &a in addrs {
             if !self.is_known(a) {
@@ -105,6 +103,30 @@ impl ModuleTracker {
             return Vec::new();
         }
         self.scan()
+    }
+
+    /// The MODULE records of objects loaded or replaced since the last read, read now because
+    /// the agent asked (its process is about to end or to unload a library: the samples still
+    /// on their way may name code the map will not show later). Counts against the budget of
+    /// forced reads, since the target asks.
+    pub fn read_now(&mut self) -> Vec<Record> {
+        self.active = true;
+        if !self.spend_forced_read() {
+            return Vec::new();
+        }
+        self.scan()
+    }
+
+    /// Whether one more read caused by the target fits in this second's budget (counted).
+    fn spend_forced_read(&mut self) -> bool {
+        if self.forced.0.elapsed() >= Duration::from_secs(1) {
+            self.forced = (Instant::now(), 0);
+        }
+        if self.forced.1 >= MAX_FORCED_SCANS {
+            return false;
+        }
+        self.forced.1 += 1;
+        true
     }
 
     fn is_known(&mut self, addr: u64) -> bool {
@@ -290,5 +312,20 @@ mod tests {
                 .any(|r| matches!(r, Record::Module(m) if m.path.contains("libbz2"))),
             "described at once, not a millisecond later"
         );
+    }
+
+    #[test]
+    fn a_read_the_agent_asks_for_describes_everything_mapped_within_the_budget() {
+        let mut t = ModuleTracker::new(std::process::id());
+        let records = t.read_now();
+        assert!(t.active, "native samples are on their way");
+        assert!(records
+            .iter()
+            .any(|r| matches!(r, Record::Module(m) if m.path.contains("libc.so"))));
+        assert!(t.read_now().is_empty(), "written once");
+        t.forced.1 = MAX_FORCED_SCANS;
+        let before = t.last_scan;
+        assert!(t.read_now().is_empty());
+        assert_eq!(t.last_scan, before, "over the budget: the map is not read");
     }
 }

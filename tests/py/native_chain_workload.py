@@ -64,12 +64,6 @@ for i in range(20):
     sort_with_key()
     reduce_it()
 native_chain.release_all()
-if not WAIT:
-    # mprof reads the memory map when a sample names an address it does not know yet; a
-    # program that loads a library and exits within the reader's 5 ms round can be gone by
-    # then, and that library's frames stay unsymbolized (README, --native limits). This test
-    # is about symbolization, not that race: stay a moment.
-    time.sleep(0.3)
 if WAIT:
     print("allocated", flush=True)
     wait("finish")

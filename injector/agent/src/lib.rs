@@ -21,6 +21,7 @@ mod hooks;
 mod layout_check;
 mod lifecycle;
 mod lock;
+mod map_request;
 mod native;
 mod pyframes;
 mod python;
@@ -249,6 +250,23 @@ unsafe extern "C" fn first_audit_event(
 #[used]
 #[link_section = ".init_array"]
 static PRELOAD_INIT: extern "C" fn() = preload_init;
+
+/// At `exit()` (the loader runs the destructors of every object, the agent's among them,
+/// without its lock held): with native stacks, ends the session of a program that is done and
+/// gives the reader its bounded moment to read the memory map (`lifecycle::at_exit`).
+/// Loaded by `record` or `attach` alike; `_exit` and fatal signals skip it.
+extern "C" fn agent_fini() {
+    // Not from inside the agent (`exit()` called by a signal handler that interrupted this
+    // thread in the slow path, which may hold the session lock).
+    let inside_agent = sampler::THREAD.try_with(|t| t.busy.get()).unwrap_or(true);
+    if !inside_agent {
+        lifecycle::at_exit();
+    }
+}
+
+#[used]
+#[link_section = ".fini_array"]
+static AGENT_FINI: extern "C" fn() = agent_fini;
 
 /// Attach mode: maps the ring behind `fd` (a descriptor of this process) and starts sampling.
 /// Returns 0 on success; the ring's header says why otherwise. The caller closes `fd`.

@@ -12,11 +12,18 @@
 //!   target that allocates nothing, mprof injects a call to `mprof_agent_stop`;
 //! - the reader stops beating (mprof died): the next sampled event sees it, and a new attach
 //!   that finds the old session orphaned takes it over;
-//! - the interpreter starts finalizing (record mode): the next sampled event.
+//! - the interpreter starts finalizing (record mode): the next sampled event;
+//! - the process exits with native stacks on (`exit()`, the agent's destructor: [`at_exit`]).
+//!
+//! With native stacks, a session that ends because the process ends asks the reader to read
+//! the memory map (`map_request`) and keeps its ring mapped until the process exits, when
+//! [`at_exit`] waits for the answer, bounded, outside every lock and every hook. [`before_unload`]
+//! does the same before a library is unloaded.
 
 use crate::addrset::AddrSet;
 use crate::chain::{self, HookTable};
 use crate::lock::SpinLock;
+use crate::map_request;
 use crate::pyframes::CodeKey;
 use crate::python::{self, Api};
 use crate::sampler;
@@ -80,6 +87,13 @@ pub struct Session {
     pub stacks: Stacks,
     /// The hooks the session installed.
     table: Option<&'static HookTable>,
+    /// Samples with a native stack written in this session, and their number when the
+    /// reader was last asked to read the memory map (`before_unload`).
+    pub native_samples: u64,
+    native_samples_mapped: u64,
+    /// The ring of a session that ended because the process ends, kept mapped until
+    /// [`at_exit`] has waited for the reader's answer to map request `.1`.
+    leaving: Option<(Mapped, u32)>,
 }
 
 // SAFETY: the raw pointers in `Session` (the ring mapping, the address set's table) are
@@ -98,6 +112,9 @@ pub static SESSION: SpinLock<Session> = SpinLock::new(Session {
     },
     stacks: Stacks::new(),
     table: None,
+    native_samples: 0,
+    native_samples_mapped: 0,
+    leaving: None,
 });
 
 /// Why a session could not start; the text goes into the ring's message.
@@ -178,6 +195,7 @@ pub unsafe fn start(
     s.caches.generation = s.caches.generation.wrapping_add(1);
     s.stacks.reset();
     s.table = Some(table);
+    (s.native_samples, s.native_samples_mapped) = (0, 0);
     sampler::configure(rate, seed, layer);
     ENABLED.store(true, Ordering::Release);
     let serial = crate::got::SERIAL.fetch_add(1, Ordering::AcqRel) + 1;
@@ -227,7 +245,9 @@ pub fn stop(reason: EndReason) -> bool {
 }
 
 /// Ends the session: sampling off, the allocators restored (unless the interpreter is shutting
-/// down), the END record written, STOPPED published, the ring unmapped.
+/// down), the END record written, STOPPED published, the ring unmapped; or, when the process
+/// ends and native stacks are recorded, the reader asked to read the memory map first and the
+/// ring kept for [`at_exit`].
 pub fn stop_locked(s: &mut Session, reason: EndReason) {
     ENABLED.store(false, Ordering::Release);
     sampler::idle();
@@ -259,6 +279,9 @@ pub fn stop_locked(s: &mut Session, reason: EndReason) {
             ),
         );
     }
+    let h = m.ring.header();
+    let request =
+        (reason == EndReason::Finalizing && map_request::wanted(h)).then(|| map_request::ask(h));
     m.ring.try_write(KIND_END, reason as u16, 8, |b| {
         b[..8].copy_from_slice(&now_ns().to_le_bytes())
     });
@@ -266,8 +289,55 @@ pub fn stop_locked(s: &mut Session, reason: EndReason) {
         .header()
         .state
         .store(STATE_STOPPED, Ordering::Release);
-    // SAFETY: the mapping made for this session; nothing else uses it once `mapped` is None.
+    match request {
+        Some(n) => {
+            if let Some((old, _)) = s.leaving.replace((m, n)) {
+                unmap(old);
+            }
+        }
+        None => unmap(m),
+    }
+}
+
+/// Unmaps a ring the session no longer holds.
+fn unmap(m: Mapped) {
+    // SAFETY: the mapping made for its session; nothing else uses it once it has left the
+    // session (`mapped` and `leaving`).
     unsafe { sys::munmap(m.base.cast(), m.len) };
+}
+
+/// The process exits (the agent's destructor, from `exit()`; the loader's lock is not held
+/// there): ends a session still running that records native stacks, then, if the reader was
+/// asked to read the memory map, waits for its answer (`map_request::wait`, bounded, no lock
+/// held). Other sessions end with the process, as they always did.
+pub fn at_exit() {
+    let mut s = SESSION.lock();
+    let native = |m: &Mapped| map_request::wanted(m.ring.header());
+    if s.mapped.as_ref().is_some_and(native) {
+        stop_locked(&mut s, EndReason::Finalizing);
+    }
+    let leaving = s.leaving.take();
+    drop(s);
+    if let Some((m, n)) = leaving {
+        map_request::wait(m.ring.header(), n);
+        unmap(m);
+    }
+}
+
+/// A library is about to be unloaded (`dlclose`): if samples with a native stack were written
+/// since the reader was last asked, asks it to read the memory map while the library is still
+/// there, and waits for its answer (bounded) with the session lock held, which keeps the ring
+/// mapped. The caller is not inside the agent (a hook's `busy` flag is clear).
+pub fn before_unload() {
+    let mut s = SESSION.lock();
+    let Some(m) = &s.mapped else { return };
+    let h = m.ring.header();
+    if !map_request::wanted(h) || s.native_samples == s.native_samples_mapped {
+        return;
+    }
+    let n = map_request::ask(h);
+    map_request::wait(h, n);
+    s.native_samples_mapped = s.native_samples;
 }
 
 /// Why the session should end now, if it should: the reader asked for a detach, its heartbeat
@@ -311,9 +381,11 @@ pub fn continue_in_child(s: &mut Session, base: *mut u8, len: usize) {
         // SAFETY: the child's copy of the parent's mapping, which nothing else uses.
         unsafe { sys::munmap(old.base.cast(), old.len) };
     }
+    forget_leaving(s);
     s.set.clear();
     s.caches.generation = s.caches.generation.wrapping_add(1);
     s.stacks.reset();
+    (s.native_samples, s.native_samples_mapped) = (0, 0);
     let h = ring.header();
     // SAFETY: getpid has no preconditions.
     h.agent_pid
@@ -336,6 +408,14 @@ pub fn forget_in_child(s: &mut Session) {
         // SAFETY: the child's copy of the mapping, which nothing else uses.
         unsafe { sys::munmap(m.base.cast(), m.len) };
     }
+    forget_leaving(s);
     s.set.clear();
     s.stacks.release();
+}
+
+/// In a forked child: the parent's ring kept for its exit is the parent's business.
+fn forget_leaving(s: &mut Session) {
+    if let Some((m, _)) = s.leaving.take() {
+        unmap(m);
+    }
 }

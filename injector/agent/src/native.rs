@@ -1,7 +1,8 @@
 //! Hooks of the C allocator family (`malloc`, `calloc`, `realloc`, `reallocarray`, `free`,
 //! `posix_memalign`, `aligned_alloc`, `memalign`, `valloc`, `pvalloc`) and of anonymous
 //! memory mappings (`mmap`, `mmap64`, `munmap`, `mremap`), reached through the GOT entries
-//! that `got` points here, plus `dlopen` to patch the objects it loads.
+//! that `got` points here, plus `dlopen` to patch the objects it loads and `dlclose` to have
+//! the memory map read before a library goes (`--native`).
 //!
 //! The fast path is the RAW domain's: one per-thread countdown, shared by the allocator family
 //! and `mmap` (bytes are bytes), then the real function (the agent's own GOT, never patched).
@@ -207,6 +208,17 @@ unsafe extern "C" fn hook_dlopen(name: *const c_char, flags: c_int) -> *mut c_vo
     handle
 }
 
+/// `dlclose`: with native stacks, the reader reads the memory map before the library may go
+/// (`lifecycle::before_unload`), so that the samples still in the ring that name its code
+/// can be symbolized.
+unsafe extern "C" fn hook_dlclose(handle: *mut c_void) -> c_int {
+    let inside_agent = THREAD.with(|t| t.busy.get());
+    if !inside_agent && on() {
+        crate::lifecycle::before_unload();
+    }
+    sys::dlclose(handle)
+}
+
 /// `dlsym`: a lookup of a hooked function (ctypes' `libc.malloc`, cffi) gets its hook.
 unsafe extern "C" fn hook_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     let found = sys::dlsym(handle, name);
@@ -252,7 +264,7 @@ fn hook(name: &'static std::ffi::CStr, addr: usize, scope: Scope) -> Hook {
 }
 
 /// The hooked functions.
-fn hooks() -> [Hook; 16] {
+fn hooks() -> [Hook; 17] {
     use Scope::{Everywhere, NotInterpreter, PythonCode};
     [
         hook(c"malloc", hook_malloc as *const () as usize, NotInterpreter),
@@ -294,6 +306,7 @@ fn hooks() -> [Hook; 16] {
         hook(c"munmap", hook_munmap as *const () as usize, NotInterpreter),
         hook(c"mremap", hook_mremap as *const () as usize, NotInterpreter),
         hook(c"dlopen", hook_dlopen as *const () as usize, Everywhere),
+        hook(c"dlclose", hook_dlclose as *const () as usize, Everywhere),
         hook(c"dlsym", hook_dlsym as *const () as usize, PythonCode),
     ]
 }

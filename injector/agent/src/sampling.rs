@@ -221,6 +221,7 @@ unsafe fn record_alloc_locked(
         set,
         stacks,
         max_depth,
+        native_samples,
         ..
     } = shared
     else {
@@ -279,6 +280,7 @@ unsafe fn record_alloc_locked(
         // Only the holder of the session lock writes the counters: no read-modify-write.
         let samples = &ring.header().samples;
         samples.store(samples.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        *native_samples += with_native as u64;
         // Without room for it in the set, its free would go unrecorded: it stays live.
         set.insert(addr);
     }

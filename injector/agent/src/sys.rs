@@ -76,6 +76,7 @@ extern "C" {
     pub fn getppid() -> c_int;
     pub fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
     pub fn dlopen(name: *const c_char, flags: c_int) -> *mut c_void;
+    pub fn dlclose(handle: *mut c_void) -> c_int;
     pub fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int;
     pub fn sysconf(name: c_int) -> c_long;
     pub fn malloc(size: usize) -> *mut c_void;
@@ -113,6 +114,7 @@ extern "C" {
     pub fn close(fd: c_int) -> c_int;
     pub fn lseek(fd: c_int, off: i64, whence: c_int) -> i64;
     pub fn sched_yield() -> c_int;
+    pub fn nanosleep(req: *const Timespec, rem: *mut Timespec) -> c_int;
     pub fn pthread_atfork(
         prepare: Option<extern "C" fn()>,
         parent: Option<extern "C" fn()>,
@@ -129,6 +131,16 @@ pub fn now_ns() -> u64 {
     // SAFETY: clock_gettime writes into `ts`, a local.
     unsafe { clock_gettime(CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Sleeps about `ns` nanoseconds (less if a signal comes).
+pub fn sleep_ns(ns: u64) {
+    let t = Timespec {
+        tv_sec: (ns / 1_000_000_000) as i64,
+        tv_nsec: (ns % 1_000_000_000) as i64,
+    };
+    // SAFETY: nanosleep reads `t`, a local; no remainder is asked for.
+    unsafe { nanosleep(&t, std::ptr::null_mut()) };
 }
 
 /// The calling thread's kernel id.

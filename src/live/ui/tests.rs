@@ -28,6 +28,9 @@ fn cutting_and_fitting() {
     let parts = ["aaaa".to_owned(), "bbbbbbbb".to_owned(), "cc".to_owned()];
     assert_eq!(fit(&parts, " · ", 11), "aaaa · cc");
     assert_eq!(clock(3725.0), "1:02:05");
+    // A C function by function (no line known) shows its file alone, as the reports do.
+    assert_eq!(file_line("ext/chain.c", 0), "ext/chain.c");
+    assert_eq!(file_line("app.py", 7), "app.py:7");
 }
 
 #[test]
