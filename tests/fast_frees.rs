@@ -48,8 +48,15 @@ fn check_capture(label: &str, capture: &Path, dir: &Path, more: bool) {
         .get("churn")
         .map_or(0.0, |s| s["live_bytes"].as_f64().unwrap());
     assert_eq!(
-        churn_live, 0.0,
-        "{label}: a freed block of churn() is still live"
+        churn_live,
+        0.0,
+        "{label}: a freed block of churn() is still live: {} (capture {}, {} samples, warnings \
+         {}; every live row: {})",
+        sites["churn"],
+        report["completeness"],
+        report["samples"],
+        report["warnings"],
+        report["locations"]
     );
     let allocated = report_json(capture, &["--by", "function", "--top", "0"]);
     let churned = by_function(&allocated)
