@@ -205,26 +205,32 @@ impl AddrSet {
         if table.is_null() {
             return false;
         }
-        let (old, old_cap) = (self.table, self.cap);
-        *self = AddrSet {
-            table,
-            cap: new_cap,
-            used: 0,
-            live: 0,
-            stuck: self.stuck,
-        };
-        for i in 0..old_cap {
-            // SAFETY: the old table maps `old_cap` words until it is unmapped below.
-            let e = unsafe { *old.add(i) };
-            if e != EMPTY && e != TOMBSTONE {
-                self.reinsert(e);
-            }
+        let stuck = self.stuck;
+        let old = std::mem::replace(
+            self,
+            AddrSet {
+                table,
+                cap: new_cap,
+                used: 0,
+                live: 0,
+                stuck,
+            },
+        );
+        for e in old.addresses() {
+            self.reinsert(e);
         }
-        if !old.is_null() {
+        if !old.table.is_null() {
             // SAFETY: the old table, which nothing refers to any more.
-            unsafe { munmap(old.cast(), old_cap * std::mem::size_of::<usize>()) };
+            unsafe { munmap(old.table.cast(), old.cap * std::mem::size_of::<usize>()) };
         }
         true
+    }
+
+    /// The addresses in the table.
+    fn addresses(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.cap)
+            .map(|i| self.get(i))
+            .filter(|&e| e != EMPTY && e != TOMBSTONE)
     }
 
     fn reinsert(&mut self, addr: usize) {
@@ -249,11 +255,8 @@ impl AddrSet {
                 }
             }
         } else {
-            for i in 0..self.cap {
-                let e = self.get(i);
-                if e != EMPTY && e != TOMBSTONE {
-                    FILTER[slot(e)].store(0, Ordering::Relaxed);
-                }
+            for e in self.addresses() {
+                FILTER[slot(e)].store(0, Ordering::Relaxed);
             }
         }
         if !self.table.is_null() {

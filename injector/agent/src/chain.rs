@@ -18,6 +18,7 @@
 //! is done only at rates of [`FREES_TO_PYMALLOC_MIN_RATE`] and above.
 
 use crate::python::{Allocator, Api};
+use crate::sampling::RAW;
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
@@ -119,6 +120,11 @@ fn same_functions(a: &Allocator, b: &Allocator) -> bool {
         && a.free as usize == b.free as usize
 }
 
+/// Whether frees may be left to pymalloc over `wrapped` (a layer's MEM and OBJ allocators).
+fn frees_may_go_to(fast_frees: bool, wrapped: [&Allocator; 2]) -> bool {
+    fast_frees && wrapped.iter().all(|a| is_pymalloc(a))
+}
+
 fn is_pymalloc(a: &Allocator) -> bool {
     let malloc = PYMALLOC[0].load(Ordering::Relaxed);
     malloc != 0
@@ -128,7 +134,7 @@ fn is_pymalloc(a: &Allocator) -> bool {
 
 /// The allocator that puts `layer`'s hook of `domain` in front of `prev`.
 fn hook_over(table: &HookTable, layer: usize, domain: usize, prev: &Allocator) -> Allocator {
-    let free = if domain != 0 && FREES_TO_PYMALLOC[layer].load(Ordering::Relaxed) {
+    let free = if domain != RAW && FREES_TO_PYMALLOC[layer].load(Ordering::Relaxed) {
         prev.free
     } else {
         table[layer][domain].free
@@ -156,7 +162,7 @@ pub unsafe fn install(
     let now: [Allocator; 3] = [current(api, 0), current(api, 1), current(api, 2)];
     learn_pymalloc(api, &now);
     if let Some(layer) = (0..LAYERS).find(|&l| (0..3).all(|d| same_hook(&now[d], &table[l][d]))) {
-        let bypass = fast_frees && (1..3).all(|d| is_pymalloc(prev(layer, d)));
+        let bypass = frees_may_go_to(fast_frees, [prev(layer, 1), prev(layer, 2)]);
         if bypass != FREES_TO_PYMALLOC[layer].load(Ordering::Relaxed) {
             // The layer's hooks are the current allocators: swap their frees.
             FREES_TO_PYMALLOC[layer].store(bypass, Ordering::Release);
@@ -173,7 +179,7 @@ pub unsafe fn install(
             "the program replaced mprof's allocator hooks too many times (tracemalloc.stop()?); \
              restart it to profile it again",
         )?;
-    let bypass = fast_frees && (1..3).all(|d| is_pymalloc(&now[d]));
+    let bypass = frees_may_go_to(fast_frees, [&now[1], &now[2]]);
     FREES_TO_PYMALLOC[layer].store(bypass, Ordering::Release);
     for (d, prev) in now.iter().enumerate() {
         let saved: &'static mut Allocator = Box::leak(Box::new(*prev));
