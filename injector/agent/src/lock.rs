@@ -1,13 +1,19 @@
 //! A spin lock for the agent's slow path. It never sleeps in the kernel on a futex the target
 //! could be holding, and it is only taken when a sample or a sampled free is recorded.
+//!
+//! It knows its holder (by thread pointer), so a call that reaches the agent again on the
+//! thread that holds it (an allocator call nested in the agent's work, a free made by a fork
+//! handler after `raw_lock`) can be told so instead of spinning forever, without a
+//! thread-local lookup.
 
-use crate::sys::sched_yield;
+use crate::sys::{sched_yield, thread_pointer};
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub struct SpinLock<T> {
-    locked: AtomicBool,
+    /// The holder's thread pointer, 0 when free.
+    holder: AtomicUsize,
     value: UnsafeCell<T>,
 }
 
@@ -22,16 +28,33 @@ pub struct Guard<'a, T> {
 impl<T> SpinLock<T> {
     pub const fn new(value: T) -> SpinLock<T> {
         SpinLock {
-            locked: AtomicBool::new(false),
+            holder: AtomicUsize::new(0),
             value: UnsafeCell::new(value),
         }
     }
 
     pub fn lock(&self) -> Guard<'_, T> {
+        self.lock_as(thread_pointer())
+    }
+
+    /// The lock, unless the calling thread holds it already: `None` then (taking it would
+    /// never end).
+    #[inline]
+    pub fn lock_unless_mine(&self) -> Option<Guard<'_, T>> {
+        let me = thread_pointer();
+        // Relaxed: only this thread ever stores its own pointer there.
+        if self.holder.load(Ordering::Relaxed) == me {
+            return None;
+        }
+        Some(self.lock_as(me))
+    }
+
+    #[inline]
+    fn lock_as(&self, me: usize) -> Guard<'_, T> {
         let mut spins = 0u32;
         while self
-            .locked
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .holder
+            .compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
         {
             spins += 1;
@@ -55,7 +78,7 @@ impl<T> SpinLock<T> {
     /// # Safety
     /// Only after `raw_lock` on the same thread (or in the child of a fork made after it).
     pub unsafe fn raw_unlock(&self) {
-        self.locked.store(false, Ordering::Release);
+        self.holder.store(0, Ordering::Release);
     }
 }
 
@@ -76,7 +99,7 @@ impl<T> DerefMut for Guard<'_, T> {
 
 impl<T> Drop for Guard<'_, T> {
     fn drop(&mut self) {
-        self.lock.locked.store(false, Ordering::Release);
+        self.lock.holder.store(0, Ordering::Release);
     }
 }
 
@@ -108,10 +131,19 @@ mod tests {
     fn a_raw_lock_is_held_until_raw_unlock() {
         let lock = SpinLock::new(1u32);
         lock.raw_lock();
-        assert!(lock.locked.load(Ordering::Relaxed));
+        assert_eq!(lock.holder.load(Ordering::Relaxed), thread_pointer());
+        assert!(lock.lock_unless_mine().is_none(), "its holder is told");
         // SAFETY: taken with raw_lock just above, on this thread.
         unsafe { lock.raw_unlock() };
         *lock.lock() += 1;
         assert_eq!(*lock.lock(), 2);
+        let held = lock.lock();
+        assert!(lock.lock_unless_mine().is_none());
+        drop(held);
+        std::thread::scope(|s| {
+            let other = s.spawn(|| lock.lock_unless_mine().map(|mut g| *g += 1));
+            assert!(other.join().unwrap().is_some(), "another thread takes it");
+        });
+        assert_eq!(*lock.lock(), 3);
     }
 }

@@ -27,8 +27,12 @@ unsafe fn top_frame(l: &PyLayout, tstate: *const c_void) -> *const c_void {
 pub enum Found {
     /// A code object and the byte offset of its current instruction.
     Code(*mut c_void, i32),
-    /// A frame to skip: owned by the C stack, not started, or (3.13) running no code object.
+    /// A frame to skip: owned by the C stack, or (3.13) running no code object.
     Skip,
+    /// A frame to skip whose `at` does not tell it from a frame not to skip: not started yet
+    /// (a generator's frame at the same instruction is not skipped), or with no code at all.
+    /// A thread's cached chain never goes past it.
+    Unstarted,
     /// Not a code object where one must be: the layout does not fit this interpreter, or the
     /// frame is being torn down. The walk ends here.
     Broken,
@@ -37,7 +41,7 @@ pub enum Found {
 pub unsafe fn code_and_offset(api: &Api, l: &PyLayout, f: *const c_void) -> Found {
     let code: *mut c_void = read(f, l.frame_code);
     if code.is_null() {
-        return Found::Skip;
+        return Found::Unstarted;
     }
     let is_code = read::<*mut c_void>(code, l.object_type) == api.code_type;
     if !is_code {
@@ -67,7 +71,7 @@ pub unsafe fn code_and_offset(api: &Api, l: &PyLayout, f: *const c_void) -> Foun
     let first_traceable: i32 = read(code, l.code_firsttraceable);
     let incomplete = instr < start + first_traceable as usize * 2;
     if owner as u16 != l.owner_generator && incomplete {
-        return Found::Skip;
+        return Found::Unstarted;
     }
     Found::Code(code, instr as isize as i32 - start as i32)
 }
@@ -97,43 +101,29 @@ pub unsafe fn is_entry(l: &PyLayout, f: *const c_void) -> bool {
         || (l.owner_cstack != ABSENT && read::<u8>(prev, l.frame_owner) as u16 == l.owner_cstack)
 }
 
-/// One link of a thread's frame chain as it is in memory, unchecked: what a sample compares
-/// with the previous sample's chain to find the frames that did not move (see `stacks`).
-///
-/// From 3.11 the instruction pointer points into the code object, so the frame's address and
-/// its instruction say which code it runs. 3.11 marks entry frames with a byte of their own: a
-/// frame at the same place running the same instruction can still differ in it (a C function
-/// between it and its caller), so it goes into the pointer's top bit (from 3.12 those C
-/// functions leave a frame of their own in the chain). Before 3.11, `f_lasti` is an index and
-/// goes above the code object's address.
-#[derive(Clone, Copy, PartialEq, Eq, Default)]
-pub struct Link {
-    pub frame: usize,
-    /// What the frame runs: see above. [`UNCOMPARABLE`] never matches.
-    pub at: usize,
-}
-
-/// A `Link::at` that cannot be told exactly (a 3.8–3.10 frame whose `f_lasti` does not fit):
-/// its frame is worked out afresh at every sample.
+/// A frame's `at` that cannot be told exactly (a 3.8–3.10 frame whose `f_lasti` does not
+/// fit): it and the frames inside it are worked out afresh at every sample.
 pub const UNCOMPARABLE: usize = usize::MAX;
 
-impl Link {
-    /// Whether the link is the same as `other`, as far as can be told.
-    #[inline(always)]
-    pub fn same(&self, other: &Link) -> bool {
-        self.frame == other.frame && self.at == other.at && self.at != UNCOMPARABLE
-    }
-}
-
-/// Fills `out` with the calling thread's frame chain, innermost first, with plain loads and no
-/// checks. Returns how many links and whether the chain ended (false: longer than `out`).
+/// Fills the end of `out` with what the calling thread's frames run, one word per frame (its
+/// `at`), outermost first: the innermost frame's is the last word. Plain loads, no checks.
+/// Returns how many and whether the chain ended (false: longer than `out`).
+///
+/// What a thread's previous sample is compared with to find the frames that did not change
+/// (see `stacks`). A frame's `at`, with the `at`s of the frames outside it, says which node
+/// it is: from 3.11 the instruction pointer points into the code object (so it names the code
+/// and the instruction). 3.11 marks entry frames with a byte of their own: a frame running the
+/// same instruction can still differ in it (a C function between it and its caller), so it
+/// goes into the pointer's top bit (from 3.12 those C functions leave a frame of their own in
+/// the chain, whose `at` is the shim's). Before 3.11, `f_lasti` is an index and goes above
+/// the code object's address. [`UNCOMPARABLE`] never matches.
 ///
 /// # Safety
 /// As for [`walk`].
-pub unsafe fn links(
+pub unsafe fn ats(
     l: &PyLayout,
     tstate: *const c_void,
-    out: &mut [MaybeUninit<Link>],
+    out: &mut [MaybeUninit<usize>],
 ) -> (usize, bool) {
     let f = top_frame(l, tstate);
     let (back, instr) = (l.frame_back, l.frame_instr);
@@ -161,19 +151,30 @@ pub unsafe fn links(
 unsafe fn chain(
     mut f: *const c_void,
     back: u16,
-    out: &mut [MaybeUninit<Link>],
+    out: &mut [MaybeUninit<usize>],
     at: impl Fn(*const c_void) -> usize,
 ) -> (usize, bool) {
+    let end = out.len();
     let mut n = 0;
-    while !f.is_null() && n < out.len() {
-        out.get_unchecked_mut(n).write(Link {
-            frame: f as usize,
-            at: at(f),
-        });
+    while !f.is_null() && n < end {
+        out.get_unchecked_mut(end - 1 - n).write(at(f));
         n += 1;
         f = read(f, back);
     }
     (n, f.is_null())
+}
+
+/// Fills `out` with the addresses of the calling thread's innermost `out.len()` frames,
+/// innermost first (the chain must be at least that long, as [`ats`] found it).
+///
+/// # Safety
+/// As for [`walk`].
+pub unsafe fn innermost(l: &PyLayout, tstate: *const c_void, out: &mut [MaybeUninit<usize>]) {
+    let mut f = top_frame(l, tstate);
+    for slot in out {
+        slot.write(f as usize);
+        f = read(f, l.frame_back);
+    }
 }
 
 /// Fills `out` with the calling thread's Python frames, innermost first. Returns how many and
@@ -196,7 +197,7 @@ pub unsafe fn walk(
         guard += 1;
         let (code, offset) = match code_and_offset(api, l, f) {
             Found::Code(code, offset) => (code, offset),
-            Found::Skip => {
+            Found::Skip | Found::Unstarted => {
                 f = read(f, l.frame_back);
                 continue;
             }

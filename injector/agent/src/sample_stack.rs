@@ -7,7 +7,7 @@
 //! only; the other frames cost a few loads and a compare each.
 
 use crate::lifecycle::{self, Caches, LineEntry};
-use crate::pyframes::{self as frames, CodeKey, Found, Link, RawFrame, MAX_FRAMES};
+use crate::pyframes::{self as frames, CodeKey, Found, RawFrame, MAX_FRAMES, UNCOMPARABLE};
 use crate::python::Api;
 use crate::stacks::{Cached, FrameKey, Interned, Stacks, ThreadChain, LINK_CAP};
 use mprof_common::layout::PyLayout;
@@ -17,18 +17,24 @@ use mprof_common::stacks::{write_stack, Node, KIND_STACK, STACK_BODY, STACK_ENTR
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
 
-/// How many links, outermost first, are as they were: `now` is innermost first, `before`
-/// outermost first and no longer than `now`.
+/// How many frames, outermost first, run what they ran before: `now` and `before` are both
+/// outermost first (see `pyframes::ats`). Four at a time: a deep chain is mostly unchanged.
 #[inline]
-fn unchanged(now: &[Link], before: &[Cached]) -> usize {
-    let n = now.len();
+fn unchanged(now: &[usize], before: &[usize]) -> usize {
+    let n = now.len().min(before.len());
+    let (now, before) = (&now[..n], &before[..n]);
     let mut i = 0;
-    while i < before.len() {
-        // SAFETY: `i < before.len() <= n`, so both indices are in bounds.
-        let (a, b) = unsafe { (now.get_unchecked(n - 1 - i), &before.get_unchecked(i).link) };
-        if !a.same(b) {
+    while i + 4 <= n {
+        let differ = (now[i] ^ before[i])
+            | (now[i + 1] ^ before[i + 1])
+            | (now[i + 2] ^ before[i + 2])
+            | (now[i + 3] ^ before[i + 3]);
+        if differ != 0 {
             break;
         }
+        i += 4;
+    }
+    while i < n && now[i] == before[i] {
         i += 1;
     }
     i
@@ -68,12 +74,12 @@ impl Announcer<'_> {
     /// # Safety
     /// `tstate` is the calling thread's own thread state.
     pub unsafe fn this_thread(&mut self, tid: u32, tstate: *const c_void) -> Result<Stack, Lost> {
-        let mut links = [const { MaybeUninit::<Link>::uninit() }; LINK_CAP];
-        let (n, whole) = frames::links(self.layout, tstate, &mut links);
+        let mut ats = [const { MaybeUninit::<usize>::uninit() }; LINK_CAP];
+        let (n, whole) = frames::ats(self.layout, tstate, &mut ats);
         if whole {
-            // SAFETY: `links` wrote the first `n`.
-            let links = std::slice::from_raw_parts(links.as_ptr() as *const Link, n);
-            match self.cached(tid, links) {
+            // SAFETY: `ats` wrote the last `n`.
+            let ats = std::slice::from_raw_parts(ats.as_ptr().add(LINK_CAP - n).cast(), n);
+            match self.cached(tid, tstate, ats) {
                 Ok(Some(stack)) => return Ok(stack),
                 Ok(None) => {}
                 Err(Lost::TableFull) => return self.uncached(tid, tstate),
@@ -87,9 +93,14 @@ impl Announcer<'_> {
         }
     }
 
-    /// Through the thread's previous chain. `Ok(None)`: this chain cannot be cached (too deep
-    /// or broken), walk it the plain way.
-    unsafe fn cached(&mut self, tid: u32, links: &[Link]) -> Result<Option<Stack>, Lost> {
+    /// Through the thread's previous chain (`ats`: what its frames run now, outermost first).
+    /// `Ok(None)`: this chain cannot be cached (too deep or broken), walk it the plain way.
+    unsafe fn cached(
+        &mut self,
+        tid: u32,
+        tstate: *const c_void,
+        ats: &[usize],
+    ) -> Result<Option<Stack>, Lost> {
         let Some(chain) = self.stacks.chain_of(tid) else {
             return Ok(None);
         };
@@ -97,18 +108,26 @@ impl Announcer<'_> {
         // SAFETY: the chain is mapped memory of `stacks` that interning never touches (node
         // ids live in another mapping), so it can be used beside `&mut self`.
         let chain = &mut *chain;
-        let n = links.len();
-        let same = unchanged(links, &chain.links[..chain.len.min(n)]);
+        let n = ats.len();
+        let same = unchanged(ats, &chain.ats[..chain.len]);
         chain.len = same;
-        let (mut node, mut depth) = match same {
-            0 => (0, 0),
-            k => (chain.links[k - 1].node, chain.links[k - 1].depth),
+        let Cached {
+            mut node,
+            mut depth,
+        } = match same {
+            0 => Cached::default(),
+            k => chain.made[k - 1],
         };
+        // The frames that changed, innermost first.
+        let mut changed = [const { MaybeUninit::<usize>::uninit() }; LINK_CAP];
+        frames::innermost(self.layout, tstate, &mut changed[..n - same]);
+        let mut cacheable = true;
         for i in same..n {
-            let link = links[n - 1 - i];
-            let f = link.frame as *const c_void;
+            // SAFETY: `innermost` wrote the first `n - same`.
+            let f = changed[n - 1 - i].assume_init() as *const c_void;
             match frames::code_and_offset(self.api, self.layout, f) {
                 Found::Skip => {}
+                Found::Unstarted => cacheable = false,
                 Found::Broken => return Ok(None),
                 Found::Code(code, offset) => {
                     depth += 1;
@@ -124,8 +143,14 @@ impl Announcer<'_> {
                     node = self.node_of(node, raw)?;
                 }
             }
-            chain.links[i] = Cached { link, node, depth };
-            chain.len = i + 1;
+            if cacheable {
+                // The chain ends at an uncomparable or unstarted frame: what runs inside it
+                // is worked out afresh next time.
+                cacheable &= ats[i] != UNCOMPARABLE;
+                chain.ats[i] = ats[i];
+                chain.made[i] = Cached { node, depth };
+                chain.len = i + cacheable as usize;
+            }
         }
         Ok(Some(Stack {
             node,

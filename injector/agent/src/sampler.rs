@@ -69,7 +69,7 @@ pub fn configure(rate: u64, seed: u64, layer: usize) {
     let seed = if seed != 0 {
         seed
     } else {
-        crate::sys::now_ns() ^ (crate::sys::gettid() as u64) << 32
+        crate::sys::precise_ns() ^ (crate::sys::gettid() as u64) << 32
     };
     RNG.store(splitmix(seed) | 1, Ordering::Relaxed);
     EPOCH.fetch_add(1, Ordering::Relaxed);

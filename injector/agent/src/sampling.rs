@@ -142,7 +142,11 @@ unsafe fn record_alloc(
     allocator: Allocator,
     native: &[u64],
 ) {
-    record_alloc_locked(&mut SESSION.lock(), t, addr, size, allocator, native)
+    // Not when this thread holds the lock already (a fork handler allocating between the
+    // agent's and the fork): the block goes unsampled, its free unrecorded.
+    if let Some(mut shared) = SESSION.lock_unless_mine() {
+        record_alloc_locked(&mut shared, t, addr, size, allocator, native)
+    }
 }
 
 /// Slow path of a realloc that may free a sampled block, or whose countdown ran out. The call
@@ -173,7 +177,11 @@ pub unsafe fn sampled_realloc(
         } else {
             &[]
         };
-        let mut shared = SESSION.lock();
+        let Some(mut shared) = SESSION.lock_unless_mine() else {
+            let ptr = call(size);
+            t.busy.set(was_busy);
+            return ptr;
+        };
         let was_sampled = shared.set.contains(old);
         let ptr = call(asked(domain, layer, size, sample));
         if was_sampled && (!ptr.is_null() || size == 0) {
@@ -297,22 +305,17 @@ unsafe fn this_thread_state(api: &Api) -> Option<*const c_void> {
 
 /// Slow path of a free whose address passed the filter: record it if it was sampled. Kept out
 /// of line so that the free hook's fast path saves no registers (inlined, it cost every free
-/// five pushes and five pops).
+/// five pushes and five pops). No thread-local state: a free nested in the agent's own work
+/// under the lock (an allocator call the slow path makes) is told by the lock's holder and
+/// left out; any other is recorded.
 #[cold]
 #[inline(never)]
 pub fn sampled_free(addr: usize) {
-    THREAD.with(|t| {
-        if t.busy.get() {
-            return;
-        }
-        t.busy.set(true);
-        let mut shared = SESSION.lock();
+    if let Some(mut shared) = SESSION.lock_unless_mine() {
         if shared.set.remove(addr) {
             record_free_locked(&mut shared, addr);
         }
-        drop(shared);
-        t.busy.set(false);
-    })
+    }
 }
 
 /// Writes the FREE record of a sampled block (or ends the session, if it must end).

@@ -5,7 +5,7 @@
 //! Both live in memory mapped straight from the kernel (never the target's allocator) and are
 //! only touched under the session lock.
 
-use crate::pyframes::{CodeKey, Link};
+use crate::pyframes::CodeKey;
 use crate::sys::{map_anon, munmap};
 use mprof_common::stacks::{Node, MAX_STACK_ID};
 
@@ -30,22 +30,25 @@ struct Slot {
     _pad: u32,
 }
 
-/// A link of a thread's previous chain and what the sample made of it.
+/// What a thread's previous sample made of a frame of its chain.
 #[derive(Clone, Copy, Default)]
 pub struct Cached {
-    pub link: Link,
-    /// The node of the innermost frame up to and including this link (0 for none).
+    /// The node of this frame (0 if it is skipped and no frame outside it is a node).
     pub node: u32,
-    /// Python frames up to and including this link.
+    /// Python frames up to and including this one.
     pub depth: u32,
 }
 
-/// The chain a thread had at its previous sample, outermost first.
+/// The chain a thread had at its previous sample, outermost first: each frame's `at` (see
+/// `pyframes::ats`; never [`crate::pyframes::UNCOMPARABLE`]) and what it was. Only the `at`s
+/// are compared: two chains whose `at`s agree up to a frame have the same nodes up to it,
+/// wherever their frames are.
 pub struct ThreadChain {
     tid: u32,
     generation: u32,
     pub len: usize,
-    pub links: [Cached; LINK_CAP],
+    pub ats: [usize; LINK_CAP],
+    pub made: [Cached; LINK_CAP],
 }
 
 /// Slots of the frame cache.
