@@ -20,9 +20,10 @@ use std::path::Path;
 
 /// Magic bytes at the start of every capture file.
 pub const MAGIC: &[u8; 8] = b"MPROFCAP";
-/// The format version this build writes. 2: samples name interned stacks (STACK and SAMPLE
-/// records); 1 carried whole stacks in ALLOC records (still read).
-pub const FORMAT_VERSION: u32 = 2;
+/// The format version this build writes. 3: most samples are BRIEF records after a CONTEXT;
+/// 2: samples name interned stacks (STACK and SAMPLE records); 1 carried whole stacks in ALLOC
+/// records (all still read).
+pub const FORMAT_VERSION: u32 = 3;
 const FILE_HEADER: usize = 16;
 
 /// Writes a capture file as records arrive. The file is created under a temporary name (mode

@@ -134,6 +134,47 @@ mod tests {
         );
     }
 
+    /// `-o /dev/null` as root once replaced the device with a plain file.
+    #[test]
+    fn devices_fifos_and_sockets_are_refused_and_left_as_they_are() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo reads a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let socket = dir.path().join("socket");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let mut special = vec![(fifo, "FIFO"), (socket, "socket")];
+        let null = dir.path().join("null");
+        let c = std::ffi::CString::new(null.to_str().unwrap()).unwrap();
+        // SAFETY: mknod reads a NUL-terminated path. Only root may make the device (CI runs
+        // as root); elsewhere the case is left out.
+        if unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) } == 0 {
+            special.push((null, "character device"));
+        }
+        for (path, what) in special {
+            let err = write_file(&path, "test file", b"x", Access::Private).unwrap_err();
+            assert!(
+                matches!(err, OutputError::Special { what: w, .. } if w == what),
+                "{err}"
+            );
+            assert!(err.to_string().contains(what), "{err}");
+            let kind = std::fs::symlink_metadata(&path).unwrap().file_type();
+            assert!(
+                kind.is_fifo() || kind.is_socket() || kind.is_char_device(),
+                "{} was replaced",
+                path.display()
+            );
+        }
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.to_string_lossy().starts_with('.'))
+            .collect();
+        assert!(left.is_empty(), "temporary files left: {left:?}");
+    }
+
     #[test]
     fn directories_and_empty_names_are_refused() {
         let dir = tempfile::tempdir().unwrap();

@@ -128,7 +128,10 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
                         return;
                     }
                     if let Ok((_, kind, aux)) = record::preamble(bytes) {
-                        if (kind == KIND_ALLOC || kind == KIND_SAMPLE) && bytes.len() >= 12 {
+                        // The tid is the first word of these bodies.
+                        let names_thread =
+                            matches!(kind, KIND_ALLOC | KIND_SAMPLE | stacks::KIND_CONTEXT);
+                        if names_thread && bytes.len() >= 12 {
                             let tid = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
                             // A hostile target can invent tids: names are looked up for
                             // a bounded number of them.

@@ -391,13 +391,15 @@ fn a_native_storm_survives_twenty_attaches() {
     }
     let stop = dir.path().join("stop");
     // Between two storms (every thread joined, every block freed) the process can pause, so
-    // that its RSS is read at a quiet moment, not in the middle of a storm.
+    // that its RSS is read at a quiet moment, not in the middle of a storm; never before its
+    // third, so that the storm threads' arenas are there in both readings (read before any
+    // storm, the unprofiled RSS came out 2 MB low).
     let (pause, paused) = (dir.path().join("pause"), dir.path().join("paused"));
     let code = format!(
         "import sys, os, time\nsys.path.insert(0, {:?})\nimport native_allocs\n\
          print('ready', os.getpid(), flush=True)\nsums = []\n\
          while not os.path.exists({:?}) or len(sums) < 3:\n    \
-         if os.path.exists({pause:?}):\n        open({paused:?}, 'w').close()\n        \
+         if len(sums) >= 3 and os.path.exists({pause:?}):\n        open({paused:?}, 'w').close()\n        \
          while os.path.exists({pause:?}): time.sleep(0.01)\n    \
          sums.append(native_allocs.storm(8, 100000))\n\
          print('sums', len(set(sums)), sums[0], flush=True)\n",

@@ -4,7 +4,10 @@ use super::*;
 use mprof_common::record::{
     encode, Frame, Module, ModuleRange, NativeStack, Record, KIND_ALLOC, KIND_CODE, PREAMBLE,
 };
-use mprof_common::stacks::{encode_sample, encode_stack, Node, Sample, KIND_SAMPLE, KIND_STACK};
+use mprof_common::stacks::{
+    brief_aux, encode_brief, encode_context, encode_sample, encode_stack, Node, Sample, KIND_BRIEF,
+    KIND_CONTEXT, KIND_SAMPLE, KIND_STACK,
+};
 
 /// A small deterministic random source (xorshift64*).
 struct Rng(u64);
@@ -158,8 +161,9 @@ fn module(rng: &mut Rng) -> Module {
     }
 }
 
-/// A STACK or a SAMPLE record: mostly well formed (parents defined before their children,
-/// depths that match), sometimes not (a parent from the future, a wrong depth, a huge id).
+/// A STACK, SAMPLE, CONTEXT or BRIEF record: mostly well formed (parents defined before their
+/// children, depths that match), sometimes not (a parent from the future, a wrong depth, a huge
+/// id, a BRIEF before any CONTEXT).
 fn interned(rng: &mut Rng, codes: u64, nodes: &mut u32) -> Vec<u8> {
     if rng.below(2) == 0 || *nodes == 0 {
         let id = match rng.below(30) {
@@ -192,8 +196,17 @@ fn interned(rng: &mut Rng, codes: u64, nodes: &mut u32) -> Vec<u8> {
         time_ns: rng.next() % 1_000_000,
         stack,
     };
-    let native: Vec<u64> = (0..rng.below(5)).map(|_| native_address(rng)).collect();
-    encode_sample(&sample, depth, (rng.below(2) == 0).then_some(&native[..]))
+    match rng.below(4) {
+        0 => encode_context(sample.tid, sample.time_ns),
+        1 => {
+            let aux = brief_aux(depth, sample.flags).unwrap_or(depth);
+            encode_brief(sample.addr, sample.size as u32, stack, aux)
+        }
+        _ => {
+            let native: Vec<u64> = (0..rng.below(5)).map(|_| native_address(rng)).collect();
+            encode_sample(&sample, depth, (rng.below(2) == 0).then_some(&native[..]))
+        }
+    }
 }
 
 /// Offsets of the records in a capture, as far as they parse.
@@ -276,8 +289,15 @@ fn mutate(bytes: &mut Vec<u8>, rng: &mut Rng) {
                     }
                 }
                 1 => {
-                    let kind =
-                        [KIND_ALLOC, KIND_CODE, KIND_STACK, KIND_SAMPLE, 0xffff][rng.below(5)];
+                    let kind = [
+                        KIND_ALLOC,
+                        KIND_CODE,
+                        KIND_STACK,
+                        KIND_SAMPLE,
+                        KIND_CONTEXT,
+                        KIND_BRIEF,
+                        0xffff,
+                    ][rng.below(7)];
                     bytes[at + 4..at + 6].copy_from_slice(&kind.to_le_bytes());
                 }
                 2 => bytes[at + 6..at + 8].copy_from_slice(&(v as u16).to_le_bytes()),

@@ -10,7 +10,7 @@ use crate::focus::{Focus, Memo};
 use crate::grouping::{Beside, Grouping, YourCodeGroups};
 use crate::profile::{Estimate, FastMap, Location, StackId};
 use mprof_common::record::{self, Record, KIND_ALLOC};
-use mprof_common::stacks::{Expanded, Expander, KIND_SAMPLE};
+use mprof_common::stacks::{Expanded, Expander, KIND_BRIEF, KIND_SAMPLE};
 use std::collections::{HashMap, VecDeque};
 
 /// Points of history kept for the sparklines (one per refresh).
@@ -215,7 +215,7 @@ impl Model {
     /// what is shown stays consistent.
     pub fn observe_but_skip_samples(&mut self, bytes: &[u8]) {
         match record::preamble(bytes) {
-            Ok((_, KIND_ALLOC | KIND_SAMPLE, _)) => self.skipped += 1,
+            Ok((_, KIND_ALLOC | KIND_SAMPLE | KIND_BRIEF, _)) => self.skipped += 1,
             _ => self.observe(bytes),
         }
     }

@@ -1,5 +1,7 @@
 //! Where an output finally goes: its directory, opened, and its name there, after following
-//! the invoking user's own symlinks at the final name (anyone else's are refused).
+//! the invoking user's own symlinks at the final name (anyone else's are refused). Only a
+//! regular file (or nothing) may be there: a directory, device, FIFO or socket is refused,
+//! since the file renamed into place would replace it.
 
 use std::ffi::CString;
 use std::os::fd::OwnedFd;
@@ -58,7 +60,16 @@ pub(super) fn destination(
                 path = next;
             }
             libc::S_IFDIR => return Err(OutputError::NotAFile(label, path)),
-            _ => return Ok((dir, cname, path)),
+            libc::S_IFREG => return Ok((dir, cname, path)),
+            kind => {
+                let what = match kind {
+                    libc::S_IFCHR => "character device",
+                    libc::S_IFBLK => "block device",
+                    libc::S_IFIFO => "FIFO",
+                    _ => "socket",
+                };
+                return Err(OutputError::Special { label, path, what });
+            }
         }
     }
     Err(OutputError::TooManyLinks(label, path))

@@ -18,6 +18,13 @@ pub enum OutputError {
     TooManyLinks(&'static str, PathBuf),
     /// The path names a directory or has no file name.
     NotAFile(&'static str, PathBuf),
+    /// The final name is a device, FIFO or socket (`what`): renaming a file over it would
+    /// replace it (`-o /dev/null` as root would leave a plain file there).
+    Special {
+        label: &'static str,
+        path: PathBuf,
+        what: &'static str,
+    },
     /// A system call failed.
     Io {
         label: &'static str,
@@ -48,6 +55,12 @@ impl fmt::Display for OutputError {
             OutputError::NotAFile(label, path) => {
                 write!(f, "cannot write {label} {}: not a file name", path.display())
             }
+            OutputError::Special { label, path, what } => write!(
+                f,
+                "refusing to write {label} {}: it is a {what}, not a regular file (mprof would \
+                 replace it; choose a file name)",
+                path.display()
+            ),
             OutputError::Io {
                 label,
                 what,

@@ -157,3 +157,57 @@ fn the_largest_id_is_accepted() {
     let got = alloc_of(x.feed(&encode_sample(&sample(MAX_STACK_ID), 1, None)));
     assert!(matches!(got, Record::Alloc { ref frames, .. } if frames.len() == 1));
 }
+
+/// A BRIEF with its CONTEXT expands to the same ALLOC as the SAMPLE it is short for.
+#[test]
+fn a_brief_sample_is_the_sample_it_is_short_for() {
+    let mut x = Expander::new();
+    x.feed(&encode_stack(1, &node(0, 0xa0, 1, true)));
+    x.feed(&encode_stack(2, &node(1, 0xb0, 2, false)));
+    let mut s = sample(2);
+    s.flags = ALLOC_TRUNCATED | crate::record::Allocator::Mmap.flags();
+    s.size = u32::MAX as u64;
+    let aux = brief_aux(2, s.flags).unwrap();
+    assert_eq!(
+        x.feed(&encode_context(s.tid, s.time_ns)),
+        Expanded::Consumed
+    );
+    let brief = alloc_of(x.feed(&encode_brief(s.addr, s.size as u32, s.stack, aux)));
+    assert_eq!(brief, alloc_of(x.feed(&encode_sample(&s, 2, None))));
+    assert_eq!(encode_brief(1, 2, 3, aux).len(), 24);
+    // The next context applies to what follows it only.
+    x.feed(&encode_context(9, 77));
+    let later = alloc_of(x.feed(&encode_brief(s.addr, 8, 0, 0)));
+    assert!(matches!(
+        later,
+        Record::Alloc { tid: 9, time_ns: 77, size: 8, flags: 0, ref frames, .. } if frames.is_empty()
+    ));
+    // What a BRIEF cannot say.
+    assert_eq!(brief_aux(2, ALLOC_NATIVE_STACK), None);
+    assert_eq!(brief_aux(512, 0), None);
+    assert_eq!(brief_aux(MAX_STACK_DEPTH as u16, 7), Some(256 | 7 << 12));
+}
+
+#[test]
+fn brief_lies_are_skipped_not_believed() {
+    let bad = |e: Expanded| assert!(matches!(e, Expanded::Bad(_)), "{e:?}");
+    let mut x = Expander::new();
+    x.feed(&encode_stack(1, &node(0, 0xa0, 1, false)));
+    bad(x.feed(&encode_brief(0x10, 1, 1, 1)));
+    let mut short = encode_context(1, 2);
+    short.truncate(PREAMBLE + 8);
+    short[..4].copy_from_slice(&((PREAMBLE + 8) as u32).to_le_bytes());
+    bad(x.feed(&short));
+    x.feed(&encode_context(1, 2));
+    bad(x.feed(&encode_brief(0x10, 1, 1, 2)));
+    bad(x.feed(&encode_brief(0x10, 1, 2, 1)));
+    bad(x.feed(&encode_brief(0x10, 1, 1, 0x1ff)));
+    let mut short = encode_brief(0x10, 1, 1, 1);
+    short.truncate(PREAMBLE + 12);
+    short[..4].copy_from_slice(&((PREAMBLE + 12) as u32).to_le_bytes());
+    bad(x.feed(&short));
+    assert!(matches!(
+        x.feed(&encode_brief(0x10, 1, 1, 1)),
+        Expanded::Alloc(_)
+    ));
+}

@@ -63,6 +63,9 @@ pub struct Mapped {
     pub ring: Ring,
     base: *mut u8,
     len: usize,
+    /// The thread and time of the last CONTEXT written to this ring (see
+    /// `mprof_common::stacks`): brief samples of that thread at that time need no other.
+    pub context: Option<(u32, u64)>,
 }
 
 /// What the slow path remembers between samples: code objects already announced and lines
@@ -200,7 +203,12 @@ pub unsafe fn start(
     ENABLED.store(true, Ordering::Release);
     let serial = crate::got::SERIAL.fetch_add(1, Ordering::AcqRel) + 1;
     ring.header().state.store(STATE_ACTIVE, Ordering::Release);
-    s.mapped = Some(Mapped { ring, base, len });
+    s.mapped = Some(Mapped {
+        ring,
+        base,
+        len,
+        context: None,
+    });
     drop(s);
     // Outside the session lock: the GOT scan takes the loader's lock, which a thread inside
     // `dlopen` holds while it allocates (and may wait for the session lock in a hook).
@@ -392,7 +400,12 @@ pub fn continue_in_child(s: &mut Session, base: *mut u8, len: usize) {
         .store(unsafe { sys::getpid() } as u32, Ordering::Release);
     sampler::configure(h.rate, h.seed, chain::active().min(chain::LAYERS - 1));
     h.state.store(STATE_ACTIVE, Ordering::Release);
-    s.mapped = Some(Mapped { ring, base, len });
+    s.mapped = Some(Mapped {
+        ring,
+        base,
+        len,
+        context: None,
+    });
 }
 
 /// In a forked child: drop the session without touching the shared ring (it is the parent's)

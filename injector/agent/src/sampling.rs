@@ -12,7 +12,10 @@ use crate::sys::{self, now_ns};
 use mprof_common::record::{
     Allocator, ALLOC_NATIVE_STACK, ALLOC_TRUNCATED, KIND_FREE, MAX_NATIVE_FRAMES,
 };
-use mprof_common::stacks::{write_sample, Sample, KIND_SAMPLE, SAMPLE_FIXED};
+use mprof_common::stacks::{
+    brief_aux, write_brief, write_context, write_sample, Sample, BRIEF_BODY, CONTEXT_BODY,
+    KIND_BRIEF, KIND_CONTEXT, KIND_SAMPLE, SAMPLE_FIXED,
+};
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering;
@@ -254,39 +257,64 @@ unsafe fn record_alloc_locked(
             Err(_) => return,
         },
     };
-    let ring = &mut mapped.ring;
     let with_native = crate::unwind::on();
-    let native_len = if with_native { 8 + 8 * native.len() } else { 0 };
     let flags = allocator.flags()
         | if stack.truncated { ALLOC_TRUNCATED } else { 0 }
         | if with_native { ALLOC_NATIVE_STACK } else { 0 };
-    let sample = Sample {
-        tid,
-        flags,
-        addr: addr as u64,
-        size: size as u64,
-        time_ns: now,
-        stack: stack.node,
+    let brief = match u32::try_from(size) {
+        Ok(size) => brief_aux(stack.depth as u16, flags).map(|aux| (aux, size)),
+        Err(_) => None,
     };
-    let body = SAMPLE_FIXED + native_len;
-    let written = ring.try_write(KIND_SAMPLE, stack.depth as u16, body, |b| {
-        write_sample(b, &sample);
-        if with_native {
-            // The native section (see mprof_common::stacks): no entry bitmap, the nodes
-            // carry the entry marks.
-            let mut at = SAMPLE_FIXED;
-            b[at..at + 4].copy_from_slice(&(native.len() as u32).to_le_bytes());
-            b[at + 4..at + 8].copy_from_slice(&0u32.to_le_bytes());
-            at += 8;
-            for w in native {
-                b[at..at + 8].copy_from_slice(&w.to_le_bytes());
-                at += 8;
+    let written = match brief {
+        // The common case, in 24 bytes (see mprof_common::stacks): its thread and time go in
+        // a CONTEXT when they are not the last one's.
+        Some((aux, size)) => {
+            if mapped.context != Some((tid, now)) {
+                let ring = &mut mapped.ring;
+                if !ring.try_write(KIND_CONTEXT, 0, CONTEXT_BODY, |b| {
+                    write_context(b, tid, now)
+                }) {
+                    return;
+                }
+                mapped.context = Some((tid, now));
             }
+            mapped.ring.try_write(KIND_BRIEF, aux, BRIEF_BODY, |b| {
+                write_brief(b, addr as u64, size, stack.node)
+            })
         }
-    });
+        None => {
+            let sample = Sample {
+                tid,
+                flags,
+                addr: addr as u64,
+                size: size as u64,
+                time_ns: now,
+                stack: stack.node,
+            };
+            let native_len = if with_native { 8 + 8 * native.len() } else { 0 };
+            let body = SAMPLE_FIXED + native_len;
+            mapped
+                .ring
+                .try_write(KIND_SAMPLE, stack.depth as u16, body, |b| {
+                    write_sample(b, &sample);
+                    if with_native {
+                        // The native section (see mprof_common::stacks): no entry bitmap, the
+                        // nodes carry the entry marks.
+                        let mut at = SAMPLE_FIXED;
+                        b[at..at + 4].copy_from_slice(&(native.len() as u32).to_le_bytes());
+                        b[at + 4..at + 8].copy_from_slice(&0u32.to_le_bytes());
+                        at += 8;
+                        for w in native {
+                            b[at..at + 8].copy_from_slice(&w.to_le_bytes());
+                            at += 8;
+                        }
+                    }
+                })
+        }
+    };
     if written {
         // Only the holder of the session lock writes the counters: no read-modify-write.
-        let samples = &ring.header().samples;
+        let samples = &mapped.ring.header().samples;
         samples.store(samples.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         *native_samples += with_native as u64;
         // Without room for it in the set, its free would go unrecorded: it stays live.
