@@ -34,7 +34,8 @@
 //! bit 0 the stack was cut; bits 1–2 the allocator (0 Python's PEP 445 domains, 1 the C
 //! allocator family `malloc`…, 2 anonymous `mmap`); bit 3 a native stack follows the frames
 //! (`--native`, see [`NativeStack`]).
-//! `time_ns` is CLOCK_MONOTONIC in nanoseconds.
+//! `time_ns` is CLOCK_MONOTONIC in nanoseconds; samples and RSS readings are stamped from its
+//! coarse form (CLOCK_MONOTONIC_COARSE: to the kernel's tick, a few milliseconds).
 
 use std::fmt;
 
