@@ -80,6 +80,8 @@ pub struct AddrSet {
     live: usize,
     /// A filter counter got stuck at [`STUCK`] (it may stay non-zero with no address).
     stuck: bool,
+    /// Every address counts as sampled (see [`AddrSet::hold_everything`]).
+    everything: bool,
 }
 
 // SAFETY: the table is anonymous memory owned by the set alone; used under the session lock.
@@ -93,6 +95,23 @@ impl AddrSet {
             used: 0,
             live: 0,
             stuck: false,
+            everything: false,
+        }
+    }
+
+    /// At `--rate 1` every block is sampled, and a table of every live block misses the cache
+    /// at each insert and removal: instead the set holds every address. The filter passes
+    /// every free to the slow path, which records it (a free of a block allocated before the
+    /// session is recorded too; readers ignore frees of blocks they never saw). Until
+    /// [`AddrSet::clear`].
+    pub fn hold_everything(&mut self) {
+        self.everything = true;
+        self.stuck = true;
+        for c in FILTER.iter() {
+            c.store(STUCK, Ordering::Relaxed);
+        }
+        for w in SUMMARY.iter() {
+            w.store(u64::MAX, Ordering::Relaxed);
         }
     }
 
@@ -117,6 +136,9 @@ impl AddrSet {
 
     /// Adds `addr`; returns false when memory for the table could not be had.
     pub fn insert(&mut self, addr: usize) -> bool {
+        if self.everything {
+            return true;
+        }
         if (self.used + 1) * 2 > self.cap && !self.grow() {
             return false;
         }
@@ -150,6 +172,9 @@ impl AddrSet {
 
     /// Whether `addr` is in the set.
     pub fn contains(&self, addr: usize) -> bool {
+        if self.everything {
+            return true;
+        }
         if self.cap == 0 {
             return false;
         }
@@ -168,6 +193,9 @@ impl AddrSet {
 
     /// Removes `addr`; returns whether it was there.
     pub fn remove(&mut self, addr: usize) -> bool {
+        if self.everything {
+            return true;
+        }
         if self.cap == 0 {
             return false;
         }
@@ -214,6 +242,7 @@ impl AddrSet {
                 used: 0,
                 live: 0,
                 stuck,
+                everything: false,
             },
         );
         for e in old.addresses() {
@@ -310,6 +339,24 @@ mod tests {
         assert!(addrs.iter().all(|&a| !maybe_sampled(a)));
         assert!(FILTER.iter().all(|c| c.load(Ordering::Relaxed) == 0));
         assert!(SUMMARY.iter().all(|w| w.load(Ordering::Relaxed) == 0));
+    }
+
+    /// `--rate 1`: every address is in the set and passes the filter, until it is cleared.
+    #[test]
+    #[cfg_attr(miri, ignore = "fills the whole filter")]
+    fn holding_everything_passes_every_free_until_cleared() {
+        let _one = FILTER_USER.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = AddrSet::new();
+        s.hold_everything();
+        for a in [0x10usize, 0x7f00_0000_1230, usize::MAX & !15] {
+            assert!(maybe_sampled(a));
+            assert!(s.insert(a) && s.contains(a) && s.remove(a) && s.remove(a));
+        }
+        assert_eq!(s.cap, 0, "no table is made");
+        s.clear();
+        assert!(FILTER.iter().all(|c| c.load(Ordering::Relaxed) == 0));
+        assert!(SUMMARY.iter().all(|w| w.load(Ordering::Relaxed) == 0));
+        assert!(!maybe_sampled(0x10) && !s.contains(0x10));
     }
 
     /// A counter stuck at its maximum has no address to find it by: clearing walks the filter.

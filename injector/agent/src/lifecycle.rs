@@ -200,6 +200,9 @@ pub unsafe fn start(
     s.table = Some(table);
     (s.native_samples, s.native_samples_mapped) = (0, 0);
     sampler::configure(rate, seed, layer);
+    if rate <= 1 {
+        s.set.hold_everything();
+    }
     ENABLED.store(true, Ordering::Release);
     let serial = crate::got::SERIAL.fetch_add(1, Ordering::AcqRel) + 1;
     ring.header().state.store(STATE_ACTIVE, Ordering::Release);
@@ -399,6 +402,9 @@ pub fn continue_in_child(s: &mut Session, base: *mut u8, len: usize) {
     h.agent_pid
         .store(unsafe { sys::getpid() } as u32, Ordering::Release);
     sampler::configure(h.rate, h.seed, chain::active().min(chain::LAYERS - 1));
+    if h.rate <= 1 {
+        s.set.hold_everything();
+    }
     h.state.store(STATE_ACTIVE, Ordering::Release);
     s.mapped = Some(Mapped {
         ring,
