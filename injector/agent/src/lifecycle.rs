@@ -68,6 +68,26 @@ pub struct Mapped {
     pub context: Option<(u32, u64)>,
 }
 
+impl Mapped {
+    fn new(ring: Ring, base: *mut u8, len: usize) -> Mapped {
+        Mapped {
+            ring,
+            base,
+            len,
+            context: None,
+        }
+    }
+}
+
+/// Arms the countdowns of a session sampling at `rate` in `layer`; at `--rate 1` the sampled
+/// set holds every address (see `AddrSet::hold_everything`).
+fn configure_sampling(s: &mut Session, rate: u64, seed: u64, layer: usize) {
+    sampler::configure(rate, seed, layer);
+    if rate <= 1 {
+        s.set.hold_everything();
+    }
+}
+
 /// What the slow path remembers between samples: code objects already announced and lines
 /// already computed.
 pub struct Caches {
@@ -199,19 +219,11 @@ pub unsafe fn start(
     s.stacks.reset();
     s.table = Some(table);
     (s.native_samples, s.native_samples_mapped) = (0, 0);
-    sampler::configure(rate, seed, layer);
-    if rate <= 1 {
-        s.set.hold_everything();
-    }
+    configure_sampling(&mut s, rate, seed, layer);
     ENABLED.store(true, Ordering::Release);
     let serial = crate::got::SERIAL.fetch_add(1, Ordering::AcqRel) + 1;
     ring.header().state.store(STATE_ACTIVE, Ordering::Release);
-    s.mapped = Some(Mapped {
-        ring,
-        base,
-        len,
-        context: None,
-    });
+    s.mapped = Some(Mapped::new(ring, base, len));
     drop(s);
     // Outside the session lock: the GOT scan takes the loader's lock, which a thread inside
     // `dlopen` holds while it allocates (and may wait for the session lock in a hook).
@@ -401,17 +413,9 @@ pub fn continue_in_child(s: &mut Session, base: *mut u8, len: usize) {
     // SAFETY: getpid has no preconditions.
     h.agent_pid
         .store(unsafe { sys::getpid() } as u32, Ordering::Release);
-    sampler::configure(h.rate, h.seed, chain::active().min(chain::LAYERS - 1));
-    if h.rate <= 1 {
-        s.set.hold_everything();
-    }
+    configure_sampling(s, h.rate, h.seed, chain::active().min(chain::LAYERS - 1));
     h.state.store(STATE_ACTIVE, Ordering::Release);
-    s.mapped = Some(Mapped {
-        ring,
-        base,
-        len,
-        context: None,
-    });
+    s.mapped = Some(Mapped::new(ring, base, len));
 }
 
 /// In a forked child: drop the session without touching the shared ring (it is the parent's)

@@ -34,23 +34,7 @@ impl<T> SpinLock<T> {
     }
 
     pub fn lock(&self) -> Guard<'_, T> {
-        self.lock_as(thread_pointer())
-    }
-
-    /// The lock, unless the calling thread holds it already: `None` then (taking it would
-    /// never end).
-    #[inline]
-    pub fn lock_unless_mine(&self) -> Option<Guard<'_, T>> {
         let me = thread_pointer();
-        // Relaxed: only this thread ever stores its own pointer there.
-        if self.holder.load(Ordering::Relaxed) == me {
-            return None;
-        }
-        Some(self.lock_as(me))
-    }
-
-    #[inline]
-    fn lock_as(&self, me: usize) -> Guard<'_, T> {
         let mut spins = 0u32;
         while self
             .holder
@@ -66,6 +50,20 @@ impl<T> SpinLock<T> {
             }
         }
         Guard { lock: self }
+    }
+
+    /// Whether the calling thread holds the lock.
+    #[inline]
+    pub fn held_by_me(&self) -> bool {
+        // Relaxed: only this thread ever stores its own pointer there.
+        self.holder.load(Ordering::Relaxed) == thread_pointer()
+    }
+
+    /// The lock, unless the calling thread holds it already: `None` then (taking it would
+    /// never end).
+    #[inline]
+    pub fn lock_unless_mine(&self) -> Option<Guard<'_, T>> {
+        (!self.held_by_me()).then(|| self.lock())
     }
 
     /// Takes the lock before `fork()` so that the child never inherits it held.

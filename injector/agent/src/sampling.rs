@@ -168,7 +168,9 @@ pub unsafe fn sampled_realloc(
 ) -> *mut c_void {
     THREAD.with(|t| {
         let was_busy = t.busy.replace(true);
-        if was_busy {
+        // Inside the agent, or on the thread that holds the lock (a fork handler between the
+        // agent's and the fork): passed through, unrecorded.
+        if was_busy || SESSION.held_by_me() {
             let ptr = call(size);
             t.busy.set(was_busy);
             return ptr;
@@ -180,11 +182,7 @@ pub unsafe fn sampled_realloc(
         } else {
             &[]
         };
-        let Some(mut shared) = SESSION.lock_unless_mine() else {
-            let ptr = call(size);
-            t.busy.set(was_busy);
-            return ptr;
-        };
+        let mut shared = SESSION.lock();
         let was_sampled = shared.set.contains(old);
         let ptr = call(asked(domain, layer, size, sample));
         if was_sampled && (!ptr.is_null() || size == 0) {
