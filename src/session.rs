@@ -9,7 +9,7 @@ use crate::SamplingArgs;
 use anyhow::{Context, Result};
 use mprof_common::record::{self, Record, KIND_ALLOC, KIND_END};
 use mprof_common::ring::{self, Ring};
-use mprof_common::ring_reader::RingReader;
+use mprof_common::ring_reader::{self, RingReader};
 use mprof_common::stacks::{self, KIND_SAMPLE};
 use std::collections::HashSet;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

@@ -16,7 +16,28 @@
 //! storing its length word with release ordering, then advances `head`. A record never
 //! straddles the end of the data area: a PAD record fills the gap instead. The consumer reads the
 //! record at `tail` once its length word is non-zero, zeroes the bytes it consumed (so stale bytes
-//! never look like a published record), then advances `tail`.
+//! never look like a published record), then advances `tail`. A PAD's body is never written,
+//! read, or zeroed: only its 8-byte preamble.
+//!
+//! Short laps. The reader gives drained pages back to the kernel, and a write to a page given
+//! back faults in a fresh zeroed page (2–3 µs each). At `--rate 1` a producer that went round
+//! the whole ring would fault every 4 KiB. So while the reader keeps up (at most half a
+//! [`window`] unread), the producer stays in the data area's first `window` bytes, whose pages
+//! the reader keeps: a record that would reach past the window starts the next lap, after a PAD
+//! to the end of the data area.
+//!
+//! ```text
+//!  lap k:    [ records ......... |PAD ................................................]
+//!  lap k+1:  [ records ..|                 (tail still before the PAD: reader stalled)
+//!  escape:   [ records ..|PAD ........................|  records written over the old PAD's body
+//!                        ^head          unread lap k ^ ^ the old PAD's preamble, kept
+//! ```
+//!
+//! Counted in positions, a lap that starts right after such a PAD finds the ring nearly full
+//! (the PAD takes most of it) until the reader passes the PAD. If the reader stalls then, the
+//! producer escapes: it writes a PAD that jumps over the unread records of the last lap and the
+//! old PAD's preamble, and writes on over the old PAD's body, which holds nothing, up to the end
+//! of the data area. `head` may then be up to two sizes ahead of `tail`.
 //!
 //! The map handshake (`--native` only). The reader learns which libraries a native stack names
 //! from `/proc/PID/maps`, which is empty once the process has ended and has lost a library
@@ -39,11 +60,12 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 /// Magic bytes at the start of the ring.
 pub const RING_MAGIC: [u8; 8] = *b"MPROFRNG";
 /// Ring layout version; bumped on any change to `RingHeader` or to the records the agent
-/// writes (3: interned stacks; 4: `maps_wanted` and `maps_read`; 5: CONTEXT and BRIEF). The
+/// writes (3: interned stacks; 4: `maps_wanted` and `maps_read`; 5: CONTEXT and BRIEF; 6: short
+/// laps, PADs of any length, `head` up to two sizes ahead). The
 /// agent refuses a ring of another version (`Ring::attach`), and so does the CLI a ring a
 /// followed child hands over (`RingReader::check_format`): old and new never read each other's
 /// headers.
-pub const RING_VERSION: u32 = 5;
+pub const RING_VERSION: u32 = 6;
 /// Where the data area starts.
 pub const HEADER_SIZE: usize = 4096;
 
@@ -123,6 +145,19 @@ pub fn region_size(data_size: usize) -> usize {
     HEADER_SIZE + data_size
 }
 
+/// Largest data area: positions must fit the length word of a PAD.
+pub const MAX_DATA_SIZE: usize = 1 << 31;
+
+/// The part of a ring of `size` data bytes the producer keeps to while the reader keeps up (see
+/// the module's short laps): a thirty-second of it, or all of a ring under 2 MiB.
+pub fn window(size: usize) -> usize {
+    if size < 2 << 20 {
+        size
+    } else {
+        size / 32
+    }
+}
+
 /// Rounds a record length up to the ring's 8-byte alignment.
 pub fn padded(len: usize) -> usize {
     (len + 7) & !7
@@ -134,6 +169,16 @@ pub struct Ring {
     base: *mut u8,
     /// Size of the data area, a power of two.
     size: u64,
+    /// The short laps' extent ([`window`]).
+    window: u64,
+    /// The last short lap's PAD: its position, and where the lap after it starts.
+    lap_pad: Option<(u64, u64)>,
+}
+
+/// Where a record goes: an optional PAD first (position, length), then the record's position.
+struct Place {
+    pad: Option<(u64, u64)>,
+    start: u64,
 }
 
 // SAFETY: a `Ring` owns the producer's role on a region that `attach`'s caller keeps mapped
@@ -154,7 +199,7 @@ impl Ring {
         max_depth: u32,
         config_flags: u32,
     ) {
-        assert!(data_size.is_power_of_two() && data_size >= 4096);
+        assert!(data_size.is_power_of_two() && (4096..=MAX_DATA_SIZE).contains(&data_size));
         // Raw writes, no reference: in `attach` the target can already reach this memory.
         let h = base as *mut RingHeader;
         std::ptr::addr_of_mut!((*h).magic).write_volatile(RING_MAGIC);
@@ -189,7 +234,7 @@ impl Ring {
         let data = h.data_size as usize;
         if h.header_size as usize != HEADER_SIZE
             || !data.is_power_of_two()
-            || data < 4096
+            || !(4096..=MAX_DATA_SIZE).contains(&data)
             || len < region_size(data)
         {
             return Err("ring sizes do not match the region");
@@ -197,7 +242,17 @@ impl Ring {
         Ok(Ring {
             base,
             size: data as u64,
+            window: window(data) as u64,
+            lap_pad: None,
         })
+    }
+
+    /// The same ring with short laps of `window` bytes: for tests of the laps on rings small
+    /// enough for Miri.
+    #[cfg(test)]
+    pub(crate) fn with_window(self, window: u64) -> Ring {
+        assert!(window.is_multiple_of(8) && window <= self.size);
+        Ring { window, ..self }
     }
 
     /// The header.
@@ -236,27 +291,77 @@ impl Ring {
         // consumed are zeroed before it lets us reuse them).
         let head = h.head.load(Ordering::Relaxed);
         let tail = h.tail.load(Ordering::Acquire);
-        let pos = head & (size - 1);
-        let pad = if pos + len > size { size - pos } else { 0 };
-        if (head + pad + len).wrapping_sub(tail) > size {
-            h.dropped.fetch_add(1, Ordering::Relaxed);
+        let Some(place) = self.place(head, tail, len) else {
+            self.header().dropped.fetch_add(1, Ordering::Relaxed);
             return false;
+        };
+        if let Some((at, pad)) = place.pad {
+            self.publish(at, pad, KIND_PAD, 0);
         }
-        if pad > 0 {
-            self.publish(head, pad, KIND_PAD, 0);
-        }
-        let start = head + pad;
+        let start = place.start;
         // SAFETY: `start` is at a record boundary with `len` bytes to the end of the data
-        // area (padding made sure of it), and those bytes are free: the reader is behind.
+        // area (`place` made sure of it), and those bytes are free: the reader is behind.
         let body = unsafe {
             std::slice::from_raw_parts_mut(self.at(start).add(PREAMBLE), len as usize - PREAMBLE)
         };
         fill(body);
         self.publish(start, len, kind, aux);
-        self.header()
-            .head
-            .store(head + pad + len, Ordering::Release);
+        self.header().head.store(start + len, Ordering::Release);
         true
+    }
+
+    /// Where a record of `len` bytes goes with the reader at `tail`, or `None` if it would
+    /// overwrite unread data.
+    fn place(&mut self, head: u64, tail: u64, len: u64) -> Option<Place> {
+        let size = self.size;
+        let pos = head & (size - 1);
+        let lap_start = head - pos;
+        if let Some((pad_at, next_lap)) = self.lap_pad {
+            if tail > pad_at {
+                // The reader passed the PAD: every position it took is free again.
+                self.lap_pad = None;
+            } else if head > pad_at + size {
+                // Escaped: up to the end of the data area, never round again before the
+                // reader passes the PAD.
+                return (head + len <= next_lap + size).then_some(Place {
+                    pad: None,
+                    start: head,
+                });
+            } else if head >= next_lap {
+                // In the lap after the PAD: keep room for the escape's PAD.
+                if (head + len + 8).wrapping_sub(tail) <= size {
+                    return Some(Place {
+                        pad: None,
+                        start: head,
+                    });
+                }
+                let start = pad_at + size + 8;
+                let fits = (head + 8).wrapping_sub(tail) <= size && start + len <= next_lap + size;
+                return fits.then_some(Place {
+                    pad: Some((head, start - head)),
+                    start,
+                });
+            }
+        }
+        let next_lap = lap_start + size;
+        let window = self.window;
+        if window < size
+            && pos != 0
+            && pos + len > window
+            && head.wrapping_sub(tail) <= window / 2
+            && (next_lap + len).wrapping_sub(tail) <= size
+        {
+            self.lap_pad = Some((head, next_lap));
+            return Some(Place {
+                pad: Some((head, next_lap - head)),
+                start: next_lap,
+            });
+        }
+        let pad = if pos + len > size { size - pos } else { 0 };
+        ((head + pad + len).wrapping_sub(tail) <= size).then_some(Place {
+            pad: (pad > 0).then_some((head, pad)),
+            start: head + pad,
+        })
     }
 
     /// Writes a record's kind and aux, then its length word (release): the record is now
@@ -463,5 +568,180 @@ mod tests {
             .dropped
             .load(Ordering::Relaxed);
         assert_eq!(written + dropped, 4 * WRITES);
+    }
+
+    /// A ring with short laps of `window` bytes whose reader gives pages of 64 bytes back as
+    /// the CLI does, checking that they hold nothing but zeroes (what the kernel gives for them
+    /// when they are used again).
+    struct Laps {
+        region: Region,
+        ring: Ring,
+        reader: RingReader,
+        size: usize,
+        window: u64,
+        next: u64,
+        seen: Vec<u64>,
+        given_back: u64,
+    }
+
+    const PAGE: u64 = 64;
+
+    impl Laps {
+        fn new(size: usize, window: u64) -> Laps {
+            let mut region = Region::new(size);
+            let ring = region.ring(size).with_window(window);
+            let reader = reader_of(&ring, size);
+            Laps {
+                region,
+                ring,
+                reader,
+                size,
+                window,
+                next: 0,
+                seen: Vec::new(),
+                given_back: 0,
+            }
+        }
+
+        /// Writes the next record (16 to 48 bytes); false if it was dropped.
+        fn write(&mut self) -> bool {
+            let n = self.next;
+            let extra = (n % 5) as usize * 8;
+            let ok = self.ring.try_write(KIND_FREE, 0, 8 + extra, |b| {
+                b[..8].copy_from_slice(&n.to_le_bytes())
+            });
+            if ok {
+                self.next += 1;
+            }
+            ok
+        }
+
+        fn head(&self) -> u64 {
+            self.ring.header().head.load(Ordering::Relaxed)
+        }
+
+        /// Drains everything published, giving pages back as the CLI does.
+        fn drain(&mut self) {
+            let (size, window) = (self.size as u64, self.window);
+            let data = self.region.0.as_mut_ptr() as *mut u8;
+            let seen = &mut self.seen;
+            let given_back = &mut self.given_back;
+            while self
+                .reader
+                .drain_then(
+                    |b| match decode(b).unwrap().0 {
+                        Record::Free { addr } => seen.push(addr),
+                        other => panic!("unexpected {other:?}"),
+                    },
+                    |from, to| {
+                        crate::ring_reader::pages_to_give_back(
+                            size,
+                            window,
+                            PAGE,
+                            from,
+                            to,
+                            |offset, len| {
+                                *given_back += len / PAGE;
+                                // The kernel gives zeroed pages for these: nothing unread may
+                                // be there, and the reader left zeroes behind.
+                                for at in (offset..offset + len).step_by(8) {
+                                    // SAFETY: `at` is an 8-aligned offset in the data area
+                                    // of the region, which outlives the ring; no other thread.
+                                    let word = unsafe {
+                                        std::ptr::read(
+                                            data.add(HEADER_SIZE + at as usize) as *const u64
+                                        )
+                                    };
+                                    assert_eq!(word, 0, "a page given back holds data");
+                                }
+                            },
+                        )
+                    },
+                )
+                .unwrap()
+                > 0
+            {}
+            assert_eq!(
+                self.reader_tail(),
+                self.head(),
+                "everything published was read"
+            );
+        }
+
+        fn reader_tail(&self) -> u64 {
+            self.ring.header().tail.load(Ordering::Relaxed)
+        }
+
+        /// Every record written came out, in order, and the data area is all zeroes again.
+        fn check_all_read(&mut self) {
+            self.drain();
+            assert!(
+                self.seen.iter().copied().eq(0..self.next),
+                "records lost or out of order"
+            );
+            let words = &self.region.0[HEADER_SIZE / 8..];
+            assert!(words.iter().all(|&w| w == 0), "stale bytes left behind");
+        }
+    }
+
+    /// Under Miri the ring is tiny and the runs short: the same paths, fewer times.
+    const LAP_SIZE: usize = if cfg!(miri) { 4096 } else { 1 << 16 };
+    const LAP_WINDOW: u64 = LAP_SIZE as u64 / 16;
+
+    #[test]
+    fn short_laps_stay_in_the_window_while_the_reader_keeps_up() {
+        let mut laps = Laps::new(LAP_SIZE, LAP_WINDOW);
+        let writes = if cfg!(miri) { 600 } else { 20_000 };
+        for i in 0..writes {
+            assert!(laps.write());
+            let end = laps.head() & (LAP_SIZE as u64 - 1);
+            assert!(end <= LAP_WINDOW, "record {i} ends at {end}");
+            // At most 96 bytes unread: under half the window.
+            if i % 2 == 1 {
+                laps.drain();
+            }
+        }
+        assert!(laps.head() > 10 * LAP_SIZE as u64, "many laps");
+        assert_eq!(
+            laps.given_back, 0,
+            "no page given back, so none faulted in again"
+        );
+        laps.check_all_read();
+    }
+
+    #[test]
+    fn short_laps_leave_a_reader_that_stalls_anywhere_nearly_the_whole_ring() {
+        let stalls = if cfg!(miri) { 6 } else { 300 };
+        let mut laps = Laps::new(LAP_SIZE, LAP_WINDOW);
+        for stall in 0..stalls {
+            // Keep up for a while: the stall begins at a different point of a lap each time,
+            // right after a short lap's PAD among them.
+            for _ in 0..(stall * 7) % 61 {
+                assert!(laps.write());
+                laps.drain();
+            }
+            let (before, head) = (laps.next, laps.head());
+            let mut bytes = 0;
+            while laps.write() {
+                bytes += 16 + ((laps.next - 1) % 5) * 8;
+            }
+            let dropped_before = laps.ring.header().dropped.load(Ordering::Relaxed);
+            for _ in 0..3 {
+                assert!(!laps.write(), "full");
+            }
+            assert_eq!(
+                laps.ring.header().dropped.load(Ordering::Relaxed),
+                dropped_before + 3,
+                "every refusal counted"
+            );
+            let room = LAP_SIZE as u64 - 2 * LAP_WINDOW - 64;
+            assert!(
+                bytes >= room,
+                "stall {stall} at {head}: only {bytes} bytes of room ({} records)",
+                laps.next - before
+            );
+            laps.drain();
+        }
+        laps.check_all_read();
     }
 }

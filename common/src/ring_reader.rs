@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// Something in the ring that no agent could have written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RingError {
-    /// `head` is behind the reader or more than the ring's size ahead of it.
+    /// `head` is behind the reader or more than twice the ring's size ahead of it.
     Head { head: u64, tail: u64 },
     /// A record length that is not a multiple of 8, too short, or past the data.
     Record { len: u64, at: u64 },
@@ -190,7 +190,8 @@ impl RingReader {
         String::from_utf8_lossy(&bytes[..end]).into_owned()
     }
 
-    /// How full the ring is, from 0 to 1 (clamped: the producer's `head` is not trusted).
+    /// How full the ring is, from 0 to 1 (clamped: the producer's `head` is not trusted). Right
+    /// after a short lap it reads full until this reader passes the lap's PAD.
     pub fn fill(&self) -> f64 {
         let head = self
             .u64_at(offset_of!(RingHeader, head))
@@ -200,54 +201,69 @@ impl RingReader {
     }
 
     /// Hands every published record (padding excluded) to `sink`, in ring order, until one
-    /// that is not yet published; at most a quarter of the ring per call. Each record is a
-    /// private copy, at least `PREAMBLE` bytes long, whose length word says its true length.
-    /// Before the consumed bytes go back to the producers, `release(from, to)` gets their range
-    /// in ring positions (the reader gives those pages back to the kernel). Returns the bytes
-    /// consumed, or the first impossible thing found (what came before it was handed over).
+    /// that is not yet published; at most a quarter of the ring's worth of records per call.
+    /// Each record is a private copy, at least `PREAMBLE` bytes long, whose length word says its
+    /// true length. Before the consumed bytes go back to the producers, `release(from, to)` gets
+    /// each run of consumed records between PADs, in ring positions (the reader gives those
+    /// pages back to the kernel; a PAD's body is never released, as a producer that escaped a
+    /// stall may be writing there: see `ring`). Returns the bytes of records moved (padding
+    /// excluded), or the first impossible thing found (what came before it was handed over).
     pub fn drain_then(
         &self,
         mut sink: impl FnMut(&[u8]),
-        release: impl FnOnce(u64, u64),
+        mut release: impl FnMut(u64, u64),
     ) -> Result<usize, RingError> {
         let size = self.data_size;
         let start = self.tail.get();
         let head = self
             .u64_at(offset_of!(RingHeader, head))
             .load(Ordering::Acquire);
-        if head < start || head - start > size {
+        if head < start || head - start > 2 * size {
             return Err(RingError::Head { head, tail: start });
         }
         let mut tail = start;
+        let mut run = start;
+        let mut moved = 0;
         let mut error = None;
         let mut record = self.record.borrow_mut();
-        while tail < head && tail - start < size / 4 {
+        while tail < head && moved < size / 4 {
             let pos = tail & (size - 1);
             let data = HEADER_SIZE + pos as usize;
             let len = self.u32_at(data).load(Ordering::Acquire) as u64;
             if len == 0 {
                 break;
             }
+            let kind_aux = self.u32_at(data + 4).load(Ordering::Relaxed);
+            let pad = kind_aux.to_ne_bytes()[..2] == KIND_PAD.to_le_bytes();
             if len < PREAMBLE as u64
                 || !len.is_multiple_of(8)
-                || len > size / 4
+                || (!pad && len > size / 4)
                 || pos + len > size
                 || tail + len > head
             {
                 error = Some(RingError::Record { len, at: tail });
                 break;
             }
+            if pad {
+                if run < tail {
+                    release(run, tail);
+                }
+                // Only the preamble: the body was never written (or, after an escape, holds
+                // records the producer wrote later, which this reader reads in their turn).
+                self.u32_at(data + 4).store(0, Ordering::Relaxed);
+                self.u32_at(data).store(0, Ordering::Relaxed);
+                tail += len;
+                run = tail;
+                continue;
+            }
             record.clear();
             record.extend_from_slice(&(len as u32).to_le_bytes());
-            let kind_aux = self.u32_at(data + 4).load(Ordering::Relaxed);
             record.extend_from_slice(&kind_aux.to_ne_bytes());
             for i in 1..len as usize / 8 {
                 let word = self.u64_at(data + 8 * i).load(Ordering::Relaxed);
                 record.extend_from_slice(&word.to_ne_bytes());
             }
-            if u16::from_le_bytes([record[4], record[5]]) != KIND_PAD {
-                sink(&record);
-            }
+            sink(&record);
             // Zero the record, length word last, so a producer that reuses these bytes never
             // sees a stale non-zero length.
             self.u32_at(data + 4).store(0, Ordering::Relaxed);
@@ -256,22 +272,50 @@ impl RingReader {
             }
             self.u32_at(data).store(0, Ordering::Relaxed);
             tail += len;
+            moved += len;
+        }
+        if run < tail {
+            release(run, tail);
         }
         if tail > start {
-            release(start, tail);
             self.tail.set(tail);
             self.u64_at(offset_of!(RingHeader, tail))
                 .store(tail, Ordering::Release);
         }
         match error {
             Some(e) => Err(e),
-            None => Ok((tail - start) as usize),
+            None => Ok(moved as usize),
         }
     }
 
     /// [`RingReader::drain_then`] with nothing to release.
     pub fn drain(&self, sink: impl FnMut(&[u8])) -> Result<usize, RingError> {
         self.drain_then(sink, |_, _| {})
+    }
+}
+
+/// The whole pages of `page` bytes that a consumed run of records (ring positions `from..to`,
+/// as `RingReader::drain_then` reports them) lets the reader give back to the kernel, as
+/// `give(offset, len)` calls in data-area offsets. The first `keep` bytes (the short laps'
+/// window, [`crate::ring::window`]) stay: the producer comes back to them at once, and a fault
+/// on a page given back costs more than its memory saves.
+pub fn pages_to_give_back(
+    size: u64,
+    keep: u64,
+    page: u64,
+    from: u64,
+    to: u64,
+    mut give: impl FnMut(u64, u64),
+) {
+    let (mut at, end) = (from.div_ceil(page) * page, to / page * page);
+    while at < end {
+        let offset = at & (size - 1);
+        let len = (end - at).min(size - offset);
+        let first = offset.max(keep);
+        if first < offset + len {
+            give(first, offset + len - first);
+        }
+        at += len;
     }
 }
 
@@ -324,7 +368,7 @@ mod tests {
 
     #[test]
     fn impossible_heads_are_errors() {
-        for head in [u64::MAX, SIZE as u64 + 8, 1 << 40] {
+        for head in [u64::MAX, 2 * SIZE as u64 + 8, 1 << 40] {
             let mut s = Scribbled::new();
             let reader = s.reader();
             s.poke_u64(offset_of!(RingHeader, head), head);
@@ -346,6 +390,35 @@ mod tests {
             let r = reader.drain(|b| seen.push(decode(b).unwrap().0));
             assert!(matches!(r, Err(RingError::Record { .. })), "{len}: {r:?}");
             assert_eq!(seen, [Record::Free { addr: 1 }], "what came before is kept");
+        }
+    }
+
+    #[test]
+    fn a_pad_of_any_length_is_read_but_not_past_the_data_or_the_head() {
+        for (len, ok) in [
+            (SIZE as u32 - 16, true),
+            (SIZE as u32 - 8, false),
+            (48, false),
+        ] {
+            let mut s = Scribbled::new();
+            let mut ring = s.ring();
+            free(&mut ring, 1);
+            free(&mut ring, 2);
+            let reader = s.reader();
+            // The second record made a PAD (kind 0): from offset 16 to `len` bytes on.
+            s.poke_u32(HEADER_SIZE + 16, len);
+            s.poke_u32(HEADER_SIZE + 20, 0);
+            if ok {
+                s.poke_u64(offset_of!(RingHeader, head), SIZE as u64);
+            }
+            let mut seen = Vec::new();
+            let r = reader.drain(|b| seen.push(decode(b).unwrap().0));
+            assert_eq!(seen, [Record::Free { addr: 1 }], "{len}");
+            if ok {
+                assert_eq!(r, Ok(16), "the PAD is consumed, not counted");
+            } else {
+                assert!(matches!(r, Err(RingError::Record { .. })), "{len}: {r:?}");
+            }
         }
     }
 

@@ -285,20 +285,19 @@ impl RingMem {
         &self.fd
     }
 
-    /// Gives the whole pages of a drained range (ring positions `from..to`) back to the kernel,
-    /// so the ring's memory, shared with the target, stays resident only while it holds data.
-    /// Called before the range is handed back to the producers, so nothing written after it is
-    /// lost; the next write there faults in a fresh zero page.
+    /// Gives the whole pages of a drained run of records (ring positions `from..to`) back to
+    /// the kernel, so the ring's memory, shared with the target, stays resident only while it
+    /// holds data; except the short laps' window, which the agent writes again at once (see
+    /// `mprof_common::ring`). Called before the range is handed back to the producers, so
+    /// nothing written after it is lost; the next write there faults in a fresh zero page.
     pub fn release(&self, from: u64, to: u64) {
-        const PAGE: u64 = 4096;
-        let size = (self.len - ring::HEADER_SIZE) as u64;
-        let (mut at, end) = (from.div_ceil(PAGE) * PAGE, to / PAGE * PAGE);
-        while at < end {
-            let offset = at % size;
-            let len = (end - at).min(size - offset);
+        let size = self.data_size() as u64;
+        let keep = ring::window(self.data_size()) as u64;
+        ring_reader::pages_to_give_back(size, keep, 4096, from, to, |offset, len| {
             // SAFETY: `self.fd` is the ring's memory file, open as long as `self`; the hole
-            // lies in the data area (`offset + len <= size`), which only ever holds records, and
-            // the pages stay mapped (reading them gives zeroes). Failure only keeps them resident.
+            // lies in the data area (`offset + len <= size`), in records the reader consumed,
+            // and the pages stay mapped (reading them gives zeroes). Failure only keeps them
+            // resident.
             unsafe {
                 libc::fallocate(
                     self.fd.as_raw_fd(),
@@ -307,8 +306,7 @@ impl RingMem {
                     len as libc::off_t,
                 );
             }
-            at += len;
-        }
+        });
     }
 
     /// The reader's view of the ring.
