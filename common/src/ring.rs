@@ -291,14 +291,27 @@ impl Ring {
         // consumed are zeroed before it lets us reuse them).
         let head = h.head.load(Ordering::Relaxed);
         let tail = h.tail.load(Ordering::Acquire);
-        let Some(place) = self.place(head, tail, len) else {
-            self.header().dropped.fetch_add(1, Ordering::Relaxed);
-            return false;
+        let pos = head & (size - 1);
+        // The common case, inline: no lap's PAD pending, room before the window's end.
+        let start = if self.lap_pad.is_none()
+            && pos + len <= self.window
+            && (head + len).wrapping_sub(tail) <= size
+        {
+            head
+        } else {
+            match self.place(head, tail, len) {
+                Some(Place { pad, start }) => {
+                    if let Some((at, pad)) = pad {
+                        self.publish(at, pad, KIND_PAD, 0);
+                    }
+                    start
+                }
+                None => {
+                    self.header().dropped.fetch_add(1, Ordering::Relaxed);
+                    return false;
+                }
+            }
         };
-        if let Some((at, pad)) = place.pad {
-            self.publish(at, pad, KIND_PAD, 0);
-        }
-        let start = place.start;
         // SAFETY: `start` is at a record boundary with `len` bytes to the end of the data
         // area (`place` made sure of it), and those bytes are free: the reader is behind.
         let body = unsafe {
@@ -312,6 +325,7 @@ impl Ring {
 
     /// Where a record of `len` bytes goes with the reader at `tail`, or `None` if it would
     /// overwrite unread data.
+    #[inline(never)]
     fn place(&mut self, head: u64, tail: u64, len: u64) -> Option<Place> {
         let size = self.size;
         let pos = head & (size - 1);
