@@ -340,6 +340,73 @@ fn a_target_killed_mid_run_leaves_a_readable_capture() {
     }
 }
 
+/// At `--rate 1` the agent writes in the ring's window while the reader keeps up, and on into
+/// the rest of the ring when it falls behind (see `mprof_common::ring`'s short laps). A reader
+/// stopped (SIGSTOP) for 300 ms out of every 600, at whatever point of a lap, while the program
+/// writes some 50 MB/s of records: the ring holds what comes meanwhile, nothing is dropped, and
+/// the live bytes are exact. One interpreter (3.11 if present): the ring is the same whichever
+/// Python writes into it.
+#[test]
+fn a_reader_stopped_again_and_again_at_rate_1_loses_nothing() {
+    let py = common::main_python(&pythons());
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("c.mprof");
+    let truth_file = dir.path().join("truth.json");
+    let child = mprof()
+        .args(["record", "-q", "--rate", "1", "-o"])
+        .arg(&capture)
+        .arg("--")
+        .arg(&py.path)
+        .arg(script("stalled_reader.py"))
+        .arg(&truth_file)
+        .spawn()
+        .unwrap();
+    let mut guard = ChildGuard(child);
+    let mprof_pid = guard.0.id();
+    let started = Instant::now();
+    let mut stops = 0;
+    let status = loop {
+        if let Some(status) = guard.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed() < LIMIT, "{}: record hangs", py.label);
+        common::procs::signal(mprof_pid, libc::SIGSTOP);
+        std::thread::sleep(Duration::from_millis(300));
+        common::procs::signal(mprof_pid, libc::SIGCONT);
+        stops += 1;
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert!(status.success(), "{}: record failed ({status})", py.label);
+    assert!(
+        stops >= 3,
+        "{}: only {stops} stops: the run was too short",
+        py.label
+    );
+    let report = report_json(
+        &capture,
+        &["--view", "live", "--by", "function", "--top", "0"],
+    );
+    assert_eq!(report["dropped"], 0, "{}: {stops} stops", py.label);
+    let want = truth(&truth_file)["kept"];
+    let got = by_function(&report);
+    let live = num(&got["kept"], "live_bytes");
+    assert!(
+        (live - want).abs() / want < 0.01,
+        "{}: kept live {live} vs truth {want}",
+        py.label
+    );
+    let churn = &got["churn"];
+    assert!(
+        num(churn, "alloc_bytes") >= 400.0 * 2_000.0 * 1000.0,
+        "{churn}"
+    );
+    assert!(num(churn, "live_bytes") < 50_000.0, "{churn}");
+    eprintln!(
+        "{}: {stops} stops of the reader, nothing dropped, live bytes exact",
+        py.label
+    );
+}
+
 fn fails_with(cmd: &mut Command, needle: &str) {
     let out = run_with_timeout(cmd, LIMIT);
     let err = String::from_utf8_lossy(&out.stderr);
