@@ -236,7 +236,7 @@ pub unsafe fn line_of(api: &Api, l: &PyLayout, code: *mut c_void, offset: i32) -
 
 /// What identifies a code object's announcement: its address and the strings it names. If an
 /// address is reused by another code object, one of these differs and it is announced again.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
 pub struct CodeKey {
     pub code: usize,
     pub name: usize,
@@ -258,6 +258,19 @@ pub unsafe fn code_key(l: &PyLayout, code: *const c_void) -> CodeKey {
         name: read(code, name_off),
         filename: read(code, l.code_filename),
     }
+}
+
+/// The key of the code object frame `f` runs, or the default key (no code object's) if it
+/// runs none (unstarted, or 3.13's other executables).
+///
+/// # Safety
+/// `f` must be a live frame of the calling thread.
+pub unsafe fn live_code_key(api: &Api, l: &PyLayout, f: *const c_void) -> CodeKey {
+    let code: *const c_void = read(f, l.frame_code);
+    if code.is_null() || read::<*mut c_void>(code, l.object_type) != api.code_type {
+        return CodeKey::default();
+    }
+    code_key(l, code)
 }
 
 /// The first line of a code object.

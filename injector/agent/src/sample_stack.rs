@@ -125,22 +125,40 @@ impl Announcer<'_> {
         for i in same..n {
             // SAFETY: `innermost` wrote the first `n - same`.
             let f = changed[n - 1 - i].assume_init() as *const c_void;
-            match frames::code_and_offset(self.api, self.layout, f) {
-                Found::Skip => {}
-                Found::Unstarted => cacheable = false,
-                Found::Broken => return Ok(None),
-                Found::Code(code, offset) => {
-                    depth += 1;
-                    if depth as usize > self.max_depth {
-                        return Ok(None);
+            let (at, outer) = (ats[i], if i == 0 { 0 } else { ats[i - 1] });
+            let parent = Cached { node, depth };
+            let live_key = || frames::live_code_key(self.api, self.layout, f);
+            let recalled = match at {
+                UNCOMPARABLE => None,
+                _ => chain.recall(at, outer, parent, live_key),
+            };
+            if let Some(made) = recalled {
+                if made.depth as usize > self.max_depth {
+                    return Ok(None);
+                }
+                Cached { node, depth } = made;
+            } else {
+                match frames::code_and_offset(self.api, self.layout, f) {
+                    Found::Skip => {}
+                    Found::Unstarted => cacheable = false,
+                    Found::Broken => return Ok(None),
+                    Found::Code(code, offset) => {
+                        depth += 1;
+                        if depth as usize > self.max_depth {
+                            return Ok(None);
+                        }
+                        let entry = frames::is_entry(self.layout, f);
+                        let raw = RawFrame {
+                            code,
+                            offset,
+                            entry,
+                        };
+                        node = self.node_of(node, raw)?;
+                        if at != UNCOMPARABLE {
+                            let key = frames::code_key(self.layout, code);
+                            chain.remember(at, outer, key, parent, Cached { node, depth });
+                        }
                     }
-                    let entry = frames::is_entry(self.layout, f);
-                    let raw = RawFrame {
-                        code,
-                        offset,
-                        entry,
-                    };
-                    node = self.node_of(node, raw)?;
                 }
             }
             if cacheable {

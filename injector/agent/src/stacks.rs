@@ -31,7 +31,7 @@ struct Slot {
 }
 
 /// What a thread's previous sample made of a frame of its chain.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
 pub struct Cached {
     /// The node of this frame (0 if it is skipped and no frame outside it is a node).
     pub node: u32,
@@ -49,6 +49,65 @@ pub struct ThreadChain {
     pub len: usize,
     pub ats: [usize; LINK_CAP],
     pub made: [Cached; LINK_CAP],
+    /// Frames this thread ran lately that changed between samples (a loop's allocation
+    /// sites), most recent last; see [`ThreadChain::recall`].
+    recent: [Recent; RECENT],
+    recent_next: usize,
+}
+
+/// Changed frames a thread remembers.
+const RECENT: usize = 4;
+
+/// A frame a thread ran: its `at` and its code, the `at` of the link outside it (0 for the
+/// outermost) and what the frames outside it made, then what it made on top of them.
+#[derive(Clone, Copy, Default)]
+struct Recent {
+    at: usize,
+    outer: usize,
+    code: CodeKey,
+    parent: Cached,
+    made: Cached,
+}
+
+impl ThreadChain {
+    /// What a frame made last time it ran `at`, with the link outside it at `outer` and the
+    /// frames outside it making `parent`, if it ran the same code object (`code`, read from
+    /// the live frame: an address reused by another code object differs in its key). The same
+    /// `at` and the same link outside it say the same instruction and the same entry mark
+    /// (from 3.12 the link outside an entry frame is a C-stack shim, whose `at` is the
+    /// shim's); on top of the same parent that is the same node.
+    pub fn recall(
+        &self,
+        at: usize,
+        outer: usize,
+        parent: Cached,
+        code: impl FnOnce() -> CodeKey,
+    ) -> Option<Cached> {
+        let r = self
+            .recent
+            .iter()
+            .find(|r| r.at == at && r.outer == outer && r.parent == parent)?;
+        (r.code == code()).then_some(r.made)
+    }
+
+    /// Remembers what a frame made (see [`ThreadChain::recall`]), in place of the oldest.
+    pub fn remember(
+        &mut self,
+        at: usize,
+        outer: usize,
+        code: CodeKey,
+        parent: Cached,
+        made: Cached,
+    ) {
+        self.recent[self.recent_next % RECENT] = Recent {
+            at,
+            outer,
+            code,
+            parent,
+            made,
+        };
+        self.recent_next = self.recent_next.wrapping_add(1);
+    }
 }
 
 /// Slots of the frame cache.
@@ -278,6 +337,8 @@ impl Stacks {
             chain.tid = tid;
             chain.generation = self.generation;
             chain.len = 0;
+            // `at` 0 is no frame's.
+            chain.recent = [Recent::default(); RECENT];
         }
         Some(chain)
     }
@@ -337,6 +398,47 @@ mod tests {
         s.chain_of(5).unwrap().len = 3;
         s.reset();
         assert_eq!(s.chain_of(5).unwrap().len, 0);
+        s.release();
+    }
+
+    #[test]
+    fn a_recent_frame_is_recalled_only_where_it_ran_and_until_a_reset() {
+        let mut s = Stacks::new();
+        let code = CodeKey {
+            code: 0x1000,
+            name: 0x2000,
+            filename: 0x3000,
+        };
+        let parent = Cached { node: 7, depth: 2 };
+        let made = Cached { node: 9, depth: 3 };
+        let chain = s.chain_of(5).unwrap();
+        chain.remember(0x1040, 0x5000, code, parent, made);
+        assert!(chain.recall(0x1040, 0x5000, parent, || code) == Some(made));
+        // Another instruction, another link outside it (a C-stack shim: the entry mark), other
+        // frames outside it, or another code object at the same address: not that frame.
+        assert!(chain.recall(0x1042, 0x5000, parent, || code).is_none());
+        assert!(chain.recall(0x1040, 0x5008, parent, || code).is_none());
+        let other_parent = Cached { node: 8, depth: 2 };
+        assert!(chain
+            .recall(0x1040, 0x5000, other_parent, || code)
+            .is_none());
+        let reused = CodeKey {
+            name: 0x2100,
+            ..code
+        };
+        assert!(chain.recall(0x1040, 0x5000, parent, || reused).is_none());
+        // The oldest goes first once more frames than it keeps ran.
+        for i in 1..=RECENT {
+            chain.remember(0x1040 + 2 * i, 0x5000, code, parent, made);
+        }
+        assert!(chain.recall(0x1040, 0x5000, parent, || code).is_none());
+        assert!(chain.recall(0x1042, 0x5000, parent, || code) == Some(made));
+        s.reset();
+        assert!(s
+            .chain_of(5)
+            .unwrap()
+            .recall(0x1042, 0x5000, parent, || code)
+            .is_none());
         s.release();
     }
 }
