@@ -140,9 +140,7 @@ mod tests {
         use std::os::unix::fs::FileTypeExt;
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo");
-        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY: mkfifo reads a NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        crate::testing::make_fifo(&fifo);
         let socket = dir.path().join("socket");
         let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
         let mut special = vec![(fifo, "FIFO"), (socket, "socket")];

@@ -136,3 +136,15 @@ impl CaptureBuilder {
         path
     }
 }
+
+/// Makes a FIFO at `path` (mode 0600), for tests of what refuses to read or write one.
+pub fn make_fifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo reads a NUL-terminated path, `c`, alive for the call.
+    assert_eq!(
+        unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
+        0,
+        "{}",
+        path.display()
+    );
+}

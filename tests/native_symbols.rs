@@ -261,9 +261,7 @@ fn hostile_module_records_and_files_are_warnings_not_crashes() {
     .unwrap();
     let real = std::fs::read(std::env::current_exe().unwrap()).unwrap();
     std::fs::write(d.join("cut.so"), &real[..real.len().min(4096)]).unwrap();
-    let fifo = std::ffi::CString::new(d.join("fifo.so").to_str().unwrap()).unwrap();
-    // SAFETY: `fifo` is a NUL-ended string alive for the call, which only reads it.
-    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    mprof::testing::make_fifo(&d.join("fifo.so"));
     std::fs::create_dir(d.join("dir.so")).unwrap();
     let paths = [
         d.join("junk.so"),

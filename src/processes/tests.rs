@@ -170,9 +170,7 @@ fn hostile_entries_are_skipped_with_one_line_each() {
     std::fs::write(d.join("302.mprof"), cut).unwrap();
     std::fs::write(d.join("notes.txt"), b"x").unwrap();
     std::fs::create_dir(d.join("303.mprof")).unwrap();
-    let fifo = std::ffi::CString::new(d.join("304.mprof").as_os_str().as_bytes()).unwrap();
-    // SAFETY: `fifo` is a NUL-ended string alive for the call; mkfifo only reads it.
-    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    crate::testing::make_fifo(&d.join("304.mprof"));
     let (p, warnings) = Profile::read(&root).unwrap();
     let all = warnings.join("\n");
     assert!(all.contains("1 symlink(s) skipped, not followed"), "{all}");

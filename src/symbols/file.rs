@@ -120,9 +120,7 @@ mod tests {
     fn devices_fifos_and_directories_are_refused_without_blocking() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo");
-        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY: mkfifo with a NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        crate::testing::make_fifo(&fifo);
         for path in [
             fifo.as_path(),
             Path::new("/dev/zero"),
