@@ -141,10 +141,6 @@ impl CaptureBuilder {
 pub fn make_fifo(path: &Path) {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: mkfifo reads a NUL-terminated path, `c`, alive for the call.
-    assert_eq!(
-        unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
-        0,
-        "{}",
-        path.display()
-    );
+    let made = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    assert_eq!(made, 0, "{}", path.display());
 }

@@ -7,7 +7,10 @@
 
 mod common;
 
-use common::procs::{attach_once, attached_ms, signal, touch, wait_file, Attach, Target, LIMIT};
+use common::procs::{
+    attach_once, attached_ms, attached_workload, signal, touch, wait_file, Attach,
+    AttachedWorkload, Target, LIMIT,
+};
 use common::{by_function, main_python, mprof, pythons, report_json, run_with_timeout, script};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -19,18 +22,12 @@ const SIGTERM: i32 = 15;
 #[test]
 fn attach_to_a_running_workload_on_every_version() {
     for py in pythons() {
-        let dir = common::tempdir();
-        let capture = dir.path().join("c.mprof");
-        let target = Target::python(
-            &py.path,
-            "attach_workload.py",
-            &[dir.path().to_str().unwrap()],
-        );
-        let mut attach = Attach::start(
-            target.pid,
-            &["--rate", "1", "-o", capture.to_str().unwrap()],
-        );
-        attach.attached();
+        let AttachedWorkload {
+            target,
+            attach,
+            capture,
+            dir,
+        } = attached_workload(&py.path);
         touch(dir.path(), "go");
         wait_file(&dir.path().join("allocated"), LIMIT);
         attach.detach();

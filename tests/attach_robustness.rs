@@ -8,7 +8,8 @@
 mod common;
 
 use common::procs::{
-    as_nobody, attach_once, attached_ms, is_root, signal, touch, wait_file, Attach, Target, LIMIT,
+    as_nobody, attach_once, attached_ms, attached_workload, is_root, signal, touch, wait_file,
+    Attach, AttachedWorkload, Target, LIMIT,
 };
 use common::{
     by_function, main_python, pythons, report_json, run_with_timeout, script, ChildGuard, Python,
@@ -177,18 +178,12 @@ fn attaches_under_cpu_contention_all_find_a_safe_point() {
 #[test]
 fn sigkilled_mprof_leaves_the_target_running() {
     for py in pythons() {
-        let dir = common::tempdir();
-        let capture = dir.path().join("c.mprof");
-        let target = Target::python(
-            &py.path,
-            "attach_workload.py",
-            &[dir.path().to_str().unwrap()],
-        );
-        let mut attach = Attach::start(
-            target.pid,
-            &["--rate", "1", "-o", capture.to_str().unwrap()],
-        );
-        attach.attached();
+        let AttachedWorkload {
+            target,
+            attach,
+            dir,
+            ..
+        } = attached_workload(&py.path);
         assert!(target.maps().contains("mprof-ring"));
         signal(attach.guard.0.id(), SIGKILL);
         let killed = Instant::now();

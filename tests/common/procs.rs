@@ -112,6 +112,33 @@ impl Target {
     }
 }
 
+/// `attach_workload.py` running under `py` (it waits for files in `dir`), with `mprof attach
+/// --rate 1` attached to it and writing `capture` in `dir`. Fields drop in order: the
+/// processes are killed before the directory goes.
+pub struct AttachedWorkload {
+    pub target: Target,
+    pub attach: Attach,
+    pub capture: std::path::PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+pub fn attached_workload(py: &Path) -> AttachedWorkload {
+    let dir = super::tempdir();
+    let capture = dir.path().join("c.mprof");
+    let target = Target::python(py, "attach_workload.py", &[dir.path().to_str().unwrap()]);
+    let mut attach = Attach::start(
+        target.pid,
+        &["--rate", "1", "-o", capture.to_str().unwrap()],
+    );
+    attach.attached();
+    AttachedWorkload {
+        target,
+        attach,
+        capture,
+        dir,
+    }
+}
+
 /// A running `mprof attach`, its stderr read line by line.
 pub struct Attach {
     pub guard: ChildGuard,
