@@ -61,7 +61,7 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 pub const RING_MAGIC: [u8; 8] = *b"MPROFRNG";
 /// Ring layout version; bumped on any change to `RingHeader` or to the records the agent
 /// writes (3: interned stacks; 4: `maps_wanted` and `maps_read`; 5: CONTEXT and BRIEF; 6: short
-/// laps, PADs of any length, `head` up to two sizes ahead). The
+/// laps, PADs of any length, `head` up to two sizes ahead, `pad_bytes`). The
 /// agent refuses a ring of another version (`Ring::attach`), and so does the CLI a ring a
 /// followed child hands over (`RingReader::check_format`): old and new never read each other's
 /// headers.
@@ -130,7 +130,12 @@ pub struct RingHeader {
     /// seeing that value and wrote the MODULE records into the capture. The agent waits
     /// (bounded) for it to catch up before the process ends.
     pub maps_read: AtomicU32,
-    _pad0: [u8; 512 - 484],
+    _pad_a: u32,
+    /// Bytes of PAD records the producer has written, all told: how much of `head - tail` is
+    /// padding, not records (right after a short lap, most of it). Only for the reader's
+    /// [`crate::ring_reader::RingReader::fill`].
+    pub pad_bytes: AtomicU64,
+    _pad0: [u8; 512 - 496],
     pub head: AtomicU64,
     _pad1: [u8; 56],
     pub tail: AtomicU64,
@@ -303,6 +308,8 @@ impl Ring {
                 Some(Place { pad, start }) => {
                     if let Some((at, pad)) = pad {
                         self.publish(at, pad, KIND_PAD, 0);
+                        let padded = &self.header().pad_bytes;
+                        padded.store(padded.load(Ordering::Relaxed) + pad, Ordering::Relaxed);
                     }
                     start
                 }
@@ -710,7 +717,13 @@ mod tests {
             assert!(laps.write());
             let end = laps.head() & (LAP_SIZE as u64 - 1);
             assert!(end <= LAP_WINDOW, "record {i} ends at {end}");
-            // At most 96 bytes unread: under half the window.
+            // Two records (96 bytes) at most are unread, under half the window; a lap's PAD,
+            // unread too, does not count as full.
+            let unread = laps.reader.fill() * LAP_SIZE as f64;
+            assert!(
+                unread <= 96.0,
+                "record {i}: fill says {unread} bytes unread"
+            );
             if i % 2 == 1 {
                 laps.drain();
             }

@@ -62,6 +62,8 @@ pub struct RingReader {
     base: *mut u8,
     data_size: u64,
     tail: Cell<u64>,
+    /// Bytes of PAD records consumed so far (see `RingHeader::pad_bytes`).
+    pads_read: Cell<u64>,
     record: RefCell<Vec<u8>>,
 }
 
@@ -78,6 +80,7 @@ impl RingReader {
             base,
             data_size: data_size as u64,
             tail: Cell::new(0),
+            pads_read: Cell::new(0),
             record: RefCell::new(Vec::with_capacity(4096)),
         }
     }
@@ -190,13 +193,21 @@ impl RingReader {
         String::from_utf8_lossy(&bytes[..end]).into_owned()
     }
 
-    /// How full the ring is, from 0 to 1 (clamped: the producer's `head` is not trusted). Right
-    /// after a short lap it reads full until this reader passes the lap's PAD.
+    /// How full the ring is with records, from 0 to 1: unread positions less the unread PADs'
+    /// (right after a short lap, a PAD takes most of the ring's positions and holds nothing).
+    /// Clamped: the producer's `head` and `pad_bytes` are not trusted.
     pub fn fill(&self) -> f64 {
         let head = self
             .u64_at(offset_of!(RingHeader, head))
             .load(Ordering::Acquire);
-        let used = head.saturating_sub(self.tail.get()).min(self.data_size);
+        let pads = self
+            .u64_at(offset_of!(RingHeader, pad_bytes))
+            .load(Ordering::Relaxed);
+        let unread_pads = pads.saturating_sub(self.pads_read.get());
+        let used = head
+            .saturating_sub(self.tail.get())
+            .saturating_sub(unread_pads)
+            .min(self.data_size);
         used as f64 / self.data_size as f64
     }
 
@@ -224,6 +235,7 @@ impl RingReader {
         let mut tail = start;
         let mut run = start;
         let mut moved = 0;
+        let mut pads = 0;
         let mut error = None;
         let mut record = self.record.borrow_mut();
         while tail < head && moved < size / 4 {
@@ -254,6 +266,7 @@ impl RingReader {
                 self.u32_at(data).store(0, Ordering::Relaxed);
                 tail += len;
                 run = tail;
+                pads += len;
                 continue;
             }
             record.clear();
@@ -278,6 +291,7 @@ impl RingReader {
             release(run, tail);
         }
         if tail > start {
+            self.pads_read.set(self.pads_read.get() + pads);
             self.tail.set(tail);
             self.u64_at(offset_of!(RingHeader, tail))
                 .store(tail, Ordering::Release);
