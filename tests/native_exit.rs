@@ -210,33 +210,53 @@ fn reap(pid: u32, limit: Duration) -> Option<i32> {
 
 /// mprof stopped as the program reaches its exit, then SIGKILLed while the program waits for
 /// the map to be read: the program still exits within the agent's bound, with its own status.
+/// The program waits only while mprof's last heartbeat is under 250 ms old, and finalization
+/// at `--rate 1 --native` can take most of that on a loaded machine: a run in which it reached
+/// its exit too late to wait is run again (it must still exit, with its status), up to
+/// `TRIES` runs, of which one must have been killed during the wait.
 #[test]
 fn a_killed_mprof_never_holds_the_target_at_its_exit() {
+    const TRIES: usize = 6;
     become_subreaper();
     with_the_extension(|py, dir, _| {
-        let capture = dir.join("k.mprof");
-        let (mut target, mprof_pid) = start_waiting_workload(py, dir, &capture);
-        let stopped = stop_mprof_at_the_exit(&target, mprof_pid, dir);
-        while !napping(target.pid) && stopped.elapsed() < SILENT {
-            std::thread::sleep(Duration::from_millis(1));
+        for attempt in 1..=TRIES {
+            let capture = dir.join(format!("k{attempt}.mprof"));
+            for name in ["go", "leave"] {
+                let _ = std::fs::remove_file(dir.join(name));
+            }
+            let (mut target, mprof_pid) = start_waiting_workload(py, dir, &capture);
+            let stopped = stop_mprof_at_the_exit(&target, mprof_pid, dir);
+            while !napping(target.pid) && stopped.elapsed() < SILENT {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let waited = napping(target.pid);
+            signal(mprof_pid, SIGKILL);
+            let killed = Instant::now();
+            target.guard.0.wait().unwrap();
+            let status = reap(target.pid, Duration::from_secs(10));
+            let took = killed.elapsed();
+            assert_eq!(
+                status.map(|s| (libc::WIFEXITED(s), libc::WEXITSTATUS(s))),
+                Some((true, STATUS)),
+                "{}: the program's status after its mprof was killed",
+                py.label
+            );
+            assert!(took < BOUND, "{}: exited {took:?} after the kill", py.label);
+            if waited {
+                eprintln!(
+                    "{}: mprof killed while the program waited (run {attempt}): it exited \
+                     {took:?} later, status {STATUS}",
+                    py.label
+                );
+                return;
+            }
+            eprintln!(
+                "{}: run {attempt} reached its exit after mprof's heartbeat was stale (no \
+                 wait); exited {took:?} after the kill, status {STATUS}",
+                py.label
+            );
         }
-        assert!(napping(target.pid), "{}: no wait at the exit", py.label);
-        signal(mprof_pid, SIGKILL);
-        let killed = Instant::now();
-        target.guard.0.wait().unwrap();
-        let status = reap(target.pid, Duration::from_secs(10));
-        let took = killed.elapsed();
-        assert_eq!(
-            status.map(|s| (libc::WIFEXITED(s), libc::WEXITSTATUS(s))),
-            Some((true, STATUS)),
-            "{}: the program's status after its mprof was killed",
-            py.label
-        );
-        assert!(took < BOUND, "{}: exited {took:?} after the kill", py.label);
-        eprintln!(
-            "{}: mprof killed while the program waited: it exited {took:?} later, status {STATUS}",
-            py.label
-        );
+        panic!("{}: no wait at the exit in {TRIES} runs", py.label);
     });
 }
 
