@@ -35,6 +35,27 @@ fn record(py: &Python, capture: &Path, extra: &[&str], args: &[&str]) -> Output 
     out
 }
 
+/// `mprof record -q -o CAPTURE EXTRA... -- PYTHON SCRIPT ARG`, started and not waited for.
+fn spawn_record(
+    py: &Python,
+    capture: &Path,
+    extra: &[&str],
+    script_name: &str,
+    arg: &Path,
+) -> ChildGuard {
+    let child = mprof()
+        .args(["record", "-q", "-o"])
+        .arg(capture)
+        .args(extra)
+        .arg("--")
+        .arg(&py.path)
+        .arg(script(script_name))
+        .arg(arg)
+        .spawn()
+        .unwrap();
+    ChildGuard(child)
+}
+
 fn truth(path: &Path) -> HashMap<String, f64> {
     let v: HashMap<String, f64> =
         serde_json::from_str(&std::fs::read_to_string(path).expect("truth file")).unwrap();
@@ -249,16 +270,7 @@ fn sigint_to_mprof_is_forwarded_to_the_child() {
     let dir = tempfile::tempdir().unwrap();
     let capture = dir.path().join("c.mprof");
     let ready = dir.path().join("ready");
-    let child = mprof()
-        .args(["record", "-q", "-o"])
-        .arg(&capture)
-        .arg("--")
-        .arg(&py.path)
-        .arg(script("killed.py"))
-        .arg(&ready)
-        .spawn()
-        .unwrap();
-    let mut guard = ChildGuard(child);
+    let mut guard = spawn_record(&py, &capture, &[], "killed.py", &ready);
     wait_for_file(&ready);
     common::procs::signal(guard.0.id(), 2);
     let status = wait_deadline(&mut guard, Duration::from_secs(30));
@@ -298,16 +310,7 @@ fn a_target_killed_mid_run_leaves_a_readable_capture() {
         let dir = tempfile::tempdir().unwrap();
         let capture = dir.path().join("c.mprof");
         let pidfile = dir.path().join("pid");
-        let child = mprof()
-            .args(["record", "-q", "-o"])
-            .arg(&capture)
-            .args(["--rate", "1", "--"])
-            .arg(&py.path)
-            .arg(script("killed.py"))
-            .arg(&pidfile)
-            .spawn()
-            .unwrap();
-        let mut guard = ChildGuard(child);
+        let mut guard = spawn_record(&py, &capture, &["--rate", "1"], "killed.py", &pidfile);
         wait_for_file(&pidfile);
         std::thread::sleep(Duration::from_millis(300));
         let pid: u32 = std::fs::read_to_string(&pidfile)
@@ -352,16 +355,13 @@ fn a_reader_stopped_again_and_again_at_rate_1_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let capture = dir.path().join("c.mprof");
     let truth_file = dir.path().join("truth.json");
-    let child = mprof()
-        .args(["record", "-q", "--rate", "1", "-o"])
-        .arg(&capture)
-        .arg("--")
-        .arg(&py.path)
-        .arg(script("stalled_reader.py"))
-        .arg(&truth_file)
-        .spawn()
-        .unwrap();
-    let mut guard = ChildGuard(child);
+    let mut guard = spawn_record(
+        &py,
+        &capture,
+        &["--rate", "1"],
+        "stalled_reader.py",
+        &truth_file,
+    );
     let mprof_pid = guard.0.id();
     let started = Instant::now();
     let mut stops = 0;

@@ -176,8 +176,8 @@ pub struct Ring {
     size: u64,
     /// The short laps' extent ([`window`]).
     window: u64,
-    /// The last short lap's PAD: its position, and where the lap after it starts.
-    lap_pad: Option<(u64, u64)>,
+    /// The position of the last short lap's PAD, while the reader has not passed it.
+    lap_pad: Option<u64>,
 }
 
 /// Where a record goes: an optional PAD first (position, length), then the record's position.
@@ -297,22 +297,15 @@ impl Ring {
         let head = h.head.load(Ordering::Relaxed);
         let tail = h.tail.load(Ordering::Acquire);
         let pos = head & (size - 1);
-        // The common case, inline: no lap's PAD pending, room before the window's end.
-        let start = if self.lap_pad.is_none()
-            && pos + len <= self.window
-            && (head + len).wrapping_sub(tail) <= size
-        {
+        // The common case, inline: room before the window's end, and 8 bytes more than the
+        // record (what `place` keeps for an escape's PAD in the lap after a short one, so this
+        // holds whether or not the reader has passed that lap's PAD; after an escape `head` is
+        // more than a size ahead and this fails).
+        let start = if pos + len <= self.window && (head + len + 8).wrapping_sub(tail) <= size {
             head
         } else {
-            match self.place(head, tail, len) {
-                Some(Place { pad, start }) => {
-                    if let Some((at, pad)) = pad {
-                        self.publish(at, pad, KIND_PAD, 0);
-                        let padded = &self.header().pad_bytes;
-                        padded.store(padded.load(Ordering::Relaxed) + pad, Ordering::Relaxed);
-                    }
-                    start
-                }
+            match self.place_padded(head, tail, len) {
+                Some(start) => start,
                 None => {
                     self.header().dropped.fetch_add(1, Ordering::Relaxed);
                     return false;
@@ -330,14 +323,28 @@ impl Ring {
         true
     }
 
+    /// [`Ring::place`], with the PAD it asks for written and counted: where the record goes.
+    /// Out of line, so that the common write stays small.
+    #[inline(never)]
+    fn place_padded(&mut self, head: u64, tail: u64, len: u64) -> Option<u64> {
+        let Place { pad, start } = self.place(head, tail, len)?;
+        if let Some((at, pad)) = pad {
+            self.publish(at, pad, KIND_PAD, 0);
+            let padded = &self.header().pad_bytes;
+            padded.store(padded.load(Ordering::Relaxed) + pad, Ordering::Relaxed);
+        }
+        Some(start)
+    }
+
     /// Where a record of `len` bytes goes with the reader at `tail`, or `None` if it would
     /// overwrite unread data.
-    #[inline(never)]
     fn place(&mut self, head: u64, tail: u64, len: u64) -> Option<Place> {
         let size = self.size;
         let pos = head & (size - 1);
         let lap_start = head - pos;
-        if let Some((pad_at, next_lap)) = self.lap_pad {
+        if let Some(pad_at) = self.lap_pad {
+            // The PAD runs to the end of the data area; `head` is in the lap after it.
+            let next_lap = (pad_at | (size - 1)) + 1;
             if tail > pad_at {
                 // The reader passed the PAD: every position it took is free again.
                 self.lap_pad = None;
@@ -348,7 +355,7 @@ impl Ring {
                     pad: None,
                     start: head,
                 });
-            } else if head >= next_lap {
+            } else {
                 // In the lap after the PAD: keep room for the escape's PAD.
                 if (head + len + 8).wrapping_sub(tail) <= size {
                     return Some(Place {
@@ -372,7 +379,7 @@ impl Ring {
             && head.wrapping_sub(tail) <= window / 2
             && (next_lap + len).wrapping_sub(tail) <= size
         {
-            self.lap_pad = Some((head, next_lap));
+            self.lap_pad = Some(head);
             return Some(Place {
                 pad: Some((head, next_lap - head)),
                 start: next_lap,

@@ -375,6 +375,16 @@ mod tests {
         }
     }
 
+    /// A ring holding two FREE records (addresses 1 and 2, 16 bytes each), and its reader.
+    fn two_frees() -> (Scribbled, RingReader) {
+        let mut s = Scribbled::new();
+        let mut ring = s.ring();
+        free(&mut ring, 1);
+        free(&mut ring, 2);
+        let reader = s.reader();
+        (s, reader)
+    }
+
     fn free(ring: &mut Ring, addr: u64) {
         assert!(ring.try_write(KIND_FREE, 0, 8, |b| b[..8]
             .copy_from_slice(&addr.to_le_bytes())));
@@ -393,11 +403,7 @@ mod tests {
     #[test]
     fn impossible_lengths_are_errors_and_nothing_is_read_past_the_data() {
         for len in [1u32, 7, 12, 2048, 4096, 8192, u32::MAX] {
-            let mut s = Scribbled::new();
-            let mut ring = s.ring();
-            free(&mut ring, 1);
-            free(&mut ring, 2);
-            let reader = s.reader();
+            let (mut s, reader) = two_frees();
             // The second record's length word claims more than is there.
             s.poke_u32(HEADER_SIZE + 16, len);
             let mut seen = Vec::new();
@@ -414,11 +420,7 @@ mod tests {
             (SIZE as u32 - 8, false),
             (48, false),
         ] {
-            let mut s = Scribbled::new();
-            let mut ring = s.ring();
-            free(&mut ring, 1);
-            free(&mut ring, 2);
-            let reader = s.reader();
+            let (mut s, reader) = two_frees();
             // The second record made a PAD (kind 0): from offset 16 to `len` bytes on.
             s.poke_u32(HEADER_SIZE + 16, len);
             s.poke_u32(HEADER_SIZE + 20, 0);

@@ -43,8 +43,7 @@ pub unsafe fn code_and_offset(api: &Api, l: &PyLayout, f: *const c_void) -> Foun
     if code.is_null() {
         return Found::Unstarted;
     }
-    let is_code = read::<*mut c_void>(code, l.object_type) == api.code_type;
-    if !is_code {
+    if !is_code(api, l, code) {
         // 3.13's f_executable may hold other objects; before, f_code is always a code object.
         return if l.minor >= 13 {
             Found::Skip
@@ -267,10 +266,18 @@ pub unsafe fn code_key(l: &PyLayout, code: *const c_void) -> CodeKey {
 /// `f` must be a live frame of the calling thread.
 pub unsafe fn live_code_key(api: &Api, l: &PyLayout, f: *const c_void) -> CodeKey {
     let code: *const c_void = read(f, l.frame_code);
-    if code.is_null() || read::<*mut c_void>(code, l.object_type) != api.code_type {
+    if code.is_null() || !is_code(api, l, code) {
         return CodeKey::default();
     }
     code_key(l, code)
+}
+
+/// Whether the live object `obj` (a frame's code or executable) is a code object.
+///
+/// # Safety
+/// `obj` must be a live object.
+unsafe fn is_code(api: &Api, l: &PyLayout, obj: *const c_void) -> bool {
+    read::<*mut c_void>(obj, l.object_type) == api.code_type
 }
 
 /// The first line of a code object.
