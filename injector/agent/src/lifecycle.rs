@@ -10,7 +10,7 @@
 //! on every `fork()`, and would be one more thing to stop). A session ends when:
 //! - the reader asks (ring state STOP_REQUESTED): the next sampled event sees it, or, for a
 //!   target that allocates nothing, mprof injects a call to `mprof_agent_stop`;
-//! - the reader stops beating (mprof died): the next sampled event sees it, and a new attach
+//! - the reader stops beating (mprof died): the next sampled allocation sees it, and a new attach
 //!   that finds the old session orphaned takes it over;
 //! - the interpreter starts finalizing (record mode): the next sampled event;
 //! - the process exits with native stacks on (`exit()`, the agent's destructor: [`at_exit`]).
@@ -363,19 +363,26 @@ pub fn before_unload() {
     s.native_samples_mapped = s.native_samples;
 }
 
-/// Why the session should end now, if it should: the reader asked for a detach, its heartbeat
-/// is older than `timeout_ns`, or the interpreter is finalizing.
-pub fn stop_reason(s: &Session, api: &Api) -> Option<EndReason> {
-    stop_reason_at(s, api, now_ns())
-}
-
-/// [`stop_reason`] with the time already read (`now`, from `now_ns`).
+/// Why the session should end now (`now`, from `now_ns`), if it should: the reader asked for a
+/// detach, its heartbeat is older than `READER_TIMEOUT_NS`, or the interpreter is finalizing.
 pub fn stop_reason_at(s: &Session, api: &Api, now: u64) -> Option<EndReason> {
     let m = s.mapped.as_ref()?;
     if python::finalizing(api) {
         return Some(EndReason::Finalizing);
     }
     reader_stopped_at(m.ring.header(), READER_TIMEOUT_NS, now)
+}
+
+/// [`stop_reason_at`] without the clock: the interpreter is finalizing (the blocks live then
+/// are what the program left: their frees must not be recorded) or the reader asked for a
+/// detach. A reader gone silent is left to the next sampled allocation.
+pub fn must_end(s: &Session, api: &Api) -> Option<EndReason> {
+    let m = s.mapped.as_ref()?;
+    if python::finalizing(api) {
+        return Some(EndReason::Finalizing);
+    }
+    let asked = m.ring.header().state.load(Ordering::Acquire) == STATE_STOP_REQUESTED;
+    asked.then_some(EndReason::Detached)
 }
 
 fn reader_stopped(h: &RingHeader, timeout_ns: u64) -> Option<EndReason> {

@@ -153,14 +153,27 @@ unsafe fn chain(
     out: &mut [MaybeUninit<usize>],
     at: impl Fn(*const c_void) -> usize,
 ) -> (usize, bool) {
+    // Four links a round while four slots are left: a deep chain is most of a sample's walk.
+    // `room`: the slots not written yet, at the start of `out`.
     let end = out.len();
-    let mut n = 0;
-    while !f.is_null() && n < end {
-        out.get_unchecked_mut(end - 1 - n).write(at(f));
-        n += 1;
+    let out = out.as_mut_ptr();
+    let mut room = end;
+    while room >= 4 {
+        for k in 1..=4 {
+            if f.is_null() {
+                return (end - room + k - 1, true);
+            }
+            (*out.add(room - k)).write(at(f));
+            f = read(f, back);
+        }
+        room -= 4;
+    }
+    while room > 0 && !f.is_null() {
+        room -= 1;
+        (*out.add(room)).write(at(f));
         f = read(f, back);
     }
-    (n, f.is_null())
+    (end - room, f.is_null())
 }
 
 /// Fills `out` with the addresses of the calling thread's innermost `out.len()` frames,
@@ -321,4 +334,59 @@ pub unsafe fn read_str(l: &PyLayout, s: *const c_void, buf: &mut [u8]) -> usize 
         n += ch.encode_utf8(&mut buf[n..]).len();
     }
     n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A chain of `links` frames of two words each (the `at`, then the link outside it), walked
+    /// into `room` slots, against the plain one-at-a-time walk.
+    #[test]
+    fn the_chain_walk_keeps_the_innermost_links_whatever_the_room() {
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        struct Frame {
+            at: usize,
+            outer: *mut Frame,
+        }
+        for links in 0..11usize {
+            let mut frames = vec![
+                Frame {
+                    at: 0,
+                    outer: std::ptr::null_mut()
+                };
+                links
+            ];
+            // Every link from one base pointer: the frames are not reborrowed after.
+            let base = frames.as_mut_ptr();
+            for i in (0..links).rev() {
+                // SAFETY: `i` and `i + 1` (when a frame) are inside `frames`.
+                unsafe {
+                    let outer = if i + 1 < links {
+                        base.add(i + 1)
+                    } else {
+                        std::ptr::null_mut()
+                    };
+                    base.add(i).write(Frame { at: 100 + i, outer });
+                }
+            }
+            let top = if links == 0 { std::ptr::null() } else { base };
+            let top = top.cast::<c_void>();
+            for room in 0..11usize {
+                let mut out = vec![MaybeUninit::<usize>::uninit(); room];
+                // SAFETY: the frames above, whose second word links outward (0 ends).
+                let (n, whole) = unsafe { chain(top, 8, &mut out, |f| read(f, 0)) };
+                assert_eq!(n, links.min(room), "{links} links in {room} slots");
+                assert_eq!(whole, links <= room, "{links} links in {room} slots");
+                // SAFETY: `chain` wrote the last `n`, outermost first.
+                let got: Vec<usize> = out[room - n..]
+                    .iter()
+                    .map(|w| unsafe { w.assume_init() })
+                    .collect();
+                let want: Vec<usize> = (0..n).rev().map(|i| 100 + i).collect();
+                assert_eq!(got, want, "{links} links in {room} slots");
+            }
+        }
+    }
 }

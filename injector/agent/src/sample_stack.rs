@@ -18,21 +18,18 @@ use std::ffi::c_void;
 use std::mem::MaybeUninit;
 
 /// How many frames, outermost first, run what they ran before: `now` and `before` are both
-/// outermost first (see `pyframes::ats`). Four at a time: a deep chain is mostly unchanged.
+/// outermost first (see `pyframes::ats`). Eight at a time: a deep chain is mostly unchanged.
 #[inline]
 fn unchanged(now: &[usize], before: &[usize]) -> usize {
     let n = now.len().min(before.len());
     let (now, before) = (&now[..n], &before[..n]);
     let mut i = 0;
-    while i + 4 <= n {
-        let differ = (now[i] ^ before[i])
-            | (now[i + 1] ^ before[i + 1])
-            | (now[i + 2] ^ before[i + 2])
-            | (now[i + 3] ^ before[i + 3]);
+    while i + 8 <= n {
+        let differ = (0..8).fold(0, |d, k| d | (now[i + k] ^ before[i + k]));
         if differ != 0 {
             break;
         }
-        i += 4;
+        i += 8;
     }
     while i < n && now[i] == before[i] {
         i += 1;
@@ -307,5 +304,31 @@ impl Announcer<'_> {
             line,
         });
         line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unchanged;
+
+    /// Every length of either chain and every first difference, against a plain count.
+    #[test]
+    fn unchanged_counts_the_outermost_frames_that_agree() {
+        for len_now in 0..20usize {
+            for len_before in 0..20usize {
+                for differ_at in 0..=len_now.min(len_before) {
+                    let now: Vec<usize> = (0..len_now).map(|i| 10 + i).collect();
+                    let mut before: Vec<usize> = (0..len_before).map(|i| 10 + i).collect();
+                    if let Some(b) = before.get_mut(differ_at) {
+                        if differ_at < len_now {
+                            *b = 1;
+                        }
+                    }
+                    let want = now.iter().zip(&before).take_while(|(a, b)| a == b).count();
+                    assert_eq!(want, differ_at.min(len_now).min(len_before));
+                    assert_eq!(unchanged(&now, &before), want);
+                }
+            }
+        }
     }
 }
