@@ -43,6 +43,8 @@ fn main() {
         // Native stacks (`--native`) unwind through the agent's own frames first.
         "-C",
         "force-unwind-tables=yes",
+        "-C",
+        "codegen-units=1",
     ];
     let mut args = vec![
         "--edition=2021",
@@ -72,6 +74,8 @@ fn main() {
         args.extend(["-C", linker]);
     }
     args.extend([
+        "-C",
+        "lto=fat",
         "-C",
         "link-arg=-Wl,-z,nodelete",
         "-L",
