@@ -363,8 +363,9 @@ pub fn before_unload() {
     s.native_samples_mapped = s.native_samples;
 }
 
-/// Why the session should end now (`now`, from `now_ns`), if it should: the reader asked for a
-/// detach, its heartbeat is older than `READER_TIMEOUT_NS`, or the interpreter is finalizing.
+/// Why the session should end now (`now`, from `now_ns`), if it should: the interpreter is
+/// finalizing, the reader asked for a detach, or its heartbeat is older than
+/// `READER_TIMEOUT_NS`.
 pub fn stop_reason_at(s: &Session, api: &Api, now: u64) -> Option<EndReason> {
     let m = s.mapped.as_ref()?;
     if python::finalizing(api) {
@@ -381,18 +382,23 @@ pub fn must_end(s: &Session, api: &Api) -> Option<EndReason> {
     if python::finalizing(api) {
         return Some(EndReason::Finalizing);
     }
-    let asked = m.ring.header().state.load(Ordering::Acquire) == STATE_STOP_REQUESTED;
-    asked.then_some(EndReason::Detached)
+    detach_asked(m.ring.header())
 }
 
 fn reader_stopped(h: &RingHeader, timeout_ns: u64) -> Option<EndReason> {
     reader_stopped_at(h, timeout_ns, now_ns())
 }
 
+/// Whether the reader asked for a detach or stopped beating for longer than `timeout_ns`.
 fn reader_stopped_at(h: &RingHeader, timeout_ns: u64, now: u64) -> Option<EndReason> {
-    if h.state.load(Ordering::Acquire) == STATE_STOP_REQUESTED {
-        return Some(EndReason::Detached);
-    }
+    detach_asked(h).or_else(|| reader_gone_at(h, timeout_ns, now))
+}
+
+fn detach_asked(h: &RingHeader) -> Option<EndReason> {
+    (h.state.load(Ordering::Acquire) == STATE_STOP_REQUESTED).then_some(EndReason::Detached)
+}
+
+fn reader_gone_at(h: &RingHeader, timeout_ns: u64, now: u64) -> Option<EndReason> {
     let beat = h.reader_heartbeat_ns.load(Ordering::Acquire);
     (beat != 0 && now.saturating_sub(beat) > timeout_ns).then_some(EndReason::ReaderGone)
 }

@@ -341,7 +341,7 @@ mod tests {
     use super::*;
 
     /// A chain of `links` frames of two words each (the `at`, then the link outside it), walked
-    /// into `room` slots, against the plain one-at-a-time walk.
+    /// into `room` slots: the innermost `room` links, outermost first, and whether that was all.
     #[test]
     fn the_chain_walk_keeps_the_innermost_links_whatever_the_room() {
         #[repr(C)]
