@@ -35,7 +35,13 @@ fn record_survives_a_target_that_scribbles_on_its_ring() {
     for (py, mode) in runs {
         let dir = workdir();
         let capture = dir.path().join("c.mprof");
-        let rate = if mode == "header" { "16KiB" } else { "1GiB" };
+        // "state" samples often, so that the session's end (which the agent's stop writes to
+        // the same word) comes after the scribble: the damage must stay visible all the same.
+        let rate = if matches!(mode, "header" | "state") {
+            "16KiB"
+        } else {
+            "1GiB"
+        };
         let out = run_with_timeout(
             mprof()
                 .args(["record", "--rate", rate, "-o"])

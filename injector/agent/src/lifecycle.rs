@@ -308,10 +308,16 @@ pub fn stop_locked(s: &mut Session, reason: EndReason) {
     m.ring.try_write(KIND_END, reason as u16, 8, |b| {
         b[..8].copy_from_slice(&now_ns().to_le_bytes())
     });
-    m.ring
-        .header()
-        .state
-        .store(STATE_STOPPED, Ordering::Release);
+    // Only a session the word still shows as running becomes stopped: any other value is
+    // something the program wrote there, and it stays for mprof to see as damage.
+    let state = &m.ring.header().state;
+    for running in [STATE_ACTIVE, STATE_STOP_REQUESTED] {
+        let stopped =
+            state.compare_exchange(running, STATE_STOPPED, Ordering::AcqRel, Ordering::Acquire);
+        if stopped.is_ok() {
+            break;
+        }
+    }
     match request {
         Some(n) => {
             if let Some((old, _)) = s.leaving.replace((m, n)) {
