@@ -42,12 +42,17 @@ fn summary_set(slot: usize) {
 }
 
 /// Counter `slot` went to zero: the bit clears if its neighbours are zero too.
+/// Only under the agent lock, which every writer of `FILTER` holds.
 fn summary_clear(slot: usize) {
     let first = slot / PER_BIT * PER_BIT;
-    if FILTER[first..first + PER_BIT]
-        .iter()
-        .all(|c| c.load(Ordering::Relaxed) == 0)
-    {
+    let group = FILTER[first..first + PER_BIT]
+        .as_ptr()
+        .cast::<[u8; PER_BIT]>();
+    // SAFETY: the 16 counters are in bounds; the caller holds the lock, so nothing writes
+    // them meanwhile, and a plain read beside other threads' atomic loads is no race. One
+    // 16-byte read, where 16 atomic byte loads cost about 40 instructions a removal.
+    let counters = unsafe { group.read() };
+    if u128::from_ne_bytes(counters) == 0 {
         let (word, mask) = summary_bit(slot);
         let w = &SUMMARY[word];
         w.store(w.load(Ordering::Relaxed) & !mask, Ordering::Relaxed);
