@@ -1,6 +1,7 @@
 //! The agent's life in the target: it adds no thread (so Python 3.12+ does not warn at
 //! `fork()`), survives the program taking its hooks out of the allocator chain, serves many
-//! sessions in a row, and an orphaned session (mprof killed) is taken over by the next attach.
+//! sessions in a row, an orphaned session (mprof killed) is taken over by the next attach, and
+//! `record`'s audit hook does not stay in the interpreter's list after start-up.
 
 mod common;
 
@@ -459,6 +460,38 @@ fn every_allocator_setting_is_profiled() {
             "{}: every PYTHONMALLOC value and -X dev profiled exactly",
             py.label
         );
+    }
+}
+
+/// Under `record` the agent's audit hook (which puts its allocator hooks back after the
+/// interpreter's start-up) leaves the interpreter's list of audit hooks once it has served:
+/// while any hook is listed, every audit event builds its arguments. The program itself finds
+/// no hook of the agent's in that list (`audit_hooks.py` reads `_PyRuntime`), and its own audit
+/// hook still gets its events. With the removal disabled the script counts 1 on every version.
+#[test]
+fn record_leaves_no_audit_hook_behind() {
+    for py in pythons() {
+        let dir = common::tempdir();
+        let out = run_with_timeout(
+            mprof()
+                .args(["record", "-q", "-o"])
+                .arg(dir.path().join("c.mprof"))
+                .arg("--")
+                .arg(&py.path)
+                .arg(script("audit_hooks.py")),
+            LIMIT,
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}: {} {stdout} {}",
+            py.label,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for line in ["agent code mapped True", "agent hooks 0", "events ok"] {
+            assert!(stdout.lines().any(|l| l == line), "{}: {stdout}", py.label);
+        }
     }
 }
 

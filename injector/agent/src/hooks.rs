@@ -188,6 +188,11 @@ pub mod escape {
     /// The RAW allocator that made it (leaked: it must outlive every call).
     static MAKER: AtomicPtr<Allocator> = AtomicPtr::new(std::ptr::null_mut());
 
+    /// The block's address, 0 if none (or freed).
+    pub fn block() -> usize {
+        BLOCK.load(Ordering::Relaxed)
+    }
+
     #[inline(always)]
     pub fn owns(ptr: *mut c_void) -> bool {
         ptr as usize == BLOCK.load(Ordering::Relaxed) && !ptr.is_null()

@@ -212,13 +212,15 @@ fn env_text(name: &CStr) -> Option<String> {
 /// allocators while it initialises (`PYTHONMALLOC`, `-X dev`). An audit hook (PEP 578; it may
 /// be added before the interpreter exists and survives its initialisation) gets the first
 /// event after start-up (`import`, `cpython.run_file`...), with the GIL held: the agent then
-/// puts its hooks back if they were replaced. Later events cost one load.
+/// puts its hooks back if they were replaced, and takes the audit hook out of the
+/// interpreter's list (`leave_audit_hooks`).
 ///
 /// The interpreter keeps the hook in a block it allocates now, with the allocator of this
 /// moment, and frees at exit with the allocator of that moment; a debug allocator
 /// (`PYTHONMALLOC=debug`, `-X dev`) would then find no header and abort the program. So the
 /// block is allocated through `escape::capture_raw`, which remembers it, and the RAW hooks free
-/// it with the allocator that made it.
+/// it with the allocator that made it (when the hook could not be taken out of the list; once
+/// out, the block is never freed).
 fn watch_allocator_setup() {
     let Some(api) = python::api() else { return };
     let Some(add) = api.add_audit_hook else {
@@ -243,8 +245,47 @@ unsafe extern "C" fn first_audit_event(
 ) -> c_int {
     if !AUDITED.swap(true, Ordering::AcqRel) {
         lifecycle::reinstall_if_replaced();
+        // SAFETY: an audit event runs with the GIL held, which every reader and writer of the
+        // interpreter's list of audit hooks holds too.
+        unsafe { leave_audit_hooks() };
     }
     0
+}
+
+/// Takes the agent's audit hook out of the interpreter's list once it has served. While any
+/// hook is in that list the interpreter builds every audit event's arguments (a tuple) to
+/// pass them on: about 140 instructions an event, 0.1% of a tornado server's work.
+///
+/// There is no API to remove a hook, so the list's head is found in `_PyRuntime`: the one word
+/// there that holds the address of the hook's entry (`_Py_AuditHookEntry`: next, function,
+/// data; the block `escape::capture_raw` saw made), which is replaced with the entry's `next`.
+/// The entry stays allocated: an event being raised now goes on to `next` from it. If the word
+/// is not found exactly once, or the entry does not name this hook, the hook stays.
+///
+/// # Safety
+/// With the GIL held, from inside the agent's own audit hook.
+unsafe fn leave_audit_hooks() {
+    let entry = hooks::escape::block();
+    if entry == 0 || !entry.is_multiple_of(std::mem::align_of::<usize>()) {
+        return;
+    }
+    let fields = entry as *const usize;
+    if *fields.add(1) != first_audit_event as python::AuditHook as usize {
+        return;
+    }
+    let Some((start, len)) = sys::symbol_extent(c"_PyRuntime") else {
+        return;
+    };
+    if !start.is_multiple_of(std::mem::align_of::<usize>()) {
+        return;
+    }
+    // Word by word, volatile: other threads change parts of `_PyRuntime` without the GIL.
+    let words = start as *mut usize;
+    let mut found =
+        (0..len / std::mem::size_of::<usize>()).filter(|&i| words.add(i).read_volatile() == entry);
+    if let (Some(i), None) = (found.next(), found.next()) {
+        words.add(i).write_volatile(*fields);
+    }
 }
 
 #[used]

@@ -68,6 +68,50 @@ pub struct Msghdr {
     pub flags: c_int,
 }
 
+/// `Dl_info`.
+#[repr(C)]
+pub struct DlInfo {
+    pub fname: *const c_char,
+    pub fbase: *mut c_void,
+    pub sname: *const c_char,
+    pub saddr: *mut c_void,
+}
+
+/// `Elf64_Sym`.
+#[repr(C)]
+pub struct ElfSym {
+    pub name: u32,
+    pub info: u8,
+    pub other: u8,
+    pub shndx: u16,
+    pub value: u64,
+    pub size: u64,
+}
+
+/// `dladdr1`'s flag asking for the symbol's table entry.
+const RTLD_DL_SYMENT: c_int = 1;
+
+/// Where a data symbol of the process lives and how many bytes it spans, by its dynamic
+/// symbol table entry.
+pub fn symbol_extent(name: &std::ffi::CStr) -> Option<(usize, usize)> {
+    // SAFETY: dlsym with a NUL-terminated name; dladdr1 writes `info` and, with
+    // RTLD_DL_SYMENT, a pointer to the loader's own copy of the symbol entry into `sym`.
+    unsafe {
+        let at = dlsym(RTLD_DEFAULT, name.as_ptr());
+        if at.is_null() {
+            return None;
+        }
+        let mut info = std::mem::MaybeUninit::<DlInfo>::uninit();
+        let mut sym: *mut c_void = std::ptr::null_mut();
+        if dladdr1(at, info.as_mut_ptr(), &mut sym, RTLD_DL_SYMENT) == 0 || sym.is_null() {
+            return None;
+        }
+        let sym = &*(sym as *const ElfSym);
+        // The entry found must be the symbol itself, not one before it that it lies in.
+        (info.assume_init().saddr == at).then_some((at as usize, sym.size as usize))
+    }
+}
+
 extern "C" {
     pub fn socket(domain: c_int, kind: c_int, protocol: c_int) -> c_int;
     pub fn connect(fd: c_int, addr: *const SockaddrUn, len: u32) -> c_int;
@@ -78,6 +122,12 @@ extern "C" {
     pub fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
     pub fn dlopen(name: *const c_char, flags: c_int) -> *mut c_void;
     pub fn dlclose(handle: *mut c_void) -> c_int;
+    pub fn dladdr1(
+        addr: *const c_void,
+        info: *mut DlInfo,
+        extra: *mut *mut c_void,
+        flags: c_int,
+    ) -> c_int;
     pub fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int;
     pub fn sysconf(name: c_int) -> c_long;
     pub fn malloc(size: usize) -> *mut c_void;
