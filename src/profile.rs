@@ -30,6 +30,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 /// The reader's memory may reach this many times the capture's size, plus [`MEMORY_FIXED`].
+/// Packed records (`capture::pack`) count at the size of the records they stand for
+/// ([`crate::capture::expansion`]).
 pub const MEMORY_PER_BYTE: usize = 4;
 /// The fixed part of the reader's memory allowance (buffers, one record of up to 4 MiB).
 pub const MEMORY_FIXED: usize = 64 << 20;

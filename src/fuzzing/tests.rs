@@ -1,6 +1,7 @@
 //! The bounded fuzz run that CI does, and crafted worst cases.
 
 use super::*;
+use crate::capture::pack::{Packer, KIND_PACKED};
 use mprof_common::record::{
     encode, Frame, Module, ModuleRange, NativeStack, Record, KIND_ALLOC, KIND_CODE, PREAMBLE,
 };
@@ -54,6 +55,10 @@ fn generated(rng: &mut Rng) -> Vec<u8> {
     // Interned stacks: ids defined so far (a SAMPLE may also name one never defined).
     let mut nodes = 0u32;
     for _ in 0..rng.below(400) {
+        if rng.below(12) == 0 {
+            bytes.extend_from_slice(&packed(rng, codes, &mut nodes));
+            continue;
+        }
         if rng.below(4) == 0 {
             bytes.extend_from_slice(&interned(rng, codes, &mut nodes));
             continue;
@@ -209,6 +214,30 @@ fn interned(rng: &mut Rng, codes: u64, nodes: &mut u32) -> Vec<u8> {
     }
 }
 
+/// A PACKED record (see `capture::pack`) of a run of BRIEF and FREE records as `interned`
+/// makes them (the other kinds it makes are left out), or now and then of random bytes.
+fn packed(rng: &mut Rng, codes: u64, nodes: &mut u32) -> Vec<u8> {
+    if rng.below(8) == 0 {
+        let body: Vec<u8> = (0..rng.below(64)).map(|_| rng.next() as u8).collect();
+        let mut out = ((PREAMBLE + body.len()) as u32).to_le_bytes().to_vec();
+        out.extend_from_slice(&KIND_PACKED.to_le_bytes());
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&body);
+        return out;
+    }
+    let mut packer = Packer::default();
+    for _ in 0..1 + rng.below(80) {
+        let record = match rng.below(3) {
+            0 => encode(&Record::Free {
+                addr: rng.below(64) as u64,
+            }),
+            _ => interned(rng, codes, nodes),
+        };
+        packer.add(&record);
+    }
+    packer.take().unwrap_or_default()
+}
+
 /// Offsets of the records in a capture, as far as they parse.
 fn record_starts(bytes: &[u8]) -> Vec<usize> {
     let mut at = 16;
@@ -296,8 +325,9 @@ fn mutate(bytes: &mut Vec<u8>, rng: &mut Rng) {
                         KIND_SAMPLE,
                         KIND_CONTEXT,
                         KIND_BRIEF,
+                        KIND_PACKED,
                         0xffff,
-                    ][rng.below(7)];
+                    ][rng.below(8)];
                     bytes[at + 4..at + 6].copy_from_slice(&kind.to_le_bytes());
                 }
                 2 => bytes[at + 6..at + 8].copy_from_slice(&(v as u16).to_le_bytes()),
@@ -544,6 +574,60 @@ fn dense_crafted_captures_are_refused_within_the_memory_bound() {
 
 /// A capture rewritten in place between the reader's two passes is an error, not a panic
 /// (the pass over it sees other records than the first pass did).
+/// A packed `--rate 1` capture whose blocks all stay live: its memory allowance is that of
+/// the same records unpacked (a multiple of the file's own size would refuse it, since a
+/// packed sample takes a few bytes of the file and its live block far more of the reader).
+/// 240,000 blocks: the reader holds about 110 bytes a live block, so from about 205,000 the
+/// packed file's own allowance is short, and up to about 277,000 the unpacked one is enough.
+#[test]
+fn a_packed_capture_of_live_blocks_reads_within_its_unpacked_allowance() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("packed.mprof");
+    let mut bytes = header();
+    let code = Record::Code {
+        code: 0x1000,
+        firstline: 1,
+        filename: "a.py".into(),
+        name: "f".into(),
+    };
+    bytes.extend_from_slice(&encode(&code));
+    let node = Node {
+        parent: 0,
+        code: 0x1000,
+        line: 2,
+        entry: false,
+    };
+    bytes.extend_from_slice(&encode_stack(1, &node));
+    bytes.extend_from_slice(&encode_context(1, 1));
+    let (mut packer, mut unpacked) = (Packer::default(), bytes.len());
+    let aux = brief_aux(1, 0).unwrap();
+    for i in 0..240_000u64 {
+        let brief = encode_brief(0x7f00_0000_0000 + 32 * i, 32, 1, aux);
+        unpacked += brief.len();
+        packer.add(&brief).unwrap();
+        if packer.len() >= crate::capture::pack::PACK_TARGET {
+            bytes.extend_from_slice(&packer.take().unwrap());
+        }
+    }
+    bytes.extend_from_slice(&packer.take().unwrap());
+    let cost = check_some(&bytes, &path, false);
+    assert!(cost.loaded, "{} bytes, {unpacked} unpacked", bytes.len());
+    assert!(cost.peak_memory <= memory_bound(unpacked));
+    // The allowance the packed file's own size gives (a third of the bound, see
+    // `profile::build`) is not enough.
+    assert!(
+        cost.peak_memory > memory_bound(bytes.len()) / 3,
+        "the packed file alone would have allowed it: {} bytes of memory for {} of file",
+        cost.peak_memory,
+        bytes.len()
+    );
+    eprintln!(
+        "packed: {} bytes of file ({unpacked} unpacked) took {} bytes to read",
+        bytes.len(),
+        cost.peak_memory
+    );
+}
+
 #[test]
 fn a_capture_that_changes_between_passes_is_corrupt() {
     let records = |n: u64| {

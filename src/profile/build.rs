@@ -26,6 +26,8 @@ fn memory_limit(size: u64) -> usize {
 pub(crate) struct Budget {
     limit: Option<(usize, u64)>,
     base: isize,
+    /// [`crate::capture::expansion`] when the budget was made.
+    unpacked: u64,
 }
 
 impl Budget {
@@ -34,6 +36,7 @@ impl Budget {
         Budget {
             limit: size.map(|size| (memory_limit(size), size)),
             base: crate::memory::in_use(),
+            unpacked: crate::capture::expansion(),
         }
     }
 
@@ -45,14 +48,16 @@ impl Budget {
     /// [`Budget::check`], not counting `apart` bytes the reader holds for something else than
     /// the capture (debug information of files on this machine, for native frames).
     pub(crate) fn check_apart(&self, apart: isize) -> Result<(), LoadError> {
-        match self.limit {
-            Some((limit, size))
-                if crate::memory::in_use() - self.base - apart.max(0) > limit as isize =>
-            {
-                Err(LoadError::TooDense { size, limit })
-            }
-            _ => Ok(()),
+        let Some((_, size)) = self.limit else {
+            return Ok(());
+        };
+        // Packed records read so far count at the size of what they stand for (over both
+        // passes, so up to twice that in the second).
+        let limit = memory_limit(size + (crate::capture::expansion() - self.unpacked));
+        if crate::memory::in_use() - self.base - apart.max(0) > limit as isize {
+            return Err(LoadError::TooDense { size, limit });
         }
+        Ok(())
     }
 }
 

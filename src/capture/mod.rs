@@ -8,7 +8,9 @@
 //! ```
 //! Records are written as they arrive, so a run that dies leaves a file that reads up to the
 //! last flushed record. A truncated or corrupt tail is skipped with a warning. New record kinds
-//! are only ever added, so a reader accepts every older format version.
+//! are only ever added, so a reader accepts every older format version. Runs of samples and
+//! frees (BRIEF and FREE records) are written packed (see [`pack`]): a sample and its free take
+//! about 12 bytes of the file, where the ring holds them in 40.
 
 use crate::output::{self, Access, Pending};
 use anyhow::{bail, Context, Result};
@@ -18,12 +20,28 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
+pub mod pack;
+use pack::{Packer, Unpacker, KIND_PACKED, PACK_TARGET};
+
+thread_local! {
+    static EXPANSION: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many bytes more than their own the packed entries read so far on this thread stand for
+/// (unpacked, as the ring held them). The reader's memory allowance, a multiple of the
+/// capture's size, grows by as much: a packed capture may take what the same records unpacked
+/// could, no more.
+pub fn expansion() -> u64 {
+    EXPANSION.with(|e| e.get())
+}
+
 /// Magic bytes at the start of every capture file.
 pub const MAGIC: &[u8; 8] = b"MPROFCAP";
-/// The format version this build writes. 3: most samples are BRIEF records after a CONTEXT;
+/// The format version this build writes. 4: BRIEF and FREE records are packed (PACKED records);
+/// 3: most samples are BRIEF records after a CONTEXT;
 /// 2: samples name interned stacks (STACK and SAMPLE records); 1 carried whole stacks in ALLOC
 /// records (all still read).
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 const FILE_HEADER: usize = 16;
 
 /// Writes a capture file as records arrive. The file is created under a temporary name (mode
@@ -33,6 +51,8 @@ pub struct CaptureWriter {
     out: BufWriter<File>,
     pending: Pending,
     written: u64,
+    /// Samples and frees not written yet (see [`pack`]).
+    packer: Packer,
 }
 
 impl CaptureWriter {
@@ -58,6 +78,7 @@ impl CaptureWriter {
             out,
             pending,
             written: FILE_HEADER as u64,
+            packer: Packer::default(),
         })
     }
 
@@ -67,10 +88,33 @@ impl CaptureWriter {
         Ok(self.pending.place()?)
     }
 
-    /// Appends one already-encoded record (as it came out of the ring).
+    /// Appends one already-encoded record (as it came out of the ring). A sample or a free
+    /// joins the packed run; any other record is written after it.
     pub fn write_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        if self.packer.is_empty() {
+            // The PACKED record's preamble, counted when the run starts.
+            if let Some(added) = self.packer.add(bytes) {
+                self.written += (record::PREAMBLE + added) as u64;
+                return Ok(());
+            }
+        } else if let Some(added) = self.packer.add(bytes) {
+            self.written += added as u64;
+            if self.packer.len() >= PACK_TARGET {
+                self.write_packed()?;
+            }
+            return Ok(());
+        }
+        self.write_packed()?;
         self.written += bytes.len() as u64;
         self.out.write_all(bytes).context("writing capture file")
+    }
+
+    /// Writes the packed run gathered so far, if any.
+    fn write_packed(&mut self) -> Result<()> {
+        match self.packer.take() {
+            Some(packed) => self.out.write_all(&packed).context("writing capture file"),
+            None => Ok(()),
+        }
     }
 
     /// Bytes written so far (buffered ones included).
@@ -84,8 +128,16 @@ impl CaptureWriter {
     }
 
     /// Pushes buffered records to the file, so a crash from here on loses nothing before it.
+    /// (Dropping the writer writes the packed run too; the file buffer flushes itself.)
     pub fn flush(&mut self) -> Result<()> {
+        self.write_packed()?;
         self.out.flush().context("writing capture file")
+    }
+}
+
+impl Drop for CaptureWriter {
+    fn drop(&mut self) {
+        let _ = self.write_packed();
     }
 }
 
@@ -211,6 +263,7 @@ impl CaptureFile {
             done: false,
             expander: Expander::new(),
             unresolved: Unresolved::default(),
+            unpacking: None,
         })
     }
 }
@@ -229,6 +282,8 @@ pub struct Records<'a> {
     done: bool,
     expander: Expander,
     unresolved: Unresolved,
+    /// The PACKED record being read back, and where it starts in the file.
+    unpacking: Option<(Unpacker, u64)>,
 }
 
 impl Records<'_> {
@@ -262,6 +317,27 @@ impl Records<'_> {
     /// a stack record that cannot be resolved, as `Record::Unknown`); `None` at the end or at
     /// a damaged tail.
     fn read_one(&mut self) -> Result<Option<Record>> {
+        if let Some((unpacker, pack_at)) = &mut self.unpacking {
+            match unpacker.next_entry() {
+                Some(Ok(entry)) => {
+                    let more = entry.bytes().len().saturating_sub(entry.packed()) as u64;
+                    EXPANSION.with(|e| e.set(e.get() + more));
+                    return match expand(&mut self.expander, &mut self.unresolved, entry.bytes()) {
+                        Ok(r) => Ok(Some(r)),
+                        Err(e) => {
+                            self.pass.warning = Some(tail_warning(&e, *pack_at, self.size));
+                            Ok(None)
+                        }
+                    };
+                }
+                Some(Err(why)) => {
+                    let e = DecodeError::Corrupt(why);
+                    self.pass.warning = Some(tail_warning(&e, *pack_at, self.size));
+                    return Ok(None);
+                }
+                None => self.unpacking = None,
+            }
+        }
         let (at, size) = (self.at, self.size);
         let buf = &mut self.buf;
         buf.resize(record::PREAMBLE, 0);
@@ -300,25 +376,17 @@ impl Records<'_> {
         let got = read_full(&mut self.input, &mut buf[record::PREAMBLE..])?;
         let bytes = &buf[..record::PREAMBLE + got];
         self.digest.add(bytes);
-        let expanded;
-        let bytes = match self.expander.feed(bytes) {
-            Expanded::Pass(bytes) => bytes,
-            Expanded::Alloc(alloc) => {
-                expanded = alloc;
-                &expanded
-            }
-            Expanded::Consumed => {
-                self.at += len as u64;
-                return Ok(Some(Record::Unknown { kind: 0 }));
-            }
-            Expanded::Bad(why) => {
-                self.unresolved.note(why);
-                self.at += len as u64;
-                return Ok(Some(Record::Unknown { kind: 0 }));
-            }
-        };
-        match record::decode(bytes) {
-            Ok((r, _)) => {
+        if got == len - record::PREAMBLE
+            && matches!(record::preamble(bytes), Ok((_, KIND_PACKED, _)))
+        {
+            // Read back entry by entry from the next call on.
+            let body = bytes[record::PREAMBLE..].to_vec();
+            self.unpacking = Some((Unpacker::new(body), at));
+            self.at += len as u64;
+            return Ok(Some(Record::Unknown { kind: 0 }));
+        }
+        match expand(&mut self.expander, &mut self.unresolved, bytes) {
+            Ok(r) => {
                 self.at += len as u64;
                 Ok(Some(r))
             }
@@ -328,6 +396,29 @@ impl Records<'_> {
             }
         }
     }
+}
+
+/// Decodes one whole record through the capture's [`Expander`]: a STACK or CONTEXT record, or a
+/// stack record that cannot be resolved, reads as `Record::Unknown`.
+fn expand(
+    expander: &mut Expander,
+    unresolved: &mut Unresolved,
+    bytes: &[u8],
+) -> Result<Record, DecodeError> {
+    let expanded;
+    let bytes = match expander.feed(bytes) {
+        Expanded::Pass(bytes) => bytes,
+        Expanded::Alloc(alloc) => {
+            expanded = alloc;
+            &expanded
+        }
+        Expanded::Consumed => return Ok(Record::Unknown { kind: 0 }),
+        Expanded::Bad(why) => {
+            unresolved.note(why);
+            return Ok(Record::Unknown { kind: 0 });
+        }
+    };
+    record::decode(bytes).map(|(r, _)| r)
 }
 
 /// Stack records that could not be resolved (see `mprof_common::stacks`): skipped, counted,
@@ -415,6 +506,24 @@ mod tests {
         let mut at = FILE_HEADER;
         while at < bytes.len() {
             match record::decode(&bytes[at..]) {
+                Ok((Record::Unknown { kind: KIND_PACKED }, used)) => {
+                    let mut entries =
+                        Unpacker::new(bytes[at + record::PREAMBLE..at + used].to_vec());
+                    while let Some(entry) = entries.next_entry() {
+                        match entry
+                            .map_err(DecodeError::Corrupt)
+                            .and_then(|e| record::decode(e.bytes()))
+                        {
+                            Ok((Record::Unknown { .. }, _)) => {}
+                            Ok((r, _)) => records.push(r),
+                            Err(e) => {
+                                let warning = Some(tail_warning(&e, at as u64, bytes.len() as u64));
+                                return Ok(Capture { records, warning });
+                            }
+                        }
+                    }
+                    at += used;
+                }
                 Ok((Record::Unknown { .. }, used)) => at += used,
                 Ok((r, used)) => {
                     records.push(r);
@@ -437,7 +546,9 @@ mod tests {
             text: "pid=1\n".into(),
         })
         .unwrap();
-        w.write(&Record::Free { addr: 7 }).unwrap();
+        for addr in [7, 4096, 4112] {
+            w.write(&Record::Free { addr }).unwrap();
+        }
         w.flush().unwrap();
         w.place().unwrap();
         std::fs::read(&path).unwrap()
@@ -446,7 +557,8 @@ mod tests {
     #[test]
     fn a_written_file_reads_back() {
         let c = parse(&sample_file()).unwrap();
-        assert_eq!(c.records.len(), 2);
+        assert_eq!(c.records.len(), 4);
+        assert_eq!(c.records[3], Record::Free { addr: 4112 });
         assert!(c.warning.is_none());
     }
 
@@ -455,7 +567,7 @@ mod tests {
         let bytes = sample_file();
         for cut in 0..bytes.len() {
             match parse(&bytes[..cut]) {
-                Ok(c) => assert!(cut >= FILE_HEADER && c.records.len() <= 2),
+                Ok(c) => assert!(cut >= FILE_HEADER && c.records.len() <= 4),
                 Err(_) => assert!(cut < FILE_HEADER),
             }
         }
@@ -498,5 +610,118 @@ mod tests {
         let c = parse(&bytes).unwrap();
         assert!(c.records.is_empty());
         assert!(c.warning.unwrap().contains("corrupt"));
+    }
+
+    /// Samples and frees written through the writer are packed, and read back as the same
+    /// records as the unpacked stream they came from, whatever else is written between them.
+    #[test]
+    fn packed_samples_read_back_as_written() {
+        use mprof_common::stacks::{encode_brief, encode_context, encode_stack, Node};
+        let dir = tempfile::tempdir().unwrap();
+        let raw: Vec<Vec<u8>> = {
+            let mut raw = vec![
+                record::encode(&Record::Meta {
+                    text: "pid=1\n".into(),
+                }),
+                record::encode(&Record::Code {
+                    code: 0x1000,
+                    firstline: 1,
+                    filename: "a.py".into(),
+                    name: "f".into(),
+                }),
+                encode_stack(
+                    1,
+                    &Node {
+                        parent: 0,
+                        code: 0x1000,
+                        line: 3,
+                        entry: false,
+                    },
+                ),
+                encode_context(9, 1_000),
+            ];
+            for i in 0..5000u64 {
+                raw.push(encode_brief(
+                    0x7f00_0000_0000 + i * 64,
+                    100 + i as u32,
+                    1,
+                    1,
+                ));
+                if i % 3 == 0 {
+                    raw.push(record::encode(&Record::Free {
+                        addr: 0x7f00_0000_0000 + i * 64,
+                    }));
+                }
+                if i % 1000 == 999 {
+                    raw.push(encode_context(9, 1_000 + i));
+                }
+            }
+            raw
+        };
+        let read = |path: &Path| {
+            let mut out = Vec::new();
+            let pass = CaptureFile::open(path)
+                .unwrap()
+                .for_each(|r, _| {
+                    out.push(r);
+                    true
+                })
+                .unwrap();
+            assert!(pass.warning.is_none(), "{:?}", pass.warning);
+            out
+        };
+        let packed = dir.path().join("packed.mprof");
+        let mut w = CaptureWriter::create(&packed).unwrap();
+        for r in &raw {
+            w.write_raw(r).unwrap();
+        }
+        let written = w.written();
+        w.flush().unwrap();
+        w.place().unwrap();
+        drop(w);
+        assert_eq!(std::fs::metadata(&packed).unwrap().len(), written);
+        // The same records, unpacked, in a file of the previous format.
+        let plain = dir.path().join("plain.mprof");
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&3u32.to_le_bytes());
+        bytes.extend_from_slice(&0u32.to_le_bytes());
+        raw.iter().for_each(|r| bytes.extend_from_slice(r));
+        std::fs::write(&plain, &bytes).unwrap();
+        let (packed_records, plain_records) = (read(&packed), read(&plain));
+        assert_eq!(packed_records.len(), 5000 + 1667 + 2);
+        assert_eq!(packed_records, plain_records);
+        assert!(
+            written * 3 < bytes.len() as u64,
+            "{written} of {}",
+            bytes.len()
+        );
+    }
+
+    /// A damaged entry inside a packed run keeps what came before it and says where.
+    #[test]
+    fn a_damaged_packed_run_keeps_what_came_before() {
+        let mut bytes = sample_file();
+        let n = bytes.len();
+        bytes[n - 2] = 0x40; // the last entry's tag: no such tag
+        let c = parse(&bytes).unwrap();
+        assert_eq!(c.records.len(), 3);
+        assert!(
+            c.warning.as_deref().unwrap().contains("corrupt"),
+            "{:?}",
+            c.warning
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.mprof");
+        std::fs::write(&path, &bytes).unwrap();
+        let mut streamed = Vec::new();
+        let pass = CaptureFile::open(&path)
+            .unwrap()
+            .for_each(|r, _| {
+                streamed.push(r);
+                true
+            })
+            .unwrap();
+        assert_eq!(streamed, c.records);
+        assert_eq!(pass.warning, c.warning);
     }
 }
