@@ -32,6 +32,8 @@ gives per workload and configuration:
                  sensitive than wall time to other load on the machine
   peak RSS       VmHWM of the profiled Python process, read by itself at exit
   capture        size of the profiler's output file
+  capture/s      that size over the profiled work's own time (alloc, native: the
+                 in-script time; tornado: the requests at the measured rate)
 
 Standard library only. The tornado workload needs tornado in the interpreter
 under test: python -m pip install -r benches/requirements.txt
@@ -67,7 +69,16 @@ def fmt_bytes(count):
         count /= 1024.0
 
 
-def summarise(workload, config, results, baselines):
+def capture_rate(workload, result, requests):
+    """Capture bytes per second of the profiled work: over the in-script time (alloc, native) or
+    over the requests at the measured rate (tornado: the timed requests and the 500 warm-up)."""
+    if result.capture_bytes is None or not result.value:
+        return None
+    seconds = result.value if workload in TIMED else (requests + 500) / result.value
+    return result.capture_bytes / seconds
+
+
+def summarise(workload, config, results, baselines, requests=0):
     """One table row: a list of cells. baselines: none's (median, best) values."""
     good = [r for r in results if r.error is None]
     failed = len(results) - len(good)
@@ -87,6 +98,8 @@ def summarise(workload, config, results, baselines):
     cells.append(fmt_bytes(statistics.median(rss)) if rss else "-")
     sizes = [r.capture_bytes for r in good if r.capture_bytes is not None]
     cells.append(fmt_bytes(statistics.median(sizes)) if sizes else "-")
+    rates = [x for x in (capture_rate(workload, r, requests) for r in good) if x is not None]
+    cells.append(fmt_bytes(statistics.median(rates)) + "/s" if rates else "-")
     return [workload, name] + cells
 
 
@@ -111,6 +124,7 @@ HEADERS = [
     "CPU",
     "peak RSS",
     "capture",
+    "capture/s",
 ]
 
 
@@ -410,7 +424,7 @@ def main():
     for workload in workloads:
         base = baseline_of(workload, table[workload]["none"])
         for config in configs:
-            rows.append(summarise(workload, config, table[workload][config.name], base))
+            rows.append(summarise(workload, config, table[workload][config.name], base, args.requests))
     print()
     for line in header:
         print(line)
