@@ -91,14 +91,11 @@ impl CaptureWriter {
     /// Appends one already-encoded record (as it came out of the ring). A sample or a free
     /// joins the packed run; any other record is written after it.
     pub fn write_raw(&mut self, bytes: &[u8]) -> Result<()> {
-        if self.packer.is_empty() {
-            // The PACKED record's preamble, counted when the run starts.
-            if let Some(added) = self.packer.add(bytes) {
-                self.written += (record::PREAMBLE + added) as u64;
-                return Ok(());
-            }
-        } else if let Some(added) = self.packer.add(bytes) {
-            self.written += added as u64;
+        let starts_run = self.packer.is_empty();
+        if let Some(added) = self.packer.add(bytes) {
+            // The PACKED record's preamble is counted when its run starts.
+            let preamble = if starts_run { record::PREAMBLE } else { 0 };
+            self.written += (preamble + added) as u64;
             if self.packer.len() >= PACK_TARGET {
                 self.write_packed()?;
             }
@@ -188,15 +185,7 @@ impl CaptureFile {
     /// Opens `path` and notes its size.
     pub fn open(path: &Path) -> Result<CaptureFile> {
         let file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let size = file
-            .metadata()
-            .with_context(|| format!("cannot read {}", path.display()))?
-            .len();
-        Ok(CaptureFile {
-            file,
-            size,
-            path: path.to_path_buf(),
-        })
+        CaptureFile::from_file(file, path)
     }
 
     /// A capture already opened (by `crate::processes`, which opens the files of followed

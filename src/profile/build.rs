@@ -24,7 +24,8 @@ fn memory_limit(size: u64) -> usize {
 
 /// Checks the reader's memory against its allowance (none for records already in memory).
 pub(crate) struct Budget {
-    limit: Option<(usize, u64)>,
+    /// The capture's size, None for no allowance.
+    size: Option<u64>,
     base: isize,
     /// [`crate::capture::expansion`] when the budget was made.
     unpacked: u64,
@@ -34,7 +35,7 @@ impl Budget {
     /// The allowance for a capture of `size` bytes, from what the thread holds now.
     pub(crate) fn new(size: Option<u64>) -> Budget {
         Budget {
-            limit: size.map(|size| (memory_limit(size), size)),
+            size,
             base: crate::memory::in_use(),
             unpacked: crate::capture::expansion(),
         }
@@ -48,7 +49,7 @@ impl Budget {
     /// [`Budget::check`], not counting `apart` bytes the reader holds for something else than
     /// the capture (debug information of files on this machine, for native frames).
     pub(crate) fn check_apart(&self, apart: isize) -> Result<(), LoadError> {
-        let Some((_, size)) = self.limit else {
+        let Some(size) = self.size else {
             return Ok(());
         };
         // Packed records read so far count at the size of what they stand for (over both
