@@ -211,9 +211,14 @@ INSTRUCTION_CONFIGS = ("none", "mprof", "mprof --python-only", "tracemalloc=1")
 
 
 def valgrind_counts(logdir, mprof):
-    """Instructions and simulated data-cache misses (D1, last level) of the Python process and of
-    the mprof process, from cachegrind's logs."""
-    fields = {"I": r"I\s+refs:\s+([\d,]+)", "D1": r"D1\s+misses:\s+([\d,]+)", "LLd": r"LLd\s+misses:\s+([\d,]+)"}
+    """Instructions and simulated cache misses (instruction L1, data L1, data last level) of the
+    Python process and of the mprof process, from cachegrind's logs."""
+    fields = {
+        "I": r"I\s+refs:\s+([\d,]+)",
+        "I1": r"I1\s+misses:\s+([\d,]+)",
+        "D1": r"D1\s+misses:\s+([\d,]+)",
+        "LLd": r"LLd\s+misses:\s+([\d,]+)",
+    }
     counts = {who: dict.fromkeys(fields, 0) for who in ("python", "mprof")}
     for name in os.listdir(logdir):
         with open(os.path.join(logdir, name), errors="replace") as log:
@@ -279,6 +284,8 @@ def run_instructions(args, workloads, configs, env):
                     "{:,.0f}".format(per["python"]["D1"]),
                     "{:,.0f}".format(per["python"]["LLd"]),
                     "%+.1f%%" % (100 * (per["python"]["D1"] / base["D1"] - 1)) if base and base["D1"] else "-",
+                    "{:,.0f}".format(per["python"]["I1"]),
+                    "%+.1f%%" % (100 * (per["python"]["I1"] / base["I1"] - 1)) if base and base["I1"] else "-",
                 ]
                 print("  ".join(row), file=sys.stderr, flush=True)
                 rows.append(row)
@@ -292,9 +299,11 @@ def run_instructions(args, workloads, configs, env):
         "D1 misses (target)",
         "LL data misses (target)",
         "D1 misses vs none",
+        "I1 misses (target)",
+        "I1 misses vs none",
     ]
     print()
-    print("instructions and simulated data-cache misses counted by cachegrind; python: %s" % args.python)
+    print("instructions and simulated cache misses counted by cachegrind; python: %s" % args.python)
     print()
     print_table(rows, args.markdown, headers)
 

@@ -4,6 +4,11 @@
     python3 benches/sample_cost.py                  # 30-deep Python stack, the newest 3.12
     python3 benches/sample_cost.py --depth 10 --python ~/.pyenv/versions/3.11.7/bin/python3
     python3 benches/sample_cost.py --native         # the same with --native (native unwind)
+    python3 benches/sample_cost.py --depth 2,30     # two depths: the cost of each further frame
+
+With two or more depths it also splits the cost in two: what every further Python frame adds
+(the walk reads each frame and compares it with the thread's previous sample) and the part
+that does not depend on the depth (hooks, lock, thread state, interning, records, the free).
 
 The workload (workloads/deep_stack.py) recurses to a fixed depth, then allocates in a loop. It
 runs under valgrind's cachegrind (cache simulation on) *inside* `mprof record`: only the Python
@@ -86,12 +91,27 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--python", default=newest_python(12) or "python3")
     p.add_argument("--mprof", default=os.path.join(HERE, "..", "target", "release", "mprof"))
-    p.add_argument("--depth", type=int, default=30, help="Python frames on the stack when allocating")
+    p.add_argument("--depth", default="30", help="Python frames on the stack when allocating (a comma-separated list for several)")
     p.add_argument("--rate", type=int, default=1, help="sampling rate whose samples are costed (bytes)")
     p.add_argument("--small", type=int, default=20_000, help="loop iterations of the small run")
     p.add_argument("--large", type=int, default=60_000, help="loop iterations of the large run")
     p.add_argument("--native", action="store_true", help="record with --native")
     args = p.parse_args()
+    depths = [int(d) for d in args.depth.split(",")]
+    print("python %s, rate %d%s" % (args.python, args.rate, ", --native" if args.native else ""))
+    costs = []
+    for depth in depths:
+        args.depth = depth
+        costs.append((depth, cost_at(args)))
+    if len(costs) >= 2:
+        (d0, c0), (d1, c1) = min(costs), max(costs)
+        per_frame = (c1 - c0) / (d1 - d0)
+        print("  each further frame: %6.1f instructions; the rest (at --depth 0): %6.0f" % (
+            per_frame, c0 - per_frame * d0))
+
+
+def cost_at(args):
+    """Measures and prints the cost of a sample at `args.depth`; returns its instructions."""
     with tempfile.TemporaryDirectory(prefix="mprof-cost-") as tmp:
         extra = args.large - args.small
         hooks = delta(run(args, NO_SAMPLES_RATE, args.small, tmp), run(args, NO_SAMPLES_RATE, args.large, tmp))
@@ -100,12 +120,12 @@ def main():
     if samples <= 0:
         sys.exit("no samples were taken: raise the loop size or lower --rate")
     per = {k: (sampled[k] - hooks[k]) / samples for k in ("instr", "d1", "ll")}
-    print("python %s, %d-deep stack, rate %d%s" % (args.python, args.depth, args.rate, ", --native" if args.native else ""))
+    print("%d-deep stack" % args.depth)
     print("  hooks only:  %8.0f instructions per loop iteration" % (hooks["instr"] / extra))
     print("  per sample:  %8.0f instructions  %6.2f D1 misses  %6.2f LL misses  (%d samples)" % (
         per["instr"], per["d1"], per["ll"], samples))
     print("  capture:     %8.1f bytes per sample" % (sampled["capture"] / samples))
-
+    return per["instr"]
 
 if __name__ == "__main__":
     main()
