@@ -47,17 +47,25 @@ fn check_capture(label: &str, capture: &Path, dir: &Path, more: bool) {
     let churn_live = sites
         .get("churn")
         .map_or(0.0, |s| s["live_bytes"].as_f64().unwrap());
-    assert_eq!(
-        churn_live,
-        0.0,
-        "{label}: a freed block of churn() is still live: {} (capture {}, {} samples, warnings \
-         {}; every live row: {})",
-        sites["churn"],
-        report["completeness"],
-        report["samples"],
-        report["warnings"],
-        report["locations"]
-    );
+    if churn_live != 0.0 {
+        // Kept for a post-mortem: the temporary directory goes when the test fails.
+        let kept = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "fast_frees-{}.mprof",
+            label.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+        ));
+        let _ = std::fs::copy(capture, &kept);
+        panic!(
+            "{label}: a freed block of churn() is still live: {} (capture {}, {} samples, {} \
+             dropped, warnings {}; kept at {}; every live row: {})",
+            sites["churn"],
+            report["completeness"],
+            report["samples"],
+            report["dropped"],
+            report["warnings"],
+            kept.display(),
+            report["locations"]
+        );
+    }
     // A live report's rows carry their allocated figures too.
     let churned = sites
         .get("churn")
