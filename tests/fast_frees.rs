@@ -32,9 +32,45 @@ fn blocks(stdout: &str) -> i64 {
         .unwrap_or_else(|| panic!("no blocks line in {stdout:?}"))
 }
 
+/// The sizes of the blocks pymalloc allocates for its own bookkeeping from the RAW domain while
+/// it serves a small object, and never frees: a node of the radix tree that says which memory
+/// is its (64-bit builds; bottom and middle levels: 2 and 8 KiB in 3.10, 128 and 256 KiB from
+/// 3.11, as gdb prints `sizeof(arena_map_bot_t)` and `sizeof(arena_map_mid_t)`), made when a
+/// new arena lands in a region of the address space no arena had used; and its table of
+/// arenas (48 bytes each, 16 at first, doubled as it grows). Churn's own blocks never have
+/// these sizes: its objects are at most 512 bytes and its lists' item arrays grow through
+/// other sizes.
+fn pymalloc_bookkeeping(size: f64) -> bool {
+    let near = |m: f64| (size - m).abs() <= 2.0;
+    [2048.0, 8192.0, 131072.0, 262144.0].into_iter().any(near)
+        || (4..24).any(|k| near(48.0 * f64::from(1u32 << k)))
+}
+
+/// The size of the one sampled block behind a live estimate of `bytes` at `rate`: the sample
+/// of a block of `s` bytes stands for `s / (1 - exp(-s / rate))` (reports round it to a
+/// whole byte, which this finds to within a byte or two).
+fn one_sample_size(bytes: f64, rate: f64) -> f64 {
+    let stands_for = |s: f64| s / -(-s / rate).exp_m1();
+    let (mut lo, mut hi) = (0.5, bytes);
+    for _ in 0..100 {
+        let mid = (lo + hi) / 2.0;
+        if stands_for(mid) < bytes {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
 /// Checks a capture of the script: no sampled block of `churn` is live at the end (many were
 /// sampled, all were freed) and `keep`'s live estimate is within 5 standard errors of the truth
 /// (or above it, with `more`: tracemalloc's own traces of the kept blocks are made there too).
+///
+/// One exception, when it was sampled: a block of pymalloc's own bookkeeping that churn's
+/// objects made it allocate (`pymalloc_bookkeeping`). It is live, and churn's: mprof is right to
+/// show it. Seen on 3.10 in about one run in 200 (a new arena in a fresh 256 MiB region, then a
+/// 6% chance of sampling the 2 KiB node) and on 3.11 (a 128 KiB node, which covers 16 GiB).
 fn check_capture(label: &str, capture: &Path, dir: &Path, more: bool) {
     let truth: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("truth.json")).unwrap()).unwrap();
@@ -44,9 +80,20 @@ fn check_capture(label: &str, capture: &Path, dir: &Path, more: bool) {
         &["--view", "live", "--by", "function", "--top", "0"],
     );
     let sites = by_function(&report);
-    let churn_live = sites
+    let mut churn_live = sites
         .get("churn")
         .map_or(0.0, |s| s["live_bytes"].as_f64().unwrap());
+    let churn_live_samples = sites
+        .get("churn")
+        .map_or(0, |s| s["live_samples"].as_u64().unwrap());
+    let rate = report["rate"].as_f64().unwrap();
+    if churn_live_samples == 1 && pymalloc_bookkeeping(one_sample_size(churn_live, rate)) {
+        eprintln!(
+            "{label}: churn's one live block is pymalloc's bookkeeping ({:.0} bytes)",
+            one_sample_size(churn_live, rate)
+        );
+        churn_live = 0.0;
+    }
     if churn_live != 0.0 {
         // Kept for a post-mortem: the temporary directory goes when the test fails.
         let kept = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
@@ -181,6 +228,35 @@ fn attach_sees_every_free_at_the_default_rate() {
             (profiled - plain).abs() <= BLOCKS_SLACK,
             "{}: pymalloc counts {profiled} blocks left by churn(), {plain} without mprof",
             py.label
+        );
+    }
+}
+
+/// The live estimates of the blocks found in CI and here (one sample of pymalloc's radix node:
+/// 33,803 bytes for 3.10's 2 KiB one, 133,517 for 3.11's 128 KiB one, at the default rate) are
+/// told apart from churn's own blocks.
+#[test]
+fn pymalloc_bookkeeping_is_told_by_its_size() {
+    let rate = 32768.0;
+    let estimate = |s: f64| (s / -(-s / rate).exp_m1()).round();
+    assert_eq!(estimate(2048.0), 33803.0);
+    assert!((one_sample_size(33803.0, rate) - 2048.0).abs() < 1.0);
+    assert_eq!(estimate(131072.0), 133517.0);
+    for size in [
+        2048.0, 8192.0, 131072.0, 262144.0, 768.0, 1536.0, 3072.0, 6144.0,
+    ] {
+        assert!(
+            pymalloc_bookkeeping(one_sample_size(estimate(size), rate)),
+            "{size}"
+        );
+    }
+    // Churn's objects and its lists' item arrays (3.9+ and 3.8 growth).
+    for size in [
+        64.0, 332.0, 512.0, 1024.0, 1856.0, 2144.0, 2152.0, 6080.0, 6168.0, 121376.0,
+    ] {
+        assert!(
+            !pymalloc_bookkeeping(one_sample_size(estimate(size), rate)),
+            "{size}"
         );
     }
 }
