@@ -9,6 +9,7 @@ mod common;
 
 use common::procs::{touch, wait_file, Attach, Target, LIMIT};
 use common::{by_function, mprof, pythons, report_json, run_with_timeout, script, Python};
+use mprof::estimate::Sample;
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -32,35 +33,21 @@ fn blocks(stdout: &str) -> i64 {
         .unwrap_or_else(|| panic!("no blocks line in {stdout:?}"))
 }
 
-/// The sizes of the blocks pymalloc allocates for its own bookkeeping from the RAW domain while
-/// it serves a small object, and never frees: a node of the radix tree that says which memory
-/// is its (64-bit builds; bottom and middle levels: 2 and 8 KiB in 3.10, 128 and 256 KiB from
-/// 3.11, as gdb prints `sizeof(arena_map_bot_t)` and `sizeof(arena_map_mid_t)`), made when a
-/// new arena lands in a region of the address space no arena had used; and its table of
-/// arenas (48 bytes each, 16 at first, doubled as it grows). Churn's own blocks never have
-/// these sizes: its objects are at most 512 bytes and its lists' item arrays grow through
-/// other sizes.
-fn pymalloc_bookkeeping(size: f64) -> bool {
-    let near = |m: f64| (size - m).abs() <= 2.0;
-    [2048.0, 8192.0, 131072.0, 262144.0].into_iter().any(near)
-        || (4..24).any(|k| near(48.0 * f64::from(1u32 << k)))
-}
-
-/// The size of the one sampled block behind a live estimate of `bytes` at `rate`: the sample
-/// of a block of `s` bytes stands for `s / (1 - exp(-s / rate))` (reports round it to a
-/// whole byte, which this finds to within a byte or two).
-fn one_sample_size(bytes: f64, rate: f64) -> f64 {
-    let stands_for = |s: f64| s / -(-s / rate).exp_m1();
-    let (mut lo, mut hi) = (0.5, bytes);
-    for _ in 0..100 {
-        let mid = (lo + hi) / 2.0;
-        if stands_for(mid) < bytes {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    lo
+/// The blocks pymalloc allocates for its own bookkeeping from the RAW domain while it serves a
+/// small object, and never frees: a node of the radix tree that says which memory is its
+/// (64-bit builds; bottom and middle levels: 2 and 8 KiB in 3.10, 128 and 256 KiB from 3.11, as
+/// gdb prints `sizeof(arena_map_bot_t)` and `sizeof(arena_map_mid_t)`), made when a new arena
+/// lands in a region of the address space no arena had used; and its table of arenas (48 bytes
+/// each, 16 at first, doubled as it grows). Churn's own blocks never have these sizes: its
+/// objects are at most 512 bytes and its lists' item arrays grow through other sizes.
+///
+/// Returns the size of the block whose one sample a live estimate of `bytes` at `rate` is (a
+/// report rounds it to a whole byte), if it is one of these.
+fn pymalloc_bookkeeping(bytes: f64, rate: u64) -> Option<u64> {
+    [2048, 8192, 131072, 262144]
+        .into_iter()
+        .chain((4..24).map(|k| 48u64 << k))
+        .find(|&size| (Sample::new(size, rate).bytes() - bytes).abs() < 1.0)
 }
 
 /// Checks a capture of the script: no sampled block of `churn` is live at the end (many were
@@ -86,13 +73,12 @@ fn check_capture(label: &str, capture: &Path, dir: &Path, more: bool) {
     let churn_live_samples = sites
         .get("churn")
         .map_or(0, |s| s["live_samples"].as_u64().unwrap());
-    let rate = report["rate"].as_f64().unwrap();
-    if churn_live_samples == 1 && pymalloc_bookkeeping(one_sample_size(churn_live, rate)) {
-        eprintln!(
-            "{label}: churn's one live block is pymalloc's bookkeeping ({:.0} bytes)",
-            one_sample_size(churn_live, rate)
-        );
-        churn_live = 0.0;
+    let rate = report["rate"].as_u64().unwrap();
+    if churn_live_samples == 1 {
+        if let Some(size) = pymalloc_bookkeeping(churn_live, rate) {
+            eprintln!("{label}: churn's one live block is pymalloc's bookkeeping ({size} bytes)");
+            churn_live = 0.0;
+        }
     }
     if churn_live != 0.0 {
         // Kept for a post-mortem: the temporary directory goes when the test fails.
@@ -237,26 +223,18 @@ fn attach_sees_every_free_at_the_default_rate() {
 /// told apart from churn's own blocks.
 #[test]
 fn pymalloc_bookkeeping_is_told_by_its_size() {
-    let rate = 32768.0;
-    let estimate = |s: f64| (s / -(-s / rate).exp_m1()).round();
-    assert_eq!(estimate(2048.0), 33803.0);
-    assert!((one_sample_size(33803.0, rate) - 2048.0).abs() < 1.0);
-    assert_eq!(estimate(131072.0), 133517.0);
-    for size in [
-        2048.0, 8192.0, 131072.0, 262144.0, 768.0, 1536.0, 3072.0, 6144.0,
-    ] {
-        assert!(
-            pymalloc_bookkeeping(one_sample_size(estimate(size), rate)),
-            "{size}"
-        );
+    let rate = 32768;
+    let estimate = |size: u64| Sample::new(size, rate).bytes().round();
+    assert_eq!(pymalloc_bookkeeping(33803.0, rate), Some(2048));
+    assert_eq!(pymalloc_bookkeeping(133517.0, rate), Some(131072));
+    for size in [2048, 8192, 131072, 262144, 768, 1536, 3072, 6144] {
+        assert_eq!(pymalloc_bookkeeping(estimate(size), rate), Some(size));
     }
-    // Churn's objects and its lists' item arrays (3.9+ and 3.8 growth).
+    // Churn's objects and its lists' item arrays (3.9+ and 3.8 growth), those near the
+    // bookkeeping sizes among them.
     for size in [
-        64.0, 332.0, 512.0, 1024.0, 1856.0, 2144.0, 2152.0, 6080.0, 6168.0, 121376.0,
+        64, 332, 512, 1024, 1856, 2144, 2152, 6080, 6168, 121376, 136576, 246432, 277280,
     ] {
-        assert!(
-            !pymalloc_bookkeeping(one_sample_size(estimate(size), rate)),
-            "{size}"
-        );
+        assert_eq!(pymalloc_bookkeeping(estimate(size), rate), None, "{size}");
     }
 }
