@@ -50,7 +50,7 @@ import subprocess
 import sys
 import tempfile
 
-from runner import TIMED, kill_all_groups, make_configs, run_one, run_timed, run_tornado
+from runner import TIMED, WARMUP, kill_all_groups, make_configs, run_one, run_timed, run_tornado
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -71,10 +71,10 @@ def fmt_bytes(count):
 
 def capture_rate(workload, result, requests):
     """Capture bytes per second of the profiled work: over the in-script time (alloc, native) or
-    over the requests at the measured rate (tornado: the timed requests and the 500 warm-up)."""
+    over the requests at the measured rate (tornado: the timed requests and the warm-up ones)."""
     if result.capture_bytes is None or not result.value:
         return None
-    seconds = result.value if workload in TIMED else (requests + 500) / result.value
+    seconds = result.value if workload in TIMED else (requests + WARMUP) / result.value
     return result.capture_bytes / seconds
 
 

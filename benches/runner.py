@@ -162,7 +162,11 @@ def line_reader(stream, lines):
     lines.put(None)
 
 
-def run_tornado(config, args, capture, env, requests, warmup=500, wrapper=()):
+# Untimed requests the client sends before the timed ones (the server answers them too).
+WARMUP = 500
+
+
+def run_tornado(config, args, capture, env, requests, warmup=WARMUP, wrapper=()):
     script = [os.path.join(WORKLOADS, "tornado_server.py"), "--max-seconds", str(args.timeout)]
     errfile = tempfile.TemporaryFile()
     cmd = list(wrapper) + config.command(args.python, capture, script)

@@ -127,5 +127,6 @@ def cost_at(args):
     print("  capture:     %8.1f bytes per sample" % (sampled["capture"] / samples))
     return per["instr"]
 
+
 if __name__ == "__main__":
     main()
