@@ -37,6 +37,9 @@ fn unchanged(now: &[usize], before: &[usize]) -> usize {
     i
 }
 
+/// Frames of a sample whose sets of the frame cache are asked for ahead of their lookups.
+const PREFETCHED: usize = 8;
+
 /// Everything announcing frames needs, borrowed from the session.
 pub struct Announcer<'a> {
     pub api: &'a Api,
@@ -118,6 +121,18 @@ impl Announcer<'_> {
         // The frames that changed, innermost first.
         let mut changed = [const { MaybeUninit::<usize>::uninit() }; LINK_CAP];
         frames::innermost(self.layout, tstate, &mut changed[..n - same]);
+        if n - same >= 2 {
+            // At the default rate the frame cache is cold at every sample: the sets of the
+            // frames to look up (in the order they are looked up) are asked for at once, so
+            // that their misses overlap. A frame recalled below wastes its request.
+            for f in changed[..n - same].iter().rev().take(PREFETCHED) {
+                let f = f.assume_init() as *const c_void;
+                if let Found::Code(code, offset) = frames::code_and_offset(self.api, self.layout, f)
+                {
+                    self.stacks.prefetch_frame(code as usize, offset);
+                }
+            }
+        }
         let mut cacheable = true;
         for i in same..n {
             // SAFETY: `innermost` wrote the first `n - same`.

@@ -6,7 +6,7 @@
 //! only touched under the session lock.
 
 use crate::pyframes::CodeKey;
-use crate::sys::{map_anon, munmap};
+use crate::sys::{self, map_anon, munmap};
 use mprof_common::stacks::{Node, MAX_STACK_ID};
 
 /// Links a thread's chain may have for the cache to follow it (frames, plus the C-stack
@@ -110,8 +110,11 @@ impl ThreadChain {
     }
 }
 
-/// Slots of the frame cache.
-const FRAME_CACHE: usize = 1 << 12;
+/// Sets of the frame cache, of [`FRAME_WAYS`] frames each.
+const FRAME_SETS: usize = 1 << 11;
+/// A set holds the frames of one instruction of one code object on up to this many parents
+/// (a function called from two places).
+const FRAME_WAYS: usize = 2;
 
 /// What makes a frame the node it is, on top of a given parent: a frame cache key.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -131,6 +134,11 @@ struct FrameEntry {
     node: u32,
 }
 
+/// One set of the frame cache, two cache lines: [`Stacks::prefetch_frame`] asks for both.
+#[derive(Clone, Copy)]
+#[repr(align(64))]
+struct FrameSet([Option<FrameEntry>; FRAME_WAYS]);
+
 /// Node ids and thread chains of a session.
 pub struct Stacks {
     table: *mut Slot,
@@ -141,8 +149,10 @@ pub struct Stacks {
     generation: u32,
     threads: [*mut ThreadChain; THREAD_SLOTS],
     /// Frames whose node is known, so the frames a thread keeps coming back to are one
-    /// lookup instead of a line-table scan and a table probe. Direct-mapped.
-    frames: [Option<FrameEntry>; FRAME_CACHE],
+    /// lookup instead of a line-table scan and a table probe. A frame's set depends on its
+    /// code object and instruction only, not on its parent: the sets of all the frames a
+    /// sample must look up are known before the first lookup, and are asked for at once.
+    frames: [FrameSet; FRAME_SETS],
 }
 
 // SAFETY: the mappings are owned by the value and only used under the session lock.
@@ -171,28 +181,41 @@ impl Stacks {
             next_id: 1,
             generation: 0,
             threads: [std::ptr::null_mut(); THREAD_SLOTS],
-            frames: [None; FRAME_CACHE],
+            frames: [FrameSet([None; FRAME_WAYS]); FRAME_SETS],
         }
     }
 
-    fn frame_slot(key: &FrameKey) -> usize {
-        let h = (key.code.code as u64 >> 4 ^ (key.offset as u64) << 20 ^ (key.parent as u64) << 40)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        (h >> 52) as usize % FRAME_CACHE
+    fn frame_set(code: usize, offset: i32) -> usize {
+        let h =
+            (code as u64 >> 4 ^ (offset as u32 as u64) << 20).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (h >> 53) as usize % FRAME_SETS
+    }
+
+    /// Starts loading the set of the frame running `code` at `offset`: at the default rate a
+    /// sample's lookups miss the cache (about a quarter of a microsecond each, measured on a
+    /// web server), and asked for together they overlap.
+    #[inline]
+    pub fn prefetch_frame(&self, code: usize, offset: i32) {
+        let set: *const FrameSet = &self.frames[Self::frame_set(code, offset)];
+        sys::prefetch(set);
+        sys::prefetch(set.cast::<u8>().wrapping_add(64));
     }
 
     /// The node of a frame seen before in this generation, if the cache still has it.
     #[inline]
     pub fn known_frame(&self, key: &FrameKey) -> Option<u32> {
-        match self.frames[Self::frame_slot(key)] {
+        let set = &self.frames[Self::frame_set(key.code.code, key.offset)];
+        set.0.iter().find_map(|e| match e {
             Some(e) if e.generation == self.generation && e.key == *key => Some(e.node),
             _ => None,
-        }
+        })
     }
 
-    /// Remembers the node of a frame.
+    /// Remembers the node of a frame, in place of the one of its set used least lately.
     pub fn remember_frame(&mut self, key: FrameKey, node: u32) {
-        self.frames[Self::frame_slot(&key)] = Some(FrameEntry {
+        let set = &mut self.frames[Self::frame_set(key.code.code, key.offset)].0;
+        set.copy_within(..FRAME_WAYS - 1, 1);
+        set[0] = Some(FrameEntry {
             generation: self.generation,
             key,
             node,
@@ -387,6 +410,48 @@ mod tests {
         s.reset();
         assert_eq!(id_of(&mut s, &node(0, 0x999, 1)), 1, "ids start again");
         s.release();
+    }
+
+    #[test]
+    fn a_frame_is_known_on_each_of_two_parents_until_a_third_or_a_reset() {
+        let mut s = Stacks::new();
+        let code = CodeKey {
+            code: 0x1000,
+            name: 0x2000,
+            filename: 0x3000,
+        };
+        let key = |parent| FrameKey {
+            parent,
+            offset: 40,
+            entry: false,
+            code,
+        };
+        s.prefetch_frame(code.code, 40);
+        assert_eq!(s.known_frame(&key(1)), None);
+        s.remember_frame(key(1), 11);
+        s.remember_frame(key(2), 12);
+        assert_eq!(s.known_frame(&key(1)), Some(11));
+        assert_eq!(s.known_frame(&key(2)), Some(12));
+        let other_line = FrameKey {
+            offset: 42,
+            ..key(1)
+        };
+        let reused = FrameKey {
+            code: CodeKey {
+                name: 0x2100,
+                ..code
+            },
+            ..key(1)
+        };
+        assert_eq!(s.known_frame(&other_line), None);
+        assert_eq!(s.known_frame(&reused), None);
+        // A third parent takes the place of the one remembered first.
+        s.remember_frame(key(3), 13);
+        assert_eq!(s.known_frame(&key(1)), None);
+        assert_eq!(s.known_frame(&key(2)), Some(12));
+        assert_eq!(s.known_frame(&key(3)), Some(13));
+        s.reset();
+        assert_eq!(s.known_frame(&key(3)), None);
     }
 
     #[test]
