@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""The agent's share of the profiled program's CPU time, per function, sampled with perf.
+
+    python3 benches/agent_share.py                          # tornado, 3 runs of 20,000 requests
+    python3 benches/agent_share.py --workloads tornado,alloc --runs 5
+    python3 benches/agent_share.py --configs "mprof,mprof --python-only"
+
+Wall time on a shared VM moves by more than the overhead being measured, and instruction counts
+(`overhead.py --instructions`) cannot see cache misses. This measures what the agent's own
+code costs in time, misses included, in a way the machine's speed does not move: each run
+launches the workload under `mprof record` inside `perf record -e cpu-clock` (a software timer,
+so it works in VMs without hardware counters) and counts, among the profiled Python process's
+CPU samples, those whose instruction is in the agent. The agent is mapped from a memfd that perf
+cannot read, so its samples are symbolised here against the agent library of the build
+(`target/release/build/mprof-injector-*/out/libmprof_agent.so`, or --agent).
+
+What it cannot see: time the agent costs the program's own code indirectly (cache lines and
+branch history it evicts); the I1/D1 columns of `overhead.py --instructions` bound that. The
+reader's CPU (the mprof process) is printed beside it, as a share of the profiled process's.
+
+Needs perf (Debian: `apt-get install linux-perf`) and a perf_event_paranoid that lets it
+sample (root, or at most 2 for one's own processes).
+"""
+
+import argparse
+import bisect
+import glob
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import overhead  # noqa: E402  (the interpreter, tornado check)
+import runner  # noqa: E402  (the workloads, configurations and runners)
+
+AGENT_MAP = "mprof-agent"
+MMAP = re.compile(r"(\d+)/\d+: \[(0x[0-9a-f]+)\((0x[0-9a-f]+)\) @ (0x[0-9a-f]+|\d+)")
+
+
+def newest_agent(mprof):
+    found = glob.glob(os.path.join(os.path.dirname(mprof), "build", "mprof-injector-*", "out", "libmprof_agent.so"))
+    return max(found, key=os.path.getmtime) if found else None
+
+
+class Symbols:
+    """Function names of the agent library by address, and how its file offsets map to them."""
+
+    def __init__(self, path):
+        self.starts, self.names = [], []
+        nm = subprocess.run(["nm", "-C", "--defined-only", path], capture_output=True, text=True, check=True)
+        rows = []
+        for line in nm.stdout.splitlines():
+            parts = line.split(" ", 2)
+            if len(parts) == 3 and parts[1] in "tT":
+                rows.append((int(parts[0], 16), parts[2]))
+        rows.sort()
+        self.starts = [r[0] for r in rows]
+        self.names = [r[1] for r in rows]
+        # The executable segment: a file offset `o` in it is the address `o + shift`.
+        seg = subprocess.run(["readelf", "-lW", path], capture_output=True, text=True, check=True).stdout
+        self.shift, self.text_size = 0, 0
+        for line in seg.splitlines():
+            f = line.split()
+            if f[:1] == ["LOAD"] and "E" in f[6:-1]:
+                self.shift = int(f[2], 16) - int(f[1], 16)
+                self.text_size = int(f[5], 16)
+
+    def name(self, addr):
+        i = bisect.bisect_right(self.starts, addr) - 1
+        return self.names[i] if i >= 0 else "?"
+
+
+def short(name):
+    """`mprof_agent::hooks::hook_malloc` without the crate, generic hashes or closures' noise."""
+    name = re.sub(r"::h[0-9a-f]{16}$", "", name)
+    return name.replace("mprof_agent::", "").replace("mprof_common::", "common::")
+
+
+def shares(perf_data, symbols):
+    """(samples of the profiled process, of the agent by function, of other processes, warnings)."""
+    out = subprocess.run(
+        ["perf", "script", "-i", perf_data, "--show-mmap-events", "-F", "pid,ip,dso"],
+        capture_output=True, text=True, errors="replace",
+    ).stdout
+    maps = {}  # pid -> (start, end, pgoff) of the agent's executable mapping
+    per_pid = {}
+    agent = {}
+    warnings = []
+    samples = []
+    for line in out.splitlines():
+        if "PERF_RECORD_MMAP" in line:
+            if AGENT_MAP in line and "r-xp" in line:
+                m = MMAP.search(line)
+                if m:
+                    pid, start, length, pgoff = int(m.group(1)), int(m.group(2), 16), int(m.group(3), 16), int(m.group(4), 0)
+                    maps[pid] = (start, start + length, pgoff)
+                    if abs(length - symbols.text_size) > 8192:
+                        warnings.append("the agent mapped (%d bytes of code) is not the library read (%d): "
+                                        "pass the right one with --agent" % (length, symbols.text_size))
+            continue
+        parts = line.split(None, 2)
+        if len(parts) < 2 or not parts[0].isdigit():
+            continue
+        samples.append((int(parts[0]), int(parts[1], 16)))
+    for pid, ip in samples:
+        per_pid[pid] = per_pid.get(pid, 0) + 1
+        span = maps.get(pid)
+        if span and span[0] <= ip < span[1]:
+            name = short(symbols.name(ip - span[0] + span[2] + symbols.shift))
+            agent[name] = agent.get(name, 0) + 1
+    profiled = [pid for pid in per_pid if pid in maps]
+    if not profiled:
+        return None, agent, 0, warnings + ["no process with the agent mapped was sampled"]
+    total = sum(per_pid[pid] for pid in profiled)
+    others = sum(n for pid, n in per_pid.items() if pid not in maps)
+    return total, agent, others, warnings
+
+
+def run_once(workload, config, args, env, tmpdir, i):
+    data = os.path.join(tmpdir, "perf-%s-%d.data" % (workload, i))
+    capture = os.path.join(tmpdir, "capture-%d" % i)
+    wrapper = ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(args.frequency), "-o", data, "--"]
+    if workload in runner.TIMED:
+        result = runner.run_timed(workload, config, args, capture, env, wrapper=wrapper)
+    else:
+        result = runner.run_tornado(config, args, capture, env, args.requests, wrapper=wrapper)
+    return result, data
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n", 2)[2],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--python", default=overhead.default_python(),
+                   help="interpreter under test (default: the newest ~/.pyenv/versions/3.11.*)")
+    p.add_argument("--mprof", default=os.path.join(overhead.ROOT, "target", "release", "mprof"))
+    p.add_argument("--agent", help="the agent library the mprof binary carries (default: the newest of its build)")
+    p.add_argument("--workloads", default="tornado", help="comma-separated: tornado, alloc, native")
+    p.add_argument("--configs", default="mprof", help="comma-separated mprof configurations (default: mprof)")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--requests", type=int, default=20000, help="timed requests per tornado run (default 20000)")
+    p.add_argument("--connections", type=int, default=8)
+    p.add_argument("--frequency", type=int, default=4999, help="perf samples per second (default 4999)")
+    p.add_argument("--top", type=int, default=12, help="agent functions listed (default 12)")
+    p.add_argument("--timeout", type=int, default=300)
+    args = p.parse_args()
+    if not args.python or not os.path.exists(args.python):
+        p.error("no Python interpreter found; pass --python PATH")
+    if not os.access(args.mprof, os.X_OK):
+        p.error("%s not found: run `cargo build --release` first" % args.mprof)
+    args.agent = args.agent or newest_agent(os.path.abspath(args.mprof))
+    if not args.agent or not os.path.exists(args.agent):
+        p.error("the agent library was not found next to %s; pass --agent PATH" % args.mprof)
+    if args.runs < 1:
+        p.error("--runs must be at least 1")
+    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    return args
+
+
+def main():
+    args = parse_args()
+    if not shutil.which("perf"):
+        sys.exit("agent_share.py: perf is not installed (Debian: apt-get install linux-perf)")
+    probe = subprocess.run(["perf", "record", "-q", "-e", "cpu-clock", "-o", "/dev/null", "--", "true"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        sys.exit("agent_share.py: perf cannot sample here: %s" % runner.tail(probe.stderr, 2))
+    symbols = Symbols(args.agent)
+    configs = {c.name: c for c in runner.make_configs(os.path.abspath(args.mprof), False)}
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
+    workloads = list(args.workloads)
+    if "tornado" in workloads and not overhead.importable(args.python, "tornado"):
+        print("skipping tornado: not installed for %s (pip install -r %s)" % (args.python, overhead.REQUIREMENTS),
+              file=sys.stderr)
+        workloads.remove("tornado")
+    print("python: %s; agent: %s; perf cpu-clock at %d Hz, %d run(s) each"
+          % (args.python, args.agent, args.frequency, args.runs))
+    try:
+        with tempfile.TemporaryDirectory(prefix="mprof-share-") as tmpdir:
+            for workload in workloads:
+                for name in args.configs:
+                    if name not in configs or not name.startswith("mprof"):
+                        print("skipping %r: not an mprof configuration" % name, file=sys.stderr)
+                        continue
+                    report(workload, configs[name], args, env, tmpdir, symbols)
+    finally:
+        runner.kill_all_groups()
+
+
+def report(workload, config, args, env, tmpdir, symbols):
+    per_run, reader, by_function, total_all = [], [], {}, 0
+    for i in range(args.runs):
+        result, data = run_once(workload, config, args, env, tmpdir, i)
+        if result.error:
+            print("  %s / %s run %d failed: %s" % (workload, config.name, i + 1, result.error), file=sys.stderr)
+            continue
+        total, agent, others, warnings = shares(data, symbols)
+        for w in warnings:
+            print("  warning: %s" % w, file=sys.stderr)
+        os.unlink(data)
+        if not total:
+            continue
+        per_run.append(100.0 * sum(agent.values()) / total)
+        reader.append(100.0 * others / total)
+        total_all += total
+        for fn, n in agent.items():
+            by_function[fn] = by_function.get(fn, 0) + n
+    print("\n%s, %s: %d run(s), %d samples of the profiled process" % (workload, config.name, len(per_run), total_all))
+    if not per_run:
+        return
+    print("  agent: %.2f%% of the process's CPU (median; runs: %s)"
+          % (statistics.median(per_run), ", ".join("%.2f" % s for s in per_run)))
+    print("  reader (mprof) and other processes under perf: %.2f%% of it" % statistics.median(reader))
+    for fn, n in sorted(by_function.items(), key=lambda kv: -kv[1])[: args.top]:
+        print("  %7.3f%%  %s" % (100.0 * n / total_all, fn))
+
+
+if __name__ == "__main__":
+    main()
