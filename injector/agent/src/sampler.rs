@@ -176,11 +176,14 @@ mod tests {
             x ^= x << 17;
             xs.push(((x >> 11) + 1) as f64 / (1u64 << 53) as f64);
         }
+        // Miri gives `f64::ln` a few units of error of its own on purpose (libm's results
+        // differ between platforms): the bound there is looser.
+        let ulps = if cfg!(miri) { 32.0 } else { 4.0 };
         for u in xs.into_iter().filter(|u| *u > 0.0 && *u <= 1.0) {
             let (want, got) = (u.ln(), ln_unit(u));
             let err = (got - want).abs();
             assert!(
-                err <= 4.0 * f64::EPSILON * want.abs().max(f64::MIN_POSITIVE),
+                err <= ulps * f64::EPSILON * want.abs().max(f64::MIN_POSITIVE),
                 "ln({u:e}) = {want:e}, ln_unit gives {got:e}"
             );
         }
