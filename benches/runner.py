@@ -126,7 +126,7 @@ def tail(text, lines=8):
 
 
 # The workloads that time themselves (the rest, tornado, measure throughput), and their scripts.
-TIMED = {"alloc": "alloc_heavy.py", "native": "native_heavy.py"}
+TIMED = {"alloc": "alloc_heavy.py", "native": "native_heavy.py", "imports": "imports.py"}
 
 
 def run_timed(workload, config, args, capture, env, script_args=(), wrapper=()):

@@ -201,6 +201,65 @@ fn record_sees_every_native_allocator_function() {
     }
 }
 
+/// A library loaded where an unloaded one was is hooked: the agent scans each loaded object's
+/// GOT on the first two scans that find it only (`injector/agent/src/got.rs`), and forgets
+/// them all once anything was unloaded. The workload loads copy A of the test's C extension,
+/// a second copy (so that a scan finds A twice), unloads A and loads copy B, usually where A
+/// was, and allocates through A and B: at `--rate 1` both allocations are in the capture, to
+/// the byte.
+#[test]
+fn a_library_loaded_where_an_unloaded_one_was_is_hooked() {
+    for py in pythons() {
+        let dir = common::tempdir();
+        let Some(so) = common::native::build_chain(&py, dir.path(), &["-O1"]) else {
+            continue;
+        };
+        for copy in ["a", "b", "s"] {
+            std::fs::create_dir(dir.path().join(copy)).unwrap();
+            std::fs::copy(&so, dir.path().join(copy).join(so.file_name().unwrap())).unwrap();
+        }
+        let capture = dir.path().join("r.mprof");
+        let out = record_script(
+            &py,
+            &["-q", "--rate", "1"],
+            &[],
+            &capture,
+            "native_reload_workload.py",
+            dir.path(),
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let field = |name: &str| -> Vec<u64> {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .unwrap_or_else(|| panic!("{}: no {name:?} in {text:?}", py.label))
+                .split_whitespace()
+                .map(|w| w.parse().unwrap())
+                .collect()
+        };
+        let (sizes, same_place) = (field("sizes "), field("same-place ")[0] == 1);
+        let report = live_by_function(&capture);
+        let functions = by_function(&report);
+        let live = |f: &str| {
+            functions
+                .get(f)
+                .and_then(|l| l["live_bytes"].as_u64())
+                .unwrap_or(0)
+        };
+        let got = [live("alloc_a"), live("alloc_b")];
+        assert_eq!(
+            got[..],
+            sizes[..],
+            "{}: live bytes of alloc_a and alloc_b (through A, then through B loaded where A \
+             was: {same_place})",
+            py.label
+        );
+        eprintln!(
+            "{}: both libraries' allocations recorded, B loaded where A was: {same_place}",
+            py.label
+        );
+    }
+}
+
 /// At the default rate, with fixed seeds (the workload's allocations are the same every run,
 /// so the samples are too, and the test is repeatable): estimates within three standard errors,
 /// as [`Tally`] counts them. Over seeds 1 to 40 the mean error of every function's estimate was
