@@ -211,7 +211,7 @@ impl Stacks {
         })
     }
 
-    /// Remembers the node of a frame, in place of the one of its set used least lately.
+    /// Remembers the node of a frame, in place of the one of its set remembered first.
     pub fn remember_frame(&mut self, key: FrameKey, node: u32) {
         let set = &mut self.frames[Self::frame_set(key.code.code, key.offset)].0;
         set.copy_within(..FRAME_WAYS - 1, 1);
