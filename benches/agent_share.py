@@ -50,7 +50,6 @@ class Symbols:
     """Function names of the agent library by address, and how its file offsets map to them."""
 
     def __init__(self, path):
-        self.starts, self.names = [], []
         nm = subprocess.run(["nm", "-C", "--defined-only", path], capture_output=True, text=True, check=True)
         rows = []
         for line in nm.stdout.splitlines():
@@ -90,7 +89,7 @@ def shares(perf_data, symbols):
     per_pid = {}
     agent = {}
     warnings = []
-    samples = []
+    # In the order perf wrote them: a process's mapping of the agent comes before its samples.
     for line in out.splitlines():
         if "PERF_RECORD_MMAP" in line:
             if AGENT_MAP in line and "r-xp" in line:
@@ -105,8 +104,7 @@ def shares(perf_data, symbols):
         parts = line.split(None, 2)
         if len(parts) < 2 or not parts[0].isdigit():
             continue
-        samples.append((int(parts[0]), int(parts[1], 16)))
-    for pid, ip in samples:
+        pid, ip = int(parts[0]), int(parts[1], 16)
         per_pid[pid] = per_pid.get(pid, 0) + 1
         span = maps.get(pid)
         if span and span[0] <= ip < span[1]:
@@ -138,7 +136,7 @@ def parse_args():
                    help="interpreter under test (default: the newest ~/.pyenv/versions/3.11.*)")
     p.add_argument("--mprof", default=os.path.join(overhead.ROOT, "target", "release", "mprof"))
     p.add_argument("--agent", help="the agent library the mprof binary carries (default: the newest of its build)")
-    p.add_argument("--workloads", default="tornado", help="comma-separated: tornado, alloc, native")
+    p.add_argument("--workloads", default="tornado", help="comma-separated: tornado, alloc, native, imports")
     p.add_argument("--configs", default="mprof", help="comma-separated mprof configurations (default: mprof)")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--requests", type=int, default=20000, help="timed requests per tornado run (default 20000)")
@@ -171,12 +169,8 @@ def main():
         sys.exit("agent_share.py: perf cannot sample here: %s" % runner.tail(probe.stderr, 2))
     symbols = Symbols(args.agent)
     configs = {c.name: c for c in runner.make_configs(os.path.abspath(args.mprof), False)}
-    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
-    workloads = list(args.workloads)
-    if "tornado" in workloads and not overhead.importable(args.python, "tornado"):
-        print("skipping tornado: not installed for %s (pip install -r %s)" % (args.python, overhead.REQUIREMENTS),
-              file=sys.stderr)
-        workloads.remove("tornado")
+    env = runner.bench_env()
+    workloads = overhead.runnable(args.python, args.workloads)
     print("python: %s; agent: %s; perf cpu-clock at %d Hz, %d run(s) each"
           % (args.python, args.agent, args.frequency, args.runs))
     try:

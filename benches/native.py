@@ -210,7 +210,7 @@ def parse_args():
 
 def main():
     args = parse_args()
-    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
+    env = runner.bench_env()
     all_configs = configs(args.mprof)
     try:
         if "pairs" in args.parts:

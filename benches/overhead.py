@@ -50,7 +50,7 @@ import subprocess
 import sys
 import tempfile
 
-from runner import TIMED, WARMUP, kill_all_groups, make_configs, run_one, run_timed, run_tornado
+from runner import TIMED, WARMUP, bench_env, kill_all_groups, make_configs, run_one, run_timed, run_tornado
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -323,6 +323,15 @@ def importable(python, module):
     return subprocess.run([python, "-c", "import " + module], **quiet).returncode == 0
 
 
+def runnable(python, workloads):
+    """`workloads` without tornado when the interpreter under test lacks it (saying so)."""
+    if "tornado" in workloads and not importable(python, "tornado"):
+        print("skipping the tornado workload: tornado is not installed for %s\n"
+              "  install it with: %s -m pip install -r %s" % (python, python, REQUIREMENTS), file=sys.stderr)
+        return [w for w in workloads if w != "tornado"]
+    return list(workloads)
+
+
 def describe(cmd):
     try:
         return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30).stdout.decode().strip()
@@ -382,11 +391,7 @@ def parse_args():
 def main():
     args = parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    workloads = list(args.workloads)
-    if "tornado" in workloads and not importable(args.python, "tornado"):
-        print("skipping the tornado workload: tornado is not installed for %s\n"
-              "  install it with: %s -m pip install -r %s" % (args.python, args.python, REQUIREMENTS), file=sys.stderr)
-        workloads.remove("tornado")
+    workloads = runnable(args.python, args.workloads)
     with_memray = not args.no_memray and importable(args.python, "memray")
     if not with_memray and not args.no_memray:
         print("memray is not importable for %s: leaving it out" % args.python, file=sys.stderr)
@@ -400,7 +405,7 @@ def main():
             have = ", ".join(config.name for config in configs)
             sys.exit("unknown or unavailable configuration(s): %s (have: %s)" % (", ".join(sorted(unknown)), have))
         configs = [config for config in configs if config.name in wanted]
-    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
+    env = bench_env()
     if args.instructions:
         try:
             run_instructions(args, workloads, configs, env)

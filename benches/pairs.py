@@ -120,12 +120,8 @@ def main():
     args = parse_args()
     with_memray = overhead.importable(args.python, "memray")
     configs = {c.name: c for c in runner.make_configs(os.path.abspath(args.mprof), with_memray)}
-    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
-    workloads = list(args.workloads)
-    if "tornado" in workloads and not overhead.importable(args.python, "tornado"):
-        print("skipping tornado: not installed for %s (pip install -r %s)" % (args.python, overhead.REQUIREMENTS),
-              file=sys.stderr)
-        workloads.remove("tornado")
+    env = runner.bench_env()
+    workloads = overhead.runnable(args.python, args.workloads)
     rows = []
     try:
         with tempfile.TemporaryDirectory(prefix="mprof-pairs-") as tmpdir:

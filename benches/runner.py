@@ -125,6 +125,11 @@ def tail(text, lines=8):
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+def bench_env():
+    """The environment of every run: a fixed hash seed (the same work each run), no .pyc written."""
+    return dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
+
+
 # The workloads that time themselves (the rest, tornado, measure throughput), and their scripts.
 TIMED = {"alloc": "alloc_heavy.py", "native": "native_heavy.py", "imports": "imports.py"}
 

@@ -23,6 +23,8 @@ import json
 import random
 import time
 
+from peak_rss import peak_rss_kib
+
 METHODS = ("GET", "GET", "GET", "POST", "PUT", "DELETE")
 ENDPOINTS = (
     "/api/users",
@@ -189,18 +191,6 @@ def run(lines, rounds):
         reloaded = [json.loads(line) for line in exported]
         checksum += sum(1 for row in reloaded if row["status"] >= 500)
     return checksum
-
-
-def peak_rss_kib():
-    """VmHWM of this process in KiB (Linux), or 0 when /proc is not there."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def main():

@@ -11,20 +11,10 @@ import os
 import sys
 import time
 
+from peak_rss import peak_rss_kib
+
 # Modules that need a terminal or a display, or exist only to be tested.
 LEFT_OUT = {"_tkinter", "_curses", "_curses_panel", "readline", "xxlimited", "xxlimited_35", "xxsubtype"}
-
-
-def peak_rss_kib():
-    """VmHWM of this process in KiB (Linux), or 0 when /proc is not there."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def main():

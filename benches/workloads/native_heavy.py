@@ -20,6 +20,8 @@ import random
 import sqlite3
 import time
 
+from peak_rss import peak_rss_kib
+
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
 
 
@@ -56,18 +58,6 @@ def one_round(rows):
     checksum += db.execute("SELECT COUNT(*) FROM orders").fetchone()[0]
     db.close()
     return checksum
-
-
-def peak_rss_kib():
-    """VmHWM of this process in KiB (Linux), or 0 when /proc is not there."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def main():

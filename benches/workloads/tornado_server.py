@@ -24,6 +24,8 @@ import tornado.ioloop
 import tornado.netutil
 import tornado.web
 
+from peak_rss import peak_rss_kib
+
 CATEGORIES = ("books", "games", "garden", "kitchen", "music", "office", "sports", "toys")
 
 
@@ -53,18 +55,6 @@ class ShutdownHandler(tornado.web.RequestHandler):
         self.write({"stopping": True})
         self.finish()
         tornado.ioloop.IOLoop.current().add_callback(tornado.ioloop.IOLoop.current().stop)
-
-
-def peak_rss_kib():
-    """VmHWM of this process in KiB (Linux), or 0 when /proc is not there."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def main():

@@ -136,12 +136,12 @@ struct Patched {
 /// of every object loaded before at each of them: time quadratic in the number of objects,
 /// spent at import (61 extension modules of the standard library: 8 ms, 4.5% of the run).
 ///
-/// An object is skipped from the second scan that finds it at the same place on: the first one
-/// may have met it mapped but still being relocated by another thread's `dlopen` (the loader
-/// lists an object before it relocates it), whose own hook scans again after. Any unload
+/// An object is scanned by the first two scans that find it at the same place and skipped by
+/// the later ones: the first may have met it mapped but still being relocated by another
+/// thread's `dlopen` (the loader lists an object before it relocates it), whose own hook scans
+/// again after. Any unload
 /// (glibc's and musl's count of them moved) may have put another object where one was, so it
 /// forgets them all; without that count nothing is ever skipped.
-#[derive(Default)]
 struct Seen {
     /// (load address, program headers) of the objects found by an earlier scan, and whether
     /// they were found twice.
