@@ -31,7 +31,11 @@ def churn(rounds):
     for _ in range(rounds):
         xs = []
         for i in range(50000):
-            xs.append((i, str(i), b"x" * (i % 300)))
+            # The list's item array grows by realloc, and so does each bytearray (from a
+            # small block): a sampled block's realloc must be seen freeing it.
+            grown = bytearray(i % 200)
+            grown += b"y" * (i % 150)
+            xs.append((i, str(i), b"x" * (i % 300), grown))
         del xs
 
 

@@ -4,23 +4,28 @@
 //! hooks in turn (`tracemalloc.start()`) or put back an allocator it saved before the hooks
 //! arrived (`tracemalloc.stop()` after a `start()` made before the attach): the hooks then fall
 //! out of the chain. A layer that may still be called from inside someone else's wrapper must
-//! keep passing calls to the allocator it wrapped, so its `PREV` is never rewritten; a new
+//! keep passing calls to the allocator it wrapped, so the allocators it wraps are never rewritten; a new
 //! session that finds the hooks gone installs another *layer* of the same hooks (const-generic
-//! copies with their own `PREV` and countdowns). Only the active layer samples; the others pass
+//! copies with their own saved allocators and countdowns). Only the active layer samples; the others pass
 //! calls through.
 //!
 //! Frees left to pymalloc: when the MEM and OBJ domains a layer wraps are pymalloc itself, the
 //! layer's MEM and OBJ `free` is pymalloc's own (no hook on the most frequent call there is). A
 //! block the layer samples in those domains is then made a block pymalloc hands to the RAW
 //! domain (at least [`SMALL_MAX`]` + 1` bytes, asked of pymalloc itself, which counts it as it
-//! counts its other big blocks), so that its free reaches the RAW hook, which records it.
+//! counts its other big blocks), so that its free reaches the RAW hook, which records it. So
+//! does its realloc: pymalloc hands the realloc of a block not its own to the RAW domain, so
+//! the layer's MEM and OBJ realloc hooks leave the "was it sampled?" check to the RAW hook.
 //! Sampled small blocks grow to 513 bytes: at most `513 / rate` more memory, which is why this
 //! is done only at rates of [`FREES_TO_PYMALLOC_MIN_RATE`] and above.
 
 use crate::python::{Allocator, Api};
+use crate::sampler::IDLE_COUNTDOWN;
 use crate::sampling::RAW;
+use std::cell::UnsafeCell;
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicUsize, Ordering};
 
 /// pymalloc hands requests above this size to the RAW domain (3.8+).
 pub const SMALL_MAX: usize = 512;
@@ -37,17 +42,82 @@ pub const NONE: usize = LAYERS;
 /// The hook functions of each layer and domain (ctx unused: set at install time).
 pub type HookTable = [[Allocator; 3]; LAYERS];
 
-/// The allocator each layer wraps, per domain: a pointer to an `Allocator` that is never
-/// freed, published before the hooks can run and replaced only in a layer out of every chain.
-static PREV: [[AtomicPtr<Allocator>; 3]; LAYERS] =
-    [const { [const { AtomicPtr::new(std::ptr::null_mut()) }; 3] }; LAYERS];
+/// What a layer's MEM and OBJ hooks read at every call, in one block of two cache lines: the
+/// countdown they share and the allocators they wrap. The previous allocators used to live in
+/// a separate table pointing at leaked copies on the heap, three lines a call; a program that
+/// clears big buffers (tornado's 64 KiB reads) evicts them all between requests.
+#[repr(C, align(128))]
+pub struct Hot {
+    /// The countdown of the MEM and OBJ domains (GIL held). Relaxed loads and stores only:
+    /// plain moves on the hot path.
+    pub countdown: AtomicI64,
+    /// The allocator the layer wraps, per domain: never freed, published before the hooks can
+    /// run and replaced only in a layer out of every chain.
+    prev: [AtomicPtr<Allocator>; 3],
+    /// Copies of the MEM and OBJ allocators the layer wraps, for its first installation. They
+    /// are written once: an installation after that (the layer fell out of every chain and is
+    /// taken again) leaks copies on the heap instead, so that a hook still running from before
+    /// never reads a half-written one.
+    first: [UnsafeCell<MaybeUninit<Allocator>>; 2],
+    first_taken: AtomicBool,
+    /// Whether the layer's MEM and OBJ frees are pymalloc's own (see the module's doc).
+    frees_to_pymalloc: AtomicBool,
+}
+
+// SAFETY: `first` is written once, under the session lock, before the pointer to it is
+// published (Release) in `prev`; afterwards only read.
+unsafe impl Sync for Hot {}
+
+const _: () = assert!(
+    std::mem::size_of::<Hot>() == 128,
+    "Hot fits its two cache lines"
+);
+
+/// Every layer's hot block.
+pub static HOT: [Hot; LAYERS] = [const {
+    Hot {
+        countdown: AtomicI64::new(IDLE_COUNTDOWN),
+        prev: [const { AtomicPtr::new(std::ptr::null_mut()) }; 3],
+        first: [const { UnsafeCell::new(MaybeUninit::uninit()) }; 2],
+        first_taken: AtomicBool::new(false),
+        frees_to_pymalloc: AtomicBool::new(false),
+    }
+}; LAYERS];
+
+impl Hot {
+    /// Where the allocators a new installation of this layer wraps are kept (see `first`).
+    ///
+    /// # Safety
+    /// Under the session lock, with the layer in no chain.
+    unsafe fn keep(&self, now: &[Allocator; 3]) -> [&'static Allocator; 3] {
+        let leak = |a: &Allocator| -> &'static Allocator { Box::leak(Box::new(*a)) };
+        if self.first_taken.swap(true, Ordering::Relaxed) {
+            return [leak(&now[0]), leak(&now[1]), leak(&now[2])];
+        }
+        let [mem, obj] = &self.first;
+        (*mem.get()).write(now[1]);
+        (*obj.get()).write(now[2]);
+        // SAFETY: the static block, just written.
+        let hot: &'static Hot = &*(self as *const Hot);
+        let [mem, obj] = &hot.first;
+        [
+            leak(&now[0]),
+            (*mem.get()).assume_init_ref(),
+            (*obj.get()).assume_init_ref(),
+        ]
+    }
+}
+
+/// The countdown of `layer`'s MEM and OBJ domains.
+#[inline(always)]
+pub fn gil_countdown(layer: usize) -> &'static AtomicI64 {
+    &HOT[layer].countdown
+}
 /// Whether a layer may still be in a domain's chain: installed and not restored since.
 static IN_CHAIN: [[AtomicBool; 3]; LAYERS] =
     [const { [const { AtomicBool::new(false) }; 3] }; LAYERS];
 /// The layer that samples, or `NONE`.
 static ACTIVE: AtomicUsize = AtomicUsize::new(NONE);
-/// Whether a layer's MEM and OBJ frees are pymalloc's own (see the module's doc).
-static FREES_TO_PYMALLOC: [AtomicBool; LAYERS] = [const { AtomicBool::new(false) }; LAYERS];
 /// pymalloc's `malloc` and `free`, learnt when the interpreter first says its allocators are its
 /// defaults; 0 while unknown.
 static PYMALLOC: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
@@ -57,7 +127,7 @@ static PYMALLOC: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
 pub fn prev(layer: usize, domain: usize) -> &'static Allocator {
     // SAFETY: set (to a leaked, never-freed Allocator) before the layer's hooks were installed,
     // so any call of those hooks sees a valid pointer.
-    unsafe { &*PREV[layer][domain].load(Ordering::Acquire) }
+    unsafe { &*HOT[layer].prev[domain].load(Ordering::Acquire) }
 }
 
 /// The layer that samples (`NONE` outside a session).
@@ -80,7 +150,7 @@ fn same_hook(a: &Allocator, b: &Allocator) -> bool {
 /// domains must be made RAW blocks (see the module's doc).
 #[inline]
 pub fn frees_to_pymalloc(layer: usize) -> bool {
-    layer < LAYERS && FREES_TO_PYMALLOC[layer].load(Ordering::Acquire)
+    layer < LAYERS && HOT[layer].frees_to_pymalloc.load(Ordering::Acquire)
 }
 
 /// Remembers pymalloc's functions if the current allocators are the interpreter's defaults.
@@ -134,7 +204,7 @@ fn is_pymalloc(a: &Allocator) -> bool {
 
 /// The allocator that puts `layer`'s hook of `domain` in front of `prev`.
 fn hook_over(table: &HookTable, layer: usize, domain: usize, prev: &Allocator) -> Allocator {
-    let free = if domain != RAW && FREES_TO_PYMALLOC[layer].load(Ordering::Relaxed) {
+    let free = if domain != RAW && HOT[layer].frees_to_pymalloc.load(Ordering::Relaxed) {
         prev.free
     } else {
         table[layer][domain].free
@@ -163,9 +233,11 @@ pub unsafe fn install(
     learn_pymalloc(api, &now);
     if let Some(layer) = (0..LAYERS).find(|&l| (0..3).all(|d| same_hook(&now[d], &table[l][d]))) {
         let bypass = frees_may_go_to(fast_frees, [prev(layer, 1), prev(layer, 2)]);
-        if bypass != FREES_TO_PYMALLOC[layer].load(Ordering::Relaxed) {
+        if bypass != HOT[layer].frees_to_pymalloc.load(Ordering::Relaxed) {
             // The layer's hooks are the current allocators: swap their frees.
-            FREES_TO_PYMALLOC[layer].store(bypass, Ordering::Release);
+            HOT[layer]
+                .frees_to_pymalloc
+                .store(bypass, Ordering::Release);
             for d in 1..3 {
                 (api.set_allocator)(d as i32, &hook_over(table, layer, d, prev(layer, d)));
             }
@@ -180,10 +252,15 @@ pub unsafe fn install(
              restart it to profile it again",
         )?;
     let bypass = frees_may_go_to(fast_frees, [&now[1], &now[2]]);
-    FREES_TO_PYMALLOC[layer].store(bypass, Ordering::Release);
+    HOT[layer]
+        .frees_to_pymalloc
+        .store(bypass, Ordering::Release);
+    let kept = HOT[layer].keep(&now);
     for (d, prev) in now.iter().enumerate() {
-        let saved: &'static mut Allocator = Box::leak(Box::new(*prev));
-        PREV[layer][d].store(saved, Ordering::Release);
+        HOT[layer].prev[d].store(
+            kept[d] as *const Allocator as *mut Allocator,
+            Ordering::Release,
+        );
         (api.set_allocator)(d as i32, &hook_over(table, layer, d, prev));
         IN_CHAIN[layer][d].store(true, Ordering::Relaxed);
     }

@@ -10,9 +10,9 @@
 //! Each hook layer (see `chain`) has countdowns of its own, so that a layer that only passes
 //! calls through never takes bytes from the sampling one.
 
-use crate::chain::LAYERS;
+use crate::chain::{gil_countdown, LAYERS};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Countdown while sampling is off: the slow path is visited once per this many bytes, to notice
 /// a new session.
@@ -20,9 +20,6 @@ pub const IDLE_COUNTDOWN: i64 = 64 << 20;
 
 /// Bumped at every session start and stop; a RAW countdown whose epoch differs is re-drawn.
 pub static EPOCH: AtomicU32 = AtomicU32::new(0);
-/// The countdowns of the MEM and OBJ domains (GIL held), per layer. Relaxed loads and stores
-/// only: plain moves on the hot path.
-pub static GIL_COUNTDOWN: [AtomicI64; LAYERS] = [const { AtomicI64::new(IDLE_COUNTDOWN) }; LAYERS];
 static RATE: AtomicU64 = AtomicU64::new(128 * 1024);
 static RNG: AtomicU64 = AtomicU64::new(0x9E37_79B9_7F4A_7C15);
 
@@ -73,7 +70,7 @@ pub fn configure(rate: u64, seed: u64, layer: usize) {
     };
     RNG.store(splitmix(seed) | 1, Ordering::Relaxed);
     EPOCH.fetch_add(1, Ordering::Relaxed);
-    GIL_COUNTDOWN[layer].store(draw(), Ordering::Relaxed);
+    gil_countdown(layer).store(draw(), Ordering::Relaxed);
 }
 
 /// The session's sampling rate, in bytes.
@@ -84,14 +81,14 @@ pub fn rate() -> u64 {
 /// Arms the countdowns of `layer`, which takes over sampling within the running session.
 pub fn arm_layer(layer: usize) {
     EPOCH.fetch_add(1, Ordering::Relaxed);
-    GIL_COUNTDOWN[layer].store(draw(), Ordering::Relaxed);
+    gil_countdown(layer).store(draw(), Ordering::Relaxed);
 }
 
 /// Switches every countdown to idle.
 pub fn idle() {
     EPOCH.fetch_add(1, Ordering::Relaxed);
-    for c in &GIL_COUNTDOWN {
-        c.store(IDLE_COUNTDOWN, Ordering::Relaxed);
+    for layer in 0..LAYERS {
+        gil_countdown(layer).store(IDLE_COUNTDOWN, Ordering::Relaxed);
     }
 }
 

@@ -7,7 +7,7 @@ use crate::chain;
 use crate::lifecycle::{self, Session, ENABLED, SESSION};
 use crate::python::{self, Api};
 use crate::sample_stack::{Announcer, Stack};
-use crate::sampler::{self, ThreadState, EPOCH, GIL_COUNTDOWN, IDLE_COUNTDOWN, THREAD};
+use crate::sampler::{self, ThreadState, EPOCH, IDLE_COUNTDOWN, THREAD};
 use crate::sys::{self, now_ns};
 use mprof_common::record::{
     Allocator, ALLOC_NATIVE_STACK, ALLOC_TRUNCATED, KIND_FREE, MAX_NATIVE_FRAMES,
@@ -99,7 +99,7 @@ fn decide(domain: usize, layer: usize, t: &ThreadState, size: usize) -> bool {
         } else {
             IDLE_COUNTDOWN
         };
-        GIL_COUNTDOWN[layer].store(next, Ordering::Relaxed);
+        chain::gil_countdown(layer).store(next, Ordering::Relaxed);
         return enabled;
     }
     decide_per_thread(enabled, &t.countdown[layer], &t.epoch[layer], size)
