@@ -190,7 +190,10 @@ impl Announcer<'_> {
     }
 
     /// The plain walk: innermost `max_depth` frames, interned from the outermost kept. The
-    /// thread's cached chain is void after it.
+    /// thread's cached chain is void after it. Rare (a chain too deep or broken, a full
+    /// table): out of line, so that the common path's code stays together.
+    #[cold]
+    #[inline(never)]
     unsafe fn uncached(&mut self, tid: u32, tstate: *const c_void) -> Result<Stack, Lost> {
         if let Some(chain) = self.stacks.chain_of(tid) {
             chain.len = 0;

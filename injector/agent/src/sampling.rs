@@ -12,6 +12,7 @@ use crate::sys::{self, now_ns};
 use mprof_common::record::{
     Allocator, ALLOC_NATIVE_STACK, ALLOC_TRUNCATED, KIND_FREE, MAX_NATIVE_FRAMES,
 };
+use mprof_common::ring::Ring;
 use mprof_common::stacks::{
     brief_aux, write_brief, write_context, write_sample, Sample, BRIEF_BODY, CONTEXT_BODY,
     KIND_BRIEF, KIND_CONTEXT, KIND_SAMPLE, SAMPLE_FIXED,
@@ -280,35 +281,19 @@ unsafe fn record_alloc_locked(
                 write_brief(b, addr as u64, size, stack.node)
             })
         }
-        None => {
-            let sample = Sample {
+        None => write_full_sample(
+            &mut mapped.ring,
+            &Sample {
                 tid,
                 flags,
                 addr: addr as u64,
                 size: size as u64,
                 time_ns: now,
                 stack: stack.node,
-            };
-            let native_len = if with_native { 8 + 8 * native.len() } else { 0 };
-            let body = SAMPLE_FIXED + native_len;
-            mapped
-                .ring
-                .try_write(KIND_SAMPLE, stack.depth as u16, body, |b| {
-                    write_sample(b, &sample);
-                    if with_native {
-                        // The native section (see mprof_common::stacks): no entry bitmap, the
-                        // nodes carry the entry marks.
-                        let mut at = SAMPLE_FIXED;
-                        b[at..at + 4].copy_from_slice(&(native.len() as u32).to_le_bytes());
-                        b[at + 4..at + 8].copy_from_slice(&0u32.to_le_bytes());
-                        at += 8;
-                        for w in native {
-                            b[at..at + 8].copy_from_slice(&w.to_le_bytes());
-                            at += 8;
-                        }
-                    }
-                })
-        }
+            },
+            stack.depth,
+            with_native.then_some(native),
+        ),
     };
     if written {
         // Only the holder of the session lock writes the counters: no read-modify-write.
@@ -318,6 +303,30 @@ unsafe fn record_alloc_locked(
         // Without room for it in the set, its free would go unrecorded: it stays live.
         set.insert(addr);
     }
+}
+
+/// A sample in the full SAMPLE record (a block of 4 GiB or more, a stack of more than 511
+/// frames, or a native stack), with the native frames when they were unwound. Out of line:
+/// the common sample is a BRIEF.
+#[cold]
+#[inline(never)]
+fn write_full_sample(ring: &mut Ring, sample: &Sample, depth: u32, native: Option<&[u64]>) -> bool {
+    let native_len = native.map_or(0, |n| 8 + 8 * n.len());
+    ring.try_write(KIND_SAMPLE, depth as u16, SAMPLE_FIXED + native_len, |b| {
+        write_sample(b, sample);
+        if let Some(native) = native {
+            // The native section (see mprof_common::stacks): no entry bitmap, the nodes carry
+            // the entry marks.
+            let mut at = SAMPLE_FIXED;
+            b[at..at + 4].copy_from_slice(&(native.len() as u32).to_le_bytes());
+            b[at + 4..at + 8].copy_from_slice(&0u32.to_le_bytes());
+            at += 8;
+            for w in native {
+                b[at..at + 8].copy_from_slice(&w.to_le_bytes());
+                at += 8;
+            }
+        }
+    })
 }
 
 /// The calling thread's thread state, if the interpreter is running and the thread has one.
