@@ -4,10 +4,10 @@
 //! hooks in turn (`tracemalloc.start()`) or put back an allocator it saved before the hooks
 //! arrived (`tracemalloc.stop()` after a `start()` made before the attach): the hooks then fall
 //! out of the chain. A layer that may still be called from inside someone else's wrapper must
-//! keep passing calls to the allocator it wrapped, so the allocators it wraps are never rewritten; a new
+//! keep passing calls to the allocators it wrapped, which are therefore never rewritten; a new
 //! session that finds the hooks gone installs another *layer* of the same hooks (const-generic
-//! copies with their own saved allocators and countdowns). Only the active layer samples; the others pass
-//! calls through.
+//! copies with their own saved allocators and countdowns). Only the active layer samples; the
+//! others pass calls through.
 //!
 //! Frees left to pymalloc: when the MEM and OBJ domains a layer wraps are pymalloc itself, the
 //! layer's MEM and OBJ `free` is pymalloc's own (no hook on the most frequent call there is). A
@@ -43,9 +43,9 @@ pub const NONE: usize = LAYERS;
 pub type HookTable = [[Allocator; 3]; LAYERS];
 
 /// What a layer's MEM and OBJ hooks read at every call, in one block of two cache lines: the
-/// countdown they share and the allocators they wrap. The previous allocators used to live in
-/// a separate table pointing at leaked copies on the heap, three lines a call; a program that
-/// clears big buffers (tornado's 64 KiB reads) evicts them all between requests.
+/// countdown they share and the allocators they wrap. Spread over a table of pointers and
+/// copies on the heap, that was three lines a call, which a program that clears big buffers
+/// between its allocations (tornado's 64 KiB reads) finds evicted every time.
 #[repr(C, align(128))]
 pub struct Hot {
     /// The countdown of the MEM and OBJ domains (GIL held). Relaxed loads and stores only:
@@ -89,21 +89,16 @@ impl Hot {
     ///
     /// # Safety
     /// Under the session lock, with the layer in no chain.
-    unsafe fn keep(&self, now: &[Allocator; 3]) -> [&'static Allocator; 3] {
+    unsafe fn keep(&'static self, now: &[Allocator; 3]) -> [&'static Allocator; 3] {
         let leak = |a: &Allocator| -> &'static Allocator { Box::leak(Box::new(*a)) };
         if self.first_taken.swap(true, Ordering::Relaxed) {
             return [leak(&now[0]), leak(&now[1]), leak(&now[2])];
         }
         let [mem, obj] = &self.first;
-        (*mem.get()).write(now[1]);
-        (*obj.get()).write(now[2]);
-        // SAFETY: the static block, just written.
-        let hot: &'static Hot = &*(self as *const Hot);
-        let [mem, obj] = &hot.first;
         [
             leak(&now[0]),
-            (*mem.get()).assume_init_ref(),
-            (*obj.get()).assume_init_ref(),
+            (*mem.get()).write(now[1]),
+            (*obj.get()).write(now[2]),
         ]
     }
 }
@@ -113,6 +108,7 @@ impl Hot {
 pub fn gil_countdown(layer: usize) -> &'static AtomicI64 {
     &HOT[layer].countdown
 }
+
 /// Whether a layer may still be in a domain's chain: installed and not restored since.
 static IN_CHAIN: [[AtomicBool; 3]; LAYERS] =
     [const { [const { AtomicBool::new(false) }; 3] }; LAYERS];
@@ -125,8 +121,8 @@ static PYMALLOC: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
 /// The allocator that `layer`'s hook of `domain` wraps.
 #[inline(always)]
 pub fn prev(layer: usize, domain: usize) -> &'static Allocator {
-    // SAFETY: set (to a leaked, never-freed Allocator) before the layer's hooks were installed,
-    // so any call of those hooks sees a valid pointer.
+    // SAFETY: set (to a copy never freed nor rewritten, in `HOT` or leaked) before the layer's
+    // hooks were installed, so any call of those hooks sees a valid pointer.
     unsafe { &*HOT[layer].prev[domain].load(Ordering::Acquire) }
 }
 
