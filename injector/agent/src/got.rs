@@ -139,9 +139,8 @@ struct Patched {
 /// An object is scanned by the first two scans that find it at the same place and skipped by
 /// the later ones: the first may have met it mapped but still being relocated by another
 /// thread's `dlopen` (the loader lists an object before it relocates it), whose own hook scans
-/// again after. Any unload
-/// (glibc's and musl's count of them moved) may have put another object where one was, so it
-/// forgets them all; without that count nothing is ever skipped.
+/// again after. Any unload (glibc's and musl's count of them moved) may have put another object
+/// where one was, so it forgets them all; without that count nothing is ever skipped.
 struct Seen {
     /// (load address, program headers) of the objects found by an earlier scan, and whether
     /// they were found twice.
