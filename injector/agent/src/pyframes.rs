@@ -105,8 +105,9 @@ pub unsafe fn is_entry(l: &PyLayout, f: *const c_void) -> bool {
 pub const UNCOMPARABLE: usize = usize::MAX;
 
 /// Fills the end of `out` with what the calling thread's frames run, one word per frame (its
-/// `at`), outermost first: the innermost frame's is the last word. Plain loads, no checks.
-/// Returns how many and whether the chain ended (false: longer than `out`).
+/// `at`), outermost first: the innermost frame's is the last word; and `first` with the
+/// addresses of the innermost [`FIRST`] frames, innermost first (as many as there are). Plain
+/// loads, no checks. Returns how many and whether the chain ended (false: longer than `out`).
 ///
 /// What a thread's previous sample is compared with to find the frames that did not change
 /// (see `stacks`). A frame's `at`, with the `at`s of the frames outside it, says which node
@@ -123,12 +124,13 @@ pub unsafe fn ats(
     l: &PyLayout,
     tstate: *const c_void,
     out: &mut [MaybeUninit<usize>],
+    first: &mut [MaybeUninit<usize>; FIRST],
 ) -> (usize, bool) {
     let f = top_frame(l, tstate);
     let (back, instr) = (l.frame_back, l.frame_instr);
     if l.frame_owner == ABSENT {
         let code = l.frame_code;
-        chain(f, back, out, |f| {
+        chain(f, back, out, first, |f| {
             let lasti = read::<i32>(f, instr) as u32 as usize;
             if lasti < 1 << 16 {
                 read::<usize>(f, code) | lasti << 47
@@ -138,26 +140,41 @@ pub unsafe fn ats(
         })
     } else if l.frame_is_entry != ABSENT {
         let entry = l.frame_is_entry;
-        chain(f, back, out, |f| {
+        chain(f, back, out, first, |f| {
             read::<usize>(f, instr) | ((read::<u8>(f, entry) != 0) as usize) << 63
         })
     } else {
-        chain(f, back, out, |f| read(f, instr))
+        chain(f, back, out, first, |f| read(f, instr))
     }
 }
+
+/// The innermost frames whose addresses [`ats`] keeps: between two samples of a thread the
+/// frames that changed are nearly always among them, and they are not walked again.
+pub const FIRST: usize = 4;
 
 #[inline(always)]
 unsafe fn chain(
     mut f: *const c_void,
     back: u16,
     out: &mut [MaybeUninit<usize>],
+    first: &mut [MaybeUninit<usize>; FIRST],
     at: impl Fn(*const c_void) -> usize,
 ) -> (usize, bool) {
     // Four links a round while four slots are left: a deep chain is most of a sample's walk.
-    // `room`: the slots not written yet, at the start of `out`.
+    // `room`: the slots not written yet, at the start of `out`. The first round also keeps
+    // the frames' addresses.
     let end = out.len();
     let out = out.as_mut_ptr();
-    let mut room = end;
+    let kept = FIRST.min(end);
+    for (k, slot) in first[..kept].iter_mut().enumerate() {
+        if f.is_null() {
+            return (k, true);
+        }
+        slot.write(f as usize);
+        (*out.add(end - 1 - k)).write(at(f));
+        f = read(f, back);
+    }
+    let mut room = end - kept;
     while room >= 4 {
         for k in 1..=4 {
             if f.is_null() {
@@ -375,8 +392,9 @@ mod tests {
             let top = top.cast::<c_void>();
             for room in 0..11usize {
                 let mut out = vec![MaybeUninit::<usize>::uninit(); room];
+                let mut first = [MaybeUninit::<usize>::uninit(); FIRST];
                 // SAFETY: the frames above, whose second word links outward (0 ends).
-                let (n, whole) = unsafe { chain(top, 8, &mut out, |f| read(f, 0)) };
+                let (n, whole) = unsafe { chain(top, 8, &mut out, &mut first, |f| read(f, 0)) };
                 assert_eq!(n, links.min(room), "{links} links in {room} slots");
                 assert_eq!(whole, links <= room, "{links} links in {room} slots");
                 // SAFETY: `chain` wrote the last `n`, outermost first.
@@ -386,6 +404,15 @@ mod tests {
                     .collect();
                 let want: Vec<usize> = (0..n).rev().map(|i| 100 + i).collect();
                 assert_eq!(got, want, "{links} links in {room} slots");
+                // The innermost frames' addresses, innermost first.
+                let kept = n.min(FIRST);
+                // SAFETY: `chain` wrote the first `min(n, FIRST)`.
+                let got: Vec<usize> = first[..kept]
+                    .iter()
+                    .map(|w| unsafe { w.assume_init() })
+                    .collect();
+                let want: Vec<usize> = (0..kept).map(|i| base.wrapping_add(i) as usize).collect();
+                assert_eq!(got, want, "{links} links in {room} slots: kept frames");
             }
         }
     }

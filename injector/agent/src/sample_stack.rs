@@ -7,7 +7,7 @@
 //! only; the other frames cost a few loads and a compare each.
 
 use crate::lifecycle::{self, Caches, LineEntry};
-use crate::pyframes::{self as frames, CodeKey, Found, RawFrame, MAX_FRAMES, UNCOMPARABLE};
+use crate::pyframes::{self as frames, CodeKey, Found, RawFrame, FIRST, MAX_FRAMES, UNCOMPARABLE};
 use crate::python::Api;
 use crate::stacks::{Cached, FrameKey, Interned, Stacks, ThreadChain, LINK_CAP};
 use mprof_common::layout::PyLayout;
@@ -75,11 +75,12 @@ impl Announcer<'_> {
     /// `tstate` is the calling thread's own thread state.
     pub unsafe fn this_thread(&mut self, tid: u32, tstate: *const c_void) -> Result<Stack, Lost> {
         let mut ats = [const { MaybeUninit::<usize>::uninit() }; LINK_CAP];
-        let (n, whole) = frames::ats(self.layout, tstate, &mut ats);
+        let mut first = [const { MaybeUninit::<usize>::uninit() }; FIRST];
+        let (n, whole) = frames::ats(self.layout, tstate, &mut ats, &mut first);
         if whole {
             // SAFETY: `ats` wrote the last `n`.
             let ats = std::slice::from_raw_parts(ats.as_ptr().add(LINK_CAP - n).cast(), n);
-            match self.cached(tid, tstate, ats) {
+            match self.cached(tid, tstate, ats, &first) {
                 Ok(Some(stack)) => return Ok(stack),
                 Ok(None) => {}
                 Err(Lost::TableFull) => return self.uncached(tid, tstate),
@@ -93,13 +94,15 @@ impl Announcer<'_> {
         }
     }
 
-    /// Through the thread's previous chain (`ats`: what its frames run now, outermost first).
+    /// Through the thread's previous chain (`ats`: what its frames run now, outermost first;
+    /// `first`: the addresses of the innermost of them, as `frames::ats` kept them).
     /// `Ok(None)`: this chain cannot be cached (too deep or broken), walk it the plain way.
     unsafe fn cached(
         &mut self,
         tid: u32,
         tstate: *const c_void,
         ats: &[usize],
+        first: &[MaybeUninit<usize>; FIRST],
     ) -> Result<Option<Stack>, Lost> {
         let Some(chain) = self.stacks.chain_of(tid) else {
             return Ok(None);
@@ -118,9 +121,14 @@ impl Announcer<'_> {
             0 => Cached::default(),
             k => chain.made[k - 1],
         };
-        // The frames that changed, innermost first.
-        let mut changed = [const { MaybeUninit::<usize>::uninit() }; LINK_CAP];
-        frames::innermost(self.layout, tstate, &mut changed[..n - same]);
+        // The frames that changed, innermost first: most often among those the walk kept.
+        let mut walked = [const { MaybeUninit::<usize>::uninit() }; LINK_CAP];
+        let changed: &[MaybeUninit<usize>] = if n - same <= FIRST {
+            first
+        } else {
+            frames::innermost(self.layout, tstate, &mut walked[..n - same]);
+            &walked
+        };
         if n - same >= 2 {
             // At the default rate the frame cache is cold at every sample: the sets of the
             // frames to look up (in the order they are looked up) are asked for at once, so
@@ -135,7 +143,7 @@ impl Announcer<'_> {
         }
         let mut cacheable = true;
         for i in same..n {
-            // SAFETY: `innermost` wrote the first `n - same`.
+            // SAFETY: the first `n - same` were written, by the walk or by `innermost`.
             let f = changed[n - 1 - i].assume_init() as *const c_void;
             let (at, outer) = (ats[i], if i == 0 { 0 } else { ats[i - 1] });
             let parent = Cached { node, depth };

@@ -1,0 +1,164 @@
+"""Allocations from stacks that change between samples in every way a thread's stack can.
+
+usage: stack_shapes.py DIR
+
+The agent re-reads only the part of a thread's stack that changed since that thread's last
+sample. This program makes the part that changes take every shape: recursion to depths that
+jump about (from one frame to forty changed between two samples), two stacks that differ only in
+their outermost frame (every frame inside it at the same address and instruction), a generator
+resumed from two callers, one caller calling from two lines, and two threads doing the same
+with the interpreter switching between them all the time.
+
+Every allocation that is checked is `bytes(n)` in `leaf`, of a whole number of UNIT bytes:
+the interpreter's own allocations at the same line (3.8's caches of a code object's global
+lookups, made once) are a few hundred bytes, so a sample put on the wrong stack shows as a
+difference of UNIT or more. The same control flow runs twice: once probing (each `leaf` call
+records its stack, from the `scenarios` or `worker` frame in, as (function, line) pairs: the
+leaf's own line is the one of its allocation), then allocating. DIR/truth.json gets
+{"unit": UNIT, "stacks": {stack: bytes}}, each stack written as mprof's folded export writes it
+from that frame in, `name (path:line)` joined by `;`.
+"""
+import json
+import os
+import sys
+import threading
+
+HERE = os.path.abspath(__file__)
+HEADER = sys.getsizeof(b"")
+ROOTS = ("scenarios", "worker")
+UNIT = 16384
+# The lengths of bytes objects of k units, made once (the arithmetic would allocate ints).
+LENGTHS = [max(0, k * UNIT - HEADER) for k in range(4)]
+ALLOC_LINE = None  # the line of the allocation in `leaf`, found below
+PROBING = [True]
+TRUTH = {}
+LOCK = threading.Lock()
+
+
+def leaf(k):
+    """Allocates k UNITs (the bytes object's header included)."""
+    if PROBING[0]:
+        return probe(k)
+    return bytes(LENGTHS[k])  # the allocation
+
+
+def probe(k):
+    f = sys._getframe(2)
+    frames = ["leaf (%s:%d)" % (HERE, ALLOC_LINE)]
+    while f is not None:
+        code = f.f_code
+        frames.append("%s (%s:%d)" % (code.co_name, code.co_filename, f.f_lineno))
+        if code.co_name in ROOTS:
+            break
+        f = f.f_back
+    key = ";".join(reversed(frames))
+    with LOCK:
+        TRUTH[key] = TRUTH.get(key, 0) + k * UNIT
+
+
+def rec(depth, n):
+    if depth == 0:
+        return leaf(n)
+    return rec(depth - 1, n)
+
+
+def x(n):
+    return y(n)
+
+
+def y(n):
+    return z(n)
+
+
+def z(n):
+    return leaf(n)
+
+
+def from_a(n):
+    return x(n)
+
+
+def from_b(n):
+    return x(n)
+
+
+def gen(n):
+    while True:
+        leaf(n)
+        yield
+
+
+def caller_one(g):
+    next(g)
+
+
+def caller_two(g):
+    next(g)
+
+
+def two_lines(i, n):
+    if i % 2:
+        return leaf(n)
+    return leaf(n + 1)
+
+
+def depths(seed):
+    """Depths from 0 to 40 that jump about: runs of the same depth, small steps, large ones."""
+    out, d = [], seed % 7
+    for i in range(120):
+        step = (i * 7919 + seed) % 13
+        if step < 4:
+            pass
+        elif step < 9:
+            d = max(0, min(40, d + step - 6))
+        else:
+            d = (d * 31 + step) % 41
+        out.append(d)
+    return out
+
+
+def scenarios():
+    for d in depths(1):
+        rec(d, 1 + d % 3)
+    for i in range(200):
+        (from_a if i % 2 else from_b)(1 + i % 3)
+    g = gen(2)
+    for i in range(200):
+        (caller_one if i % 3 else caller_two)(g)
+    for i in range(200):
+        two_lines(i, 1)
+    for d in depths(2):
+        rec(d, 3)
+        z(2)
+
+
+def worker(seed):
+    for _ in range(5):
+        for d in depths(seed):
+            rec(d, 1 + seed % 3)
+            (from_a if d % 2 else from_b)(2)
+
+
+def run():
+    scenarios()
+    threads = [threading.Thread(target=worker, args=(s,)) for s in (3, 4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def main(out_dir):
+    global ALLOC_LINE
+    with open(HERE) as src:
+        ALLOC_LINE = next(i for i, line in enumerate(src, 1) if "# the allocation" in line)
+    sys.setswitchinterval(1e-5)
+    run()
+    PROBING[0] = False
+    run()
+    with open(os.path.join(out_dir, "truth.json"), "w") as f:
+        json.dump({"unit": UNIT, "stacks": TRUTH}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
