@@ -501,11 +501,12 @@ pub struct Unfollowed {
 }
 
 impl Unfollowed {
-    /// Looks at the program's descendants (at most twenty times a second).
+    /// Looks at the program's descendants (at most four times a second: each look reads a
+    /// file per thread of every descendant, on the program's core when they share one).
     pub fn watch(&mut self, root: u32) {
         if self
             .last
-            .is_some_and(|t| t.elapsed() < Duration::from_millis(50))
+            .is_some_and(|t| t.elapsed() < Duration::from_millis(250))
         {
             return;
         }

@@ -41,13 +41,35 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Resident set size of `pid` in bytes, from /proc/PID/statm.
-pub fn rss_bytes(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
-    let pages: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
-    // SAFETY: sysconf takes an integer name and touches no memory of ours.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    Some(pages * page as u64)
+/// A process's /proc/PID/statm, opened once and read again from its start at each reading:
+/// one system call a reading instead of a path lookup, an open, a read and a close (ten
+/// readings a second, on the program's core when they share one). The file stays the
+/// process's own: if it ends and its pid is reused, the reading fails instead of reading the
+/// other process.
+struct Statm {
+    file: Option<std::fs::File>,
+    page: u64,
+}
+
+impl Statm {
+    fn open(pid: u32) -> Statm {
+        // SAFETY: sysconf takes an integer name and touches no memory of ours.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        Statm {
+            file: std::fs::File::open(format!("/proc/{pid}/statm")).ok(),
+            page: page.max(1) as u64,
+        }
+    }
+
+    /// Resident set size in bytes.
+    fn rss_bytes(&self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 256];
+        let n = self.file.as_ref()?.read_at(&mut buf, 0).ok()?;
+        let text = std::str::from_utf8(&buf[..n]).ok()?;
+        let pages: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
+        pages.checked_mul(self.page)
+    }
 }
 
 /// Threads whose names the reader looks up at most.
@@ -59,6 +81,7 @@ pub struct Reader<R: std::ops::Deref<Target = RingMem>> {
     pub capture: CaptureWriter,
     pid: u32,
     tids: HashSet<u32>,
+    statm: Statm,
     last_rss: Option<Instant>,
     last_flush: Instant,
     /// The target's module map, for native stacks (`--native`).
@@ -85,6 +108,7 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
             capture,
             pid,
             tids: HashSet::new(),
+            statm: Statm::open(pid),
             last_rss: None,
             last_flush: Instant::now(),
             modules: ModuleTracker::new(pid),
@@ -205,7 +229,7 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
             .is_none_or(|t| now - t >= Duration::from_millis(100))
         {
             self.last_rss = Some(now);
-            if let Some(rss) = rss_bytes(self.pid) {
+            if let Some(rss) = self.statm.rss_bytes() {
                 let rss = Record::Rss {
                     time_ns: record_time_ns(),
                     rss_bytes: rss,

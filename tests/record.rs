@@ -577,3 +577,29 @@ fn fork_subprocess_and_tracemalloc_are_unharmed() {
         );
     }
 }
+
+/// The RSS readings taken while the program runs are fresh ones (mprof keeps the program's
+/// /proc/PID/statm open and reads it again from its start each time): a program that grows to
+/// about 300 MiB shows a peak RSS near that, not the size it had when the file was opened.
+#[test]
+fn rss_readings_follow_the_program_as_it_grows() {
+    let py = common::main_python(&pythons());
+    let dir = common::tempdir();
+    let capture = dir.path().join("rss.mprof");
+    let growth = script("rss_growth.py");
+    record(
+        &py,
+        &capture,
+        &["--quiet"],
+        &[growth.to_str().unwrap(), dir.path().to_str().unwrap()],
+    );
+    let peak = report_json(&capture, &[])["max_rss_bytes"]
+        .as_u64()
+        .expect("an RSS reading");
+    assert!(
+        (250 << 20..400 << 20).contains(&peak),
+        "{}: peak RSS {} MiB, the program held about 300",
+        py.label,
+        peak >> 20
+    );
+}
