@@ -415,7 +415,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
         }
         None => None,
     };
-    let reader = Reader::new(&attached.ring, capture, pid);
+    let reader = Reader::new(&attached.ring, capture, pid).keep_statm_open();
     // The agent is running: a view that cannot start must not end the session early.
     let focus = crate::focus::Focus::from_meta_lines(&yours);
     let target = crate::live::Target::attach(pid, sampling, output, focus);

@@ -259,7 +259,7 @@ pub fn run(
             return Err(e);
         }
     };
-    let reader = Reader::new(&ring, capture, pid);
+    let reader = Reader::new(&ring, capture, pid).keep_statm_open();
     let followed = rendezvous
         .zip(children)
         .map(|(rendezvous, children)| Followed {

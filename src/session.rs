@@ -41,31 +41,46 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// A process's /proc/PID/statm, opened once and read again from its start at each reading:
-/// one system call a reading instead of a path lookup, an open, a read and a close (ten
-/// readings a second, on the program's core when they share one). The file stays the
-/// process's own: if it ends and its pid is reused, the reading fails instead of reading the
-/// other process.
+/// Where a reader reads its process's resident set size: /proc/PID/statm.
+///
+/// The program's own reader keeps the file open and reads it again from its start: one
+/// system call a reading instead of a path lookup, an open, a read and a close (ten readings a
+/// second, on the program's core when they share one). The file stays the process's own: if
+/// it ends and its pid is reused, the reading fails instead of reading the other process. A
+/// followed child's reader opens the file at each reading, as there may be thousands of them
+/// and each kept file would count against mprof's limit of open files.
 struct Statm {
-    file: Option<std::fs::File>,
+    pid: u32,
+    kept: Option<std::fs::File>,
     page: u64,
 }
 
 impl Statm {
-    fn open(pid: u32) -> Statm {
+    fn new(pid: u32) -> Statm {
         // SAFETY: sysconf takes an integer name and touches no memory of ours.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         Statm {
-            file: std::fs::File::open(format!("/proc/{pid}/statm")).ok(),
+            pid,
+            kept: None,
             page: page.max(1) as u64,
         }
+    }
+
+    fn path(&self) -> String {
+        format!("/proc/{}/statm", self.pid)
     }
 
     /// Resident set size in bytes.
     fn rss_bytes(&self) -> Option<u64> {
         use std::os::unix::fs::FileExt;
         let mut buf = [0u8; 256];
-        let n = self.file.as_ref()?.read_at(&mut buf, 0).ok()?;
+        let n = match &self.kept {
+            Some(file) => file.read_at(&mut buf, 0).ok()?,
+            None => {
+                use std::io::Read;
+                std::fs::File::open(self.path()).ok()?.read(&mut buf).ok()?
+            }
+        };
         let text = std::str::from_utf8(&buf[..n]).ok()?;
         let pages: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
         pages.checked_mul(self.page)
@@ -108,7 +123,7 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
             capture,
             pid,
             tids: HashSet::new(),
-            statm: Statm::open(pid),
+            statm: Statm::new(pid),
             last_rss: None,
             last_flush: Instant::now(),
             modules: ModuleTracker::new(pid),
@@ -116,6 +131,13 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
         };
         r.heartbeat();
         r
+    }
+
+    /// The program's own reader (not a followed child's): keeps its process's statm file open
+    /// for the RSS readings (see `Statm`).
+    pub fn keep_statm_open(mut self) -> Self {
+        self.statm.kept = std::fs::File::open(self.statm.path()).ok();
+        self
     }
 
     /// Tells the agent the reader is alive.
