@@ -132,9 +132,7 @@ def run_once(workload, config, args, env, tmpdir, i):
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n", 2)[2],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--python", default=overhead.default_python(),
-                   help="interpreter under test (default: the newest ~/.pyenv/versions/3.11.*)")
-    p.add_argument("--mprof", default=os.path.join(overhead.ROOT, "target", "release", "mprof"))
+    overhead.add_target_args(p)
     p.add_argument("--agent", help="the agent library the mprof binary carries (default: the newest of its build)")
     p.add_argument("--workloads", default="tornado", help="comma-separated: tornado, alloc, native, imports")
     p.add_argument("--configs", default="mprof", help="comma-separated mprof configurations (default: mprof)")
@@ -145,10 +143,7 @@ def parse_args():
     p.add_argument("--top", type=int, default=12, help="agent functions listed (default 12)")
     p.add_argument("--timeout", type=int, default=300)
     args = p.parse_args()
-    if not args.python or not os.path.exists(args.python):
-        p.error("no Python interpreter found; pass --python PATH")
-    if not os.access(args.mprof, os.X_OK):
-        p.error("%s not found: run `cargo build --release` first" % args.mprof)
+    overhead.check_target_args(p, args)
     args.agent = args.agent or newest_agent(os.path.abspath(args.mprof))
     if not args.agent or not os.path.exists(args.agent):
         p.error("the agent library was not found next to %s; pass --agent PATH" % args.mprof)

@@ -312,6 +312,21 @@ def run_instructions(args, workloads, configs, env):
 # Set-up
 
 
+def add_target_args(parser):
+    """The interpreter under test and the mprof binary: the options every benchmark takes."""
+    parser.add_argument("--python", default=default_python(),
+                        help="interpreter under test (default: the newest ~/.pyenv/versions/3.11.*)")
+    parser.add_argument("--mprof", default=os.path.join(ROOT, "target", "release", "mprof"))
+
+
+def check_target_args(parser, args):
+    """Stops with a one-line error when `add_target_args`' interpreter or binary is missing."""
+    if not args.python or not os.path.exists(args.python):
+        parser.error("no Python interpreter found; pass --python PATH")
+    if not os.access(args.mprof, os.X_OK):
+        parser.error("%s not found: run `cargo build --release` first" % args.mprof)
+
+
 def default_python():
     candidates = glob.glob(os.path.expanduser("~/.pyenv/versions/3.11.*/bin/python3"))
     candidates.sort(key=lambda p: [int(x) for x in re.findall(r"3\.11\.(\d+)", p)[:1]] or [0])

@@ -92,9 +92,7 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n", 2)[2])
-    p.add_argument("--python", default=overhead.default_python(),
-                   help="interpreter under test (default: the newest ~/.pyenv/versions/3.11.*)")
-    p.add_argument("--mprof", default=os.path.join(overhead.ROOT, "target", "release", "mprof"))
+    overhead.add_target_args(p)
     p.add_argument("--pairs", type=int, default=12, help="pairs per configuration (default 12)")
     p.add_argument("--slots", type=int, default=1, help="pairs run at once, on cores 2k and 2k+1")
     p.add_argument("--workloads", default="alloc,tornado", help="comma-separated: alloc, tornado, native")
@@ -107,10 +105,7 @@ def parse_args():
     args = p.parse_args()
     if (os.cpu_count() or 1) < 2 * args.slots:
         p.error("%d slot(s) need %d CPUs, this machine has %d" % (args.slots, 2 * args.slots, os.cpu_count()))
-    if not args.python or not os.path.exists(args.python):
-        p.error("no Python interpreter found; pass --python PATH")
-    if not os.access(args.mprof, os.X_OK):
-        p.error("%s not found: run `cargo build --release` first" % args.mprof)
+    overhead.check_target_args(p, args)
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     return args

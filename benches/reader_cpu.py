@@ -17,96 +17,64 @@ per run, the reader's share of the server's, and the median share.
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
-import queue
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import overhead  # noqa: E402  (the interpreter, tornado check)
-import runner  # noqa: E402  (the configurations, process groups, the server's stop)
+import runner  # noqa: E402  (the configurations, the tornado run)
+
+
+def per_task(pid, name, parse):
+    """`parse` of every thread's /proc/PID/task/TID/NAME, for the threads that could be read."""
+    try:
+        tasks = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return []
+    found = []
+    for tid in tasks:
+        try:
+            with open("/proc/%d/task/%s/%s" % (pid, tid, name)) as f:
+                found.append(parse(f.read()))
+        except (OSError, ValueError, IndexError):
+            pass
+    return found
 
 
 def cpu_ns(pid):
     """Run time of every thread of `pid` so far, in nanoseconds (0 if it is gone)."""
-    total = 0
-    try:
-        tasks = os.listdir("/proc/%d/task" % pid)
-    except OSError:
-        return 0
-    for tid in tasks:
-        try:
-            with open("/proc/%d/task/%s/schedstat" % (pid, tid)) as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass
-    return total
-
-
-def children(pid):
-    found = []
-    try:
-        tasks = os.listdir("/proc/%d/task" % pid)
-    except OSError:
-        return found
-    for tid in tasks:
-        try:
-            with open("/proc/%d/task/%s/children" % (pid, tid)) as f:
-                found += [int(c) for c in f.read().split()]
-        except (OSError, ValueError):
-            pass
-    return found
+    return sum(per_task(pid, "schedstat", lambda text: int(text.split()[0])))
 
 
 def one_run(args, config, env, tmpdir, i):
     """(reader ns, server ns) of one run, or an error string."""
     capture = os.path.join(tmpdir, "capture-%d.mprof" % i)
-    script = [os.path.join(runner.WORKLOADS, "tornado_server.py"), "--max-seconds", str(args.timeout)]
-    errfile = tempfile.TemporaryFile()
-    mprof = runner.start_group(config.command(args.python, capture, script), stdout=subprocess.PIPE,
-                               stderr=errfile, env=env)
-    try:
-        lines = queue.Queue()
-        threading.Thread(target=runner.line_reader, args=(mprof.stdout, lines), daemon=True).start()
-        port = runner.wait_for_port(lines, [], deadline=time.monotonic() + 60)
-        if port is None:
-            return "server printed no PORT line: %s" % runner.server_error(mprof, errfile)
-        servers = children(mprof.pid)
-        if len(servers) != 1:
-            return "expected one child of mprof, found %s" % servers
-        client = subprocess.run(
-            [args.python, os.path.join(runner.WORKLOADS, "tornado_client.py"), str(port),
-             "--requests", str(args.requests), "--connections", str(args.connections),
-             "--max-seconds", str(args.timeout)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=args.timeout + 30, env=env,
-        )
-        if client.returncode != 0:
-            return "client failed: %s" % runner.tail(client.stderr.decode(errors="replace"))
-        reader, server = cpu_ns(mprof.pid), cpu_ns(servers[0])
-        runner.stop_server(mprof, port)
-        return reader, server
-    finally:
-        runner.kill_group(mprof)
-        errfile.close()
+    readings = []
+
+    def read_cpu(mprof):
+        servers = [c for cs in per_task(mprof.pid, "children", lambda text: [int(c) for c in text.split()])
+                   for c in cs]
+        if len(servers) == 1:
+            readings.append((cpu_ns(mprof.pid), cpu_ns(servers[0])))
+        else:
+            readings.append("expected one child of mprof, found %s" % servers)
+
+    result = runner.run_tornado(config, args, capture, env, args.requests, at_client_exit=read_cpu)
+    if result.error:
+        return result.error
+    return readings[0] if readings else "the client's end was not reached"
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n", 2)[2],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--python", default=overhead.default_python(),
-                   help="interpreter under test (default: the newest ~/.pyenv/versions/3.11.*)")
-    p.add_argument("--mprof", default=os.path.join(overhead.ROOT, "target", "release", "mprof"))
+    overhead.add_target_args(p)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--requests", type=int, default=30000)
     p.add_argument("--connections", type=int, default=8)
     p.add_argument("--timeout", type=int, default=300)
     args = p.parse_args()
-    if not args.python or not os.path.exists(args.python):
-        p.error("no Python interpreter found; pass --python PATH")
-    if not os.access(args.mprof, os.X_OK):
-        p.error("%s not found: run `cargo build --release` first" % args.mprof)
+    overhead.check_target_args(p, args)
     if args.runs < 1:
         p.error("--runs must be at least 1")
     if not overhead.runnable(args.python, ["tornado"]):

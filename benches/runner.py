@@ -171,13 +171,17 @@ def line_reader(stream, lines):
 WARMUP = 500
 
 
-def run_tornado(config, args, capture, env, requests, warmup=WARMUP, wrapper=()):
+def run_tornado(config, args, capture, env, requests, warmup=WARMUP, wrapper=(), at_client_exit=None):
+    """One run of the tornado workload; `at_client_exit(server)`, if given, is called with the
+    server's Popen (the profiler's, under one) once the client is done, before the server stops."""
     script = [os.path.join(WORKLOADS, "tornado_server.py"), "--max-seconds", str(args.timeout)]
     errfile = tempfile.TemporaryFile()
     cmd = list(wrapper) + config.command(args.python, capture, script)
     server = start_group(cmd, stdout=subprocess.PIPE, stderr=errfile, env=env)
     try:
-        result, cpu_at_client_exit = drive_server(server, errfile, args, env, requests, warmup, wrapper)
+        result, cpu_at_client_exit = drive_server(
+            server, errfile, args, env, requests, warmup, wrapper, at_client_exit
+        )
     finally:
         kill_group(server)
         errfile.close()
@@ -188,7 +192,7 @@ def run_tornado(config, args, capture, env, requests, warmup=WARMUP, wrapper=())
     return result
 
 
-def drive_server(server, errfile, args, env, requests, warmup, wrapper=()):
+def drive_server(server, errfile, args, env, requests, warmup, wrapper=(), at_client_exit=None):
     """Wait for the server's port, run the client against it, stop the server, collect its VmHWM.
 
     Returns (result, CPU seconds of reaped children right after the client was reaped)."""
@@ -217,6 +221,8 @@ def drive_server(server, errfile, args, env, requests, warmup, wrapper=()):
     fields = parse_bench_line(client.stdout.decode(errors="replace"))
     if client.returncode != 0 or fields is None:
         return Result(error="client failed: %s" % tail(client.stderr.decode(errors="replace"))), None
+    if at_client_exit is not None:
+        at_client_exit(server)
     stop_server(server, port)
     seen.extend(drain(lines, deadline=time.monotonic() + 5))
     server_fields = parse_bench_line("".join(seen))
