@@ -50,7 +50,7 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
 /// followed child's reader opens the file at each reading, as there may be thousands of them
 /// and each kept file would count against mprof's limit of open files.
 struct Statm {
-    pid: u32,
+    path: String,
     kept: Option<std::fs::File>,
     page: u64,
 }
@@ -60,14 +60,10 @@ impl Statm {
         // SAFETY: sysconf takes an integer name and touches no memory of ours.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         Statm {
-            pid,
+            path: format!("/proc/{pid}/statm"),
             kept: None,
             page: page.max(1) as u64,
         }
-    }
-
-    fn path(&self) -> String {
-        format!("/proc/{}/statm", self.pid)
     }
 
     /// Resident set size in bytes.
@@ -78,7 +74,7 @@ impl Statm {
             Some(file) => file.read_at(&mut buf, 0).ok()?,
             None => {
                 use std::io::Read;
-                std::fs::File::open(self.path()).ok()?.read(&mut buf).ok()?
+                std::fs::File::open(&self.path).ok()?.read(&mut buf).ok()?
             }
         };
         let text = std::str::from_utf8(&buf[..n]).ok()?;
@@ -136,7 +132,7 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
     /// The program's own reader (not a followed child's): keeps its process's statm file open
     /// for the RSS readings (see `Statm`).
     pub fn keep_statm_open(mut self) -> Self {
-        self.statm.kept = std::fs::File::open(self.statm.path()).ok();
+        self.statm.kept = std::fs::File::open(&self.statm.path).ok();
         self
     }
 
