@@ -18,21 +18,71 @@ use std::ffi::c_void;
 use std::mem::MaybeUninit;
 
 /// How many frames, outermost first, run what they ran before: `now` and `before` are both
-/// outermost first (see `pyframes::ats`). Eight at a time: a deep chain is mostly unchanged.
+/// outermost first (see `pyframes::ats`). A deep chain is mostly unchanged: with AVX2, eight
+/// frames a step in two 32-byte XORs (ten instructions a group, where the plain loop takes 25).
 #[inline]
 fn unchanged(now: &[usize], before: &[usize]) -> usize {
     let n = now.len().min(before.len());
     let (now, before) = (&now[..n], &before[..n]);
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    let mut i = if n >= 8 && std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        unsafe { agree_by_eights_avx2(now, before) }
+    } else {
+        agree_by_eights(now, before)
+    };
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    let mut i = agree_by_eights(now, before);
+    while i < n && now[i] == before[i] {
+        i += 1;
+    }
+    i
+}
+
+/// Where to go on comparing one by one (slices of the same length): past the whole groups of
+/// eight that agree, from the start.
+#[inline]
+fn agree_by_eights(now: &[usize], before: &[usize]) -> usize {
     let mut i = 0;
-    while i + 8 <= n {
+    while i + 8 <= now.len() {
         let differ = (0..8).fold(0, |d, k| d | (now[i + k] ^ before[i + k]));
         if differ != 0 {
             break;
         }
         i += 8;
     }
-    while i < n && now[i] == before[i] {
-        i += 1;
+    i
+}
+
+/// [`agree_by_eights`] with AVX2: two 32-byte XORs a group.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[target_feature(enable = "avx2")]
+unsafe fn agree_by_eights_avx2(now: &[usize], before: &[usize]) -> usize {
+    use std::arch::x86_64::{
+        __m256i, _mm256_loadu_si256 as load, _mm256_or_si256, _mm256_testz_si256,
+        _mm256_xor_si256 as xor,
+    };
+    let (a, b) = (
+        now.as_ptr() as *const __m256i,
+        before.as_ptr() as *const __m256i,
+    );
+    let mut i = 0;
+    while i + 8 <= now.len() {
+        let (k, l) = (i / 4, i / 4 + 1);
+        // SAFETY: words i..i + 8 of both are in bounds (same lengths); unaligned loads.
+        let differ = unsafe {
+            _mm256_or_si256(
+                xor(load(a.add(k)), load(b.add(k))),
+                xor(load(a.add(l)), load(b.add(l))),
+            )
+        };
+        if _mm256_testz_si256(differ, differ) == 0 {
+            break;
+        }
+        i += 8;
     }
     i
 }
@@ -335,24 +385,41 @@ impl Announcer<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::unchanged;
+    use super::*;
 
-    /// Every length of either chain and every first difference, against a plain count.
+    /// Every length of either chain and every first difference, alone or followed by more
+    /// (every word after it, or every other one), against a plain count.
     #[test]
     fn unchanged_counts_the_outermost_frames_that_agree() {
-        for len_now in 0..20usize {
-            for len_before in 0..20usize {
-                for differ_at in 0..=len_now.min(len_before) {
+        for len_now in 0..40usize {
+            for len_before in 0..40usize {
+                for (differ_at, after) in
+                    (0..=len_now.min(len_before)).flat_map(|d| (0..3).map(move |a| (d, a)))
+                {
                     let now: Vec<usize> = (0..len_now).map(|i| 10 + i).collect();
                     let mut before: Vec<usize> = (0..len_before).map(|i| 10 + i).collect();
-                    if let Some(b) = before.get_mut(differ_at) {
-                        if differ_at < len_now {
-                            *b = 1;
+                    for (i, b) in before.iter_mut().enumerate().skip(differ_at) {
+                        let differs = match after {
+                            0 => i == differ_at,
+                            1 => true,
+                            _ => (i - differ_at) % 2 == 0,
+                        };
+                        if differs && differ_at < len_now {
+                            *b = 1 << (i % 64);
                         }
                     }
                     let want = now.iter().zip(&before).take_while(|(a, b)| a == b).count();
                     assert_eq!(want, differ_at.min(len_now).min(len_before));
                     assert_eq!(unchanged(&now, &before), want);
+                    let n = len_now.min(len_before);
+                    let by_eights = agree_by_eights(&now[..n], &before[..n]);
+                    assert_eq!(by_eights, want / 8 * 8);
+                    #[cfg(all(target_arch = "x86_64", not(miri)))]
+                    if std::is_x86_feature_detected!("avx2") {
+                        // SAFETY: the CPU has AVX2.
+                        let avx2 = unsafe { agree_by_eights_avx2(&now[..n], &before[..n]) };
+                        assert_eq!(avx2, by_eights);
+                    }
                 }
             }
         }
