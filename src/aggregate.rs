@@ -30,8 +30,13 @@ const MAX_META_KEY: usize = 64;
 
 /// The `rate` of a Meta record's text, if it has one.
 pub(crate) fn meta_rate(text: &str) -> Option<u64> {
+    meta_u64(text, "rate")
+}
+
+/// The last value of `key` in a Meta record's text that is a whole number, if any.
+fn meta_u64(text: &str, key: &str) -> Option<u64> {
     meta_pairs(text)
-        .filter(|(k, _)| *k == "rate")
+        .filter(|(k, _)| *k == key)
         .filter_map(|(_, v)| v.trim().parse().ok())
         .last()
 }
@@ -73,7 +78,8 @@ pub struct ProcessFigures {
     pub peak_bytes: f64,
     /// Dropped records, from its last Stats record.
     pub dropped: u64,
-    /// Its highest and its last RSS reading.
+    /// Its highest RSS (a reading, or its high-water mark from its metadata if higher) and
+    /// its last reading.
     pub max_rss: Option<u64>,
     pub last_rss: Option<u64>,
     /// Whether the agent wrote its END record, and whether mprof finished its capture.
@@ -120,7 +126,8 @@ pub(crate) struct Aggregator {
     /// Dropped records, from the last Stats record of each process, summed.
     pub dropped: u64,
     /// The highest RSS reading, and the last one (with several processes: the sum of the last
-    /// readings of those whose records are not over, and its highest value).
+    /// readings of those whose records are not over, and its highest value; a process's
+    /// high-water mark from its metadata if higher).
     pub max_rss: Option<u64>,
     pub last_rss: Option<u64>,
     /// Names of the threads, from Thread records (elided to [`MAX_NAME`]).
@@ -359,6 +366,12 @@ impl Aggregator {
         p.rate = meta_rate(text).unwrap_or(p.rate);
         if process == 0 {
             self.rate = p.rate;
+        }
+        if let Some(hwm) = meta_u64(text, "max_rss") {
+            // The kernel's high-water mark (see `crate::record`): at least the process's
+            // highest reading, and a floor under all the processes' highest sum.
+            p.max_rss = p.max_rss.max(Some(hwm));
+            self.max_rss = self.max_rss.max(Some(hwm));
         }
     }
 

@@ -125,7 +125,9 @@ pub struct Profile {
     pub dropped: u64,
     /// Seconds from the first timed record to the peak, if there was a peak.
     pub peak_seconds: Option<f64>,
-    /// The highest RSS reading, if the capture has any.
+    /// The peak RSS, if the capture has any reading: the highest reading (of all processes
+    /// together), or the program's high-water mark from the kernel (`max_rss` in the
+    /// metadata, written by `record`) if higher.
     pub max_rss: Option<u64>,
     /// Seconds from the first to the last timed record.
     pub duration_seconds: f64,

@@ -128,15 +128,16 @@ fn command_name(program: &str) -> String {
 
 /// What ends a recording: the program's exit. Meanwhile signals sent to mprof alone are
 /// passed on to it, and a closed live view is explained (see [`view_closed`]).
-struct Program<'a> {
-    child: &'a mut Child,
+struct Program {
     pid: u32,
+    /// The program's peak resident set in bytes, from the kernel when it was reaped.
+    max_rss: Option<u64>,
     name: String,
     /// Python children seen, when they are not followed (for the hint at the end).
     unfollowed: Option<crate::children::Unfollowed>,
 }
 
-impl Watch for Program<'_> {
+impl Watch for Program {
     type Ending = ExitStatus;
 
     fn check(&mut self, s: &mut Session, closed: Option<Closed>) -> Result<Option<ExitStatus>> {
@@ -149,13 +150,47 @@ impl Watch for Program<'_> {
                 eprintln!("mprof: live view closed by signal {sig}; passing it on to PID {pid}");
             }
             // SAFETY: kill takes integers and touches no memory; `pid` is our child, not yet
-            // reaped (try_wait below comes after), so it names no other process.
+            // reaped (`reap` below comes after), so it names no other process.
             unsafe { libc::kill(pid as i32, sig) };
         }
         if let Some(unfollowed) = self.unfollowed.as_mut() {
             unfollowed.watch(pid);
         }
-        Ok(self.child.try_wait()?)
+        self.reap()
+    }
+}
+
+impl Program {
+    /// The program's exit status once it has ended, and its peak resident set with it: the
+    /// kernel's high-water mark, which no reading every 100 ms can match (a spike between two
+    /// readings, a program killed before the next). As `time -v` reports it: the program's
+    /// own, or that of a child it waited for if higher.
+    fn reap(&mut self) -> Result<Option<ExitStatus>> {
+        use std::os::unix::process::ExitStatusExt;
+        let mut status = 0;
+        // SAFETY: an all-zero rusage is a valid value of the plain C struct.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        loop {
+            // SAFETY: `pid` is our child, reaped only here (std's `Child` is never waited for
+            // after the session starts); status and usage are locals.
+            let got =
+                unsafe { libc::wait4(self.pid as i32, &mut status, libc::WNOHANG, &mut usage) };
+            if got == 0 {
+                return Ok(None);
+            }
+            if got < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e).context("waiting for the program");
+            }
+            // ru_maxrss is in KiB on Linux.
+            self.max_rss = u64::try_from(usage.ru_maxrss)
+                .ok()
+                .and_then(|kib| kib.checked_mul(1024));
+            return Ok(Some(ExitStatus::from_raw(status)));
+        }
     }
 }
 
@@ -269,17 +304,21 @@ pub fn run(
     let following = followed.is_some();
     let mut session = Session::new(reader, sampling.rate, view, followed, true);
     let mut watch = Program {
-        child: &mut child,
         pid,
         name: command_name(&command[0]),
+        max_rss: None,
         unfollowed: (!following).then(crate::children::Unfollowed::default),
     };
     let status = session.run(&mut watch)?;
     // The terminal is the user's again before anything is printed; whatever the agent
     // published before the child ended is still in the ring.
     session.drain()?;
+    let max_rss = watch
+        .max_rss
+        .map(|b| format!("max_rss={b}\n"))
+        .unwrap_or_default();
     session.reader.capture.write(&Record::Meta {
-        text: format!("exit_unix_ms={}\n", crate::driver::unix_ms()),
+        text: format!("exit_unix_ms={}\n{max_rss}", crate::driver::unix_ms()),
     })?;
     // Children may outlive the program a moment (a pool's workers exiting with it).
     session.finish(Duration::from_secs(2))?;

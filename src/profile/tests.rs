@@ -255,6 +255,28 @@ fn meta_is_merged_and_rate_changes_apply_forward() {
     assert!((p.totals().peak.bytes - (100.0 + sampled)).abs() < 1e-9);
 }
 
+/// The peak RSS is the highest reading, or the kernel's high-water mark from the metadata
+/// (`max_rss`, written by `record`) when that is higher; a value that is not a number is
+/// ignored.
+#[test]
+fn peak_rss_takes_the_high_water_mark_when_it_is_higher() {
+    let rss = |rss_bytes| Record::Rss {
+        time_ns: 1,
+        rss_bytes,
+    };
+    let p = Profile::from_records(&[meta("rate=1"), rss(10 << 20), rss(30 << 20)]);
+    assert_eq!(p.max_rss, Some(30 << 20));
+    let p = Profile::from_records(&[rss(30 << 20), meta("max_rss=52428800")]);
+    assert_eq!(p.max_rss, Some(50 << 20));
+    assert_eq!(p.processes[0].figures.max_rss, Some(50 << 20));
+    let p = Profile::from_records(&[rss(30 << 20), meta("max_rss=1048576")]);
+    assert_eq!(p.max_rss, Some(30 << 20));
+    let p = Profile::from_records(&[rss(30 << 20), meta("max_rss=lots")]);
+    assert_eq!(p.max_rss, Some(30 << 20));
+    let p = Profile::from_records(&[meta("max_rss=1048576")]);
+    assert_eq!(p.max_rss, Some(1 << 20));
+}
+
 #[test]
 fn a_capture_without_rate_or_records_is_fine() {
     let p = Profile::from_records(&[alloc(1, 10, &[])]);
