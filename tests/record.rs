@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
-fn record(py: &Python, capture: &Path, extra: &[&str], args: &[&str]) -> Output {
-    let out = run_with_timeout(
+/// `mprof record -o CAPTURE EXTRA... -- PYTHON ARGS...`, however it ends.
+fn record_output(py: &Python, capture: &Path, extra: &[&str], args: &[&str]) -> Output {
+    run_with_timeout(
         mprof()
             .arg("record")
             .arg("-o")
@@ -24,7 +25,11 @@ fn record(py: &Python, capture: &Path, extra: &[&str], args: &[&str]) -> Output 
             .arg(&py.path)
             .args(args),
         LIMIT,
-    );
+    )
+}
+
+fn record(py: &Python, capture: &Path, extra: &[&str], args: &[&str]) -> Output {
+    let out = record_output(py, capture, extra, args);
     assert!(
         out.status.success(),
         "{}: record failed ({}): {}",
@@ -628,15 +633,7 @@ fn peak_rss_is_the_high_water_mark_even_of_a_killed_program() {
     let dir = common::tempdir();
     let capture = dir.path().join("spike.mprof");
     let spike = script("rss_spike.py");
-    let out = run_with_timeout(
-        mprof()
-            .args(["record", "--quiet", "-o"])
-            .arg(&capture)
-            .arg("--")
-            .arg(&py.path)
-            .arg(&spike),
-        LIMIT,
-    );
+    let out = record_output(&py, &capture, &["--quiet"], &[spike.to_str().unwrap()]);
     // 128 + SIGKILL, as a shell reports it.
     assert_eq!(out.status.code(), Some(137), "{}: {out:?}", py.label);
     let doc = report_json(&capture, &[]);
