@@ -50,7 +50,9 @@ import subprocess
 import sys
 import tempfile
 
-from runner import TIMED, WARMUP, bench_env, kill_all_groups, make_configs, run_one, run_timed, run_tornado
+from runner import (
+    TIMED, WARMUP, bench_env, kill_all_groups, make_configs, rate_config, run_one, run_timed, run_tornado,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -210,6 +212,12 @@ INSTRUCTION_SIZES = {
 INSTRUCTION_CONFIGS = ("none", "mprof", "mprof --python-only", "tracemalloc=1")
 
 
+def counted_under_valgrind(name):
+    """The configurations `--instructions` counts: those above, and any `mprof --rate R` asked for
+    with `--configs` but `--rate 1` (a reader slowed down by valgrind would drop its records)."""
+    return name in INSTRUCTION_CONFIGS or (name.startswith("mprof --rate ") and name != "mprof --rate 1")
+
+
 def valgrind_counts(logdir, mprof):
     """Instructions and simulated cache misses (instruction L1, data L1, data last level) of the
     Python process and of the mprof process, from cachegrind's logs."""
@@ -260,7 +268,7 @@ def run_instructions(args, workloads, configs, env):
         for workload in workloads:
             small, large, units, unit_name = INSTRUCTION_SIZES[workload]
             base = None
-            for config in [c for c in configs if c.name in INSTRUCTION_CONFIGS]:
+            for config in [c for c in configs if counted_under_valgrind(c.name)]:
                 first = count_once(workload, config, args, small, tmpdir, env)
                 second = count_once(workload, config, args, large, tmpdir, env)
                 failure = next((run for run in (first, second) if isinstance(run, str)), None)
@@ -379,7 +387,8 @@ def parse_args():
     parser.add_argument("--no-memray", action="store_true", help="leave memray out even if it is importable")
     parser.add_argument(
         "--configs",
-        help="comma-separated subset of configurations to run, e.g. 'none,mprof' (default: all; none is always run)",
+        help="comma-separated subset of configurations to run, e.g. 'none,mprof' (default: all; none is always run); "
+        "'mprof --rate R' takes any rate",
     )
     parser.add_argument("--timeout", type=int, default=300, help="seconds before a run is killed (default 300)")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
@@ -415,6 +424,9 @@ def main():
     configs = make_configs(os.path.abspath(args.mprof), with_memray)
     if args.configs:
         wanted = {"none"} | {name.strip() for name in args.configs.split(",")}
+        known = {config.name for config in configs}
+        configs += [rate_config(os.path.abspath(args.mprof), name) for name in sorted(wanted - known)]
+        configs = [config for config in configs if config is not None]
         unknown = wanted - {config.name for config in configs}
         if unknown:
             have = ", ".join(config.name for config in configs)

@@ -2,7 +2,7 @@
 """Overhead as simultaneous pinned pairs: the way to read a few percent on a noisy machine.
 
     python3 benches/pairs.py [--python PATH] [--pairs N] [--workloads alloc,tornado]
-                             [--configs mprof,mprof --rate 1,memray,...]
+                             [--configs mprof,mprof --rate 1,mprof --rate 128KiB,memray,...]
 
 Each pair runs the unprofiled program on one core and the profiled one on its neighbour at the
 same moment, so both see the same machine (the other tenants of a shared VM, turbo, thermal
@@ -97,7 +97,8 @@ def parse_args():
     p.add_argument("--slots", type=int, default=1, help="pairs run at once, on cores 2k and 2k+1")
     p.add_argument("--workloads", default="alloc,tornado", help="comma-separated: alloc, tornado, native")
     p.add_argument("--configs", default="none,mprof,mprof --rate 1,memray,memray --trace-python-allocators",
-                   help="comma-separated; 'none' pairs the program with itself (the noise floor)")
+                   help="comma-separated; 'none' pairs the program with itself (the noise floor); "
+                        "'mprof --rate R' takes any rate")
     p.add_argument("--requests", type=int, default=10000)
     p.add_argument("--connections", type=int, default=8)
     p.add_argument("--timeout", type=int, default=300)
@@ -123,6 +124,8 @@ def main():
             for workload in workloads:
                 for name in args.configs:
                     if name not in configs:
+                        configs[name] = runner.rate_config(os.path.abspath(args.mprof), name)
+                    if configs[name] is None:
                         print("skipping %r: not available (memray not importable?)" % name, file=sys.stderr)
                         continue
                     ratios, failures = pairs_of(workload, configs["none"], configs[name], args, tmpdir, env)

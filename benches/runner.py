@@ -53,6 +53,15 @@ def make_configs(mprof, with_memray):
     return configs
 
 
+def rate_config(mprof, name):
+    """`mprof --rate R` for any R (`64KiB`, `131072`), when `name` spells one; else None."""
+    m = re.fullmatch(r"mprof --rate (\S+)", name)
+    if m is None:
+        return None
+    rate = m.group(1)
+    return Config(name, lambda py, cap: [mprof, "record", "-q", "--rate", rate, "-o", cap, "--", py])
+
+
 class Result:
     """One run of one configuration on one workload."""
 
