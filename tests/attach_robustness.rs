@@ -318,7 +318,8 @@ fn readable_script(dir: &Path, name: &str) -> PathBuf {
 }
 
 /// As root, attaching to another user's process works, and the ring belongs to that user; as
-/// an unprivileged user, attaching to root's process is refused with advice.
+/// an unprivileged user, attaching to root's process is refused with advice; refused with
+/// CAP_SYS_PTRACE (from a user namespace), the message blames the target's protection.
 #[test]
 fn privileges() {
     if !is_root() {
@@ -368,7 +369,7 @@ fn privileges() {
     );
 
     // The other way round: nobody may not trace root's process.
-    let root_target = Target::python(debian, "attach_idle.py", &["sleep"]);
+    let mut root_target = Target::python(debian, "attach_idle.py", &["sleep"]);
     let mprof_bin = PathBuf::from(env!("CARGO_BIN_EXE_mprof"));
     let out = run_with_timeout(
         as_nobody(&Command::new(&mprof_bin))
@@ -388,4 +389,29 @@ fn privileges() {
         err.contains("CAP_SYS_PTRACE") && err.contains("ptrace_scope"),
         "{err}"
     );
+    assert!(err.contains("run mprof as root"), "{err}");
+
+    // Refused although mprof has CAP_SYS_PTRACE (root in a user namespace of its own, as in
+    // a container, attaching to a process outside it): the message says the target is
+    // protected, not "run mprof as root".
+    let out = run_with_timeout(
+        Command::new("unshare")
+            .args(["--user", "--map-root-user"])
+            .arg(&mprof_bin)
+            .args(["attach", "--pid", &root_target.pid.to_string(), "-o"])
+            .arg(dir.path().join("namespaced.mprof")),
+        LIMIT,
+    );
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    if err.contains("unshare:") {
+        eprintln!("SKIPPED the user-namespace refusal: {}", err.trim());
+    } else {
+        fails_with((out.status, err.clone()), "permission denied");
+        assert!(
+            err.contains("although mprof has CAP_SYS_PTRACE") && !err.contains("run mprof as root"),
+            "{err}"
+        );
+        assert!(!dir.path().join("namespaced.mprof").exists());
+    }
+    assert!(root_target.alive());
 }

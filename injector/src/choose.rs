@@ -16,12 +16,18 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(2);
 /// Stack below the stack pointer that a chosen thread must have for the signal frame.
 const MIN_STACK_ROOM: u64 = 64 << 10;
 
+/// Tracing `pid` (or reading its memory) was refused: with its owner and whether mprof may
+/// trace anyone, for the message.
 pub fn permission_denied(pid: u32) -> AttachError {
     use std::os::unix::fs::MetadataExt;
     let owner = std::fs::metadata(format!("/proc/{pid}"))
         .ok()
         .map(|m| m.uid());
-    AttachError::PermissionDenied { pid, owner }
+    AttachError::PermissionDenied {
+        pid,
+        owner,
+        privileged: may_trace_anyone(),
+    }
 }
 
 pub fn already_traced(pid: u32, tracer: u32) -> AttachError {

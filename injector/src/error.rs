@@ -10,6 +10,9 @@ pub enum AttachError {
     PermissionDenied {
         pid: u32,
         owner: Option<u32>,
+        /// mprof may trace any process (root, or CAP_SYS_PTRACE): the refusal is the target's
+        /// or the system's, and "run as root" would not help.
+        privileged: bool,
     },
     NotPython {
         pid: u32,
@@ -74,16 +77,31 @@ impl fmt::Display for AttachError {
         use AttachError::*;
         match self {
             NoSuchProcess(pid) => write!(f, "no process with PID {pid}"),
-            PermissionDenied { pid, owner } => {
+            PermissionDenied {
+                pid,
+                owner,
+                privileged,
+            } => {
                 let who = owner
                     .map(|u| format!(" (owned by uid {u})"))
                     .unwrap_or_default();
-                write!(
-                    f,
-                    "permission denied: cannot trace PID {pid}{who}; run mprof as root or grant \
-                     it CAP_SYS_PTRACE ({})",
-                    yama_scope()
-                )
+                if *privileged {
+                    write!(
+                        f,
+                        "permission denied: the kernel will not let mprof trace PID {pid}{who}, \
+                         although mprof has CAP_SYS_PTRACE: the process is protected (a security \
+                         module such as SELinux or AppArmor, a container or user namespace it \
+                         cannot be traced across; {})",
+                        yama_scope()
+                    )
+                } else {
+                    write!(
+                        f,
+                        "permission denied: cannot trace PID {pid}{who}; run mprof as root or \
+                         grant it CAP_SYS_PTRACE ({})",
+                        yama_scope()
+                    )
+                }
             }
             NotPython { pid, exe } => write!(
                 f,

@@ -112,19 +112,9 @@ pub struct Process {
 fn io_error(pid: u32, what: &str, e: io::Error) -> AttachError {
     match e.raw_os_error() {
         Some(libc::ENOENT) | Some(libc::ESRCH) => AttachError::NoSuchProcess(pid),
-        Some(libc::EACCES) | Some(libc::EPERM) => AttachError::PermissionDenied {
-            pid,
-            owner: owner(pid),
-        },
+        Some(libc::EACCES) | Some(libc::EPERM) => crate::choose::permission_denied(pid),
         _ => other(what, e),
     }
-}
-
-fn owner(pid: u32) -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(format!("/proc/{pid}"))
-        .ok()
-        .map(|m| m.uid())
 }
 
 /// "libpython3.11.so.1.0" with prefix "libpython" → (3, 11); "python3.7m" → (3, 7).
