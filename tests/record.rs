@@ -476,7 +476,8 @@ fn bad_input_gets_a_clear_error_and_a_nonzero_exit() {
     }
 }
 
-/// A damaged capture: truncated → report warns and still reports; garbage → one-line error.
+/// A damaged capture: truncated → report warns and still reports; garbage, an empty file or a
+/// directory → a one-line error that says which.
 #[test]
 fn truncated_and_corrupt_captures() {
     let py = pythons().into_iter().next().unwrap();
@@ -515,6 +516,16 @@ fn truncated_and_corrupt_captures() {
     fails_with(
         mprof().arg("report").arg(dir.path().join("missing.mprof")),
         "cannot read",
+    );
+    fails_with(
+        mprof().arg("report").arg(dir.path()),
+        "is a directory, not a capture file",
+    );
+    let empty = dir.path().join("empty.mprof");
+    std::fs::write(&empty, b"").unwrap();
+    fails_with(
+        mprof().arg("report").arg(&empty),
+        "is not a usable mprof capture: the file is empty",
     );
 }
 

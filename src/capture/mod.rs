@@ -191,10 +191,13 @@ impl CaptureFile {
     /// A capture already opened (by `crate::processes`, which opens the files of followed
     /// children without following symlinks); `path` names it in messages.
     pub fn from_file(file: File, path: &Path) -> Result<CaptureFile> {
-        let size = file
+        let meta = file
             .metadata()
-            .with_context(|| format!("cannot read {}", path.display()))?
-            .len();
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        if meta.is_dir() {
+            bail!("{} is a directory, not a capture file", path.display());
+        }
+        let size = meta.len();
         Ok(CaptureFile {
             file,
             size,
@@ -235,6 +238,10 @@ impl CaptureFile {
         let buffer = buffer.min(self.size as usize).max(FILE_HEADER);
         let mut input = std::io::BufReader::with_capacity(buffer, handle.take(self.size));
         let mut header = [0u8; FILE_HEADER];
+        if self.size == 0 {
+            // What an mprof killed before its first write leaves.
+            return Err(anyhow::anyhow!("the file is empty")).with_context(context);
+        }
         input
             .read_exact(&mut header)
             .map_err(|_| anyhow::anyhow!("missing the MPROFCAP header"))
