@@ -115,7 +115,8 @@ enum Command {
     Flamegraph {
         /// Capture file.
         file: PathBuf,
-        /// SVG file to write (a name ending in `.folded` writes the folded stacks instead).
+        /// SVG file to write (a name ending in `.folded` writes the folded stacks instead; `-`
+        /// writes the SVG to standard output).
         #[arg(short, long, default_value = "mprof-flamegraph.svg")]
         output: PathBuf,
         /// Which bytes to count.
@@ -148,7 +149,7 @@ enum Command {
     Timeline {
         /// Capture file.
         file: PathBuf,
-        /// SVG file to write.
+        /// SVG file to write (`-`: standard output).
         #[arg(short, long, default_value = "mprof-timeline.svg")]
         output: PathBuf,
         /// How many allocation sites get their own area.
@@ -161,7 +162,7 @@ enum Command {
     Html {
         /// Capture file.
         file: PathBuf,
-        /// HTML file to write.
+        /// HTML file to write (`-`: standard output).
         #[arg(short, long, default_value = "mprof-report.html")]
         output: PathBuf,
         #[command(flatten)]
@@ -210,7 +211,8 @@ enum Command {
         /// Output format (default: the one the output name says).
         #[arg(short, long, value_enum)]
         format: Option<Format>,
-        /// File to write (default: beside the capture, with the format's extension).
+        /// File to write (default: beside the capture, with the format's extension; `-`:
+        /// standard output, with --format).
         #[arg(short, long)]
         output: Option<PathBuf>,
         /// The view of single-view formats (folded); the others hold every view.

@@ -427,3 +427,65 @@ fn bad_inputs_fail_cleanly_in_every_new_command() {
         ok(&[cmd, s(&empty), "-o", s(&d.join(out))]);
     }
 }
+
+/// `-o -` writes to standard output the bytes the file would hold, and no file named `-`; a
+/// reader that stops early is no error; a gzipped profile is not poured onto a terminal.
+#[test]
+fn a_dash_writes_to_standard_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let f = write(&fixture(), d, "app.mprof");
+    for (args, name) in [
+        (vec!["export", s(&f), "--format", "folded"], "app.folded"),
+        (vec!["export", s(&f), "--format", "pprof"], "app.pb.gz"),
+        (vec!["export", s(&f), "--format", "json"], "app.json"),
+        (vec!["flamegraph", s(&f)], "f.svg"),
+        (vec!["timeline", s(&f)], "t.svg"),
+        (vec!["html", s(&f)], "r.html"),
+    ] {
+        let file = d.join(name);
+        let mut to_file = args.clone();
+        to_file.extend(["-o", s(&file)]);
+        ok(&to_file);
+        let mut to_stdout = args.clone();
+        to_stdout.extend(["-o", "-"]);
+        let o = ok(&to_stdout);
+        assert_eq!(o.stdout, std::fs::read(&file).unwrap(), "{args:?}");
+        assert!(!stderr(&o).contains("wrote"), "{}", stderr(&o));
+    }
+    assert!(!Path::new("-").exists() && !d.join("-").exists());
+
+    // A reader that closes the pipe at once: still a success.
+    let shell = format!(
+        "{} export {} --format folded -o - | head -c 1 >/dev/null; exit ${{PIPESTATUS[0]}}",
+        env!("CARGO_BIN_EXE_mprof"),
+        s(&f)
+    );
+    let status = std::process::Command::new("bash")
+        .args(["-c", &shell])
+        .status()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+
+    // On a terminal (`script` gives mprof one), pprof's gzip is refused, folded text is not.
+    let on_tty = |format: &str| {
+        let cmd = format!(
+            "{} export {} --format {format} -o -",
+            env!("CARGO_BIN_EXE_mprof"),
+            s(&f)
+        );
+        std::process::Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .output()
+    };
+    match on_tty("pprof") {
+        Ok(o) => {
+            let all = String::from_utf8_lossy(&o.stdout).into_owned();
+            assert!(!o.status.success(), "{all}");
+            assert!(all.contains("not writing the pprof profile"), "{all}");
+            let o = on_tty("folded").unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+        }
+        Err(e) => eprintln!("SKIPPED the terminal check: no `script` ({e})"),
+    }
+}

@@ -12,7 +12,7 @@ pub mod speedscope;
 
 use crate::allocators::Allocators;
 use crate::profile::{Profile, View};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 
 /// Every format mprof writes.
@@ -210,12 +210,35 @@ fn beside(input: &Path, format: Format) -> PathBuf {
 }
 
 /// Writes an output file (see [`crate::output`]: created under a temporary name, never
-/// through someone else's symlink, then renamed into place) and says so on stderr. `label`
-/// names the file in errors.
+/// through someone else's symlink, then renamed into place) and says so on stderr; `-` is
+/// standard output. `label` names the file in errors.
 pub fn write_file(path: &Path, label: &'static str, bytes: &[u8]) -> Result<()> {
+    if path == Path::new(STDOUT) {
+        return write_stdout(label, bytes, std::io::stdout().lock());
+    }
     let written = crate::output::write_file(path, label, bytes, crate::output::Access::Shared)?;
     eprintln!("mprof: wrote {}", written.display());
     Ok(())
+}
+
+/// The output name that means standard output.
+pub const STDOUT: &str = "-";
+
+/// Writes `bytes` to standard output (`out`). A reader that stops early (`| head`) is no
+/// error; a gzipped profile is not written to a terminal.
+fn write_stdout(label: &str, bytes: &[u8], mut out: impl std::io::Write) -> Result<()> {
+    use std::io::IsTerminal;
+    if bytes.starts_with(&[0x1f, 0x8b]) && std::io::stdout().is_terminal() {
+        bail!(
+            "not writing the {label} (gzipped binary) to a terminal: redirect it, or give -o FILE"
+        );
+    }
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(e).with_context(|| format!("writing the {label} to standard output"))
+        }
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
