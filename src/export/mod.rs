@@ -214,7 +214,7 @@ fn beside(input: &Path, format: Format) -> PathBuf {
 /// standard output. `label` names the file in errors.
 pub fn write_file(path: &Path, label: &'static str, bytes: &[u8]) -> Result<()> {
     if path == Path::new(STDOUT) {
-        return write_stdout(label, bytes, std::io::stdout().lock());
+        return write_stdout(label, bytes);
     }
     let written = crate::output::write_file(path, label, bytes, crate::output::Access::Shared)?;
     eprintln!("mprof: wrote {}", written.display());
@@ -222,13 +222,14 @@ pub fn write_file(path: &Path, label: &'static str, bytes: &[u8]) -> Result<()> 
 }
 
 /// The output name that means standard output.
-pub const STDOUT: &str = "-";
+const STDOUT: &str = "-";
 
-/// Writes `bytes` to standard output (`out`). A reader that stops early (`| head`) is no
-/// error; a gzipped profile is not written to a terminal.
-fn write_stdout(label: &str, bytes: &[u8], mut out: impl std::io::Write) -> Result<()> {
-    use std::io::IsTerminal;
-    if bytes.starts_with(&[0x1f, 0x8b]) && std::io::stdout().is_terminal() {
+/// Writes `bytes` to standard output. A reader that stops early (`| head`) is no error; a
+/// gzipped profile is not written to a terminal.
+fn write_stdout(label: &str, bytes: &[u8]) -> Result<()> {
+    use std::io::{IsTerminal, Write};
+    let mut out = std::io::stdout().lock();
+    if bytes.starts_with(&[0x1f, 0x8b]) && out.is_terminal() {
         bail!(
             "not writing the {label} (gzipped binary) to a terminal: redirect it, or give -o FILE"
         );
