@@ -188,10 +188,7 @@ impl Children {
                 }
             }
             match self.admit(arrival) {
-                Ok(pid) => {
-                    let command = command_line(pid);
-                    observe(Event::Started(pid, &command));
-                }
+                Ok((pid, command)) => observe(Event::Started(pid, &command)),
                 Err(e) => {
                     self.refused += 1;
                     eprintln!("mprof: warning: a child's ring was refused: {e:#}");
@@ -283,7 +280,8 @@ impl Children {
         Ok(true)
     }
 
-    fn admit(&mut self, arrival: Arrival) -> Result<u32> {
+    /// Starts the capture of a child whose ring arrived: its pid and command line.
+    fn admit(&mut self, arrival: Arrival) -> Result<(u32, String)> {
         let Arrival {
             pid,
             uid,
@@ -305,13 +303,22 @@ impl Children {
         } else {
             "exec"
         };
+        let mut command = command_line(pid);
+        if command.is_empty() && born == "fork" {
+            // Gone (or a zombie) before it was looked at: a fork runs its parent's command,
+            // read if the parent is one of the processes followed.
+            let parent = parent_of(pid).unwrap_or(hello.ppid);
+            if parent == self.root || self.known.contains(&parent) {
+                command = command_line(parent);
+            }
+        }
         capture.write(&Record::Meta {
             text: format!(
                 "mode=child\npid={pid}\nppid={}\nborn={born}\nroot_pid={}\ncommand={}\n\
                  start_unix_ms={}\n{}",
                 hello.ppid,
                 self.root,
-                command_line(pid).replace('\n', "\\n"),
+                command.replace('\n', "\\n"),
                 crate::driver::unix_ms(),
                 self.sampling.meta()
             ),
@@ -324,7 +331,7 @@ impl Children {
             forked: born == "fork",
             exit,
         });
-        Ok(pid)
+        Ok((pid, command))
     }
 
     /// Takes on a process mprof attached itself (a descendant of the root, under `attach

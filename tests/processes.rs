@@ -217,3 +217,48 @@ fn every_view_shows_all_processes_or_one() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("PID 1"), "{err}");
 }
+
+/// Forked children gone (exited and reaped) before mprof reads their rings are still listed
+/// with the command they ran, their parent's: /proc no longer has them.
+#[test]
+fn a_fork_gone_before_it_is_read_keeps_its_command() {
+    let py = pythons().into_iter().next().unwrap();
+    let dir = common::tempdir();
+    let capture = dir.path().join("c.mprof");
+    let pid_file = dir.path().join("children");
+    let out = run_with_timeout(
+        mprof()
+            .args(["record", "-q", "--rate", "1", "--follow-children", "-o"])
+            .arg(&capture)
+            .arg("--")
+            .arg(&py.path)
+            .arg(script("quick_fork.py"))
+            .arg(&pid_file),
+        LIMIT,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = report_json(&capture, &["--per-process"]);
+    let rows = table["processes"].as_array().unwrap();
+    let command = |pid: u64| {
+        rows.iter()
+            .find(|r| r["pid"].as_u64() == Some(pid))
+            .map(|r| r["command"].as_str().unwrap().to_owned())
+    };
+    let program = rows
+        .iter()
+        .find(|r| r["born"] == "record")
+        .and_then(|r| r["pid"].as_u64())
+        .unwrap();
+    let want = command(program).unwrap();
+    assert!(want.contains("quick_fork.py"), "{want}");
+    let children = read(&pid_file);
+    assert_eq!(children.lines().count(), 8);
+    for child in children.lines() {
+        let child: u64 = child.parse().unwrap();
+        assert_eq!(command(child).as_deref(), Some(want.as_str()), "{table}");
+    }
+}
