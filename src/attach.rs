@@ -372,11 +372,9 @@ pub fn run(o: Options) -> Result<ExitCode> {
     // The views show who was profiled: the command line, like record's, and where its code is.
     let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok();
     let yours = crate::focus::meta_lines(&arguments(pid), cwd.as_deref(), &sampling.focus);
+    let command = command_line(pid);
     capture.write(&Record::Meta {
-        text: format!(
-            "command={}\n{yours}",
-            command_line(pid).replace('\n', "\\n")
-        ),
+        text: format!("command={}\n{yours}", command.replace('\n', "\\n")),
     })?;
     if !quiet {
         let until = match duration {
@@ -399,7 +397,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
                     dir.file_name().unwrap_or_default().to_string_lossy()
                 ),
             })?;
-            let mut children = Children::new(children_dir, pid, sampling);
+            let mut children = Children::new(children_dir, pid, command, sampling);
             attach_descendants(
                 &mut children,
                 pid,

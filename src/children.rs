@@ -8,6 +8,7 @@
 //! `CAPTURE.d/PID.mprof`. The views read the program's capture and those of its children
 //! together, or one process alone.
 
+use crate::attach::command_line;
 use crate::capture::CaptureWriter;
 use crate::output::OutputDir;
 pub use crate::rendezvous::{Arrival, Rendezvous};
@@ -57,19 +58,6 @@ fn running(pid: u32) -> bool {
         .is_some_and(|state| state != "Z" && state != "X")
 }
 
-/// The command line of `pid`, for the capture's metadata.
-fn command_line(pid: u32) -> String {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| {
-            b.split(|&c| c == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .unwrap_or_default()
-}
-
 /// One followed child being drained.
 struct Child {
     pid: u32,
@@ -101,8 +89,9 @@ pub struct Children {
     live: Vec<Child>,
     done: usize,
     refused: usize,
-    /// Every child admitted, and the program's user.
-    known: std::collections::HashSet<u32>,
+    /// The program and every child admitted, with the command each ran (what a fork gone
+    /// before it was read ran: its parent's); and the program's user.
+    commands: std::collections::HashMap<u32, String>,
     root_uid: Option<u32>,
     /// Bytes written to the captures of children already finished.
     written_done: u64,
@@ -149,8 +138,14 @@ impl Children {
     }
 
     /// The children of `root`, once its session has started; their captures go to `dir`
-    /// (from [`Children::prepare_dir`]), which is kept from now on.
-    pub fn new(mut dir: OutputDir, root: u32, sampling: &crate::SamplingArgs) -> Children {
+    /// (from [`Children::prepare_dir`]), which is kept from now on. `command`: the one `root`
+    /// runs (what /proc may not say yet, or any more).
+    pub fn new(
+        mut dir: OutputDir,
+        root: u32,
+        command: String,
+        sampling: &crate::SamplingArgs,
+    ) -> Children {
         dir.keep();
         Children {
             dir,
@@ -159,7 +154,7 @@ impl Children {
             live: Vec::new(),
             done: 0,
             refused: 0,
-            known: std::collections::HashSet::new(),
+            commands: [(root, command)].into(),
             root_uid: uid_of(root),
             written_done: 0,
             empty_forks: 0,
@@ -305,12 +300,10 @@ impl Children {
         };
         let mut command = command_line(pid);
         if command.is_empty() && born == "fork" {
-            // Gone (or a zombie) before it was looked at: a fork runs its parent's command,
-            // read if the parent is one of the processes followed.
+            // Gone (or a zombie) before it was looked at, perhaps with its parent: a fork runs
+            // its parent's command, known if the parent is one of the processes followed.
             let parent = parent_of(pid).unwrap_or(hello.ppid);
-            if parent == self.root || self.known.contains(&parent) {
-                command = command_line(parent);
-            }
+            command = self.commands.get(&parent).cloned().unwrap_or_default();
         }
         capture.write(&Record::Meta {
             text: format!(
@@ -323,7 +316,7 @@ impl Children {
                 self.sampling.meta()
             ),
         })?;
-        self.known.insert(pid);
+        self.commands.insert(pid, command.clone());
         self.live.push(Child {
             pid,
             reader: Reader::new(ring, capture, pid),
@@ -340,17 +333,18 @@ impl Children {
         let exit = pidfd(pid);
         let mut capture = CaptureWriter::create_in(&self.dir, &format!("{pid}.mprof"))?;
         capture.place()?;
+        let command = command_line(pid);
         capture.write(&Record::Meta {
             text: format!(
                 "{meta}root_pid={}\nppid={}\ncommand={}\nstart_unix_ms={}\n{}",
                 self.root,
                 parent_of(pid).unwrap_or(0),
-                command_line(pid).replace('\n', "\\n"),
+                command.replace('\n', "\\n"),
                 crate::driver::unix_ms(),
                 self.sampling.meta()
             ),
         })?;
-        self.known.insert(pid);
+        self.commands.insert(pid, command);
         self.live.push(Child {
             pid,
             reader: Reader::new(Box::new(ring), capture, pid),
@@ -411,7 +405,7 @@ impl Children {
             return true;
         }
         let gone = !running(pid) && parent_of(pid).is_none();
-        let known_parent = ppid == self.root || self.known.contains(&ppid);
+        let known_parent = self.commands.contains_key(&ppid);
         gone && known_parent && Some(uid) == self.root_uid
     }
 

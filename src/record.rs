@@ -252,7 +252,8 @@ pub fn run(
         let _ = child.wait();
         return Err(e);
     }
-    let children = children_dir.map(|dir| crate::children::Children::new(dir, pid, sampling));
+    let children = children_dir
+        .map(|dir| crate::children::Children::new(dir, pid, command.join(" "), sampling));
     let cwd = std::env::current_dir().ok();
     let yours = crate::focus::meta_lines(command, cwd.as_deref(), &sampling.focus);
     capture.write(&Record::Meta {

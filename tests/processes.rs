@@ -218,8 +218,8 @@ fn every_view_shows_all_processes_or_one() {
     assert!(!out.status.success() && err.contains("PID 1"), "{err}");
 }
 
-/// Forked children gone (exited and reaped) before mprof reads their rings are still listed
-/// with the command they ran, their parent's: /proc no longer has them.
+/// Forked children gone (exited and reaped, perhaps with the program) before mprof reads their
+/// rings are still listed with the command they ran, their parent's: /proc no longer has them.
 #[test]
 fn a_fork_gone_before_it_is_read_keeps_its_command() {
     let py = pythons().into_iter().next().unwrap();

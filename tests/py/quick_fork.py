@@ -3,12 +3,11 @@
 usage: quick_fork.py PID_FILE
 The program forks 8 children one after another; each allocates 20 bytes objects of 10,000
 bytes and exits at once (os._exit), and the parent reaps it straight away. PID_FILE gets the
-children's pids, one a line. The parent then waits a little, so that mprof drains the rings
-of children that are gone.
+children's pids, one a line. Then the program ends too: mprof may drain the children's rings
+after every process of the tree is gone.
 """
 import os
 import sys
-import time
 
 children = []
 for _ in range(8):
@@ -20,4 +19,3 @@ for _ in range(8):
     children.append(pid)
 with open(sys.argv[1], "w") as f:
     f.write("".join("%d\n" % pid for pid in children))
-time.sleep(0.3)
