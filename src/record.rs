@@ -252,14 +252,15 @@ pub fn run(
         let _ = child.wait();
         return Err(e);
     }
+    let command_text = command.join(" ");
     let children = children_dir
-        .map(|dir| crate::children::Children::new(dir, pid, command.join(" "), sampling));
+        .map(|dir| crate::children::Children::new(dir, pid, command_text.clone(), sampling));
     let cwd = std::env::current_dir().ok();
     let yours = crate::focus::meta_lines(command, cwd.as_deref(), &sampling.focus);
     capture.write(&Record::Meta {
         text: format!(
             "mode=record\ncommand={}\npid={pid}\nppid={}\n{}start_unix_ms={}\n{yours}",
-            command.join(" ").replace('\n', "\\n"),
+            command_text.replace('\n', "\\n"),
             std::process::id(),
             sampling.meta(),
             crate::driver::unix_ms()
@@ -279,7 +280,7 @@ pub fn run(
         Live::start(live::Target {
             mode: live::Mode::Record,
             pid,
-            command: command.join(" "),
+            command: command_text.clone(),
             rate: sampling.rate,
             capture: output.to_path_buf(),
             program_output: Some(out.clone()),

@@ -17,23 +17,29 @@ use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(120);
 const FUNCTIONS: [&str; 3] = ["in_program", "in_forked", "in_exec_child"];
 
-/// Records `tree_workload.py` at `--rate 1`; returns mprof's standard error and the truth:
-/// function → (pid, bytes kept), and what the shell printed with its exit status.
-fn record(py: &Python, dir: &Path) -> (String, HashMap<String, (u32, f64)>, Value) {
-    let capture = dir.join("c.mprof");
-    let truth = dir.join("truth.json");
+/// Records the test script `name` (with `arg`) at `--rate 1`, following its children, into
+/// `capture`; returns mprof's standard error.
+fn record_tree(py: &Python, name: &str, arg: &Path, capture: &Path) -> String {
     let out = run_with_timeout(
         mprof()
             .args(["record", "--rate", "1", "--follow-children", "-o"])
-            .arg(&capture)
+            .arg(capture)
             .arg("--")
             .arg(&py.path)
-            .arg(script("tree_workload.py"))
-            .arg(&truth),
+            .arg(script(name))
+            .arg(arg),
         LIMIT,
     );
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{}: {err}", py.label);
+    err
+}
+
+/// Records `tree_workload.py` at `--rate 1`; returns mprof's standard error and the truth:
+/// function → (pid, bytes kept), and what the shell printed with its exit status.
+fn record(py: &Python, dir: &Path) -> (String, HashMap<String, (u32, f64)>, Value) {
+    let truth = dir.join("truth.json");
+    let err = record_tree(py, "tree_workload.py", &truth, &dir.join("c.mprof"));
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&truth).unwrap()).unwrap();
     let known = FUNCTIONS
         .iter()
@@ -226,21 +232,7 @@ fn a_fork_gone_before_it_is_read_keeps_its_command() {
     let dir = common::tempdir();
     let capture = dir.path().join("c.mprof");
     let pid_file = dir.path().join("children");
-    let out = run_with_timeout(
-        mprof()
-            .args(["record", "-q", "--rate", "1", "--follow-children", "-o"])
-            .arg(&capture)
-            .arg("--")
-            .arg(&py.path)
-            .arg(script("quick_fork.py"))
-            .arg(&pid_file),
-        LIMIT,
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    record_tree(&py, "quick_fork.py", &pid_file, &capture);
     let table = report_json(&capture, &["--per-process"]);
     let rows = table["processes"].as_array().unwrap();
     let command = |pid: u64| {

@@ -231,6 +231,10 @@ impl CaptureFile {
         use std::io::{Read, Seek};
         let path = &self.path;
         let context = || format!("{} is not a usable mprof capture", path.display());
+        if self.size == 0 {
+            // What an mprof killed before its first write leaves.
+            return Err(anyhow::anyhow!("the file is empty")).with_context(context);
+        }
         let mut handle = &self.file;
         handle
             .seek(std::io::SeekFrom::Start(0))
@@ -238,10 +242,6 @@ impl CaptureFile {
         let buffer = buffer.min(self.size as usize).max(FILE_HEADER);
         let mut input = std::io::BufReader::with_capacity(buffer, handle.take(self.size));
         let mut header = [0u8; FILE_HEADER];
-        if self.size == 0 {
-            // What an mprof killed before its first write leaves.
-            return Err(anyhow::anyhow!("the file is empty")).with_context(context);
-        }
         input
             .read_exact(&mut header)
             .map_err(|_| anyhow::anyhow!("missing the MPROFCAP header"))
