@@ -425,7 +425,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
         }
         None => None,
     };
-    let mut session = Session::new(reader, sampling.rate, view, followed, false);
+    let mut session = Session::new(reader, sampling, view, followed, false);
     let until = duration.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
     let ending = session.run(&mut Attachment {
         a: &attached,

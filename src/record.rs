@@ -304,7 +304,7 @@ pub fn run(
             children,
         });
     let following = followed.is_some();
-    let mut session = Session::new(reader, sampling.rate, view, followed, true);
+    let mut session = Session::new(reader, sampling, view, followed, true);
     let mut watch = Program {
         pid,
         name: command_name(&command[0]),
