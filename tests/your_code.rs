@@ -219,3 +219,41 @@ fn the_leak_hunt_example_names_its_own_leaking_line() {
         );
     }
 }
+
+/// `python -c COMMAND` under `mprof record`, on every interpreter: the program is code compiled
+/// from a string (`<string>`), and it is the user's own, so the top site is the command's line
+/// with the JSON encoder beside it; the summary says so too.
+#[test]
+fn a_command_string_program_is_your_code() {
+    let command = "\nimport json\nkeep = [json.dumps({'k%d' % i: list(range(50)) for i in range(50)}) for _ in range(400)]\n";
+    for py in pythons() {
+        let dir = tempfile::tempdir().unwrap();
+        let capture = dir.path().join("dash_c.mprof");
+        let out = run_with_timeout(
+            common::mprof().arg("record").arg("-o").arg(&capture).args([
+                "--",
+                &py.path.to_string_lossy(),
+                "-c",
+                command,
+            ]),
+            Duration::from_secs(120),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{}: {err}", py.label);
+        let report = report_json(&capture, &["--view", "live"]);
+        let top = &report["locations"][0];
+        assert!(
+            top["file"] == "<string>" && top["line"] == 3,
+            "{}: the top live site is {top}",
+            py.label
+        );
+        let inner = top["innermost"]["file"].as_str().unwrap_or_default();
+        assert!(inner.ends_with("json/encoder.py"), "{}: {top}", py.label);
+        assert_eq!(report["meta"]["focus_names"], "<string>", "{}", py.label);
+        assert!(
+            !err.contains("(<string>:3)  ← (no frame in your code)"),
+            "{}: {err}",
+            py.label
+        );
+    }
+}
