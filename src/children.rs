@@ -61,6 +61,8 @@ fn running(pid: u32) -> bool {
 /// One followed child being drained.
 struct Child {
     pid: u32,
+    /// Its capture's file name in the directory (see `processes::capture_name`).
+    name: String,
     reader: Reader<Box<RingMem>>,
     announced_version: bool,
     /// Born by a fork (not by exec, nor attached).
@@ -98,6 +100,9 @@ pub struct Children {
     /// Forked children that ended without a sample (most often a fork that ran another
     /// program at once): their captures are not kept.
     empty_forks: usize,
+    /// How many captures each pid was given: a followed process that runs a new Python by
+    /// exec announces itself again, and its new program gets a capture of its own.
+    images: std::collections::HashMap<u32, u32>,
     /// When children without a pidfd were last looked up in /proc.
     last_proc_check: Option<Instant>,
 }
@@ -158,6 +163,7 @@ impl Children {
             root_uid: uid_of(root),
             written_done: 0,
             empty_forks: 0,
+            images: std::collections::HashMap::new(),
             last_proc_check: None,
         }
     }
@@ -171,16 +177,12 @@ impl Children {
     ) -> Result<usize> {
         for arrival in rendezvous.arrivals() {
             // A process that announces itself again has run a new program (exec): the stream
-            // of its old image is over.
+            // of its old image is over (its capture is finished), and the new one gets a
+            // capture of its own.
             if let Some(at) = self.live.iter().position(|c| c.pid == arrival.pid) {
-                let old = self.live.swap_remove(at);
-                if self.end(old, observe)? {
-                    eprintln!(
-                        "mprof: warning: PID {} ran a new program; the capture of its previous \
-                         one is replaced",
-                        arrival.pid
-                    );
-                }
+                let mut old = self.live.swap_remove(at);
+                old.reader.program_replaced();
+                self.end(old, true, observe)?;
             }
             match self.admit(arrival) {
                 Ok((pid, command)) => observe(Event::Started(pid, &command)),
@@ -202,7 +204,7 @@ impl Children {
         for pid in exited {
             if let Some(at) = self.live.iter().position(|c| c.pid == pid) {
                 let child = self.live.swap_remove(at);
-                self.end(child, observe)?;
+                self.end(child, false, observe)?;
             }
         }
         Ok(moved)
@@ -245,28 +247,40 @@ impl Children {
         exited
     }
 
-    /// Drains an ended child's ring to the end and finishes its capture; a forked child that
-    /// took no sample loses its capture (see `empty_forks`). Returns whether it was kept.
-    fn end(&mut self, mut child: Child, observe: &mut dyn FnMut(Event)) -> Result<bool> {
+    /// Drains an ended child's ring to the end and finishes its capture (`replaced`: its
+    /// program ended by running a new one, by exec); a forked child that took no sample loses
+    /// its capture (see `empty_forks`). Returns whether it was kept.
+    fn end(
+        &mut self,
+        mut child: Child,
+        replaced: bool,
+        observe: &mut dyn FnMut(Event),
+    ) -> Result<bool> {
         let pid = child.pid;
         while child
             .reader
             .pump_observed(|b| observe(Event::Record(pid, b)))?
             > 0
         {}
-        let key = if running(pid) {
-            "detach_unix_ms"
-        } else {
-            "exit_unix_ms"
+        let ending = match (replaced, running(pid)) {
+            (true, _) => "ended_by=exec\nexit_unix_ms",
+            (false, true) => "detach_unix_ms",
+            (false, false) => "exit_unix_ms",
         };
         child.reader.capture.write(&Record::Meta {
-            text: format!("{key}={}\n", crate::driver::unix_ms()),
+            text: format!("{ending}={}\n", crate::driver::unix_ms()),
         })?;
         child.reader.finish()?;
         observe(Event::Ended(pid));
         if child.forked && child.reader.ring().reader().samples() == 0 {
+            let name = std::mem::take(&mut child.name);
             drop(child);
-            self.dir.remove(&format!("{pid}.mprof"));
+            self.dir.remove(&name);
+            // Its name is free again: a fork that runs a Python by exec at once (`spawn`, or
+            // `subprocess` before vfork) gives the Python `PID.mprof`.
+            if let Some(n) = self.images.get_mut(&pid) {
+                *n -= 1;
+            }
             self.empty_forks += 1;
             return Ok(false);
         }
@@ -291,8 +305,7 @@ impl Children {
         }
         let exit = pidfd(pid);
         let ring = Box::new(RingMem::from_child(fd)?);
-        let mut capture = CaptureWriter::create_in(&self.dir, &format!("{pid}.mprof"))?;
-        capture.place()?;
+        let (mut capture, name) = self.new_capture(pid)?;
         let born = if hello.born == BORN_FORKED {
             "fork"
         } else {
@@ -319,6 +332,7 @@ impl Children {
         self.commands.insert(pid, command.clone());
         self.live.push(Child {
             pid,
+            name,
             reader: Reader::new(ring, capture, pid),
             announced_version: false,
             forked: born == "fork",
@@ -327,12 +341,22 @@ impl Children {
         Ok((pid, command))
     }
 
+    /// The capture of the next program `pid` runs (its first, or one it ran by exec since),
+    /// made and placed in the directory; with its file name.
+    fn new_capture(&mut self, pid: u32) -> Result<(CaptureWriter, String)> {
+        let image = self.images.get(&pid).map_or(1, |n| n + 1);
+        let name = crate::processes::capture_name(pid, image);
+        let mut capture = CaptureWriter::create_in(&self.dir, &name)?;
+        capture.place()?;
+        self.images.insert(pid, image);
+        Ok((capture, name))
+    }
+
     /// Takes on a process mprof attached itself (a descendant of the root, under `attach
     /// --follow-children`): its capture goes beside the forked children's.
     pub fn adopt(&mut self, pid: u32, ring: RingMem, meta: &str) -> Result<()> {
         let exit = pidfd(pid);
-        let mut capture = CaptureWriter::create_in(&self.dir, &format!("{pid}.mprof"))?;
-        capture.place()?;
+        let (mut capture, name) = self.new_capture(pid)?;
         let command = command_line(pid);
         capture.write(&Record::Meta {
             text: format!(
@@ -347,6 +371,7 @@ impl Children {
         self.commands.insert(pid, command);
         self.live.push(Child {
             pid,
+            name,
             reader: Reader::new(Box::new(ring), capture, pid),
             announced_version: false,
             forked: false,
@@ -391,7 +416,7 @@ impl Children {
         }
         self.pump(rendezvous, observe)?;
         for child in std::mem::take(&mut self.live) {
-            self.end(child, observe)?;
+            self.end(child, false, observe)?;
         }
         Ok(())
     }

@@ -1,7 +1,10 @@
 //! The processes of a capture. Under `--follow-children` a session writes the program's own
 //! capture at `CAPTURE` (its metadata names the directory, `children_dir=CAPTURE.d`) and one
-//! capture per followed process in `CAPTURE.d/PID.mprof`. A [`CaptureSet`] opens them
-//! together: every view shows them merged by default, or one process with `--pid PID`.
+//! capture per followed program in `CAPTURE.d`: `PID.mprof`, and `PID-2.mprof`, `PID-3.mprof`…
+//! for the programs a followed process ran after it by exec (the same pid, a new image whose
+//! addresses and code objects are its own; see [`capture_name`]). A [`CaptureSet`] opens them
+//! together: every view shows them merged by default, or one process (all its programs) with
+//! `--pid PID`.
 //!
 //! Merging interleaves the records of all the captures by time (each record takes the time of
 //! the last timed record before it in its own file), so the whole live heap, its peak and the
@@ -11,7 +14,8 @@
 //!
 //! The directory and its files are untrusted input like any capture: the directory and every
 //! file are opened relative to a descriptor without following symlinks (a symlink is skipped
-//! with a warning, never followed out); only regular files named `PID.mprof` are read, at most
+//! with a warning, never followed out); only regular files named `PID.mprof` or `PID-N.mprof` are
+//! read, at most
 //! [`MAX_MEMBERS`] of them; anything else there is reported in one warning line. A child's
 //! capture that is not a capture is skipped with a warning; a damaged tail is a warning, as
 //! for any capture.
@@ -68,7 +72,8 @@ impl PidArgs {
 
 /// One capture of the set.
 pub struct Member {
-    /// The process's pid: the file name's for a child, the metadata's for the program.
+    /// The process's pid: the file name's for a child, the metadata's for the program. Two
+    /// members share it when a followed process ran a new program by exec.
     pub pid: Option<u32>,
     pub file: CaptureFile,
 }
@@ -158,20 +163,27 @@ impl CaptureSet {
         let mut set = CaptureSet::single(root_pid, root);
         set.followed = true;
         set.warnings.extend(l.warnings.iter().cloned());
-        raise_file_limit(l.pids.len() + 16);
-        for &pid in &l.pids {
-            match l.open(dir, pid) {
-                Ok(file) => set.members.push(Member {
-                    pid: Some(pid),
-                    file,
-                }),
-                Err(e) => set.warnings.push(format!("skipping {pid}.mprof: {e:#}")),
-            }
+        raise_file_limit(l.captures.len() + 16);
+        for &(pid, image) in &l.captures {
+            set.add_member(&l, dir, pid, image);
         }
         set
     }
 
-    /// The capture of child `pid` alone.
+    /// Opens image `image` of child `pid` as a member; one that cannot be read is a warning.
+    fn add_member(&mut self, l: &Listing, dir: &Path, pid: u32, image: u32) {
+        match l.open(dir, pid, image) {
+            Ok(file) => self.members.push(Member {
+                pid: Some(pid),
+                file,
+            }),
+            Err(e) => self
+                .warnings
+                .push(format!("skipping {}: {e:#}", capture_name(pid, image))),
+        }
+    }
+
+    /// The captures of child `pid` alone (every program it ran, merged).
     fn one_child(
         path: &Path,
         root_pid: Option<u32>,
@@ -179,14 +191,22 @@ impl CaptureSet {
         l: Listing,
         pid: u32,
     ) -> Result<CaptureSet> {
-        if !l.pids.contains(&pid) {
+        let images: Vec<u32> = l
+            .captures
+            .iter()
+            .filter(|(p, _)| *p == pid)
+            .map(|&(_, image)| image)
+            .collect();
+        if images.is_empty() {
             let mut known: Vec<String> = root_pid
                 .iter()
                 .map(|p| format!("{p} (the program)"))
                 .collect();
-            known.extend(l.pids.iter().take(12).map(u32::to_string));
-            if l.pids.len() > 12 {
-                known.push(format!("… {} more", l.pids.len() - 12));
+            let mut pids: Vec<u32> = l.captures.iter().map(|&(p, _)| p).collect();
+            pids.dedup();
+            known.extend(pids.iter().take(12).map(u32::to_string));
+            if pids.len() > 12 {
+                known.push(format!("… {} more", pids.len() - 12));
             }
             bail!(
                 "PID {pid} is not among the processes of {}: {} (mprof report --per-process \
@@ -195,10 +215,17 @@ impl CaptureSet {
                 known.join(", ")
             );
         }
-        let file = l.open(dir, pid)?;
+        // The latest program first, as the set's root (its title and metadata): the earlier
+        // ones ended with their exec, and their blocks leave the live heap then, as a child's
+        // do when its capture ends (the root's stay live to the end).
+        let (last, earlier) = images.split_last().expect("not empty");
+        let file = l.open(dir, pid, *last)?;
         let mut set = CaptureSet::single(Some(pid), file);
         set.followed = true;
-        set.warnings = l.warnings;
+        for &image in earlier {
+            set.add_member(&l, dir, pid, image);
+        }
+        set.warnings.extend(l.warnings);
         Ok(set)
     }
 
@@ -308,8 +335,9 @@ fn children_path(capture: &Path, named: &str) -> PathBuf {
 /// The captures found in a children's directory, opened without following symlinks.
 struct Listing {
     dir: OwnedFd,
-    /// The pids of the `PID.mprof` regular files, sorted, at most [`MAX_MEMBERS`].
-    pids: Vec<u32>,
+    /// The (pid, image) of the regular files named as [`capture_name`] names them, sorted, at
+    /// most [`MAX_MEMBERS`].
+    captures: Vec<(u32, u32)>,
     warnings: Vec<String>,
 }
 
@@ -335,7 +363,7 @@ impl Listing {
         };
         let mut listing = Listing {
             dir,
-            pids: Vec::new(),
+            captures: Vec::new(),
             warnings: Vec::new(),
         };
         listing.scan(path)?;
@@ -351,22 +379,22 @@ impl Listing {
             let entry = entry.with_context(|| format!("{}: cannot list it", path.display()))?;
             let name = entry.file_name();
             let kind = entry.file_type().ok();
-            let pid = pid_of_name(name.as_bytes());
-            match (kind, pid) {
+            let member = member_of_name(name.as_bytes());
+            match (kind, member) {
                 (Some(k), _) if k.is_symlink() => links += 1,
-                (Some(k), Some(pid)) if k.is_file() => self.pids.push(pid),
+                (Some(k), Some(member)) if k.is_file() => self.captures.push(member),
                 _ => others += 1,
             }
         }
-        self.pids.sort_unstable();
-        self.pids.dedup();
-        if self.pids.len() > MAX_MEMBERS {
+        self.captures.sort_unstable();
+        self.captures.dedup();
+        if self.captures.len() > MAX_MEMBERS {
             self.warnings.push(format!(
                 "{}: {} captures, only the first {MAX_MEMBERS} (by pid) are read",
                 path.display(),
-                self.pids.len()
+                self.captures.len()
             ));
-            self.pids.truncate(MAX_MEMBERS);
+            self.captures.truncate(MAX_MEMBERS);
         }
         if links > 0 {
             self.warnings.push(format!(
@@ -376,17 +404,17 @@ impl Listing {
         }
         if others > 0 {
             self.warnings.push(format!(
-                "{}: {others} entr(y/ies) that are not PID.mprof captures ignored",
+                "{}: {others} entr(y/ies) that are not PID.mprof (or PID-N.mprof) captures ignored",
                 path.display()
             ));
         }
         Ok(())
     }
 
-    /// Opens `PID.mprof`: a regular file, not a symlink, without blocking on a FIFO; and
-    /// checks that it starts like a capture.
-    fn open(&self, dir: &Path, pid: u32) -> Result<CaptureFile> {
-        let name = format!("{pid}.mprof");
+    /// Opens the capture of image `image` of `pid` ([`capture_name`]): a regular file, not a
+    /// symlink, without blocking on a FIFO; and checks that it starts like a capture.
+    fn open(&self, dir: &Path, pid: u32, image: u32) -> Result<CaptureFile> {
+        let name = capture_name(pid, image);
         let path = dir.join(&name);
         let cname = CString::new(name).expect("no NUL in a number");
         // SAFETY: `self.dir` is an open directory descriptor `self` owns and `cname` a NUL-ended
@@ -416,13 +444,36 @@ impl Listing {
     }
 }
 
-/// `1234.mprof` → 1234 (no sign, no leading zero, no other name).
-fn pid_of_name(name: &[u8]) -> Option<u32> {
-    let digits = name.strip_suffix(b".mprof")?;
-    if digits.is_empty() || digits.len() > 10 || digits[0] == b'0' {
-        return None;
+/// The name of the capture of the `image`-th program (from 1) that followed process `pid` ran:
+/// `PID.mprof` for the first, `PID-N.mprof` for the N-th, started by an exec in the same pid.
+pub fn capture_name(pid: u32, image: u32) -> String {
+    match image {
+        0 | 1 => format!("{pid}.mprof"),
+        n => format!("{pid}-{n}.mprof"),
     }
-    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+/// The (pid, image) a capture's file name says ([`capture_name`]): `1234.mprof` → (1234, 1),
+/// `1234-2.mprof` → (1234, 2). Plain decimal numbers (no sign, no leading zero), an image
+/// number from 2; no other name.
+fn member_of_name(name: &[u8]) -> Option<(u32, u32)> {
+    fn number(digits: &[u8]) -> Option<u32> {
+        if digits.is_empty() || digits.len() > 10 || digits[0] == b'0' {
+            return None;
+        }
+        if !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(digits).ok()?.parse().ok()
+    }
+    let stem = name.strip_suffix(b".mprof")?;
+    match stem.iter().position(|&b| b == b'-') {
+        None => Some((number(stem)?, 1)),
+        Some(dash) => {
+            let image = number(&stem[dash + 1..])?;
+            (image >= 2).then_some((number(&stem[..dash])?, image))
+        }
+    }
 }
 
 /// Raises the soft limit of open files towards `wanted` (within the hard limit): a merged

@@ -94,6 +94,9 @@ pub struct Reader<R: std::ops::Deref<Target = RingMem>> {
     tids: HashSet<u32>,
     statm: Statm,
     last_rss: Option<Instant>,
+    /// Whether the process's RSS is still this capture's to read (see
+    /// [`Reader::program_replaced`]).
+    reads_rss: bool,
     last_flush: Instant,
     /// The target's module map, for native stacks (`--native`).
     modules: ModuleTracker,
@@ -121,12 +124,19 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
             tids: HashSet::new(),
             statm: Statm::new(pid),
             last_rss: None,
+            reads_rss: true,
             last_flush: Instant::now(),
             modules: ModuleTracker::new(pid),
             maps_served: 0,
         };
         r.heartbeat();
         r
+    }
+
+    /// The process ran a new program by exec: the RSS of its pid is the new program's from now
+    /// on, and is no longer read into this capture.
+    pub fn program_replaced(&mut self) {
+        self.reads_rss = false;
     }
 
     /// The program's own reader (not a followed child's): keeps its process's statm file open
@@ -242,9 +252,10 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
             self.add(&module, observe)?;
         }
         let now = Instant::now();
-        if self
-            .last_rss
-            .is_none_or(|t| now - t >= Duration::from_millis(100))
+        if self.reads_rss
+            && self
+                .last_rss
+                .is_none_or(|t| now - t >= Duration::from_millis(100))
         {
             self.last_rss = Some(now);
             if let Some(rss) = self.statm.rss_bytes() {

@@ -254,3 +254,62 @@ fn a_fork_gone_before_it_is_read_keeps_its_command() {
         assert_eq!(command(child).as_deref(), Some(want.as_str()), "{table}");
     }
 }
+
+/// A followed child that runs a new Python by exec (the same pid): each program gets a capture
+/// of its own (`PID.mprof`, then `PID-2.mprof`), both are in the merged figures, and `--pid`
+/// shows both, the first program's blocks leaving the live heap at its exec.
+#[test]
+fn a_child_that_runs_a_new_python_by_exec_keeps_both_programs() {
+    for py in pythons() {
+        let dir = common::tempdir();
+        let capture = dir.path().join("c.mprof");
+        let truth_file = dir.path().join("truth.json");
+        record_tree(&py, "exec_chain.py", &truth_file, &capture);
+        let truth: Value = serde_json::from_str(&read(&truth_file)).unwrap();
+        let pid = truth["pid"].as_u64().unwrap();
+        let (first, second) = (
+            truth["first"].as_f64().unwrap(),
+            truth["second"].as_f64().unwrap(),
+        );
+        // `PID.mprof` and `PID-2.mprof`, also where the child was forked before its exec
+        // (older `subprocess`): that fork took no sample, and its capture and name are gone.
+        let mut names: Vec<String> = std::fs::read_dir(dir.path().join("c.mprof.d"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&format!("{pid}.")) || n.starts_with(&format!("{pid}-")))
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [format!("{pid}-2.mprof"), format!("{pid}.mprof")],
+            "{}",
+            py.label
+        );
+        let table = report_json(&capture, &["--per-process"]);
+        let rows: Vec<&Value> = table["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["pid"].as_u64() == Some(pid))
+            .collect();
+        assert_eq!(rows.len(), 2, "{}: {table}", py.label);
+        assert!(rows.iter().all(|r| r["born"] == "exec"), "{}", py.label);
+        let merged = live(&capture, &[]);
+        let alone = live(&capture, &["--pid", &pid.to_string()]);
+        for (f, want) in [("in_first_program", first), ("in_second_program", second)] {
+            assert!(within_1_percent(merged.get(f), want), "{}: {f}", py.label);
+            assert!(within_1_percent(alone.get(f), want), "{}: {f}", py.label);
+        }
+        // One program at a time: the process's peak is the higher of its programs' own, not
+        // their sum (the first program's blocks leave the live heap at its exec).
+        let report = report_json(&capture, &["--pid", &pid.to_string(), "--view", "peak"]);
+        let peak = report["totals"]["peak"]["bytes"].as_f64().unwrap();
+        let own = rows.iter().map(|r| r["peak_bytes"].as_f64().unwrap());
+        let (highest, sum) = (own.clone().fold(0.0, f64::max), own.sum::<f64>());
+        assert!(
+            peak >= second && (peak - highest).abs() <= highest * 0.01 && sum > peak + first,
+            "{}: peak {peak}, the programs' own {highest} (sum {sum})",
+            py.label
+        );
+    }
+}

@@ -359,3 +359,35 @@ fn processes_are_shown_together_or_one_at_a_time() {
     let screen = render(&t, &m, &snap, &child, 100, 24);
     assert!(screen.contains("ended"), "{screen}");
 }
+
+/// A followed child that runs a new Python by exec ends and starts again with the same pid:
+/// the new program is a process of its own (its code object 1 is not the old one's, its
+/// blocks are counted afresh), and the old program stays listed as ended, its bytes
+/// allocated and none live.
+#[test]
+fn a_program_run_by_exec_is_a_process_of_its_own() {
+    const CHILD: u32 = 4300;
+    let mut m = Model::new(1, T0);
+    m.started(MAIN, "python3 launcher.py");
+    m.started(CHILD, "python3 first.py");
+    m.enter(CHILD);
+    m.apply(&code(1, "/srv/first.py", "first", 1));
+    m.apply(&alloc(CHILD, 0x10, 3 * KIB, T0, &[(1, 2)]));
+    m.ended(CHILD);
+    m.started(CHILD, "python3 second.py");
+    m.enter(CHILD);
+    m.apply(&code(1, "/srv/second.py", "second", 1));
+    m.apply(&alloc(CHILD, 0x10, 5 * KIB, T0, &[(1, 4)]));
+    let snap = m.roll(T0 + SECOND);
+    assert_eq!(
+        snap.live_heap,
+        5.0 * KIB as f64,
+        "only the second program's block"
+    );
+    let t = target(Mode::Record);
+    let all = render(&t, &m, &snap, &view(&[], &snap), 100, 24);
+    assert!(all.contains("all 3 processes (2 running)"), "{all}");
+    let row = |file: &str| all.lines().find(|l| l.contains(file)).unwrap_or_default();
+    assert!(row("second.py:4").contains("5.00 KiB 5.00 KiB"), "{all}");
+    assert!(row("first.py:2").contains("3.00 KiB      0 B"), "{all}");
+}

@@ -153,11 +153,17 @@ impl Model {
         self.agg.enter(self.current as u32);
     }
 
-    /// The index of process `pid`, a new one if it is not known yet.
+    /// The index of process `pid` (of the latest program it runs), a new one if it is not known
+    /// yet.
     fn process(&mut self, pid: u32) -> usize {
-        if let Some(at) = self.processes.iter().position(|p| p.pid == pid) {
+        if let Some(at) = self.processes.iter().rposition(|p| p.pid == pid) {
             return at;
         }
+        self.new_process(pid)
+    }
+
+    /// A new index for `pid` (the last one when there are [`MAX_PROCESSES`]).
+    fn new_process(&mut self, pid: u32) -> usize {
         if self.processes.len() >= MAX_PROCESSES {
             return MAX_PROCESSES - 1;
         }
@@ -172,9 +178,14 @@ impl Model {
         self.processes.len() - 1
     }
 
-    /// A followed process started: `command` is its command line.
+    /// A followed process started: `command` is its command line. A process that ended and
+    /// starts again has run a new program by exec: that program's records are a process of
+    /// their own (its addresses and code objects are its own).
     pub fn started(&mut self, pid: u32, command: &str) {
-        let at = self.process(pid);
+        let at = match self.processes.iter().rposition(|p| p.pid == pid) {
+            Some(at) if !self.processes[at].ended => at,
+            _ => self.new_process(pid),
+        };
         let p = &mut self.processes[at];
         if p.pid == pid {
             p.command = crate::text::elide(command, MAX_COMMAND).into_owned();
@@ -183,7 +194,7 @@ impl Model {
 
     /// A followed process's records are over: its blocks leave the live heap.
     pub fn ended(&mut self, pid: u32) {
-        let Some(at) = self.processes.iter().position(|p| p.pid == pid) else {
+        let Some(at) = self.processes.iter().rposition(|p| p.pid == pid) else {
             return;
         };
         self.processes[at].ended = true;

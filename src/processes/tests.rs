@@ -184,7 +184,7 @@ fn hostile_entries_are_skipped_with_one_line_each() {
     );
     // notes.txt, the directory 303.mprof and the FIFO 304.mprof (never opened).
     assert!(
-        all.contains("3 entr(y/ies) that are not PID.mprof captures"),
+        all.contains("3 entr(y/ies) that are not PID.mprof (or PID-N.mprof) captures"),
         "{all}"
     );
     assert!(warnings.iter().all(|w| !w.contains('\n')), "{warnings:?}");
@@ -227,10 +227,28 @@ fn a_capture_cannot_name_a_directory_elsewhere() {
         children_path(Path::new("/x/b.mprof"), "a.mprof.d"),
         PathBuf::from("/x/a.mprof.d")
     );
-    assert_eq!(pid_of_name(b"0123.mprof"), None);
-    assert_eq!(pid_of_name(b"-1.mprof"), None);
-    assert_eq!(pid_of_name(b"99999999999.mprof"), None);
-    assert_eq!(pid_of_name(b"42.mprof"), Some(42));
+    for bad in [
+        "0123.mprof",
+        "-1.mprof",
+        "+5.mprof",
+        "99999999999.mprof",
+        "42-1.mprof",
+        "42-0.mprof",
+        "42-02.mprof",
+        "42-.mprof",
+        "-2.mprof",
+        "42-2-3.mprof",
+        "42.mprof.tmp",
+    ] {
+        assert_eq!(member_of_name(bad.as_bytes()), None, "{bad}");
+    }
+    assert_eq!(member_of_name(b"42.mprof"), Some((42, 1)));
+    assert_eq!(member_of_name(b"42-2.mprof"), Some((42, 2)));
+    assert_eq!(member_of_name(b"42-17.mprof"), Some((42, 17)));
+    for (pid, image) in [(42, 1), (42, 2), (7, 30)] {
+        let name = capture_name(pid, image);
+        assert_eq!(member_of_name(name.as_bytes()), Some((pid, image)));
+    }
 }
 
 #[test]
