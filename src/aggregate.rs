@@ -41,6 +41,12 @@ fn meta_u64(text: &str, key: &str) -> Option<u64> {
         .last()
 }
 
+/// Whether a Meta record says its process ran a new program by exec (`ended_by=exec`): its
+/// capture ends there, and the new program's is another one.
+pub(crate) fn ended_by_exec(text: &str) -> bool {
+    meta_pairs(text).any(|(k, v)| k == "ended_by" && v == "exec")
+}
+
 pub(crate) fn meta_pairs(text: &str) -> impl Iterator<Item = (&str, &str)> {
     text.lines()
         .filter_map(|l| l.split_once('='))
@@ -254,7 +260,14 @@ impl Aggregator {
         let index = self.applied;
         self.applied += 1;
         match record {
-            Record::Meta { text } => self.meta(text),
+            Record::Meta { text } => {
+                self.meta(text);
+                if ended_by_exec(text) {
+                    // The process ran a new program by exec (a capture of its own): this one's
+                    // blocks are gone with its address space.
+                    return Change::Ended(self.leave(self.process));
+                }
+            }
             Record::Code {
                 code,
                 firstline,

@@ -80,6 +80,10 @@ pub enum Event<'a> {
     Record(u32, &'a [u8]),
     /// Child `pid`'s capture is finished: it exited (or the session ended).
     Ended(u32),
+    /// The program itself ran a new Python by exec (the same pid): the new program is taken
+    /// on as a child (a `Started` with the program's pid follows). What the old program left in
+    /// its ring must be drained first, and its capture ended (`crate::driver`).
+    ProgramReplaced(u32),
 }
 
 /// The followed children of a recording.
@@ -163,7 +167,8 @@ impl Children {
             root_uid: uid_of(root),
             written_done: 0,
             empty_forks: 0,
-            images: std::collections::HashMap::new(),
+            // The program's own capture is its first program's.
+            images: [(root, 1)].into(),
             last_proc_check: None,
         }
     }
@@ -183,6 +188,8 @@ impl Children {
                 let mut old = self.live.swap_remove(at);
                 old.reader.program_replaced();
                 self.end(old, true, observe)?;
+            } else if arrival.pid == self.root {
+                observe(Event::ProgramReplaced(self.root));
             }
             match self.admit(arrival) {
                 Ok((pid, command)) => observe(Event::Started(pid, &command)),
@@ -426,7 +433,8 @@ impl Children {
     /// through /proc: it is accepted if it ran as the program's user and names as its parent
     /// the program or a child already admitted.
     fn belongs(&self, pid: u32, uid: u32, ppid: u32) -> bool {
-        if descends_from(pid, self.root) {
+        // The program itself, after an exec: its new program.
+        if pid == self.root || descends_from(pid, self.root) {
             return true;
         }
         let gone = !running(pid) && parent_of(pid).is_none();
@@ -519,17 +527,30 @@ fn is_python(pid: u32) -> bool {
             .is_ok_and(|maps| maps.contains("libpython"))
 }
 
-/// Python children seen while a program ran without `--follow-children`.
+/// Python children seen while a program ran without `--follow-children`, and whether the
+/// program itself ran a new program by exec.
 #[derive(Default)]
 pub struct Unfollowed {
     seen: std::collections::BTreeMap<u32, String>,
     last: Option<Instant>,
+    /// The program's command line once the agent ran in it.
+    program: Option<Vec<u8>>,
+    /// The command line of the program it ran by exec, once seen.
+    replaced_by: Option<String>,
 }
 
 impl Unfollowed {
     /// Looks at the program's descendants (at most four times a second: each look reads a
-    /// file per thread of every descendant, on the program's core when they share one).
-    pub fn watch(&mut self, root: u32) {
+    /// file per thread of every descendant, on the program's core when they share one), and
+    /// at the program's own command line once `agent_runs` says the agent runs in it.
+    pub fn watch(&mut self, root: u32, agent_runs: impl FnOnce() -> bool) {
+        if self.program.is_none() {
+            // At the first round the agent runs, before the program can have gone on to
+            // another (a launcher that runs for less than a round is not seen).
+            if agent_runs() {
+                self.program = std::fs::read(format!("/proc/{root}/cmdline")).ok();
+            }
+        }
         if self
             .last
             .is_some_and(|t| t.elapsed() < Duration::from_millis(250))
@@ -540,6 +561,45 @@ impl Unfollowed {
         for (pid, command) in python_descendants(root, 64) {
             self.seen.entry(pid).or_insert(command);
         }
+        if self.replaced_by.is_none() {
+            self.look_for_exec(root);
+        }
+    }
+
+    /// Whether the program ran a new program by exec: its command line changed since the
+    /// agent ran in it and the session's ring is no longer in its memory (a program that
+    /// rewrites its own command line, as `setproctitle` does, keeps the ring). The agent does
+    /// not start in the new program: mprof removed itself from the environment of the program
+    /// it started.
+    fn look_for_exec(&mut self, root: u32) {
+        let Some(before) = &self.program else {
+            return;
+        };
+        let Ok(now) = std::fs::read(format!("/proc/{root}/cmdline")) else {
+            return;
+        };
+        if *before == now || now.is_empty() {
+            return;
+        }
+        let maps = std::fs::read_to_string(format!("/proc/{root}/maps"));
+        if maps.is_ok_and(|m| !m.contains("/memfd:mprof-ring")) {
+            let command = String::from_utf8_lossy(&now).replace('\0', " ");
+            self.replaced_by = Some(command.trim_end().to_owned());
+        } else {
+            // Rewritten in place: the map is read again only if it changes again.
+            self.program = Some(now);
+        }
+    }
+
+    /// What to say about the program's exec, if it ran one.
+    pub fn exec_hint(&self) -> Option<String> {
+        let command = self.replaced_by.as_deref()?;
+        let cut: String = command.chars().take(80).collect();
+        let command = crate::text::printable(&cut);
+        Some(format!(
+            "the program ran a new program by exec ({command}), which was not profiled: the \
+             figures stop at the exec; record with --follow-children to profile it too"
+        ))
     }
 
     /// The hint for the summary, if Python children were seen or counted (`forked`: forks the

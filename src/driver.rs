@@ -149,12 +149,26 @@ impl<'r> Session<'r> {
 
     /// Drains the followed children's rings, showing their records to the view.
     pub fn pump_children(&mut self) -> Result<usize> {
-        let Some(f) = self.followed.as_mut() else {
+        let Session {
+            reader,
+            view,
+            followed,
+            ..
+        } = self;
+        let Some(f) = followed.as_mut() else {
             return Ok(0);
         };
-        let view = &mut self.view;
-        f.children
-            .pump(&f.rendezvous, &mut |e| live::child_event(view, &e))
+        let mut replaced = Ok(());
+        let moved = f.children.pump(&f.rendezvous, &mut |e| {
+            if let Event::ProgramReplaced(pid) = e {
+                replaced = program_replaced(reader, view);
+                live::child_event(view, &Event::Ended(pid));
+                return;
+            }
+            live::child_event(view, &e)
+        })?;
+        replaced?;
+        Ok(moved)
     }
 
     /// Bytes written to every capture of the session.
@@ -208,6 +222,18 @@ impl<'r> Session<'r> {
             f.children.dir().display()
         ))
     }
+}
+
+/// The program ran a new Python by exec (see `Event::ProgramReplaced`): what its old program
+/// left in the ring goes into the capture (and the view) first, then the capture says how it
+/// ended, and the pid's RSS, now the new program's, is no longer read into it.
+fn program_replaced<'r>(reader: &mut Reader<&'r RingMem>, view: &mut Option<Live>) -> Result<()> {
+    let ring: &'r RingMem = reader.ring_ref();
+    while live::pump(view, reader, ring)?.0 > 0 {}
+    reader.program_replaced();
+    reader.capture.write(&Record::Meta {
+        text: format!("ended_by=exec\nreplaced_unix_ms={}\n", unix_ms()),
+    })
 }
 
 /// The UTC time in milliseconds, for the captures' metadata.

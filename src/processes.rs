@@ -120,9 +120,15 @@ impl CaptureSet {
             };
         };
         let dir_path = children_path(path, &dir_name);
-        if pick == Pick::Pid(root_pid.unwrap_or(0)) && root_pid.is_some() {
+        if let Some(pid) = root_pid.filter(|&p| pick == Pick::Pid(p)) {
+            // The program, and the programs it ran after it by exec, if any.
             let mut set = CaptureSet::single(root_pid, root);
             set.followed = true;
+            if let Ok(l) = Listing::read(&dir_path) {
+                for &(_, image) in l.captures.iter().filter(|(p, _)| *p == pid) {
+                    set.add_member(&l, &dir_path, pid, image);
+                }
+            }
             return Ok(set);
         }
         let listing = match Listing::read(&dir_path) {
@@ -253,6 +259,7 @@ impl CaptureSet {
                 records: m.file.records(MEMBER_BUFFER)?,
                 next: None,
                 clock: 0,
+                sampled: 0,
             };
             if let Some(key) = head.fetch()? {
                 queue.push(Reverse((key, i)));
@@ -279,6 +286,8 @@ struct Head<'a> {
     next: Option<(Record, Digest)>,
     /// The time of the last timed record read from this capture.
     clock: u64,
+    /// The time of the last sample read from this capture.
+    sampled: u64,
 }
 
 impl Head<'_> {
@@ -288,11 +297,19 @@ impl Head<'_> {
         let Some((record, _)) = &self.next else {
             return Ok(None);
         };
-        if let Record::Alloc { time_ns, .. }
-        | Record::Rss { time_ns, .. }
-        | Record::End { time_ns, .. } = record
-        {
-            self.clock = *time_ns;
+        match record {
+            Record::Alloc { time_ns, .. } => {
+                self.clock = *time_ns;
+                self.sampled = *time_ns;
+            }
+            Record::Rss { time_ns, .. } | Record::End { time_ns, .. } => self.clock = *time_ns,
+            // A program that ran a new one by exec ended right after its last sample: the RSS
+            // readings since were the new program's, read before mprof learnt of the exec. Its
+            // blocks leave the live heap there, before the new program's first samples.
+            Record::Meta { text } if crate::aggregate::ended_by_exec(text) => {
+                return Ok(Some(self.sampled));
+            }
+            _ => {}
         }
         Ok(Some(self.clock))
     }

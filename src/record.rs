@@ -154,7 +154,7 @@ impl Watch for Program {
             unsafe { libc::kill(pid as i32, sig) };
         }
         if let Some(unfollowed) = self.unfollowed.as_mut() {
-            unfollowed.watch(pid);
+            unfollowed.watch(pid, || !s.ring().python_version().is_empty());
         }
         self.reap()
     }
@@ -349,11 +349,13 @@ pub fn run(
         if let Some(note) = children_note {
             eprintln!("{note}");
         }
-        if let Some(hint) = watch
-            .unfollowed
-            .and_then(|u| u.hint(ring.forked_unfollowed()))
-        {
-            eprintln!("mprof: {hint}");
+        if let Some(u) = &watch.unfollowed {
+            for hint in [u.exec_hint(), u.hint(ring.forked_unfollowed())]
+                .into_iter()
+                .flatten()
+            {
+                eprintln!("mprof: {hint}");
+            }
         }
     }
     if let Some(out) = &program_output {

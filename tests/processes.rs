@@ -10,6 +10,7 @@ use mprof::export::pprof::PprofProfile;
 use prost::Message;
 use serde_json::Value;
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
@@ -20,6 +21,11 @@ const FUNCTIONS: [&str; 3] = ["in_program", "in_forked", "in_exec_child"];
 /// Records the test script `name` (with `arg`) at `--rate 1`, following its children, into
 /// `capture`; returns mprof's standard error.
 fn record_tree(py: &Python, name: &str, arg: &Path, capture: &Path) -> String {
+    record_tree_with(py, name, &[arg.as_os_str()], capture)
+}
+
+/// [`record_tree`] with the script's arguments `args`.
+fn record_tree_with(py: &Python, name: &str, args: &[&OsStr], capture: &Path) -> String {
     let out = run_with_timeout(
         mprof()
             .args(["record", "--rate", "1", "--follow-children", "-o"])
@@ -27,7 +33,7 @@ fn record_tree(py: &Python, name: &str, arg: &Path, capture: &Path) -> String {
             .arg("--")
             .arg(&py.path)
             .arg(script(name))
-            .arg(arg),
+            .args(args),
         LIMIT,
     );
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -312,4 +318,93 @@ fn a_child_that_runs_a_new_python_by_exec_keeps_both_programs() {
             py.label
         );
     }
+}
+
+/// The program itself runs a new Python by exec (a launcher, `poetry run`): under
+/// `--follow-children` the new program is profiled too, as `PID-2.mprof` beside the program's
+/// capture; the program's blocks leave the live heap at its exec, and `--pid` shows both.
+#[test]
+fn a_program_that_runs_a_new_python_by_exec_is_followed() {
+    for py in pythons() {
+        let dir = common::tempdir();
+        let capture = dir.path().join("c.mprof");
+        let truth_file = dir.path().join("truth.json");
+        record_tree_with(
+            &py,
+            "exec_chain.py",
+            &[truth_file.as_os_str(), OsStr::new("first")],
+            &capture,
+        );
+        let truth: Value = serde_json::from_str(&read(&truth_file)).unwrap();
+        let pid = truth["pid"].as_u64().unwrap();
+        let (first, second) = (
+            truth["first"].as_f64().unwrap(),
+            truth["second"].as_f64().unwrap(),
+        );
+        assert!(
+            dir.path()
+                .join(format!("c.mprof.d/{pid}-2.mprof"))
+                .is_file(),
+            "{}",
+            py.label
+        );
+        let table = report_json(&capture, &["--per-process"]);
+        let rows = table["processes"].as_array().unwrap();
+        let born: Vec<(u64, &str)> = rows
+            .iter()
+            .map(|r| (r["pid"].as_u64().unwrap(), r["born"].as_str().unwrap()))
+            .collect();
+        assert_eq!(born, [(pid, "record"), (pid, "exec")], "{}", py.label);
+        for args in [&[][..], &["--pid", &pid.to_string()][..]] {
+            let got = live(&capture, args);
+            for (f, want) in [("in_first_program", first), ("in_second_program", second)] {
+                assert!(
+                    within_1_percent(got.get(f), want),
+                    "{} {args:?}: {f}: {:?}",
+                    py.label,
+                    got.get(f)
+                );
+            }
+            let report = report_json(&capture, &[&["--view", "peak"], args].concat());
+            let peak = report["totals"]["peak"]["bytes"].as_f64().unwrap();
+            let own = rows.iter().map(|r| r["peak_bytes"].as_f64().unwrap());
+            let highest = own.fold(0.0, f64::max);
+            assert!(
+                (peak - highest).abs() <= highest * 0.01,
+                "{} {args:?}: peak {peak}, the programs' own {highest}",
+                py.label
+            );
+        }
+    }
+}
+
+/// Without `--follow-children`, a program that runs a new Python by exec is told at the end
+/// that what ran after the exec was not profiled, and how to profile it.
+#[test]
+fn a_program_that_runs_a_new_python_by_exec_is_named_without_follow() {
+    let py = pythons().into_iter().next().unwrap();
+    let dir = common::tempdir();
+    let truth = dir.path().join("truth.json");
+    let out = run_with_timeout(
+        mprof()
+            .args(["record", "-o"])
+            .arg(dir.path().join("c.mprof"))
+            .arg("--")
+            .arg(&py.path)
+            .arg(script("exec_chain.py"))
+            .arg(&truth)
+            .args(["first", "slow"]),
+        LIMIT,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}: {err}", py.label);
+    let hint = err
+        .lines()
+        .find(|l| l.contains("ran a new program by exec"))
+        .unwrap_or_else(|| panic!("{}: no word of the exec: {err}", py.label));
+    assert!(
+        hint.contains("exec_chain.py") && hint.contains("--follow-children"),
+        "{hint}"
+    );
+    assert!(truth.is_file(), "the new program ran");
 }

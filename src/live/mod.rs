@@ -347,6 +347,8 @@ impl Live {
                 self.model.observe(bytes);
             }
             Event::Ended(pid) => self.model.ended(pid),
+            // The session ends the program's own stream, then sends `Ended`.
+            Event::ProgramReplaced(_) => {}
         }
     }
 }

@@ -2,7 +2,7 @@
 //! peak), reusing the stacks the first pass found.
 
 use super::LoadError;
-use crate::aggregate::{meta_rate, Block};
+use crate::aggregate::{ended_by_exec, meta_rate, Block};
 use crate::names::{FastMap, StackId};
 use mprof_common::record::Record;
 
@@ -45,6 +45,10 @@ impl<'a> Replay<'a> {
             Record::Meta { text } => {
                 let rate = self.rate(process);
                 *rate = meta_rate(text).unwrap_or(*rate);
+                // It ran a new program by exec: its blocks are gone (`Aggregator::apply`).
+                if ended_by_exec(text) {
+                    self.live[process as usize] = FastMap::default();
+                }
             }
             Record::Alloc {
                 addr, size, tid, ..

@@ -2,6 +2,8 @@
 
 usage: exec_chain.py TRUTH_FILE              (the program)
        exec_chain.py TRUTH_FILE first|second (the child, before and after its exec)
+       exec_chain.py TRUTH_FILE first [slow] (run as the program: it runs the exec itself;
+                                              slow: each program lasts at least 0.6 s)
 The program runs the child and waits for it. The child's first program keeps 2,000,000 bytes
 (in_first_program), then replaces itself with the second program (os.execv, same pid), which
 keeps 6,000,000 bytes (in_second_program) and writes TRUTH_FILE: {"pid": the child's pid,
@@ -11,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 FIRST, SECOND = 2_000_000, 6_000_000
 
@@ -35,8 +38,13 @@ if stage == "program":
     subprocess.run([sys.executable, __file__, truth, "first"], check=True)
 elif stage == "first":
     kept = in_first_program()
-    os.execv(sys.executable, [sys.executable, __file__, truth, "second"])
+    slow = sys.argv[3:] == ["slow"]
+    if slow:
+        time.sleep(0.6)
+    os.execv(sys.executable, [sys.executable, __file__, truth, "second"] + sys.argv[3:])
 else:
     kept = in_second_program()
     with open(truth, "w") as f:
         json.dump({"pid": os.getpid(), "first": FIRST, "second": SECOND}, f)
+    if sys.argv[3:] == ["slow"]:
+        time.sleep(0.6)
