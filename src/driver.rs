@@ -117,7 +117,11 @@ impl<'r> Session<'r> {
                 poll = POLL;
                 continue;
             }
-            std::thread::sleep(poll);
+            match &self.followed {
+                // Woken at once by a child that announces itself.
+                Some(f) => f.rendezvous.wait(poll),
+                None => std::thread::sleep(poll),
+            }
             poll = if moved < QUIET_BYTES && fill < FILLING / 4.0 {
                 (poll * 2).min(self.longest_poll)
             } else {

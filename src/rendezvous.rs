@@ -64,6 +64,21 @@ impl Rendezvous {
         &self.name
     }
 
+    /// Waits up to `timeout` for a child to connect (a signal ends the wait early too): the
+    /// session's loop sleeps here, so that a child is taken on, and its command line read,
+    /// as soon as it announces itself, not a round later (a fork that exits at once, a
+    /// program that runs another by exec at once, are gone or changed by then).
+    pub fn wait(&self, timeout: std::time::Duration) {
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: poll on one pollfd of ours; the result only ends the wait.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
+    }
+
     /// The children that sent a ring since the last call (never blocks).
     pub fn arrivals(&self) -> Vec<Arrival> {
         let mut out = Vec::new();

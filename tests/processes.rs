@@ -300,6 +300,15 @@ fn a_child_that_runs_a_new_python_by_exec_keeps_both_programs() {
             .collect();
         assert_eq!(rows.len(), 2, "{}: {table}", py.label);
         assert!(rows.iter().all(|r| r["born"] == "exec"), "{}", py.label);
+        let commands: Vec<&str> = rows
+            .iter()
+            .map(|r| r["command"].as_str().unwrap())
+            .collect();
+        assert!(
+            commands[0].ends_with(" first") && commands[1].ends_with(" second"),
+            "{}: {commands:?}",
+            py.label
+        );
         let merged = live(&capture, &[]);
         let alone = live(&capture, &["--pid", &pid.to_string()]);
         for (f, want) in [("in_first_program", first), ("in_second_program", second)] {
@@ -407,4 +416,45 @@ fn a_program_that_runs_a_new_python_by_exec_is_named_without_follow() {
         "{hint}"
     );
     assert!(truth.is_file(), "the new program ran");
+}
+
+/// At the default rate the session's loop sleeps between quiet rounds, but a child that
+/// announces itself wakes it: its command line is read at once, before the child runs
+/// another program by exec (a round later it would be the next program's).
+#[test]
+fn a_child_is_taken_on_as_soon_as_it_announces_itself() {
+    let py = pythons().into_iter().next().unwrap();
+    for _ in 0..3 {
+        let dir = common::tempdir();
+        let capture = dir.path().join("c.mprof");
+        let out = run_with_timeout(
+            mprof()
+                .args(["record", "--follow-children", "-o"])
+                .arg(&capture)
+                .arg("--")
+                .arg(&py.path)
+                .arg(script("exec_chain.py"))
+                .arg(dir.path().join("truth.json")),
+            LIMIT,
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let table = report_json(&capture, &["--per-process"]);
+        let commands: Vec<&str> = table["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .skip(1)
+            .map(|r| r["command"].as_str().unwrap())
+            .collect();
+        assert_eq!(commands.len(), 2, "{table}");
+        assert!(
+            commands[0].ends_with(" first"),
+            "{}: {commands:?}",
+            py.label
+        );
+    }
 }
