@@ -221,7 +221,7 @@ impl<'r> Session<'r> {
             ),
         };
         Some(format!(
-            "mprof: {} child process(es) profiled; their captures are in {}{empty}",
+            "mprof: {} capture(s) of followed processes are in {}{empty}",
             f.children.profiled(),
             f.children.dir().display()
         ))

@@ -91,6 +91,30 @@ pub fn rows(p: &Profile) -> Vec<ProcessRow> {
         .collect()
 }
 
+/// How many processes the figures of a followed capture come from, and who they are in words:
+/// `the program and 16 followed child process(es)`, and when some of them ran a new Python by
+/// exec (one capture per program, see `crate::processes`), `…; they ran 2 more program(s) by
+/// exec`.
+pub fn members(p: &Profile) -> (usize, String) {
+    let programs = p.processes.len();
+    let mut pids: Vec<Option<u32>> = p.processes.iter().map(|m| m.pid).collect();
+    pids.sort_unstable();
+    pids.dedup_by(|a, b| a.is_some() && a == b);
+    let processes = pids.len();
+    let mut text = format!(
+        "the program and {} followed child process(es)",
+        processes.saturating_sub(1)
+    );
+    if programs > processes {
+        let _ = write!(
+            text,
+            "; they ran {} more program(s) by exec",
+            programs - processes
+        );
+    }
+    (processes, text)
+}
+
 /// What a view says about the processes behind its figures: `17 processes merged (the
 /// program and 16 followed children; --pid PID shows one)`, or for one picked process of a
 /// followed capture `process 4250 alone (--pid)`; nothing for a capture of one process.
@@ -99,11 +123,13 @@ pub fn header_line(p: &Profile) -> Option<String> {
         (Pick::Pid(pid), _) if p.followed => Some(format!(
             "process {pid} alone (--pid); without --pid, all the processes of the capture merged"
         )),
-        (_, n) if n > 1 => Some(format!(
-            "{n} processes merged: the program and {} followed child process(es) (--pid PID \
-             shows one; report --per-process lists them)",
-            n - 1
-        )),
+        (_, n) if n > 1 => {
+            let (processes, who) = members(p);
+            Some(format!(
+                "{processes} processes merged: {who} (--pid PID shows one; report \
+                 --per-process lists them)"
+            ))
+        }
         (_, _) if p.followed => Some(
             "1 process: the program followed children, but none of their captures was read"
                 .to_owned(),

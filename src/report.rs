@@ -273,12 +273,11 @@ pub fn summary(p: &Profile) -> String {
         rate_text(p)
     );
     if p.followed {
+        let (processes, who) = crate::process_table::members(p);
         let _ = writeln!(
             out,
-            "mprof: {} process(es) profiled: the program and {} followed child process(es), \
-             merged below (mprof report --per-process lists them)",
-            p.processes.len(),
-            p.processes.len().saturating_sub(1)
+            "mprof: {processes} process(es) profiled: {who}, merged below (mprof report \
+             --per-process lists them)"
         );
     }
     if p.samples == 0 {

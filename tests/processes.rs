@@ -338,11 +338,19 @@ fn a_program_that_runs_a_new_python_by_exec_is_followed() {
         let dir = common::tempdir();
         let capture = dir.path().join("c.mprof");
         let truth_file = dir.path().join("truth.json");
-        record_tree_with(
+        let err = record_tree_with(
             &py,
             "exec_chain.py",
             &[truth_file.as_os_str(), OsStr::new("first")],
             &capture,
+        );
+        assert!(
+            err.contains(
+                "1 process(es) profiled: the program and 0 followed child process(es); they \
+                 ran 1 more program(s) by exec"
+            ),
+            "{}: {err}",
+            py.label
         );
         let truth: Value = serde_json::from_str(&read(&truth_file)).unwrap();
         let pid = truth["pid"].as_u64().unwrap();
