@@ -291,9 +291,16 @@ pub fn run(
         None => None,
         Some(Ok(view)) => Some(view),
         Some(Err(e)) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(e);
+            // The program runs already: it is recorded on without the view (its output still
+            // goes to the file), rather than killed half-way through what it does.
+            eprintln!(
+                "mprof: warning: no live view: {e:#}; recording goes on, the program's output \
+                 is in {}",
+                program_output
+                    .as_ref()
+                    .map_or(String::new(), |o| o.display().to_string())
+            );
+            None
         }
     };
     let reader = Reader::new(&ring, capture, pid).keep_statm_open();

@@ -500,3 +500,42 @@ fn attach_live_shows_the_target_and_q_detaches() {
     let status = target.0.wait().unwrap();
     assert!(status.success(), "the target ended with {status}");
 }
+
+/// A terminal that never answers the view's questions (`script` with its output thrown away
+/// answers no cursor-position query): the view cannot start, and the program, running already,
+/// is recorded on without it rather than killed. Its output is in CAPTURE.out, mprof says why
+/// there is no view, and mprof exits with the program's status.
+#[test]
+fn a_live_view_that_cannot_start_leaves_the_program_recorded() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("c.mprof");
+    let program = "import sys; print('hello from the program'); \
+                   kept = [bytes(1000) for _ in range(10000)]; sys.exit(3)";
+    let cmd = format!(
+        "{} record --live -o {} -- {} -c \"{program}\"",
+        env!("CARGO_BIN_EXE_mprof"),
+        capture.display(),
+        py.display()
+    );
+    let out = match Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("SKIPPED: no `script` ({e})");
+            return;
+        }
+    };
+    let all = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{all}");
+    assert!(
+        all.contains("no live view") && all.contains("recording goes on"),
+        "{all}"
+    );
+    let output = std::fs::read_to_string(dir.path().join("c.mprof.out")).unwrap();
+    assert!(output.contains("hello from the program"), "{output}");
+    let report = report_json(&capture, &[]);
+    assert!(report["samples"].as_u64().unwrap() > 100, "{report}");
+}
