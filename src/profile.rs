@@ -392,8 +392,8 @@ impl Profile {
     /// `1234 MainThread`, or `1234` for a thread without a name; printable.
     pub fn thread_label(&self, tid: u32) -> String {
         match self.threads.get(&tid) {
-            Some(name) => format!("{tid} {}", crate::text::printable(name)),
-            None => tid.to_string(),
+            Some(name) if !name.is_empty() => format!("{tid} {}", crate::text::printable(name)),
+            _ => tid.to_string(),
         }
     }
 

@@ -13,10 +13,11 @@ use std::collections::HashMap;
 /// One row: a location (or a thread) and its figures.
 #[derive(Debug, Clone)]
 pub struct Row<'a> {
+    /// By thread: the file of the function the thread runs (see [`thread_entry`]), or empty.
     pub file: &'a str,
-    /// Empty when grouping by file or thread.
+    /// Empty when grouping by file. By thread: the function the thread runs, or empty.
     pub function: &'a str,
-    /// The line (the function's first line when grouping by function, 0 by file or thread).
+    /// The line (the function's first line when grouping by function or thread, 0 by file).
     pub line: u32,
     /// When grouping by thread: the thread id.
     pub thread: Option<u32>,
@@ -35,7 +36,7 @@ impl Row<'_> {
     /// beside a row grouped by your code is not part of it (see [`Row::beside_text`]).
     pub fn label(&self) -> String {
         if let Some(tid) = self.thread {
-            return format!("thread {tid}");
+            return format!("thread {tid}{}", self.entry_text());
         }
         if self.function.is_empty() {
             return self.file.to_owned();
@@ -53,9 +54,24 @@ impl Row<'_> {
     /// [`Row::label`], with the thread's name from `p` when grouping by thread.
     pub fn label_in(&self, p: &Profile) -> String {
         match self.thread {
-            Some(tid) => format!("thread {}", p.thread_label(tid)),
+            Some(tid) => format!("thread {}{}", p.thread_label(tid), self.entry_text()),
             None => self.label(),
         }
+    }
+
+    /// ` · runs work (app.py:12)` for a thread row whose function is known, or empty.
+    fn entry_text(&self) -> String {
+        if self.function.is_empty() {
+            return String::new();
+        }
+        let loc = Location {
+            file: self.file,
+            function: self.function,
+            line: self.line,
+            firstline: self.line,
+            module: None,
+        };
+        format!(" · runs {loc}")
     }
 
     /// `← function (file:line) +N more` beside a row grouped by your code, or empty (see
@@ -80,6 +96,21 @@ impl Row<'_> {
         }
         key
     }
+}
+
+/// The function a thread runs, from one of its stacks (innermost first): the outermost Python
+/// frame that is not the machinery that starts threads and programs (`threading.py`'s
+/// bootstrap, `runpy`, the import system): a thread's target (`work`), a pool's worker loop,
+/// the main thread's `<module>`. `None` for a stack without such a frame (native threads).
+pub fn thread_entry<'a>(frames: impl Iterator<Item = Location<'a>>) -> Option<Location<'a>> {
+    let frames: Vec<Location<'a>> = frames.collect();
+    frames.into_iter().rev().find(|loc| {
+        let machinery = loc.file.ends_with("/threading.py")
+            || loc.file.ends_with("/runpy.py")
+            || loc.file == "<frozen runpy>"
+            || loc.file.starts_with("<frozen importlib");
+        !machinery && !loc.is_native() && loc.file != loc.function && !loc.file.is_empty()
+    })
 }
 
 /// Whole bytes, as reports and JSON show them.
@@ -116,21 +147,35 @@ pub fn rows(p: &Profile, view: View, by: Grouping) -> Vec<Row<'_>> {
             })
             .collect(),
         Grouping::Thread => {
-            let mut threads: HashMap<u32, ByAllocator> = HashMap::new();
+            type Entries<'p> = HashMap<(&'p str, &'p str, u32), u64>;
+            let mut threads: HashMap<u32, (ByAllocator, Entries)> = HashMap::new();
             for ((id, tid), f) in p.sites() {
-                threads.entry(*tid).or_default().add(p.allocator(*id), f);
+                let (allocators, entries) = threads.entry(*tid).or_default();
+                allocators.add(p.allocator(*id), f);
+                if let Some(entry) = thread_entry(p.frames(*id)) {
+                    let key = (entry.file, entry.function, entry.firstline);
+                    *entries.entry(key).or_default() += whole(f.get(view).bytes) + 1;
+                }
             }
             threads
                 .into_iter()
-                .map(|(tid, allocators)| Row {
-                    file: "",
-                    function: "",
-                    line: 0,
-                    thread: Some(tid),
-                    figures: sum(&allocators),
-                    allocators,
-                    stack: Vec::new(),
-                    beside: None,
+                .map(|(tid, (allocators, entries))| {
+                    // The function with the most bytes (ties: the first by name).
+                    let entry = entries
+                        .into_iter()
+                        .max_by_key(|&(key, bytes)| (bytes, Reverse(key)))
+                        .map(|(key, _)| key);
+                    let (file, function, line) = entry.unwrap_or(("", "", 0));
+                    Row {
+                        file,
+                        function,
+                        line,
+                        thread: Some(tid),
+                        figures: sum(&allocators),
+                        allocators,
+                        stack: Vec::new(),
+                        beside: None,
+                    }
                 })
                 .collect()
         }

@@ -258,10 +258,13 @@ fn report_shows_peak_rss_beside_the_peak_heap_and_groups_by_thread() {
     );
     let rows: Vec<&str> = text.lines().filter(|l| l.contains("thread ")).collect();
     assert!(
-        rows[0].contains("3.42 KiB") && rows[0].ends_with("thread 12 worker"),
+        rows[0].contains("3.42 KiB") && rows[0].ends_with("thread 12 worker · runs f (app.py:1)"),
         "{text}"
     );
-    assert!(rows[1].ends_with("thread 11 main (python3)"), "{text}");
+    assert!(
+        rows[1].ends_with("thread 11 main (python3) · runs f (app.py:1)"),
+        "{text}"
+    );
     let v = json(&["report", s(&f), "--by", "thread"]);
     assert_eq!(v["locations"][0]["thread"], 12);
     assert_eq!(v["locations"][0]["alloc_bytes"], 3500);

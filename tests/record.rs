@@ -163,11 +163,22 @@ fn default_rate_estimates_lie_within_three_standard_errors() {
 }
 
 /// Four threads allocating different amounts are each attributed correctly, with no crash or
-/// hang.
+/// hang; by thread, each thread's row names the function it runs and holds its bytes.
 #[test]
 fn four_threads_are_attributed_per_function() {
     for py in pythons() {
-        let (want, got) = record_against_truth(&py, "threads.py", &["--rate", "1"]);
+        let dir = tempfile::tempdir().unwrap();
+        let capture = dir.path().join("c.mprof");
+        let truth_file = dir.path().join("truth.json");
+        let args = [script("threads.py"), truth_file.clone()];
+        let args: Vec<&str> = args.iter().map(|p| p.to_str().unwrap()).collect();
+        record(&py, &capture, &["-q", "--rate", "1"], &args);
+        let want = truth(&truth_file);
+        let live_report =
+            |by: &str| report_json(&capture, &["--view", "live", "--by", by, "--top", "0"]);
+        let got = by_function(&live_report("function"));
+        let threads = live_report("thread");
+        let rows = threads["locations"].as_array().unwrap();
         for (func, bytes) in want {
             let live = num(&got[func.as_str()], "live_bytes");
             assert!(
@@ -175,7 +186,28 @@ fn four_threads_are_attributed_per_function() {
                 "{}: {func} live {live} vs truth {bytes}",
                 py.label
             );
+            let thread = rows
+                .iter()
+                .find(|r| r["function"] == func.as_str())
+                .unwrap_or_else(|| panic!("{}: no thread runs {func}: {threads}", py.label));
+            assert!(
+                thread["file"].as_str().unwrap().ends_with("threads.py")
+                    && thread["thread"].is_u64(),
+                "{}: {thread}",
+                py.label
+            );
+            let live = num(thread, "live_bytes");
+            assert!(
+                (live - bytes).abs() / bytes < 0.01,
+                "{}: the thread running {func} holds {live}, truth {bytes}",
+                py.label
+            );
         }
+        assert!(
+            rows.iter().any(|r| r["function"] == "<module>"),
+            "{}: the main thread runs the module: {threads}",
+            py.label
+        );
     }
 }
 
