@@ -140,15 +140,24 @@ fn ln_unit(u: f64) -> f64 {
     }
     let s = (m - 1.0) / (m + 1.0);
     let z = s * s;
-    let series = 1.0
-        + z * (1.0 / 3.0
-            + z * (1.0 / 5.0
-                + z * (1.0 / 7.0
-                    + z * (1.0 / 9.0
-                        + z * (1.0 / 11.0
-                            + z * (1.0 / 13.0
-                                + z * (1.0 / 15.0
-                                    + z * (1.0 / 17.0 + z * (1.0 / 19.0 + z * (1.0 / 21.0))))))))));
+    // Horner's rule from the innermost term, 1/21, out to 1: the same operations in the same
+    // order as the nested expression (which rustfmt takes minutes to lay out).
+    const TERMS: [f64; 10] = [
+        1.0 / 19.0,
+        1.0 / 17.0,
+        1.0 / 15.0,
+        1.0 / 13.0,
+        1.0 / 11.0,
+        1.0 / 9.0,
+        1.0 / 7.0,
+        1.0 / 5.0,
+        1.0 / 3.0,
+        1.0,
+    ];
+    let mut series = 1.0 / 21.0;
+    for t in TERMS {
+        series = t + z * series;
+    }
     e as f64 * LN_2 + 2.0 * s * series
 }
 
