@@ -14,11 +14,10 @@
 //!
 //! The directory and its files are untrusted input like any capture: the directory and every
 //! file are opened relative to a descriptor without following symlinks (a symlink is skipped
-//! with a warning, never followed out); only regular files named `PID.mprof` or `PID-N.mprof` are
-//! read, at most
-//! [`MAX_MEMBERS`] of them; anything else there is reported in one warning line. A child's
-//! capture that is not a capture is skipped with a warning; a damaged tail is a warning, as
-//! for any capture.
+//! with a warning, never followed out); only regular files named `PID.mprof` or `PID-N.mprof`
+//! are read, at most [`MAX_MEMBERS`] of them; anything else there is reported in one warning
+//! line. A child's capture that is not a capture is skipped with a warning; a damaged tail is
+//! a warning, as for any capture.
 
 use crate::capture::{CaptureFile, Digest, Pass, Records};
 use anyhow::{bail, Context, Result};
