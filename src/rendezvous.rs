@@ -11,6 +11,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 pub struct Rendezvous {
     fd: OwnedFd,
     name: String,
+    /// A connection is waiting that could not be accepted (out of descriptors or memory):
+    /// [`Rendezvous::wait`] sleeps rather than wake at once, again and again, for it.
+    stuck: std::cell::Cell<bool>,
 }
 
 /// A child that handed over its ring.
@@ -57,7 +60,11 @@ impl Rendezvous {
         if bound != 0 || unsafe { libc::listen(fd.as_raw_fd(), 128) } != 0 {
             return Err(last_os("listening on the rendezvous socket"));
         }
-        Ok(Rendezvous { fd, name })
+        Ok(Rendezvous {
+            fd,
+            name,
+            stuck: std::cell::Cell::new(false),
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -69,6 +76,10 @@ impl Rendezvous {
     /// as soon as it announces itself, not a round later (a fork that exits at once, a
     /// program that runs another by exec at once, are gone or changed by then).
     pub fn wait(&self, timeout: std::time::Duration) {
+        if self.stuck.get() {
+            std::thread::sleep(timeout);
+            return;
+        }
         let mut pfd = libc::pollfd {
             fd: self.fd.as_raw_fd(),
             events: libc::POLLIN,
@@ -93,8 +104,27 @@ impl Rendezvous {
                 )
             };
             if conn < 0 {
+                let e = std::io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EINTR) | Some(libc::ECONNABORTED) => continue,
+                    Some(libc::EAGAIN) => self.stuck.set(false),
+                    _ => {
+                        if !self.stuck.replace(true) {
+                            eprintln!(
+                                "mprof: warning: children that announce themselves cannot be \
+                                 taken on for now ({e}); they run on unprofiled{}",
+                                if e.raw_os_error() == Some(libc::EMFILE) {
+                                    ": raise the limit of open files (ulimit -n)"
+                                } else {
+                                    ""
+                                }
+                            );
+                        }
+                    }
+                }
                 return out;
             }
+            self.stuck.set(false);
             // SAFETY: a fresh descriptor that nothing else owns.
             let conn = unsafe { OwnedFd::from_raw_fd(conn) };
             if let Some(arrival) = receive(&conn) {
