@@ -41,14 +41,18 @@ impl Row<'_> {
         if self.function.is_empty() {
             return self.file.to_owned();
         }
-        let loc = Location {
+        self.location().to_string()
+    }
+
+    /// The row's frame as a location (its line standing for the first line too).
+    fn location(&self) -> Location<'_> {
+        Location {
             file: self.file,
             function: self.function,
             line: self.line,
             firstline: self.line,
             module: None,
-        };
-        loc.to_string()
+        }
     }
 
     /// [`Row::label`], with the thread's name from `p` when grouping by thread.
@@ -64,14 +68,7 @@ impl Row<'_> {
         if self.function.is_empty() {
             return String::new();
         }
-        let loc = Location {
-            file: self.file,
-            function: self.function,
-            line: self.line,
-            firstline: self.line,
-            module: None,
-        };
-        format!(" · runs {loc}")
+        format!(" · runs {}", self.location())
     }
 
     /// `← function (file:line) +N more` beside a row grouped by your code, or empty (see

@@ -261,22 +261,51 @@ fn a_fork_gone_before_it_is_read_keeps_its_command() {
     }
 }
 
+/// A recording of `exec_chain.py` (see its doc; `extra` after its truth file), following
+/// children at `--rate 1`, with what the script says it did.
+struct ExecChain {
+    dir: tempfile::TempDir,
+    capture: std::path::PathBuf,
+    /// mprof's standard error.
+    err: String,
+    /// The pid that ran both programs, and the bytes each kept.
+    pid: u64,
+    first: f64,
+    second: f64,
+}
+
+fn record_exec_chain(py: &Python, extra: &[&str]) -> ExecChain {
+    let dir = common::tempdir();
+    let capture = dir.path().join("c.mprof");
+    let truth_file = dir.path().join("truth.json");
+    let mut args = vec![truth_file.as_os_str()];
+    args.extend(extra.iter().map(OsStr::new));
+    let err = record_tree_with(py, "exec_chain.py", &args, &capture);
+    let truth: Value = serde_json::from_str(&read(&truth_file)).unwrap();
+    ExecChain {
+        dir,
+        capture,
+        err,
+        pid: truth["pid"].as_u64().unwrap(),
+        first: truth["first"].as_f64().unwrap(),
+        second: truth["second"].as_f64().unwrap(),
+    }
+}
+
 /// A followed child that runs a new Python by exec (the same pid): each program gets a capture
 /// of its own (`PID.mprof`, then `PID-2.mprof`), both are in the merged figures, and `--pid`
 /// shows both, the first program's blocks leaving the live heap at its exec.
 #[test]
 fn a_child_that_runs_a_new_python_by_exec_keeps_both_programs() {
     for py in pythons() {
-        let dir = common::tempdir();
-        let capture = dir.path().join("c.mprof");
-        let truth_file = dir.path().join("truth.json");
-        record_tree(&py, "exec_chain.py", &truth_file, &capture);
-        let truth: Value = serde_json::from_str(&read(&truth_file)).unwrap();
-        let pid = truth["pid"].as_u64().unwrap();
-        let (first, second) = (
-            truth["first"].as_f64().unwrap(),
-            truth["second"].as_f64().unwrap(),
-        );
+        let ExecChain {
+            dir,
+            capture,
+            pid,
+            first,
+            second,
+            ..
+        } = record_exec_chain(&py, &[]);
         // `PID.mprof` and `PID-2.mprof`, also where the child was forked before its exec
         // (older `subprocess`): that fork took no sample, and its capture and name are gone.
         let mut names: Vec<String> = std::fs::read_dir(dir.path().join("c.mprof.d"))
@@ -335,15 +364,14 @@ fn a_child_that_runs_a_new_python_by_exec_keeps_both_programs() {
 #[test]
 fn a_program_that_runs_a_new_python_by_exec_is_followed() {
     for py in pythons() {
-        let dir = common::tempdir();
-        let capture = dir.path().join("c.mprof");
-        let truth_file = dir.path().join("truth.json");
-        let err = record_tree_with(
-            &py,
-            "exec_chain.py",
-            &[truth_file.as_os_str(), OsStr::new("first")],
-            &capture,
-        );
+        let ExecChain {
+            dir,
+            capture,
+            err,
+            pid,
+            first,
+            second,
+        } = record_exec_chain(&py, &["first"]);
         assert!(
             err.contains(
                 "1 process(es) profiled: the program and 0 followed child process(es); they \
@@ -351,12 +379,6 @@ fn a_program_that_runs_a_new_python_by_exec_is_followed() {
             ),
             "{}: {err}",
             py.label
-        );
-        let truth: Value = serde_json::from_str(&read(&truth_file)).unwrap();
-        let pid = truth["pid"].as_u64().unwrap();
-        let (first, second) = (
-            truth["first"].as_f64().unwrap(),
-            truth["second"].as_f64().unwrap(),
         );
         assert!(
             dir.path()
