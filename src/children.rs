@@ -185,8 +185,7 @@ impl Children {
             // of its old image is over (its capture is finished), and the new one gets a
             // capture of its own.
             if let Some(at) = self.live.iter().position(|c| c.pid == arrival.pid) {
-                let mut old = self.live.swap_remove(at);
-                old.reader.program_replaced();
+                let old = self.live.swap_remove(at);
                 self.end(old, true, observe)?;
             } else if arrival.pid == self.root {
                 observe(Event::ProgramReplaced(self.root));
@@ -255,8 +254,9 @@ impl Children {
     }
 
     /// Drains an ended child's ring to the end and finishes its capture (`replaced`: its
-    /// program ended by running a new one, by exec); a forked child that took no sample loses
-    /// its capture (see `empty_forks`). Returns whether it was kept.
+    /// program ended by running a new one, by exec, whose RSS is not read into it); a forked
+    /// child that took no sample loses its capture (see `empty_forks`). Returns whether it was
+    /// kept.
     fn end(
         &mut self,
         mut child: Child,
@@ -264,6 +264,9 @@ impl Children {
         observe: &mut dyn FnMut(Event),
     ) -> Result<bool> {
         let pid = child.pid;
+        if replaced {
+            child.reader.program_replaced();
+        }
         while child
             .reader
             .pump_observed(|b| observe(Event::Record(pid, b)))?

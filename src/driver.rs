@@ -228,13 +228,13 @@ impl<'r> Session<'r> {
     }
 }
 
-/// The program ran a new Python by exec (see `Event::ProgramReplaced`): what its old program
-/// left in the ring goes into the capture (and the view) first, then the capture says how it
-/// ended, and the pid's RSS, now the new program's, is no longer read into it.
+/// The program ran a new Python by exec (see `Event::ProgramReplaced`): the pid's RSS, now the
+/// new program's, is no longer read into its capture; what its old program left in the ring
+/// goes into the capture (and the view), then the capture says how it ended.
 fn program_replaced<'r>(reader: &mut Reader<&'r RingMem>, view: &mut Option<Live>) -> Result<()> {
     let ring: &'r RingMem = reader.ring_ref();
-    while live::pump(view, reader, ring)?.0 > 0 {}
     reader.program_replaced();
+    while live::pump(view, reader, ring)?.0 > 0 {}
     reader.capture.write(&Record::Meta {
         text: format!("ended_by=exec\nreplaced_unix_ms={}\n", unix_ms()),
     })
