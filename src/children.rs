@@ -530,6 +530,21 @@ fn is_python(pid: u32) -> bool {
             .is_ok_and(|maps| maps.contains("libpython"))
 }
 
+/// A command line as the end-of-session hints name it: the program's file name (not the
+/// interpreter's whole path, which can fill the line) and its arguments, cut in the middle to
+/// at most `max` bytes, terminal controls escaped.
+fn short_command(command: &str, max: usize) -> String {
+    let command = command.trim();
+    let (program, args) = command.split_once(' ').unwrap_or((command, ""));
+    let name = program.rsplit('/').next().unwrap_or(program);
+    let named = if args.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{name} {args}")
+    };
+    crate::text::printable(&crate::text::elide(&named, max)).into_owned()
+}
+
 /// Python children seen while a program ran without `--follow-children`, and whether the
 /// program itself ran a new program by exec.
 #[derive(Default)]
@@ -597,8 +612,7 @@ impl Unfollowed {
     /// What to say about the program's exec, if it ran one.
     pub fn exec_hint(&self) -> Option<String> {
         let command = self.replaced_by.as_deref()?;
-        let cut: String = command.chars().take(80).collect();
-        let command = crate::text::printable(&cut);
+        let command = short_command(command, 120);
         Some(format!(
             "the program ran a new program by exec ({command}), which was not profiled: the \
              figures stop at the exec; record with --follow-children to profile it too"
@@ -620,12 +634,7 @@ impl Unfollowed {
             .seen
             .iter()
             .take(4)
-            .map(|(pid, cmd)| {
-                format!(
-                    "{pid} ({})",
-                    crate::text::printable(&cmd.chars().take(60).collect::<String>())
-                )
-            })
+            .map(|(pid, cmd)| format!("{pid} ({})", short_command(cmd, 80)))
             .collect();
         let more = if self.seen.len() > 4 {
             format!(" and {} more", self.seen.len() - 4)
@@ -638,5 +647,27 @@ impl Unfollowed {
             self.seen.len(),
             shown.join(", ")
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_command;
+
+    #[test]
+    fn a_command_is_named_by_its_program_file_and_cut_in_the_middle() {
+        assert_eq!(
+            short_command(
+                "/root/.pyenv/versions/3.8.18/bin/python3.8 /w/app.py --port 80",
+                120
+            ),
+            "python3.8 /w/app.py --port 80"
+        );
+        assert_eq!(short_command("python3", 120), "python3");
+        let long = format!("/usr/bin/python3 {} end.py", "x".repeat(300));
+        let cut = short_command(&long, 60);
+        assert!(cut.len() <= 60 && cut.starts_with("python3 x") && cut.ends_with("end.py"));
+        assert!(cut.contains('…'));
+        assert_eq!(short_command("/bin/a\x1b[2J b", 120), "a\\u{1b}[2J b");
     }
 }
