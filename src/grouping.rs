@@ -74,9 +74,11 @@ pub struct Beside<'a> {
     /// frame of yours: the row is then their innermost frame.
     pub yours: bool,
     /// The innermost frame below the row's frame with the most bytes, when the row's stacks
-    /// go deeper than its frame.
+    /// go deeper than its frame and it has more bytes than the row's frame allocated itself
+    /// (else naming it would point away from where most of the bytes come from).
     pub innermost: Option<Location<'a>>,
-    /// How many other innermost frames below the row's frame its stacks end in.
+    /// How many other innermost frames below the row's frame its stacks end in (all of them
+    /// when `innermost` is none).
     pub more: usize,
 }
 
@@ -86,6 +88,8 @@ pub type Key<'a> = (&'a str, &'a str, u32);
 /// One group of [`YourCodeGroups`].
 struct Group<'a, F> {
     figures: F,
+    /// The figures of the stacks that end at the group's own frame.
+    direct: F,
     yours: bool,
     innermost: BTreeMap<Location<'a>, F>,
 }
@@ -131,17 +135,21 @@ impl<'a, 'f, F: Default> YourCodeGroups<'a, 'f, F> {
             .entry(Grouping::Line.frame_key(&at))
             .or_insert_with(|| Group {
                 figures: F::default(),
+                direct: F::default(),
                 yours,
                 innermost: BTreeMap::new(),
             });
         merge(&mut group.figures, figures);
         if Grouping::Line.frame_key(&innermost) != Grouping::Line.frame_key(&at) {
             merge(group.innermost.entry(innermost).or_default(), figures);
+        } else {
+            merge(&mut group.direct, figures);
         }
     }
 
     /// The groups: key, figures, and what goes beside; the innermost frame shown is the one
-    /// with the largest `weight` (ties: the first in file, function, line order).
+    /// with the largest `weight` (ties: the first in file, function, line order), if it
+    /// outweighs what the group's own frame allocated.
     pub fn finish(self, weight: impl Fn(&F) -> u64) -> Vec<(Key<'a>, F, Beside<'a>)> {
         self.groups
             .into_iter()
@@ -153,10 +161,11 @@ impl<'a, 'f, F: Default> YourCodeGroups<'a, 'f, F> {
                         top = Some((loc, w));
                     }
                 }
+                let top = top.filter(|&(_, w)| w > weight(&g.direct));
                 let beside = Beside {
                     yours: g.yours,
                     innermost: top.map(|(loc, _)| *loc),
-                    more: g.innermost.len().saturating_sub(1),
+                    more: g.innermost.len() - top.is_some() as usize,
                 };
                 (key, g.figures, beside)
             })
@@ -211,14 +220,18 @@ mod tests {
             &[loc(json, 258), loc("app.py", 9), loc("app.py", 2)],
             30,
         );
-        add(&mut g, &[loc("app.py", 9), loc("app.py", 2)], 50);
+        add(&mut g, &[loc("app.py", 9), loc("app.py", 2)], 20);
         add(&mut g, &[loc("app.py", 12)], 5);
+        // Line 30 allocates most of its bytes itself: the frame below it is not named.
+        add(&mut g, &[loc("app.py", 30)], 90);
+        add(&mut g, &[loc(json, 258), loc("app.py", 30)], 9);
+        add(&mut g, &[loc(json, 200), loc("app.py", 30)], 1);
         add(&mut g, &[loc(json, 7)], 1);
         let mut rows = g.finish(|n| *n);
         rows.sort_by_key(|(k, _, _)| *k);
         let app9 = &rows[1];
         assert_eq!(app9.0, ("app.py", "f", 9));
-        assert_eq!(app9.1, 90);
+        assert_eq!(app9.1, 60);
         assert_eq!(app9.2.innermost, Some(loc(json, 258)));
         assert_eq!((app9.2.yours, app9.2.more), (true, 1));
         assert_eq!(
@@ -227,6 +240,10 @@ mod tests {
         );
         assert_eq!(rows[2].2.innermost, None);
         assert_eq!(beside_text(&rows[2].2, false), "");
+        let app30 = &rows[3];
+        assert_eq!((app30.0, app30.1), (("app.py", "f", 30), 100));
+        assert_eq!((app30.2.innermost, app30.2.more), (None, 2));
+        assert_eq!(beside_text(&app30.2, false), "");
         let lib = &rows[0];
         assert_eq!((lib.0, lib.2.yours), ((json, "f", 7), false));
         assert_eq!(beside_text(&lib.2, false), "← (no frame in your code)");
