@@ -18,7 +18,7 @@
 use crate::estimate::{Estimate, Sample};
 use crate::names::{FastMap, Location, StackId, StackResolver, MAX_NAME};
 use crate::text::elide;
-use mprof_common::record::{Allocator, Record, ALLOC_TRUNCATED};
+use mprof_common::record::{Allocator, EndReason, Record, ALLOC_TRUNCATED};
 use std::collections::BTreeMap;
 
 /// Longest metadata value kept, in bytes (elided like names).
@@ -91,6 +91,9 @@ pub struct ProcessFigures {
     /// Whether the agent wrote its END record, and whether mprof finished its capture.
     pub ended: bool,
     pub finished: bool,
+    /// When the agent switched itself off because mprof's reader had gone silent (an END
+    /// record saying so: the process went on unprofiled), if it did.
+    pub reader_gone_ns: Option<u64>,
     /// Whether its records are over ([`Aggregator::leave`]): its RSS no longer counts.
     pub gone: bool,
 }
@@ -344,6 +347,9 @@ impl Aggregator {
             Record::End { reason, time_ns } => {
                 self.saw_time(*time_ns);
                 self.proc().ended = true;
+                if EndReason::from_u16(*reason) == Some(EndReason::ReaderGone) {
+                    self.proc().reader_gone_ns = Some(*time_ns);
+                }
                 if self.process == 0 {
                     self.end = Some((*reason, *time_ns));
                 }

@@ -113,6 +113,8 @@ pub struct Children {
 
 /// Most children one recording follows.
 const MAX_CHILDREN: usize = 4096;
+/// Refused rings said one by one; the others are counted.
+const REFUSALS_SHOWN: usize = 3;
 /// How often children without a pidfd are looked up in /proc to see whether they ended.
 const PROC_CHECK: Duration = Duration::from_millis(100);
 
@@ -193,8 +195,16 @@ impl Children {
             match self.admit(arrival) {
                 Ok((pid, command)) => observe(Event::Started(pid, &command)),
                 Err(e) => {
+                    // Anyone may connect to the rendezvous: a stream of refusals must not
+                    // flood the terminal (the total is in the end note).
                     self.refused += 1;
-                    eprintln!("mprof: warning: a child's ring was refused: {e:#}");
+                    if self.refused <= REFUSALS_SHOWN {
+                        eprintln!("mprof: warning: a child's ring was refused: {e:#}");
+                    } else if self.refused == REFUSALS_SHOWN + 1 {
+                        eprintln!(
+                            "mprof: warning: more rings were refused; they are counted at the end"
+                        );
+                    }
                 }
             }
         }
@@ -453,6 +463,11 @@ impl Children {
     /// How many forked children took no sample (their captures were not kept).
     pub fn empty_forks(&self) -> usize {
         self.empty_forks
+    }
+
+    /// How many rings handed over were refused (not a descendant, too many children).
+    pub fn refused(&self) -> usize {
+        self.refused
     }
 
     pub fn dir(&self) -> &Path {

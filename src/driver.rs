@@ -220,8 +220,12 @@ impl<'r> Session<'r> {
                  at once, and have no capture)"
             ),
         };
+        let refused = match f.children.refused() {
+            0 => String::new(),
+            n => format!("; {n} ring(s) handed over were refused (see the warnings above)"),
+        };
         Some(format!(
-            "mprof: {} capture(s) of followed processes are in {}{empty}",
+            "mprof: {} capture(s) of followed processes are in {}{empty}{refused}",
             f.children.profiled(),
             f.children.dir().display()
         ))

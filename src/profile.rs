@@ -268,8 +268,31 @@ impl Profile {
         if let Some(w) = self.incomplete() {
             out.push(w);
         }
+        out.extend(self.stopped_early());
         out.extend(self.symbol_warnings.iter().cloned());
         out
+    }
+
+    /// One sentence per process whose agent switched itself off before the process ended,
+    /// because mprof's reader had gone silent: what came after is not in the figures.
+    fn stopped_early(&self) -> Vec<String> {
+        let several = self.processes.len() > 1;
+        self.processes
+            .iter()
+            .filter_map(|p| {
+                let at = p.figures.reader_gone_ns?;
+                let seconds = at.saturating_sub(self.start_ns.unwrap_or(at)) as f64 / 1e9;
+                let who = match (several, p.pid) {
+                    (true, Some(pid)) => format!("PID {pid}: "),
+                    _ => String::new(),
+                };
+                Some(format!(
+                    "{who}sampling stopped at {seconds:.1} s, before the process ended: mprof's \
+                     reader was silent for over 1.5 s (stopped, or starved of CPU), so the agent \
+                     switched itself off; nothing after that is in the figures"
+                ))
+            })
+            .collect()
     }
 
     /// Why the capture is incomplete, if it is: the sentence every view shows.

@@ -14,7 +14,27 @@ pub struct Rendezvous {
     /// A connection is waiting that could not be accepted (out of descriptors or memory):
     /// [`Rendezvous::wait`] sleeps rather than wake at once, again and again, for it.
     stuck: std::cell::Cell<bool>,
+    /// Connections accepted whose message has not come yet, oldest first. Nothing waits for
+    /// one: anyone may connect to an abstract socket, and a connection that never says
+    /// anything must not hold up the session's loop (the agents' rings would fill and their
+    /// heartbeat go stale, which ends their sessions).
+    pending: std::cell::RefCell<std::collections::VecDeque<Pending>>,
 }
+
+/// An accepted connection still waiting for its message.
+struct Pending {
+    conn: OwnedFd,
+    cred: libc::ucred,
+    since: std::time::Instant,
+}
+
+/// How long a connection may stay silent before it is closed: a child sends its message as
+/// soon as it has connected.
+const SILENT_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+/// At most this many silent connections are kept; a new one closes the oldest.
+const MAX_PENDING: usize = 64;
+/// At most this many connections are accepted a round.
+const MAX_ACCEPTS: usize = 256;
 
 /// A child that handed over its ring.
 pub struct Arrival {
@@ -64,6 +84,7 @@ impl Rendezvous {
             fd,
             name,
             stuck: std::cell::Cell::new(false),
+            pending: Default::default(),
         })
     }
 
@@ -80,20 +101,26 @@ impl Rendezvous {
             std::thread::sleep(timeout);
             return;
         }
-        let mut pfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        // The listening socket and the connections whose message is still to come.
+        let mut fds: Vec<libc::pollfd> = std::iter::once(self.fd.as_raw_fd())
+            .chain(self.pending.borrow().iter().map(|p| p.conn.as_raw_fd()))
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
         let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: poll on one pollfd of ours; the result only ends the wait.
-        unsafe { libc::poll(&mut pfd, 1, ms) };
+        // SAFETY: poll on our own array of pollfds; the result only ends the wait.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
     }
 
     /// The children that sent a ring since the last call (never blocks).
     pub fn arrivals(&self) -> Vec<Arrival> {
         let mut out = Vec::new();
-        loop {
+        // Bounded, so that connections made faster than they are taken on cannot keep the
+        // loop here; the rest are taken on next time.
+        for _ in 0..MAX_ACCEPTS {
             // SAFETY: accept on our listening socket; no address is asked for.
             let conn = unsafe {
                 libc::accept4(
@@ -122,15 +149,39 @@ impl Rendezvous {
                         }
                     }
                 }
-                return out;
+                break;
             }
             self.stuck.set(false);
             // SAFETY: a fresh descriptor that nothing else owns.
             let conn = unsafe { OwnedFd::from_raw_fd(conn) };
-            if let Some(arrival) = receive(&conn) {
-                out.push(arrival);
+            let Some(cred) = peer(&conn) else { continue };
+            let p = Pending {
+                conn,
+                cred,
+                since: std::time::Instant::now(),
+            };
+            // A child has nearly always sent its message by now.
+            match receive(&p) {
+                Received::Message(arrival) => out.push(arrival),
+                Received::NotYet => {
+                    let mut pending = self.pending.borrow_mut();
+                    if pending.len() >= MAX_PENDING {
+                        pending.pop_front();
+                    }
+                    pending.push_back(p);
+                }
+                Received::Closed => {}
             }
         }
+        self.pending.borrow_mut().retain(|p| match receive(p) {
+            Received::Message(arrival) => {
+                out.push(arrival);
+                false
+            }
+            Received::NotYet => p.since.elapsed() < SILENT_FOR,
+            Received::Closed => false,
+        });
+        out
     }
 }
 
@@ -145,9 +196,8 @@ fn abstract_address(name: &str) -> (libc::sockaddr_un, libc::socklen_t) {
     (addr, len as libc::socklen_t)
 }
 
-/// Reads one child's message on an accepted connection: who sent it (from the kernel), what
-/// it says, and the descriptor it carries.
-fn receive(conn: &OwnedFd) -> Option<Arrival> {
+/// Who is at the other end of a connection, from the kernel.
+fn peer(conn: &OwnedFd) -> Option<libc::ucred> {
     // SAFETY: plain data; all zeroes is valid.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
@@ -161,19 +211,22 @@ fn receive(conn: &OwnedFd) -> Option<Arrival> {
             &mut len,
         )
     };
-    if ok != 0 {
-        return None;
-    }
-    // The child sent its message right after connecting: wait a moment for it.
-    let mut pfd = libc::pollfd {
-        fd: conn.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: poll on one pollfd of ours.
-    if unsafe { libc::poll(&mut pfd, 1, 1000) } != 1 {
-        return None;
-    }
+    (ok == 0).then_some(cred)
+}
+
+/// What a pending connection had to say.
+enum Received {
+    /// A well-formed message with its descriptor.
+    Message(Arrival),
+    /// Nothing yet.
+    NotYet,
+    /// The peer closed it, or sent something else than a child's message: it is closed.
+    Closed,
+}
+
+/// Reads one child's message on a pending connection, without waiting: what it says, and
+/// the descriptor it carries.
+fn receive(p: &Pending) -> Received {
     let mut payload = [0u8; 32];
     let mut control = [0u64; 8];
     let mut iov = libc::iovec {
@@ -187,19 +240,35 @@ fn receive(conn: &OwnedFd) -> Option<Arrival> {
     msg.msg_control = control.as_mut_ptr().cast();
     msg.msg_controllen = std::mem::size_of_val(&control);
     // SAFETY: recvmsg into our buffers, sized above.
-    let n = unsafe { libc::recvmsg(conn.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    // SAFETY: `msg` is what recvmsg just returned into (when it succeeded), its control
-    // buffer `control` still alive and unmoved.
-    let fd = (n >= 0).then(|| unsafe { received_fd(&msg) }).flatten();
+    let n = unsafe {
+        libc::recvmsg(
+            p.conn.as_raw_fd(),
+            &mut msg,
+            libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        let e = std::io::Error::last_os_error().raw_os_error();
+        return match e {
+            Some(libc::EAGAIN) | Some(libc::EINTR) => Received::NotYet,
+            _ => Received::Closed,
+        };
+    }
+    // SAFETY: `msg` is what recvmsg just returned into, its control buffer `control` still
+    // alive and unmoved.
+    let fd = unsafe { received_fd(&msg) };
     let hello = (n > 0)
         .then(|| Hello::parse(&payload[..n as usize]))
         .flatten();
-    Some(Arrival {
-        pid: cred.pid as u32,
-        uid: cred.uid,
-        hello: hello?,
-        fd: fd?,
-    })
+    match (hello, fd) {
+        (Some(hello), Some(fd)) => Received::Message(Arrival {
+            pid: p.cred.pid as u32,
+            uid: p.cred.uid,
+            hello,
+            fd,
+        }),
+        _ => Received::Closed,
+    }
 }
 
 /// The one descriptor an `SCM_RIGHTS` message carried (any others are closed).

@@ -444,6 +444,53 @@ fn a_reader_stopped_again_and_again_at_rate_1_loses_nothing() {
     );
 }
 
+/// A reader stopped (SIGSTOP) for longer than the agent waits for its heartbeat: the agent
+/// switches itself off and the program goes on unprofiled. mprof must say so, at the end and
+/// in every view, with when it happened; before, the capture looked complete (`ended`, no
+/// warning) with most of the program missing.
+#[test]
+fn a_reader_stopped_too_long_is_told_that_sampling_stopped() {
+    let py = common::main_python(&pythons());
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("c.mprof");
+    let child = mprof()
+        .args(["record", "-o"])
+        .arg(&capture)
+        .arg("--")
+        .arg(&py.path)
+        .arg(script("steady_alloc.py"))
+        .arg("4")
+        .arg(dir.path().join("made"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut guard = ChildGuard(child);
+    std::thread::sleep(Duration::from_millis(1000));
+    common::procs::signal(guard.0.id(), libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(2500));
+    common::procs::signal(guard.0.id(), libc::SIGCONT);
+    let mut err = String::new();
+    std::io::Read::read_to_string(guard.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    let status = guard.0.wait().unwrap();
+    assert!(status.success(), "{}: {status}: {err}", py.label);
+    let told = err
+        .lines()
+        .find(|l| l.contains("sampling stopped at"))
+        .unwrap_or_else(|| panic!("{}: nothing said: {err}", py.label));
+    // Stopped after about a second, switched off 1.5 s later.
+    let at: f64 = told
+        .split("sampling stopped at ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap();
+    assert!((1.5..=5.0).contains(&at), "{told}");
+    let report = report_json(&capture, &["--top", "1"]);
+    let warnings = report["warnings"].to_string();
+    assert!(warnings.contains("sampling stopped at"), "{warnings}");
+}
+
 fn fails_with(cmd: &mut Command, needle: &str) {
     let out = run_with_timeout(cmd, LIMIT);
     let err = String::from_utf8_lossy(&out.stderr);
