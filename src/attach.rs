@@ -207,7 +207,7 @@ fn detach(
             }
         }
         // The agent still sees the request at its next sampled allocation.
-        Err(e) => eprintln!("mprof: warning: could not stop the agent in PID {pid} at once: {e}"),
+        Err(e) => crate::say!("mprof: warning: could not stop the agent in PID {pid} at once: {e}"),
     }
     wait_stopped(reader, a, STOP_WAIT)
 }
@@ -255,9 +255,9 @@ fn attach_descendants(
             children.adopt(pid, a.ring, &meta)
         });
         match result {
-            Ok(()) if !quiet => eprintln!("mprof: attached to PID {pid} too (a child of {root})"),
+            Ok(()) if !quiet => crate::say!("mprof: attached to PID {pid} too (a child of {root})"),
             Ok(()) => {}
-            Err(e) => eprintln!("mprof: warning: not following PID {pid}: {e:#}"),
+            Err(e) => crate::say!("mprof: warning: not following PID {pid}: {e:#}"),
         }
     }
 }
@@ -382,7 +382,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
             None => "until Ctrl-C".into(),
         };
         let version = python.split_whitespace().next().unwrap_or("?");
-        eprintln!(
+        crate::say!(
             "mprof: attached to PID {pid} (Python {version}) in {} ms ({}); sampling {until}",
             attached.took.as_millis(),
             attached.how
@@ -420,7 +420,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
     let view = match live.then(|| crate::live::Live::start(target)) {
         Some(Ok(v)) => Some(v),
         Some(Err(e)) => {
-            eprintln!("mprof: warning: no live view: {e:#}");
+            crate::say!("mprof: warning: no live view: {e:#}");
             None
         }
         None => None,
@@ -451,17 +451,17 @@ pub fn run(o: Options) -> Result<ExitCode> {
     session.finish(Duration::from_millis(200))?;
     if !quiet {
         if let Some(note) = session.children_note() {
-            eprintln!("{note}");
+            crate::say!("{note}");
         }
     }
     drop(session);
     match ending {
-        Ending::TargetExited => eprintln!("mprof: PID {pid} exited while attached"),
+        Ending::TargetExited => crate::say!("mprof: PID {pid} exited while attached"),
         Ending::AgentStopped if exits_soon(&attached.liveness) => {
-            eprintln!("mprof: PID {pid} exited while attached")
+            crate::say!("mprof: PID {pid} exited while attached")
         }
-        Ending::AgentStopped => eprintln!("mprof: the agent in PID {pid} stopped by itself"),
-        _ if !stopped => eprintln!(
+        Ending::AgentStopped => crate::say!("mprof: the agent in PID {pid} stopped by itself"),
+        _ if !stopped => crate::say!(
             "mprof: warning: the agent in PID {pid} did not confirm the detach within \
              {STOP_WAIT:?}; it switches itself off at its next sampled allocation"
         ),
@@ -469,16 +469,16 @@ pub fn run(o: Options) -> Result<ExitCode> {
     }
     let note = attached.ring.message();
     if stopped && !note.is_empty() {
-        eprintln!("mprof: warning: {note}");
+        crate::say!("mprof: warning: {note}");
     }
     if !quiet {
         let profile = Profile::load(output)?;
-        eprintln!("{}", report::summary(&profile));
-        eprintln!("mprof: capture written to {}", output.display());
+        crate::say!("{}", report::summary(&profile));
+        crate::say!("mprof: capture written to {}", output.display());
         let allocated = profile.totals().allocated.bytes;
         let children = hints::python_children(pid);
         if let Some(hint) = hints::children_hint(pid, profile.samples, allocated, &children) {
-            eprintln!("{hint}");
+            crate::say!("{hint}");
         }
     }
     Ok(ExitCode::SUCCESS)

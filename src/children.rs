@@ -199,9 +199,9 @@ impl Children {
                     // flood the terminal (the total is in the end note).
                     self.refused += 1;
                     if self.refused <= REFUSALS_SHOWN {
-                        eprintln!("mprof: warning: a child's ring was refused: {e:#}");
+                        crate::say!("mprof: warning: a child's ring was refused: {e:#}");
                     } else if self.refused == REFUSALS_SHOWN + 1 {
-                        eprintln!(
+                        crate::say!(
                             "mprof: warning: more rings were refused; they are counted at the end"
                         );
                     }

@@ -139,7 +139,7 @@ impl<'r> Session<'r> {
         if self.view.is_none() {
             let written = self.written();
             if let Some(note) = self.growth.check(Instant::now(), written) {
-                eprintln!("{note}");
+                crate::say!("{note}");
             }
         }
         if self.announce_python && !ring.python_version().is_empty() {

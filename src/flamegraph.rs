@@ -145,7 +145,7 @@ pub fn svg(p: &Profile, settings: &Settings, base: Option<&Profile>) -> Result<S
         }
     }
     if stacks.values().all(|s| whole(s.new.bytes) == 0) {
-        eprintln!(
+        crate::say!(
             "mprof: warning: no {} in this capture; the flamegraph is empty",
             view_title(settings.view)
         );

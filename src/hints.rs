@@ -159,7 +159,7 @@ pub fn noting_a_stale_session<T>(pid: u32, inspect: impl FnOnce() -> T) -> T {
             let ring = std::fs::read_to_string(format!("/proc/{pid}/maps"))
                 .is_ok_and(|maps| maps.contains("mprof-ring"));
             if slow && ring {
-                eprintln!("{}", stale_note(pid));
+                crate::say!("{}", stale_note(pid));
             }
         });
         let out = inspect();

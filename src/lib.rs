@@ -23,6 +23,17 @@
 
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+/// `eprintln!` that never panics: mprof's standard error may be a closed pipe (`mprof record
+/// … 2>&1 | head -1`), and a line that cannot be shown must not end a session (`eprintln!`
+/// panics when the write fails). Every message mprof prints goes through it.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod aggregate;
 pub mod allocators;
 pub mod attach;

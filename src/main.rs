@@ -397,7 +397,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("mprof: error: {e:#}");
+            mprof::say!("mprof: error: {e:#}");
             ExitCode::from(2)
         }
     }

@@ -189,7 +189,7 @@ impl Profile {
     pub fn load_set(set: &CaptureSet) -> Result<Profile> {
         let (profile, warnings) = Profile::read_set(set)?;
         for w in warnings {
-            eprintln!("mprof: warning: {w}");
+            crate::say!("mprof: warning: {w}");
         }
         Ok(profile)
     }

@@ -99,12 +99,12 @@ fn exit_code(status: ExitStatus) -> u8 {
 /// What mprof says when the live view closes before the program ends, and does about it.
 fn view_closed(closed: Closed, pid: u32, command: &str) {
     match closed {
-        Closed::Quit => eprintln!(
+        Closed::Quit => crate::say!(
             "mprof: live view closed; recording {command} (PID {pid}) until it ends \
              (Ctrl-C stops it)"
         ),
         Closed::Interrupt => {
-            eprintln!("mprof: live view closed; interrupting {command} (SIGINT to PID {pid})");
+            crate::say!("mprof: live view closed; interrupting {command} (SIGINT to PID {pid})");
             // SAFETY: kill takes integers and touches no memory. `pid` is our child, not yet
             // reaped (`Program::check` waits for it only after this), so it names no other
             // process.
@@ -147,7 +147,7 @@ impl Watch for Program {
         }
         if let Some(sig) = signals::take_forward() {
             if s.view.take().is_some() {
-                eprintln!("mprof: live view closed by signal {sig}; passing it on to PID {pid}");
+                crate::say!("mprof: live view closed by signal {sig}; passing it on to PID {pid}");
             }
             // SAFETY: kill takes integers and touches no memory; `pid` is our child, not yet
             // reaped (`reap` below comes after), so it names no other process.
@@ -293,7 +293,7 @@ pub fn run(
         Some(Err(e)) => {
             // The program runs already: it is recorded on without the view (its output still
             // goes to the file), rather than killed half-way through what it does.
-            eprintln!(
+            crate::say!(
                 "mprof: warning: no live view: {e:#}; recording goes on, the program's output \
                  is in {}",
                 program_output
@@ -351,22 +351,22 @@ pub fn run(
     }
     if !quiet {
         let profile = Profile::load(output)?;
-        eprintln!("{}", report::summary(&profile));
-        eprintln!("mprof: capture written to {}", output.display());
+        crate::say!("{}", report::summary(&profile));
+        crate::say!("mprof: capture written to {}", output.display());
         if let Some(note) = children_note {
-            eprintln!("{note}");
+            crate::say!("{note}");
         }
         if let Some(u) = &watch.unfollowed {
             for hint in [u.exec_hint(), u.hint(ring.forked_unfollowed())]
                 .into_iter()
                 .flatten()
             {
-                eprintln!("mprof: {hint}");
+                crate::say!("mprof: {hint}");
             }
         }
     }
     if let Some(out) = &program_output {
-        eprintln!("mprof: the program's output is in {}", out.display());
+        crate::say!("mprof: the program's output is in {}", out.display());
     }
     Ok(ExitCode::from(exit_code(status)))
 }

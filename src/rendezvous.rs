@@ -137,7 +137,7 @@ impl Rendezvous {
                     Some(libc::EAGAIN) => self.stuck.set(false),
                     _ => {
                         if !self.stuck.replace(true) {
-                            eprintln!(
+                            crate::say!(
                                 "mprof: warning: children that announce themselves cannot be \
                                  taken on for now ({e}); they run on unprofiled{}",
                                 if e.raw_os_error() == Some(libc::EMFILE) {

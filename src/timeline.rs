@@ -321,7 +321,7 @@ pub fn run(path: &Path, out: &Path, top: usize, pick: Pick) -> Result<()> {
     let p = Profile::load_set(&set)?;
     let t = load(&set, &p, top)?;
     if t.points.is_empty() {
-        eprintln!("mprof: warning: the capture has no timed record; the timeline is empty");
+        crate::say!("mprof: warning: the capture has no timed record; the timeline is empty");
     }
     write_file(out, "timeline", svg(&p, &t)?.as_bytes())
 }

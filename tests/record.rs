@@ -491,6 +491,36 @@ fn a_reader_stopped_too_long_is_told_that_sampling_stopped() {
     assert!(warnings.contains("sampling stopped at"), "{warnings}");
 }
 
+/// mprof's standard error a closed pipe (`mprof record … 2>&1 | head -1` once `head` is
+/// done): every line mprof prints fails to be written. Before, the first one made mprof panic
+/// (exit 101); now the session goes on, the capture is whole and mprof exits with the
+/// program's status.
+#[test]
+fn a_closed_standard_error_does_not_end_the_session() {
+    let py = common::main_python(&pythons());
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("c.mprof");
+    let mut child = mprof()
+        .args(["record", "--follow-children", "-o"])
+        .arg(&capture)
+        .arg("--")
+        .arg(&py.path)
+        .arg(script("steady_alloc.py"))
+        .arg("1")
+        .arg(dir.path().join("made"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    let mut guard = ChildGuard(child);
+    let status = guard.0.wait().unwrap();
+    assert!(status.success(), "{}: {status}", py.label);
+    let report = report_json(&capture, &["--top", "1"]);
+    assert_eq!(report["completeness"], "ended", "{}", py.label);
+    assert!(report["samples"].as_u64().unwrap() > 1000, "{}", py.label);
+}
+
 fn fails_with(cmd: &mut Command, needle: &str) {
     let out = run_with_timeout(cmd, LIMIT);
     let err = String::from_utf8_lossy(&out.stderr);

@@ -217,7 +217,7 @@ pub fn write_file(path: &Path, label: &'static str, bytes: &[u8]) -> Result<()> 
         return write_stdout(label, bytes);
     }
     let written = crate::output::write_file(path, label, bytes, crate::output::Access::Shared)?;
-    eprintln!("mprof: wrote {}", written.display());
+    crate::say!("mprof: wrote {}", written.display());
     Ok(())
 }
 

@@ -52,7 +52,7 @@ pub(super) fn destination(
                     });
                 }
                 let next = parent.join(&target);
-                eprintln!(
+                crate::say!(
                     "mprof: {} is your symlink to {}; writing there",
                     path.display(),
                     target.display()
