@@ -257,3 +257,39 @@ fn a_command_string_program_is_your_code() {
         );
     }
 }
+
+/// A program read from standard input (`python -`, or `python` with nothing to run and a
+/// program piped in) is compiled as `<stdin>`: it is the user's own code, as `-c`'s is.
+#[test]
+fn a_program_read_from_standard_input_is_your_code() {
+    let program = b"import json\nkeep = [json.dumps({'k%d' % i: list(range(50)) for i in range(50)}) for _ in range(400)]\n";
+    for (py, dash) in pythons().into_iter().zip([true, false].into_iter().cycle()) {
+        let dir = tempfile::tempdir().unwrap();
+        let capture = dir.path().join("stdin.mprof");
+        let source = dir.path().join("program.py");
+        std::fs::write(&source, program).unwrap();
+        let mut cmd = common::mprof();
+        cmd.arg("record")
+            .arg("-o")
+            .arg(&capture)
+            .arg("--")
+            .arg(&py.path);
+        if dash {
+            cmd.arg("-");
+        }
+        cmd.stdin(std::fs::File::open(&source).unwrap());
+        let out = run_with_timeout(&mut cmd, Duration::from_secs(120));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{}: {err}", py.label);
+        let report = report_json(&capture, &["--view", "live"]);
+        let top = &report["locations"][0];
+        assert!(
+            top["file"] == "<stdin>" && top["line"] == 2 && top["in_your_code"] == true,
+            "{} (dash: {dash}): the top live site is {top}",
+            py.label
+        );
+        let inner = top["innermost"]["file"].as_str().unwrap_or_default();
+        assert!(inner.ends_with("json/encoder.py"), "{}: {top}", py.label);
+        assert_eq!(report["meta"]["focus_names"], "<stdin>", "{}", py.label);
+    }
+}
