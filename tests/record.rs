@@ -489,6 +489,18 @@ fn a_reader_stopped_too_long_is_told_that_sampling_stopped() {
     let report = report_json(&capture, &["--top", "1"]);
     let warnings = report["warnings"].to_string();
     assert!(warnings.contains("sampling stopped at"), "{warnings}");
+    let html = dir.path().join("c.html");
+    let out = run_with_timeout(
+        mprof().arg("html").arg(&capture).arg("-o").arg(&html),
+        LIMIT,
+    );
+    assert!(out.status.success());
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("sampling stopped early"),
+        "the page's capture line"
+    );
+    assert!(page.contains("sampling stopped at"), "the page's warning");
 }
 
 /// mprof's standard error a closed pipe (`mprof record … 2>&1 | head -1` once `head` is
