@@ -344,8 +344,8 @@ pub fn run(
     }
     if state == STATE_WAITING {
         bail!(
-            "{} did not start a Python interpreter (the mprof agent was never loaded); \
-             mprof profiles CPython 3.8 to 3.13",
+            "{} did not start a Python that mprof can profile (CPython 3.8 to 3.13: the mprof \
+             agent never ran in it)",
             command[0]
         );
     }

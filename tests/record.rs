@@ -561,7 +561,7 @@ fn bad_input_gets_a_clear_error_and_a_nonzero_exit() {
             .args(["record", "-o"])
             .arg(&capture)
             .args(["--", "true"]),
-        "did not start a Python interpreter",
+        "did not start a Python that mprof can profile (CPython 3.8 to 3.13",
     );
     fails_with(
         mprof().args(["record", "-o", "/nonexistent-dir/x.mprof", "--", "true"]),
