@@ -94,21 +94,35 @@ fn check_rate_1(label: &str, capture: &Path, truth: &Truth) {
         "{label}: native + mmap live {native_live} vs the {} bytes kept",
         truth.native_live
     );
-    check_no_file_mapping(label, &sites, &truth.file_backed);
+    check_no_file_mapping(label, &sites, &truth.file_backed, true);
 }
 
 /// The function that only maps a file has no native or mmap byte (at most the few Python
-/// bytes of the call).
-fn check_no_file_mapping(label: &str, sites: &HashMap<String, serde_json::Value>, name: &str) {
+/// bytes of the call). `exact`: recorded at `--rate 1`, where those bytes are counted as they
+/// are; at a sampled rate one of them, when sampled, stands for about the rate (seen once: a
+/// 28-byte sample estimated at 32,782 bytes), so there only a few samples are allowed.
+fn check_no_file_mapping(
+    label: &str,
+    sites: &HashMap<String, serde_json::Value>,
+    name: &str,
+    exact: bool,
+) {
     if let Some(site) = sites.get(name) {
         assert_eq!(
             site["allocator"], "python",
             "{label}: {name}'s file mappings were counted: {site}"
         );
-        assert!(
-            site["alloc_bytes"].as_u64().unwrap() < 4096,
-            "{label}: {name}: {site}"
-        );
+        if exact {
+            assert!(
+                site["alloc_bytes"].as_u64().unwrap() < 4096,
+                "{label}: {name}: {site}"
+            );
+        } else {
+            assert!(
+                site["alloc_samples"].as_u64().unwrap() <= 3,
+                "{label}: {name}: {site}"
+            );
+        }
     }
 }
 
@@ -169,7 +183,7 @@ fn check_default_rate(label: &str, capture: &Path, truth: &Truth, tally: &mut Ta
             }
         }
     }
-    check_no_file_mapping(label, &sites, &truth.file_backed);
+    check_no_file_mapping(label, &sites, &truth.file_backed, false);
 }
 
 /// `mprof record` of the workload with `args`; its stdout lines.
