@@ -103,6 +103,16 @@ fn a_process_tree_is_one_capture_set() {
                 assert_eq!(r["ppid"].as_u64(), Some(program as u64), "{}", py.label);
             }
         }
+        // Every capture says which Python made it, a fork's too.
+        let version = report_json(&capture, &[])["meta"]["python"].clone();
+        assert!(
+            version.as_str().is_some_and(|v| v.starts_with('3')),
+            "{version}"
+        );
+        for entry in std::fs::read_dir(dir.path().join("c.mprof.d")).unwrap() {
+            let child = report_json(&entry.unwrap().path(), &[]);
+            assert_eq!(child["meta"]["python"], version, "{}", py.label);
+        }
         let expect: HashMap<u32, String> = [
             (program, "record"),
             (truth["in_forked"].0, "fork"),

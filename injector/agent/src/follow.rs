@@ -150,6 +150,8 @@ fn make_ring(f: &Follow) -> Option<OwnRing> {
         // Grandchildren follow too.
         let h = &mut *(base as *mut RingHeader);
         h.rendezvous[..f.len].copy_from_slice(&f.name[..f.len]);
+        // The capture says which Python it is (a fork's is its parent's).
+        crate::python::write_version(h);
         Some(OwnRing { fd, base, len })
     }
 }

@@ -108,12 +108,8 @@ unsafe fn claim_and_start(base: *mut u8, len: usize) -> c_int {
         sys::munmap(base.cast(), len);
         return 3; // another process (our parent, say) took it first
     }
-    if let Some(api) = python::api() {
-        let v = api.version.to_bytes();
-        let hm = h as *const RingHeader as *mut RingHeader;
-        let n = v.len().min(63);
-        let dst = std::ptr::addr_of_mut!((*hm).py_version) as *mut u8;
-        std::ptr::copy_nonoverlapping(v.as_ptr(), dst, n);
+    if python::api().is_some() {
+        python::write_version(h as *const RingHeader as *mut RingHeader);
     }
     register_fork_handlers();
     match lifecycle::start(base, len, &hooks::TABLE) {

@@ -139,6 +139,21 @@ pub fn api() -> Option<&'static Api> {
     API.get_or_init(resolve).as_ref()
 }
 
+/// Writes the interpreter's version (`Py_GetVersion`, cut to 63 bytes) into a ring's header,
+/// for mprof to put in the capture. Only once the API was resolved (at the agent's start): a
+/// forked child's new ring is made where resolving it would not be safe.
+///
+/// # Safety
+/// `h` points to the header of a ring this process owns, which mprof does not read yet.
+pub unsafe fn write_version(h: *mut mprof_common::ring::RingHeader) {
+    if let Some(Some(api)) = API.get() {
+        let v = api.version.to_bytes();
+        let n = v.len().min(63);
+        let dst = std::ptr::addr_of_mut!((*h).py_version) as *mut u8;
+        std::ptr::copy_nonoverlapping(v.as_ptr(), dst, n);
+    }
+}
+
 /// Whether the interpreter has started shutting down (the program itself is done).
 pub fn finalizing(api: &Api) -> bool {
     // SAFETY: reads a runtime flag; callable with or without the GIL.
