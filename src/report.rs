@@ -285,11 +285,18 @@ pub fn summary(p: &Profile) -> String {
         return out;
     }
     let t = p.totals();
+    // An attach sees only what was allocated after it came: its heap is not the process's.
+    let attached = p.meta.get("mode").is_some_and(|m| m == "attach");
     let _ = writeln!(
         out,
-        "mprof: allocated {}, peak live heap {}",
+        "mprof: allocated {}, peak live heap {}{}",
         plus_minus(t.allocated.bytes, t.allocated.stderr()),
-        plus_minus(t.peak.bytes, t.peak.stderr())
+        plus_minus(t.peak.bytes, t.peak.stderr()),
+        if attached {
+            " (of what was allocated while attached)"
+        } else {
+            ""
+        }
     );
     if p.native_recorded() == Some(false) {
         let _ = writeln!(out, "mprof: {NOT_NATIVE}");

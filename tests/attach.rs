@@ -30,7 +30,14 @@ fn attach_to_a_running_workload_on_every_version() {
         } = attached_workload(&py.path);
         touch(dir.path(), "go");
         wait_file(&dir.path().join("allocated"), LIMIT);
-        attach.detach();
+        let err = attach.detach();
+        // Its heap is what was allocated while attached, and the summary says so.
+        assert!(
+            err.contains(", peak live heap ")
+                && err.contains(" (of what was allocated while attached)"),
+            "{}: {err}",
+            py.label
+        );
         touch(dir.path(), "finish");
         let (status, out) = target.finish(LIMIT);
         assert_eq!(
