@@ -115,13 +115,7 @@ fn summary(html: &mut String, p: &Profile) {
     item(
         "capture",
         match p.completeness {
-            _ if p
-                .processes
-                .iter()
-                .any(|x| x.figures.reader_gone_ns.is_some()) =>
-            {
-                "sampling stopped early (see the warning)"
-            }
+            _ if p.sampling_stopped_early() => "sampling stopped early (see the warning)",
             Completeness::Ended => "complete (END record)",
             Completeness::Finished => "finished by mprof (no END record)",
             Completeness::Incomplete => "INCOMPLETE (no END record)",

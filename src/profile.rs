@@ -273,6 +273,14 @@ impl Profile {
         out
     }
 
+    /// Whether the agent of some process switched itself off before the process ended (see
+    /// [`Profile::stopped_early`]).
+    pub fn sampling_stopped_early(&self) -> bool {
+        self.processes
+            .iter()
+            .any(|p| p.figures.reader_gone_ns.is_some())
+    }
+
     /// One sentence per process whose agent switched itself off before the process ended,
     /// because mprof's reader had gone silent: what came after is not in the figures.
     fn stopped_early(&self) -> Vec<String> {

@@ -44,9 +44,20 @@ fn blocks(stdout: &str) -> i64 {
 /// Returns the size of the block whose one sample a live estimate of `bytes` at `rate` is (a
 /// report rounds it to a whole byte), if it is one of these.
 fn pymalloc_bookkeeping(bytes: f64, rate: u64) -> Option<u64> {
-    [2048, 8192, 131072, 262144]
+    one_sample_of(
+        [2048, 8192, 131072, 262144]
+            .into_iter()
+            .chain((4..24).map(|k| 48u64 << k)),
+        bytes,
+        rate,
+    )
+}
+
+/// The size among `sizes` whose one sample a live estimate of `bytes` at `rate` is (a report
+/// rounds it to a whole byte), if there is one.
+fn one_sample_of(sizes: impl IntoIterator<Item = u64>, bytes: f64, rate: u64) -> Option<u64> {
+    sizes
         .into_iter()
-        .chain((4..24).map(|k| 48u64 << k))
         .find(|&size| (Sample::new(size, rate).bytes() - bytes).abs() < 1.0)
 }
 
@@ -62,9 +73,7 @@ fn pymalloc_bookkeeping(bytes: f64, rate: u64) -> Option<u64> {
 /// Returns the size of the block whose one sample a live estimate of `bytes` at `rate` is, if
 /// it is one of these.
 fn tracemalloc_interned(bytes: f64, rate: u64) -> Option<u64> {
-    [24, 32]
-        .into_iter()
-        .find(|&size| (Sample::new(size, rate).bytes() - bytes).abs() < 1.0)
+    one_sample_of([24, 32], bytes, rate)
 }
 
 /// Checks a capture of the script: no sampled block of `churn` is live at the end (many were

@@ -61,6 +61,31 @@ fn spawn_record(
     ChildGuard(child)
 }
 
+/// `mprof record OPTIONS -o CAPTURE -- PYTHON steady_alloc.py SECONDS DIR/made`, its standard
+/// error piped, its standard output dropped.
+fn spawn_steady(
+    py: &Python,
+    capture: &Path,
+    options: &[&str],
+    seconds: &str,
+    dir: &Path,
+) -> std::process::Child {
+    mprof()
+        .arg("record")
+        .args(options)
+        .arg("-o")
+        .arg(capture)
+        .arg("--")
+        .arg(&py.path)
+        .arg(script("steady_alloc.py"))
+        .arg(seconds)
+        .arg(dir.join("made"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 fn truth(path: &Path) -> HashMap<String, f64> {
     let v: HashMap<String, f64> =
         serde_json::from_str(&std::fs::read_to_string(path).expect("truth file")).unwrap();
@@ -453,19 +478,7 @@ fn a_reader_stopped_too_long_is_told_that_sampling_stopped() {
     let py = common::main_python(&pythons());
     let dir = tempfile::tempdir().unwrap();
     let capture = dir.path().join("c.mprof");
-    let child = mprof()
-        .args(["record", "-o"])
-        .arg(&capture)
-        .arg("--")
-        .arg(&py.path)
-        .arg(script("steady_alloc.py"))
-        .arg("4")
-        .arg(dir.path().join("made"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut guard = ChildGuard(child);
+    let mut guard = ChildGuard(spawn_steady(&py, &capture, &[], "4", dir.path()));
     std::thread::sleep(Duration::from_millis(1000));
     common::procs::signal(guard.0.id(), libc::SIGSTOP);
     std::thread::sleep(Duration::from_millis(2500));
@@ -512,18 +525,7 @@ fn a_closed_standard_error_does_not_end_the_session() {
     let py = common::main_python(&pythons());
     let dir = tempfile::tempdir().unwrap();
     let capture = dir.path().join("c.mprof");
-    let mut child = mprof()
-        .args(["record", "--follow-children", "-o"])
-        .arg(&capture)
-        .arg("--")
-        .arg(&py.path)
-        .arg(script("steady_alloc.py"))
-        .arg("1")
-        .arg(dir.path().join("made"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_steady(&py, &capture, &["--follow-children"], "1", dir.path());
     drop(child.stderr.take());
     let mut guard = ChildGuard(child);
     let status = guard.0.wait().unwrap();
