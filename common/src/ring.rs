@@ -285,9 +285,12 @@ impl Ring {
         body_len: usize,
         fill: impl FnOnce(&mut [u8]),
     ) -> bool {
-        let h = self.header();
+        // In locals: `fill` writes through a raw pointer, after which fields read through
+        // `self` would be loaded again.
+        let (base, size) = (self.base, self.size);
+        // SAFETY: as in `header`.
+        let h = unsafe { &*(base as *const RingHeader) };
         let len = padded(PREAMBLE + body_len) as u64;
-        let size = self.size;
         if len > size / 4 {
             h.dropped.fetch_add(1, Ordering::Relaxed);
             return false;
@@ -307,19 +310,22 @@ impl Ring {
             match self.place_padded(head, tail, len) {
                 Some(start) => start,
                 None => {
-                    self.header().dropped.fetch_add(1, Ordering::Relaxed);
+                    h.dropped.fetch_add(1, Ordering::Relaxed);
                     return false;
                 }
             }
         };
         // SAFETY: `start` is at a record boundary with `len` bytes to the end of the data
         // area (`place` made sure of it), and those bytes are free: the reader is behind.
+        let record = unsafe { base.add(HEADER_SIZE + (start & (size - 1)) as usize) };
+        // SAFETY: the record's bytes after its preamble, as above.
         let body = unsafe {
-            std::slice::from_raw_parts_mut(self.at(start).add(PREAMBLE), len as usize - PREAMBLE)
+            std::slice::from_raw_parts_mut(record.add(PREAMBLE), len as usize - PREAMBLE)
         };
         fill(body);
-        self.publish(start, len, kind, aux);
-        self.header().head.store(start + len, Ordering::Release);
+        // SAFETY: the record's preamble, as above.
+        unsafe { write_preamble(record, len, kind, aux) };
+        h.head.store(start + len, Ordering::Release);
         true
     }
 
@@ -395,14 +401,23 @@ impl Ring {
     /// Writes a record's kind and aux, then its length word (release): the record is now
     /// visible to the reader.
     fn publish(&self, pos: u64, len: u64, kind: u16, aux: u16) {
-        let p = self.at(pos);
-        // SAFETY: a record's 8-byte preamble at an 8-aligned position inside the data area;
-        // the length word is 4-aligned for the atomic.
-        unsafe {
-            std::ptr::write(p.add(4) as *mut u16, kind);
-            std::ptr::write(p.add(6) as *mut u16, aux);
-            (*(p as *const AtomicU32)).store(len as u32, Ordering::Release);
-        }
+        // SAFETY: a record's preamble at an 8-aligned position inside the data area.
+        unsafe { write_preamble(self.at(pos), len, kind, aux) }
+    }
+}
+
+/// Writes a record's 8-byte preamble at `p`, its length last (release: the reader sees the
+/// length only after the rest of the record).
+///
+/// # Safety
+/// `p` is an 8-aligned record position inside a mapped data area.
+unsafe fn write_preamble(p: *mut u8, len: u64, kind: u16, aux: u16) {
+    // SAFETY: the preamble's 8 bytes are the caller's; the length word is 4-aligned for the
+    // atomic.
+    unsafe {
+        std::ptr::write(p.add(4) as *mut u16, kind);
+        std::ptr::write(p.add(6) as *mut u16, aux);
+        (*(p as *const AtomicU32)).store(len as u32, Ordering::Release);
     }
 }
 

@@ -19,72 +19,61 @@ use std::mem::MaybeUninit;
 
 /// How many frames, outermost first, run what they ran before: `now` and `before` are both
 /// outermost first (see `pyframes::ats`). A deep chain is mostly unchanged: with AVX2, eight
-/// frames a step in two 32-byte XORs (ten instructions a group, where the plain loop takes 25).
+/// frames a step, and the last step overlaps the one before it instead of ending one by one
+/// (about 1.3 instructions a frame, where the plain loop takes 5).
 #[inline]
 fn unchanged(now: &[usize], before: &[usize]) -> usize {
     let n = now.len().min(before.len());
     let (now, before) = (&now[..n], &before[..n]);
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    let mut i = if n >= 8 && std::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2.
-        unsafe { agree_by_eights_avx2(now, before) }
-    } else {
-        agree_by_eights(now, before)
-    };
-    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-    let mut i = agree_by_eights(now, before);
-    while i < n && now[i] == before[i] {
-        i += 1;
+    if n >= 8 && std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2; both slices hold `n` >= 8 words.
+        return unsafe { first_difference_avx2(now, before) };
     }
-    i
+    now.iter().zip(before).take_while(|(a, b)| a == b).count()
 }
 
-/// Where to go on comparing one by one (slices of the same length): past the whole groups of
-/// eight that agree, from the start.
-#[inline]
-fn agree_by_eights(now: &[usize], before: &[usize]) -> usize {
-    let mut i = 0;
-    while i + 8 <= now.len() {
-        let differ = (0..8).fold(0, |d, k| d | (now[i + k] ^ before[i + k]));
-        if differ != 0 {
-            break;
-        }
-        i += 8;
-    }
-    i
-}
-
-/// [`agree_by_eights`] with AVX2: two 32-byte XORs a group.
+/// [`unchanged`] with AVX2, for slices of the same length of at least eight words: eight words
+/// a step, each step's 8-bit mask of equal words says where the first difference is. The last
+/// step is the last eight words, overlapping the step before (whose words agreed).
 ///
 /// # Safety
-/// The CPU must have AVX2.
+/// The CPU must have AVX2; `now.len() == before.len() >= 8`.
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 #[target_feature(enable = "avx2")]
-unsafe fn agree_by_eights_avx2(now: &[usize], before: &[usize]) -> usize {
+unsafe fn first_difference_avx2(now: &[usize], before: &[usize]) -> usize {
     use std::arch::x86_64::{
-        __m256i, _mm256_loadu_si256 as load, _mm256_or_si256, _mm256_testz_si256,
-        _mm256_xor_si256 as xor,
+        __m256i, _mm256_castsi256_pd as as_pd, _mm256_cmpeq_epi64 as eq,
+        _mm256_loadu_si256 as load, _mm256_movemask_pd as mask,
     };
-    let (a, b) = (
-        now.as_ptr() as *const __m256i,
-        before.as_ptr() as *const __m256i,
-    );
+    let n = now.len();
+    debug_assert!(n >= 8 && before.len() == n);
+    let (a, b) = (now.as_ptr(), before.as_ptr());
     let mut i = 0;
-    while i + 8 <= now.len() {
-        let (k, l) = (i / 4, i / 4 + 1);
-        // SAFETY: words i..i + 8 of both are in bounds (same lengths); unaligned loads.
-        let differ = unsafe {
-            _mm256_or_si256(
-                xor(load(a.add(k)), load(b.add(k))),
-                xor(load(a.add(l)), load(b.add(l))),
-            )
+    loop {
+        let at = i.min(n - 8);
+        // SAFETY: words at..at + 8 of both are in bounds (at <= n - 8); unaligned loads.
+        let equal = unsafe {
+            let low = eq(
+                load(a.add(at) as *const __m256i),
+                load(b.add(at) as *const __m256i),
+            );
+            let high = eq(
+                load(a.add(at + 4) as *const __m256i),
+                load(b.add(at + 4) as *const __m256i),
+            );
+            mask(as_pd(low)) as u32 | (mask(as_pd(high)) as u32) << 4
         };
-        if _mm256_testz_si256(differ, differ) == 0 {
-            break;
+        if equal != 0xff {
+            // The words before `i` agreed already, so the first difference is at `i` or
+            // after it.
+            return at + (!equal).trailing_zeros() as usize;
         }
-        i += 8;
+        i = at + 8;
+        if i >= n {
+            return n;
+        }
     }
-    i
 }
 
 /// Frames of a sample whose sets of the frame cache are asked for ahead of their lookups.
@@ -416,16 +405,8 @@ mod tests {
                     }
                     let want = now.iter().zip(&before).take_while(|(a, b)| a == b).count();
                     assert_eq!(want, differ_at.min(len_now).min(len_before));
+                    // With AVX2 (where the CPU has it), from eight words.
                     assert_eq!(unchanged(&now, &before), want);
-                    let n = len_now.min(len_before);
-                    let by_eights = agree_by_eights(&now[..n], &before[..n]);
-                    assert_eq!(by_eights, want / 8 * 8);
-                    #[cfg(all(target_arch = "x86_64", not(miri)))]
-                    if std::is_x86_feature_detected!("avx2") {
-                        // SAFETY: the CPU has AVX2.
-                        let avx2 = unsafe { agree_by_eights_avx2(&now[..n], &before[..n]) };
-                        assert_eq!(avx2, by_eights);
-                    }
                 }
             }
         }

@@ -329,11 +329,11 @@ fn write_full_sample(ring: &mut Ring, sample: &Sample, depth: u32, native: Optio
     })
 }
 
-/// The calling thread's thread state, if the interpreter is running and the thread has one.
+/// The calling thread's thread state, if the thread has one. No `Py_IsInitialized` first:
+/// `PyGILState_GetThisThreadState` answers NULL itself before the interpreter sets up its
+/// thread states and after it tears them down (3.8–3.13), and a session ends when
+/// finalization starts, before anything is torn down.
 unsafe fn this_thread_state(api: &Api) -> Option<*const c_void> {
-    if (api.is_initialized)() == 0 {
-        return None;
-    }
     let tstate = (api.this_thread_state)();
     (!tstate.is_null()).then_some(tstate as *const c_void)
 }
