@@ -54,6 +54,7 @@ FIELDS = [
     "owner_cstack",
     "object_type",
     "frame_is_entry",
+    "tstate_interp",
 ]
 
 # Bits of the PyASCIIObject.state word the agent relies on: member -> (value to set, mask).
@@ -67,6 +68,7 @@ STATE_BITS = {
 # 3.13+: our field -> the member of _PyRuntime.debug_offsets that must hold the same offset.
 DEBUG_OFFSETS = {
     "tstate_frame": "thread_state.current_frame",
+    "tstate_interp": "thread_state.interp",
     "frame_back": "interpreter_frame.previous",
     "frame_code": "interpreter_frame.executable",
     "frame_instr": "interpreter_frame.instr_ptr",
@@ -131,6 +133,7 @@ def field_exprs(minor):
         "owner_cstack": "FRAME_OWNED_BY_CSTACK" if minor >= 12 else None,
         "object_type": "offsetof(PyObject, ob_type)",
         "frame_is_entry": "offsetof(_PyInterpreterFrame, is_entry)" if minor == 11 else None,
+        "tstate_interp": "offsetof(PyThreadState, interp)",
     }
 
 

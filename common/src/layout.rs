@@ -65,6 +65,9 @@ pub struct PyLayout {
     /// bytecode loop started with. (3.12+ mark that boundary with a frame owned by the C stack;
     /// before 3.11 every frame is one.)
     pub frame_is_entry: u16,
+    /// `PyThreadState.interp`: the interpreter a thread state belongs to (from 3.12 an
+    /// interpreter may have a GIL of its own, see the agent's `sampler`).
+    pub tstate_interp: u16,
 }
 
 include!("layout_table.rs");

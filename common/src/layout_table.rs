@@ -27,6 +27,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         owner_cstack: ABSENT,
         object_type: 8,
         frame_is_entry: ABSENT,
+        tstate_interp: 16,
     },
     // CPython 3.9.18
     PyLayout {
@@ -52,6 +53,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         owner_cstack: ABSENT,
         object_type: 8,
         frame_is_entry: ABSENT,
+        tstate_interp: 16,
     },
     // CPython 3.10.13
     PyLayout {
@@ -77,6 +79,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         owner_cstack: ABSENT,
         object_type: 8,
         frame_is_entry: ABSENT,
+        tstate_interp: 16,
     },
     // CPython 3.11.7
     PyLayout {
@@ -102,6 +105,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         owner_cstack: ABSENT,
         object_type: 8,
         frame_is_entry: 68,
+        tstate_interp: 16,
     },
     // CPython 3.12.1
     PyLayout {
@@ -127,6 +131,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         owner_cstack: 3,
         object_type: 8,
         frame_is_entry: ABSENT,
+        tstate_interp: 16,
     },
     // CPython 3.13.0
     PyLayout {
@@ -152,5 +157,6 @@ pub const LAYOUTS: &[PyLayout] = &[
         owner_cstack: 3,
         object_type: 8,
         frame_is_entry: ABSENT,
+        tstate_interp: 16,
     },
 ];

@@ -21,13 +21,30 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// The thread (by its thread pointer) inside a MEM or OBJ call that pymalloc may pass to the
 /// RAW domain: the RAW hooks let that thread's calls through uncounted, as the outer hook
 /// counted them. Only a thread holding the GIL sets it (MEM and OBJ need the GIL), so a plain
-/// global does, and setting it costs no TLS lookup (the thread's busy flag would).
+/// global does, and setting it costs no TLS lookup (the thread's busy flag would); not with
+/// several GILs (see [`UNUSED`]).
 static PASSING: AtomicUsize = AtomicUsize::new(0);
+
+/// `PASSING` while the process has interpreters with GILs of their own: two threads may then
+/// be inside MEM or OBJ calls at once, and one global cannot mark both. Every MEM and OBJ call
+/// takes the slow path then, whose busy flag (thread-local) lets the nested RAW call through.
+const UNUSED: usize = usize::MAX;
+
+/// From now on `PASSING` is not used (see [`UNUSED`]). Stored again from the slow path: a call
+/// that was inside `nested` when it was first stored puts back what it found.
+pub fn leave_passing_unused() {
+    if PASSING.load(Ordering::Relaxed) != UNUSED {
+        PASSING.store(UNUSED, Ordering::Relaxed);
+    }
+}
 
 /// Calls `f` with the thread marked as passing a call to RAW, so the RAW hooks let it through.
 #[inline(always)]
 fn nested<T>(f: impl FnOnce() -> T) -> T {
     let was = PASSING.load(Ordering::Relaxed);
+    if was == UNUSED {
+        return f();
+    }
     PASSING.store(sys::thread_pointer(), Ordering::Relaxed);
     let r = f();
     PASSING.store(was, Ordering::Relaxed);

@@ -44,6 +44,9 @@ pub struct Api {
     /// `_PyMem_GetCurrentAllocatorName` (3.8+): "pymalloc" when the three domains hold
     /// CPython's default allocators.
     pub allocator_name: Option<NoArgName>,
+    /// `PyInterpreterState_Main` (3.8+): the main interpreter, which threads of other
+    /// interpreters (with GILs of their own from 3.12) are told from.
+    pub main_interpreter: Option<NoArgPtr>,
 }
 
 // SAFETY: function pointers and addresses of interpreter globals, valid for the life of
@@ -130,6 +133,11 @@ fn resolve() -> Option<Api> {
             let p = sym(c"_PyMem_GetCurrentAllocatorName");
             // SAFETY: the function takes no argument and returns a static string or NULL.
             (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, NoArgName>(p) })
+        },
+        main_interpreter: {
+            let p = sym(c"PyInterpreterState_Main");
+            // SAFETY: the function takes no argument and returns a pointer.
+            (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, NoArgPtr>(p) })
         },
     })
 }

@@ -7,16 +7,57 @@
 //! store. The RAW domain may be called without the GIL, so each thread has its own countdown.
 //! Because the exponential distribution is memoryless, both give every byte the same chance.
 //!
+//! From 3.12 an interpreter may have a GIL of its own (`_interpreters.create()`): the threads of
+//! two such interpreters run MEM and OBJ calls at the same time, and a shared countdown loses
+//! their updates (a thread's stale store after another drew afresh is a sample too many: the
+//! estimates of such a program read 50% high). Once a sample comes from a thread of an
+//! interpreter other than the main one, the shared countdown is held at [`ALWAYS_SLOW`] for
+//! the rest of the process: every MEM and OBJ call takes the slow path, which counts the
+//! thread's own countdown (the RAW one) down instead. Slower, only in such processes.
+//!
 //! Each hook layer (see `chain`) has countdowns of its own, so that a layer that only passes
 //! calls through never takes bytes from the sampling one.
 
 use crate::chain::{gil_countdown, LAYERS};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// Countdown while sampling is off: the slow path is visited once per this many bytes, to notice
 /// a new session.
 pub const IDLE_COUNTDOWN: i64 = 64 << 20;
+
+/// The MEM and OBJ countdown once the process has interpreters with GILs of their own: far
+/// below zero, so every call takes the slow path, and no thread's subtraction brings it back
+/// above zero.
+pub const ALWAYS_SLOW: i64 = i64::MIN / 4;
+
+/// Set for the rest of the process once it runs an interpreter other than the main one (3.12+;
+/// see the module's doc).
+static SEVERAL_GILS: AtomicBool = AtomicBool::new(false);
+
+/// Whether MEM and OBJ calls count down per thread (see the module's doc).
+#[inline]
+pub fn several_gils() -> bool {
+    SEVERAL_GILS.load(Ordering::Relaxed)
+}
+
+/// From now on MEM and OBJ calls count down per thread: the sampling `layer`'s shared countdown
+/// is held at [`ALWAYS_SLOW`].
+pub fn enter_several_gils(layer: usize) {
+    SEVERAL_GILS.store(true, Ordering::Relaxed);
+    if layer < LAYERS {
+        gil_countdown(layer).store(ALWAYS_SLOW, Ordering::Relaxed);
+    }
+}
+
+/// What the shared MEM and OBJ countdown starts a session at.
+fn gil_start() -> i64 {
+    if several_gils() {
+        ALWAYS_SLOW
+    } else {
+        draw()
+    }
+}
 
 /// Bumped at every session start and stop; a RAW countdown whose epoch differs is re-drawn.
 pub static EPOCH: AtomicU32 = AtomicU32::new(0);
@@ -25,7 +66,8 @@ static RNG: AtomicU64 = AtomicU64::new(0x9E37_79B9_7F4A_7C15);
 
 /// Per-thread state: the RAW countdowns and the reentrancy guard.
 pub struct ThreadState {
-    /// Bytes left before the next RAW sample, per layer.
+    /// Bytes left before the next RAW sample, per layer (and MEM and OBJ sample, once the
+    /// process has several GILs).
     pub countdown: [Cell<i64>; LAYERS],
     /// Set while the agent or a nested allocator call works on this thread: allocations made
     /// meanwhile pass straight through.
@@ -70,7 +112,7 @@ pub fn configure(rate: u64, seed: u64, layer: usize) {
     };
     RNG.store(splitmix(seed) | 1, Ordering::Relaxed);
     EPOCH.fetch_add(1, Ordering::Relaxed);
-    gil_countdown(layer).store(draw(), Ordering::Relaxed);
+    gil_countdown(layer).store(gil_start(), Ordering::Relaxed);
 }
 
 /// The session's sampling rate, in bytes.
@@ -81,7 +123,7 @@ pub fn rate() -> u64 {
 /// Arms the countdowns of `layer`, which takes over sampling within the running session.
 pub fn arm_layer(layer: usize) {
     EPOCH.fetch_add(1, Ordering::Relaxed);
-    gil_countdown(layer).store(draw(), Ordering::Relaxed);
+    gil_countdown(layer).store(gil_start(), Ordering::Relaxed);
 }
 
 /// Switches every countdown to idle.

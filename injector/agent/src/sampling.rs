@@ -9,6 +9,7 @@ use crate::python::{self, Api};
 use crate::sample_stack::{Announcer, Stack};
 use crate::sampler::{self, ThreadState, EPOCH, IDLE_COUNTDOWN, THREAD};
 use crate::sys::{self, now_ns};
+use mprof_common::layout::PyLayout;
 use mprof_common::record::{
     Allocator, ALLOC_NATIVE_STACK, ALLOC_TRUNCATED, KIND_FREE, MAX_NATIVE_FRAMES,
 };
@@ -19,7 +20,7 @@ use mprof_common::stacks::{
 };
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The RAW domain, called without the GIL (its countdowns are per thread).
 pub const RAW: usize = 0;
@@ -94,6 +95,21 @@ fn decide(domain: usize, layer: usize, t: &ThreadState, size: usize) -> bool {
         return decide_per_thread(enabled, &t.native_countdown, &t.native_epoch, size);
     }
     let enabled = ENABLED.load(Ordering::Acquire) && chain::active() == layer;
+    if domain != RAW && enabled && sampler::several_gils() {
+        // Another interpreter's thread may have stored over the shared countdown: held down
+        // again, and this thread's own countdown decides (see `sampler`).
+        chain::gil_countdown(layer).store(sampler::ALWAYS_SLOW, Ordering::Relaxed);
+        crate::hooks::leave_passing_unused();
+        let (countdown, drawn_in) = (&t.countdown[layer], &t.epoch[layer]);
+        if drawn_in.get() == EPOCH.load(Ordering::Relaxed) {
+            let c = countdown.get() - size as i64;
+            if c > 0 {
+                countdown.set(c);
+                return false;
+            }
+        }
+        return decide_per_thread(true, countdown, drawn_in, size);
+    }
     if domain != RAW {
         let next = if enabled {
             sampler::draw()
@@ -251,10 +267,13 @@ unsafe fn record_alloc_locked(
             depth: 0,
             truncated: false,
         },
-        Some(tstate) => match announcer.this_thread(tid, tstate) {
-            Ok(stack) => stack,
-            Err(_) => return,
-        },
+        Some(tstate) => {
+            notice_other_interpreter(api, layout, tstate);
+            match announcer.this_thread(tid, tstate) {
+                Ok(stack) => stack,
+                Err(_) => return,
+            }
+        }
     };
     let with_native = crate::unwind::on();
     let flags = allocator.flags()
@@ -327,6 +346,46 @@ fn write_full_sample(ring: &mut Ring, sample: &Sample, depth: u32, native: Optio
             }
         }
     })
+}
+
+/// From 3.12, a thread of an interpreter other than the main one means interpreters that may
+/// each have a GIL of their own: MEM and OBJ calls count down per thread from now on (see
+/// `sampler`). Until then, two loads and a compare a sample.
+///
+/// # Safety
+/// `tstate` is the calling thread's own thread state.
+#[inline(always)]
+unsafe fn notice_other_interpreter(api: &Api, layout: &PyLayout, tstate: *const c_void) {
+    /// The main interpreter while threads are watched for another; [`UNKNOWN`] before the first
+    /// look, [`NOT_WATCHED`] before 3.12 and once the process has several GILs.
+    static WATCHED: AtomicUsize = AtomicUsize::new(UNKNOWN);
+    const UNKNOWN: usize = 0;
+    const NOT_WATCHED: usize = 1;
+    let mut main = WATCHED.load(Ordering::Relaxed);
+    if main == NOT_WATCHED {
+        return;
+    }
+    if main == UNKNOWN {
+        main = match api.main_interpreter {
+            Some(main_interpreter) if layout.minor >= 12 => main_interpreter() as usize,
+            _ => NOT_WATCHED,
+        };
+        if main == UNKNOWN {
+            return;
+        }
+        WATCHED.store(main, Ordering::Relaxed);
+        if main == NOT_WATCHED {
+            return;
+        }
+    }
+    let interp: usize = std::ptr::read_unaligned(
+        (tstate as *const u8).add(layout.tstate_interp as usize) as *const usize,
+    );
+    if interp != main {
+        WATCHED.store(NOT_WATCHED, Ordering::Relaxed);
+        sampler::enter_several_gils(chain::active());
+        crate::hooks::leave_passing_unused();
+    }
 }
 
 /// The calling thread's thread state, if the thread has one. No `Py_IsInitialized` first:
