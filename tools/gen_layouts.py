@@ -55,6 +55,7 @@ FIELDS = [
     "object_type",
     "frame_is_entry",
     "tstate_interp",
+    "interp_own_gil",
 ]
 
 # Bits of the PyASCIIObject.state word the agent relies on: member -> (value to set, mask).
@@ -134,6 +135,9 @@ def field_exprs(minor):
         "object_type": "offsetof(PyObject, ob_type)",
         "frame_is_entry": "offsetof(_PyInterpreterFrame, is_entry)" if minor == 11 else None,
         "tstate_interp": "offsetof(PyThreadState, interp)",
+        "interp_own_gil": (
+            "offsetof(PyInterpreterState, ceval.own_gil)" if minor >= 12 else None
+        ),
     }
 
 
@@ -148,6 +152,8 @@ def probe_source(minor):
             '#include "internal/pycore_code.h"',
             '#include "internal/pycore_frame.h"',
         ]
+        if minor >= 12:
+            includes.append('#include "internal/pycore_interp.h"')
         if minor >= 13:
             includes.append('#include "internal/pycore_runtime.h"')
     lines = includes + [

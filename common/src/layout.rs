@@ -68,6 +68,9 @@ pub struct PyLayout {
     /// `PyThreadState.interp`: the interpreter a thread state belongs to (from 3.12 an
     /// interpreter may have a GIL of its own, see the agent's `sampler`).
     pub tstate_interp: u16,
+    /// `PyInterpreterState.ceval.own_gil` (an `int`, ≥3.12): whether the interpreter has a GIL
+    /// of its own; else `ABSENT`.
+    pub interp_own_gil: u16,
 }
 
 include!("layout_table.rs");

@@ -28,6 +28,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         object_type: 8,
         frame_is_entry: ABSENT,
         tstate_interp: 16,
+        interp_own_gil: ABSENT,
     },
     // CPython 3.9.18
     PyLayout {
@@ -54,6 +55,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         object_type: 8,
         frame_is_entry: ABSENT,
         tstate_interp: 16,
+        interp_own_gil: ABSENT,
     },
     // CPython 3.10.13
     PyLayout {
@@ -80,6 +82,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         object_type: 8,
         frame_is_entry: ABSENT,
         tstate_interp: 16,
+        interp_own_gil: ABSENT,
     },
     // CPython 3.11.7
     PyLayout {
@@ -106,6 +109,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         object_type: 8,
         frame_is_entry: 68,
         tstate_interp: 16,
+        interp_own_gil: ABSENT,
     },
     // CPython 3.12.1
     PyLayout {
@@ -132,6 +136,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         object_type: 8,
         frame_is_entry: ABSENT,
         tstate_interp: 16,
+        interp_own_gil: 392,
     },
     // CPython 3.13.0
     PyLayout {
@@ -158,5 +163,6 @@ pub const LAYOUTS: &[PyLayout] = &[
         object_type: 8,
         frame_is_entry: ABSENT,
         tstate_interp: 16,
+        interp_own_gil: 24,
     },
 ];

@@ -1,6 +1,7 @@
 """Three interpreters with a GIL of their own each (CPython 3.12+) allocate at the same time, on
 three threads, while the main interpreter allocates too. `churn` (in the interpreters) makes
-small strings and 1000-byte buffers; `main_work` (here) makes 1000-byte buffers."""
+small strings and 1000-byte buffers; `main_work` (here) makes 1000-byte buffers. With the
+argument `legacy`, the interpreters share the main one's GIL (as mod_wsgi makes them)."""
 import sys
 import threading
 
@@ -16,11 +17,13 @@ def churn():
 churn()
 """
 
+LEGACY = sys.argv[1:] == ["legacy"]
+
 if sys.version_info >= (3, 13):
     import _interpreters
 
     def run_isolated():
-        interp = _interpreters.create("isolated")
+        interp = _interpreters.create("legacy" if LEGACY else "isolated")
         failed = _interpreters.exec(interp, CODE)
         _interpreters.destroy(interp)
         if failed is not None:
@@ -29,7 +32,7 @@ else:
     import _xxsubinterpreters as _interpreters
 
     def run_isolated():
-        interp = _interpreters.create(isolated=True)
+        interp = _interpreters.create(isolated=not LEGACY)
         _interpreters.run_string(interp, CODE)
         _interpreters.destroy(interp)
 

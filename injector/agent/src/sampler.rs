@@ -11,7 +11,7 @@
 //! two such interpreters run MEM and OBJ calls at the same time, and a shared countdown loses
 //! their updates (a thread's stale store after another drew afresh is a sample too many: the
 //! estimates of such a program read 50% high). Once a sample comes from a thread of an
-//! interpreter other than the main one, the shared countdown is held at [`ALWAYS_SLOW`] for
+//! interpreter with a GIL of its own, the shared countdown is held at [`ALWAYS_SLOW`] for
 //! the rest of the process: every MEM and OBJ call takes the slow path, which counts the
 //! thread's own countdown (the RAW one) down instead. Slower, only in such processes.
 //!
@@ -31,7 +31,7 @@ pub const IDLE_COUNTDOWN: i64 = 64 << 20;
 /// above zero.
 pub const ALWAYS_SLOW: i64 = i64::MIN / 4;
 
-/// Set for the rest of the process once it runs an interpreter other than the main one (3.12+;
+/// Set for the rest of the process once it runs an interpreter with a GIL of its own (3.12+;
 /// see the module's doc).
 static SEVERAL_GILS: AtomicBool = AtomicBool::new(false);
 

@@ -348,9 +348,9 @@ fn write_full_sample(ring: &mut Ring, sample: &Sample, depth: u32, native: Optio
     })
 }
 
-/// From 3.12, a thread of an interpreter other than the main one means interpreters that may
-/// each have a GIL of their own: MEM and OBJ calls count down per thread from now on (see
-/// `sampler`). Until then, two loads and a compare a sample.
+/// From 3.12, a thread of an interpreter with a GIL of its own: MEM and OBJ calls count down
+/// per thread from now on (see `sampler`). Until then, two loads and a compare a sample (and
+/// one more in an interpreter that shares the main one's GIL).
 ///
 /// # Safety
 /// `tstate` is the calling thread's own thread state.
@@ -381,11 +381,21 @@ unsafe fn notice_other_interpreter(api: &Api, layout: &PyLayout, tstate: *const 
     let interp: usize = std::ptr::read_unaligned(
         (tstate as *const u8).add(layout.tstate_interp as usize) as *const usize,
     );
-    if interp != main {
+    if interp != main && has_own_gil(layout, interp) {
         WATCHED.store(NOT_WATCHED, Ordering::Relaxed);
         sampler::enter_several_gils(chain::active());
         crate::hooks::leave_passing_unused();
     }
+}
+
+/// Whether interpreter `interp` has a GIL of its own (an interpreter made the old way, as
+/// mod_wsgi makes them, shares the main one's: one GIL still guards every MEM and OBJ call).
+///
+/// # Safety
+/// `interp` is the calling thread's interpreter.
+unsafe fn has_own_gil(layout: &PyLayout, interp: usize) -> bool {
+    layout.interp_own_gil != mprof_common::layout::ABSENT
+        && std::ptr::read_unaligned((interp + layout.interp_own_gil as usize) as *const i32) != 0
 }
 
 /// The calling thread's thread state, if the thread has one. No `Py_IsInitialized` first:
