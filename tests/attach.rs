@@ -130,6 +130,47 @@ fn detach_leaves_no_ring_and_reattach_reuses_the_agent() {
     assert!(target.alive(), "the sleeping target died");
 }
 
+/// While attached, the agent wraps the interpreter's `tp_dealloc` of code objects (to notice a
+/// code object freed, whose address the next may take); each detach puts back the
+/// interpreter's own, on every version.
+#[test]
+fn detach_puts_back_the_code_objects_dealloc() {
+    for py in pythons() {
+        let dir = common::tempdir();
+        let seen = dir.path().join("seen");
+        let mut target = Target::python(
+            &py.path,
+            "attach_idle.py",
+            &["code_dealloc", seen.to_str().unwrap()],
+        );
+        let values = || -> Vec<String> {
+            std::fs::read_to_string(&seen)
+                .unwrap_or_default()
+                .lines()
+                .map(str::to_string)
+                .collect()
+        };
+        for round in 0..2 {
+            let capture = dir.path().join(format!("c{round}.mprof"));
+            let (status, err) = attach_once(
+                target.pid,
+                &["--duration", "0.5", "-o", capture.to_str().unwrap()],
+            );
+            assert!(status.success(), "{} round {round}: {err}", py.label);
+            std::thread::sleep(Duration::from_millis(100));
+            let v = values();
+            assert_eq!(
+                v.len(),
+                1 + 2 * (round + 1),
+                "{} round {round}: the slot took {v:?}",
+                py.label
+            );
+            assert_eq!(v.last(), v.first(), "{} round {round}: {v:?}", py.label);
+        }
+        assert!(target.alive(), "{}: the target died", py.label);
+    }
+}
+
 /// Targets blocked in `time.sleep`, a `selectors` (epoll) server and a raw `epoll_wait` are
 /// attached well within a second, and none of them notices: the server still answers and the
 /// raw `epoll_wait` never returns EINTR.

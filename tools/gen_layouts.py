@@ -56,6 +56,11 @@ FIELDS = [
     "frame_is_entry",
     "tstate_interp",
     "interp_own_gil",
+    "code_linetable",
+    "code_version",
+    "bytes_size",
+    "bytes_data",
+    "type_dealloc",
 ]
 
 # Bits of the PyASCIIObject.state word the agent relies on: member -> (value to set, mask).
@@ -70,6 +75,7 @@ STATE_BITS = {
 DEBUG_OFFSETS = {
     "tstate_frame": "thread_state.current_frame",
     "tstate_interp": "thread_state.interp",
+    "code_linetable": "code_object.linetable",
     "frame_back": "interpreter_frame.previous",
     "frame_code": "interpreter_frame.executable",
     "frame_instr": "interpreter_frame.instr_ptr",
@@ -138,6 +144,14 @@ def field_exprs(minor):
         "interp_own_gil": (
             "offsetof(PyInterpreterState, ceval.own_gil)" if minor >= 12 else None
         ),
+        "code_linetable": (
+            "offsetof(PyCodeObject, co_lnotab)" if minor <= 9
+            else "offsetof(PyCodeObject, co_linetable)"
+        ),
+        "code_version": "offsetof(PyCodeObject, co_version)" if minor >= 12 else None,
+        "bytes_size": "offsetof(PyBytesObject, ob_base.ob_size)",
+        "bytes_data": "offsetof(PyBytesObject, ob_sval)",
+        "type_dealloc": "offsetof(PyTypeObject, tp_dealloc)",
     }
 
 

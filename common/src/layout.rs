@@ -71,6 +71,16 @@ pub struct PyLayout {
     /// `PyInterpreterState.ceval.own_gil` (an `int`, ≥3.12): whether the interpreter has a GIL
     /// of its own; else `ABSENT`.
     pub interp_own_gil: u16,
+    /// `PyCodeObject.co_lnotab` (≤3.9) or `.co_linetable` (≥3.10): the line table object.
+    pub code_linetable: u16,
+    /// `PyCodeObject.co_version` (a `uint32_t`, ≥3.12: a number each new code object takes
+    /// from a counter), else `ABSENT`.
+    pub code_version: u16,
+    /// `PyBytesObject`'s length (`ob_size`) and first byte (`ob_sval`).
+    pub bytes_size: u16,
+    pub bytes_data: u16,
+    /// `PyTypeObject.tp_dealloc`.
+    pub type_dealloc: u16,
 }
 
 include!("layout_table.rs");

@@ -29,6 +29,11 @@ pub const LAYOUTS: &[PyLayout] = &[
         frame_is_entry: ABSENT,
         tstate_interp: 16,
         interp_own_gil: ABSENT,
+        code_linetable: 120,
+        code_version: ABSENT,
+        bytes_size: 16,
+        bytes_data: 32,
+        type_dealloc: 48,
     },
     // CPython 3.9.18
     PyLayout {
@@ -56,6 +61,11 @@ pub const LAYOUTS: &[PyLayout] = &[
         frame_is_entry: ABSENT,
         tstate_interp: 16,
         interp_own_gil: ABSENT,
+        code_linetable: 120,
+        code_version: ABSENT,
+        bytes_size: 16,
+        bytes_data: 32,
+        type_dealloc: 48,
     },
     // CPython 3.10.13
     PyLayout {
@@ -83,6 +93,11 @@ pub const LAYOUTS: &[PyLayout] = &[
         frame_is_entry: ABSENT,
         tstate_interp: 16,
         interp_own_gil: ABSENT,
+        code_linetable: 120,
+        code_version: ABSENT,
+        bytes_size: 16,
+        bytes_data: 32,
+        type_dealloc: 48,
     },
     // CPython 3.11.7
     PyLayout {
@@ -110,6 +125,11 @@ pub const LAYOUTS: &[PyLayout] = &[
         frame_is_entry: 68,
         tstate_interp: 16,
         interp_own_gil: ABSENT,
+        code_linetable: 136,
+        code_version: ABSENT,
+        bytes_size: 16,
+        bytes_data: 32,
+        type_dealloc: 48,
     },
     // CPython 3.12.1
     PyLayout {
@@ -137,6 +157,11 @@ pub const LAYOUTS: &[PyLayout] = &[
         frame_is_entry: ABSENT,
         tstate_interp: 16,
         interp_own_gil: 392,
+        code_linetable: 136,
+        code_version: 92,
+        bytes_size: 16,
+        bytes_data: 32,
+        type_dealloc: 48,
     },
     // CPython 3.13.0
     PyLayout {
@@ -164,5 +189,10 @@ pub const LAYOUTS: &[PyLayout] = &[
         frame_is_entry: ABSENT,
         tstate_interp: 16,
         interp_own_gil: 24,
+        code_linetable: 136,
+        code_version: 92,
+        bytes_size: 16,
+        bytes_data: 32,
+        type_dealloc: 48,
     },
 ];

@@ -7,6 +7,8 @@ usage: attach_idle.py sleep
        attach_idle.py lock SECS   (blocked on a threading.Lock until SIGALRM kills it after
                                     SECS: no thread is ever at a safe point, and no Python
                                     code runs between the wait and the end)
+       attach_idle.py code_dealloc FILE  (sleeps in short steps; appends to FILE every value
+                                    code objects' tp_dealloc slot takes, the first one first)
 Prints "ready PID [PORT]" first.
 """
 import ctypes
@@ -63,3 +65,16 @@ elif mode == "lock":
     signal.setitimer(signal.ITIMER_REAL, float(sys.argv[2]))  # SIGALRM's default: terminate
     print("ready", os.getpid(), flush=True)
     lock.acquire()
+
+elif mode == "code_dealloc":
+    # PyTypeObject.tp_dealloc: after the object head (refcount, type, size), tp_name,
+    # tp_basicsize and tp_itemsize, in every release build.
+    slot = ctypes.c_void_p.from_address(id(type(compile("", "", "exec"))) + 48)
+    seen = None
+    print("ready", os.getpid(), flush=True)
+    while True:
+        if slot.value != seen:
+            seen = slot.value
+            with open(sys.argv[2], "a") as f:
+                f.write("%d\n" % seen)
+        time.sleep(0.002)

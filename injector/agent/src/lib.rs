@@ -15,6 +15,7 @@
 
 mod addrset;
 mod chain;
+mod code_dealloc;
 mod follow;
 mod got;
 mod hooks;

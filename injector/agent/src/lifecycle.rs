@@ -46,13 +46,14 @@ pub const READER_TIMEOUT_NS: u64 = 1_500_000_000;
 pub const CODE_CACHE: usize = 1 << 14;
 pub const LINE_CACHE: usize = 1 << 14;
 
-/// A remembered line: the code object (with its name, so a reused address does not match),
-/// the instruction offset, and its line; valid only in the session (`generation`) that made it.
+/// A remembered line: the code object (by its whole key, so that another code object at a
+/// reused address does not match: a module's code is freed after its import, and the next
+/// one often takes its place), the instruction offset, and its line; valid only in the
+/// session (`generation`) that made it.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct LineEntry {
     pub generation: u32,
-    pub code: usize,
-    pub name: usize,
+    pub key: CodeKey,
     pub offset: i32,
     pub line: u32,
 }
@@ -199,6 +200,7 @@ pub unsafe fn start(
         .ok_or(StartError::Unsupported(api.major, api.minor))?;
     crate::layout_check::check(api, layout).map_err(StartError::Layout)?;
     let ring = Ring::attach(base, len).map_err(StartError::BadRing)?;
+    crate::code_dealloc::wrap(layout, api.code_type);
     let mut s = SESSION.lock();
     if let Some(old) = &s.mapped {
         match reader_stopped(old.ring.header(), READER_TIMEOUT_NS) {
@@ -283,6 +285,9 @@ pub fn stop_locked(s: &mut Session, reason: EndReason) {
         }
         _ => chain::Lost::default(),
     };
+    if let (Some(layout), Some(api)) = (s.layout, python::api()) {
+        crate::code_dealloc::unwrap(layout, api.code_type);
+    }
     s.set.clear();
     s.stacks.release();
     let Some(mut m) = s.mapped.take() else { return };

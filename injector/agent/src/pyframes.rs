@@ -263,13 +263,19 @@ pub unsafe fn line_of(api: &Api, l: &PyLayout, code: *mut c_void, offset: i32) -
     line.max(0) as u32
 }
 
-/// What identifies a code object's announcement: its address and the strings it names. If an
-/// address is reused by another code object, one of these differs and it is announced again.
+/// What identifies a code object's announcement: its address, the strings it names, and what
+/// tells two code objects of the same name and file apart. A module's code is freed after its
+/// import and the next module's (or the next `exec`'s of a template) often takes its place:
+/// one of these differs and it is announced again, and no line or node of the one before is
+/// taken for it.
 #[derive(Clone, Copy, Default, PartialEq, Eq)]
 pub struct CodeKey {
     pub code: usize,
     pub name: usize,
     pub filename: usize,
+    /// `co_version` from 3.12 (each new code object takes the next number); before, the first
+    /// line and a print of the line table (see `line_table_print`).
+    pub instance: usize,
 }
 
 /// Reads the key of a code object.
@@ -282,11 +288,45 @@ pub unsafe fn code_key(l: &PyLayout, code: *const c_void) -> CodeKey {
     } else {
         l.code_name
     };
+    let instance = if l.code_version != ABSENT {
+        read::<u32>(code, l.code_version) as usize
+    } else {
+        // The first line too: a comprehension's table is empty when it fits on its line.
+        line_table_print(l, read(code, l.code_linetable))
+            ^ (read::<i32>(code, l.code_firstlineno) as u32 as usize).rotate_left(20)
+    };
     CodeKey {
         code: code as usize,
         name: read(code, name_off),
         filename: read(code, l.code_filename),
+        instance,
     }
+}
+
+/// What tells a code object's line table (a bytes object) from another's before 3.12: its
+/// address, its length, and its first and last eight bytes (all of it when shorter). Template code compiled again and
+/// again under one file name often takes the address of the code before it and of its line
+/// table too; its lines differ in the table's bytes.
+///
+/// # Safety
+/// `table` is NULL or a live bytes object.
+unsafe fn line_table_print(l: &PyLayout, table: *const c_void) -> usize {
+    if table.is_null() {
+        return 0;
+    }
+    let len: isize = read(table, l.bytes_size);
+    let mut print = table as usize ^ (len as usize).rotate_left(40);
+    let data = (table as *const u8).add(l.bytes_data as usize);
+    if len >= 8 {
+        let first = std::ptr::read_unaligned(data as *const u64);
+        let last = std::ptr::read_unaligned(data.add(len as usize - 8) as *const u64);
+        print ^= (first ^ last.rotate_left(29)) as usize;
+    } else {
+        for i in 0..len.max(0) as usize {
+            print ^= (*data.add(i) as usize) << (8 * i);
+        }
+    }
+    print
 }
 
 /// The key of the code object frame `f` runs, or the default key (no code object's) if it

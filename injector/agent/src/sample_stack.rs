@@ -352,19 +352,14 @@ impl Announcer<'_> {
             (key.code as u64 >> 4 ^ (f.offset as u64) << 20).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let slot = (h >> 40) as usize % lifecycle::LINE_CACHE;
         if let Some(e) = s.lines[slot] {
-            if e.generation == s.generation
-                && e.code == key.code
-                && e.name == key.name
-                && e.offset == f.offset
-            {
+            if e.generation == s.generation && e.key == key && e.offset == f.offset {
                 return e.line;
             }
         }
         let line = frames::line_of(self.api, self.layout, f.code, f.offset);
         s.lines[slot] = Some(LineEntry {
             generation: s.generation,
-            code: key.code,
-            name: key.name,
+            key,
             offset: f.offset,
             line,
         });

@@ -46,6 +46,9 @@ pub struct Cached {
 pub struct ThreadChain {
     tid: u32,
     generation: u32,
+    /// The count of freed code objects when the chain was made (see `code_dealloc`): a frame
+    /// whose code object went may look unchanged in a new one that took its address.
+    freed: u32,
     pub len: usize,
     pub ats: [usize; LINK_CAP],
     pub made: [Cached; LINK_CAP],
@@ -356,13 +359,18 @@ impl Stacks {
         // SAFETY: a mapping of one ThreadChain (any bytes are a valid one), used only under
         // the session lock through this `&mut self`.
         let chain = unsafe { &mut **slot };
+        let freed = crate::code_dealloc::freed();
         if chain.tid != tid || chain.generation != self.generation {
             chain.tid = tid;
             chain.generation = self.generation;
             chain.len = 0;
             // `at` 0 is no frame's.
             chain.recent = [Recent::default(); RECENT];
+        } else if chain.freed != freed {
+            // The frames it recalls check their code objects' keys; the chain cannot.
+            chain.len = 0;
         }
+        chain.freed = freed;
         Some(chain)
     }
 }
@@ -419,6 +427,7 @@ mod tests {
             code: 0x1000,
             name: 0x2000,
             filename: 0x3000,
+            instance: 0x4000,
         };
         let key = |parent| FrameKey {
             parent,
@@ -473,6 +482,7 @@ mod tests {
             code: 0x1000,
             name: 0x2000,
             filename: 0x3000,
+            instance: 0x4000,
         };
         let parent = Cached { node: 7, depth: 2 };
         let made = Cached { node: 9, depth: 3 };
