@@ -50,9 +50,11 @@ impl fmt::Display for LoadError {
         match self {
             LoadError::TooDense { size, limit } => write!(
                 f,
-                "corrupt or crafted capture: reading its {size} bytes would take more than \
-                 {} MiB of memory",
-                (limit * 3) >> 20
+                "reading its {size} bytes would take more than {} MiB of memory, more than a \
+                 capture of this size needs unless it holds millions of distinct stacks: it may \
+                 be corrupt or crafted. To read it anyway, allow more memory with {}=<MiB>",
+                (limit * 3) >> 20,
+                build::MEMORY_ENV
             ),
             LoadError::Changed => write!(
                 f,

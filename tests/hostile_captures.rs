@@ -166,6 +166,61 @@ fn crafted_captures_stay_within_memory_and_output_bounds() {
     }
 }
 
+/// A capture far denser than real ones of its size (each sample a 64-frame stack of its own, as
+/// a program with millions of distinct stacks makes) needs more memory than the reader allows:
+/// it is refused with a one-line error that says how to read it anyway, and read when
+/// `MPROF_READ_MEMORY_MIB` allows more.
+#[test]
+fn a_capture_denser_than_the_allowance_is_read_when_more_memory_is_allowed() {
+    use mprof_common::record::{encode, Frame, Record};
+    let dir = common::tempdir();
+    let path = dir.path().join("dense.mprof");
+    let mut bytes = synthetic_capture(0, "f");
+    for i in 0..40_000u64 {
+        let frames: Vec<Frame> = (0..64)
+            .map(|d| Frame {
+                code: 1,
+                line: (i * 64 + d) as u32,
+            })
+            .collect();
+        bytes.extend_from_slice(&encode(&Record::Alloc {
+            native: None,
+            tid: 1,
+            flags: 0,
+            addr: i,
+            size: 100,
+            time_ns: i,
+            frames,
+        }));
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let report = |allow: Option<&str>| {
+        let mut cmd = mprof();
+        cmd.arg("report").arg(&path).args(["--top", "3"]);
+        cmd.env_remove("MPROF_READ_MEMORY_MIB");
+        if let Some(mib) = allow {
+            cmd.env("MPROF_READ_MEMORY_MIB", mib);
+        }
+        run_with_timeout(&mut cmd, LIMIT)
+    };
+    let refused = report(None);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    // A clean refusal: exit status 2 and one error line.
+    assert!(!clean_exit(&refused, "dense capture"), "read: {refused:?}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("MiB of memory") && err.contains("MPROF_READ_MEMORY_MIB=<MiB>"),
+        "{err}"
+    );
+    let read = report(Some("4000"));
+    assert!(
+        read.status.success(),
+        "{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    assert!(String::from_utf8_lossy(&read.stdout).contains("40000 samples"));
+}
+
 /// A real target whose code objects and file names hold terminal control sequences, on every
 /// interpreter: text reports show them escaped, JSON keeps them exactly (written as JSON
 /// escapes, so its bytes carry none either).

@@ -19,7 +19,22 @@ use mprof_common::record::Record;
 /// which briefly holds the old and the new (twice as large) table, so a check passed before a
 /// record keeps the peak within the whole allowance.
 fn memory_limit(size: u64) -> usize {
-    (MEMORY_PER_BYTE.saturating_mul(size as usize)).saturating_add(MEMORY_FIXED) / 3
+    let by_size = MEMORY_PER_BYTE
+        .saturating_mul(size as usize)
+        .saturating_add(MEMORY_FIXED);
+    by_size.max(allowed_by_user()) / 3
+}
+
+/// The environment variable that raises the reader's memory allowance, in MiB, for a real
+/// capture denser than the allowance expects (millions of distinct stacks).
+pub const MEMORY_ENV: &str = "MPROF_READ_MEMORY_MIB";
+
+/// The allowance [`MEMORY_ENV`] asks for, in bytes (0 when unset or not a number).
+fn allowed_by_user() -> usize {
+    std::env::var(MEMORY_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .map_or(0, |mib| mib.saturating_mul(1 << 20))
 }
 
 /// Checks the reader's memory against its allowance (none for records already in memory).
