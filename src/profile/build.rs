@@ -18,11 +18,11 @@ use mprof_common::record::Record;
 /// bytes, checked record by record. A third of the allowance: a record can make a table grow,
 /// which briefly holds the old and the new (twice as large) table, so a check passed before a
 /// record keeps the peak within the whole allowance.
-fn memory_limit(size: u64) -> usize {
+fn memory_limit(size: u64, allowed_by_user: usize) -> usize {
     let by_size = MEMORY_PER_BYTE
         .saturating_mul(size as usize)
         .saturating_add(MEMORY_FIXED);
-    by_size.max(allowed_by_user()) / 3
+    by_size.max(allowed_by_user) / 3
 }
 
 /// The environment variable that raises the reader's memory allowance, in MiB, for a real
@@ -44,6 +44,8 @@ pub(crate) struct Budget {
     base: isize,
     /// [`crate::capture::expansion`] when the budget was made.
     unpacked: u64,
+    /// What [`MEMORY_ENV`] allows, read once (the check runs at every record).
+    allowed_by_user: usize,
 }
 
 impl Budget {
@@ -53,6 +55,7 @@ impl Budget {
             size,
             base: crate::memory::in_use(),
             unpacked: crate::capture::expansion(),
+            allowed_by_user: allowed_by_user(),
         }
     }
 
@@ -69,7 +72,10 @@ impl Budget {
         };
         // Packed records read so far count at the size of what they stand for (over both
         // passes, so up to twice that in the second).
-        let limit = memory_limit(size + (crate::capture::expansion() - self.unpacked));
+        let limit = memory_limit(
+            size + (crate::capture::expansion() - self.unpacked),
+            self.allowed_by_user,
+        );
         if crate::memory::in_use() - self.base - apart.max(0) > limit as isize {
             return Err(LoadError::TooDense { size, limit });
         }
