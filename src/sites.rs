@@ -144,23 +144,29 @@ pub fn rows(p: &Profile, view: View, by: Grouping) -> Vec<Row<'_>> {
             })
             .collect(),
         Grouping::Thread => {
-            type Entries<'p> = HashMap<(&'p str, &'p str, u32), u64>;
+            // Per entry function: whether it is your code, and its bytes.
+            type Entries<'p> = HashMap<(&'p str, &'p str, u32), (bool, u64)>;
             let mut threads: HashMap<u32, (ByAllocator, Entries)> = HashMap::new();
+            let mut memo = Default::default();
             for ((id, tid), f) in p.sites() {
                 let (allocators, entries) = threads.entry(*tid).or_default();
                 allocators.add(p.allocator(*id), f);
                 if let Some(entry) = thread_entry(p.frames(*id)) {
                     let key = (entry.file, entry.function, entry.firstline);
-                    *entries.entry(key).or_default() += whole(f.get(view).bytes) + 1;
+                    let yours = p.focus().is_yours(&entry, &mut memo);
+                    let e = entries.entry(key).or_insert((yours, 0));
+                    e.1 += whole(f.get(view).bytes) + 1;
                 }
             }
             threads
                 .into_iter()
                 .map(|(tid, (allocators, entries))| {
-                    // The function with the most bytes (ties: the first by name).
+                    // The function with the most bytes, your code's first (the main thread
+                    // runs the program's `<module>`, however much the start-up imports
+                    // allocated under `site`); ties: the first by name.
                     let entry = entries
                         .into_iter()
-                        .max_by_key(|&(key, bytes)| (bytes, Reverse(key)))
+                        .max_by_key(|&(key, (yours, bytes))| (yours, bytes, Reverse(key)))
                         .map(|(key, _)| key);
                     let (file, function, line) = entry.unwrap_or(("", "", 0));
                     Row {
