@@ -249,15 +249,7 @@ fn a_layout_that_does_not_fit_the_interpreter_is_refused_not_walked() {
     let agent = dir.path().join("agent.so");
     std::fs::write(&agent, mprof_injector::agent::AGENT_SO).unwrap();
     for py in pythons() {
-        let version = std::process::Command::new(&py.path)
-            .args(["-c", "import sys; print(sys.version_info[1])"])
-            .output()
-            .unwrap();
-        let minor: u8 = String::from_utf8_lossy(&version.stdout)
-            .trim()
-            .parse()
-            .unwrap();
-        let good = *for_version(3, minor).expect("a supported version");
+        let good = *for_version(3, py.minor()).expect("a supported version");
         let mut debug_object = good;
         debug_object.object_type += 16; // Py_TRACE_REFS puts two pointers first
         let mut frame_code = good;

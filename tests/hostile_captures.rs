@@ -24,20 +24,28 @@ fn synthetic_capture(n: u64, name: &str) -> Vec<u8> {
         name: name.into(),
     });
     for i in 0..n {
-        push(Record::Alloc {
-            native: None,
-            tid: 1,
-            flags: 0,
-            addr: i,
-            size: 100,
-            time_ns: i,
-            frames: vec![Frame {
+        push(sample(
+            i,
+            vec![Frame {
                 code: 1,
                 line: (i % 1000) as u32,
             }],
-        });
+        ));
     }
     bytes
+}
+
+/// Sample `i` of a synthetic capture: 100 bytes at address `i`, at time `i`, on thread 1.
+fn sample(i: u64, frames: Vec<mprof_common::record::Frame>) -> mprof_common::record::Record {
+    mprof_common::record::Record::Alloc {
+        native: None,
+        tid: 1,
+        flags: 0,
+        addr: i,
+        size: 100,
+        time_ns: i,
+        frames,
+    }
 }
 
 /// A capture rewritten in place (with other records) while reports read it: every report
@@ -172,7 +180,7 @@ fn crafted_captures_stay_within_memory_and_output_bounds() {
 /// `MPROF_READ_MEMORY_MIB` allows more.
 #[test]
 fn a_capture_denser_than_the_allowance_is_read_when_more_memory_is_allowed() {
-    use mprof_common::record::{encode, Frame, Record};
+    use mprof_common::record::{encode, Frame};
     let dir = common::tempdir();
     let path = dir.path().join("dense.mprof");
     let mut bytes = synthetic_capture(0, "f");
@@ -183,15 +191,7 @@ fn a_capture_denser_than_the_allowance_is_read_when_more_memory_is_allowed() {
                 line: (i * 64 + d) as u32,
             })
             .collect();
-        bytes.extend_from_slice(&encode(&Record::Alloc {
-            native: None,
-            tid: 1,
-            flags: 0,
-            addr: i,
-            size: 100,
-            time_ns: i,
-            frames,
-        }));
+        bytes.extend_from_slice(&encode(&sample(i, frames)));
     }
     std::fs::write(&path, &bytes).unwrap();
     let report = |allow: Option<&str>| {

@@ -187,15 +187,6 @@ fn default_rate_estimates_lie_within_three_standard_errors() {
     }
 }
 
-/// The interpreter's minor version (`3.minor`).
-fn minor_version(py: &Python) -> u32 {
-    let out = Command::new(&py.path)
-        .args(["-c", "import sys; print(sys.version_info[1])"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
-}
-
 /// From 3.12 an interpreter may have a GIL of its own, and the threads of two such
 /// interpreters allocate at the same time: the countdown the GIL used to protect then loses
 /// updates, and the estimates read 50% high before the agent counted per thread in such a
@@ -207,7 +198,7 @@ fn minor_version(py: &Python) -> u32 {
 #[test]
 fn interpreters_with_their_own_gil_are_estimated_without_bias() {
     for py in pythons() {
-        if minor_version(&py) < 12 {
+        if py.minor() < 12 {
             eprintln!(
                 "SKIPPED {}: interpreters share one GIL before 3.12",
                 py.label

@@ -27,6 +27,17 @@ pub struct Python {
     pub path: PathBuf,
 }
 
+impl Python {
+    /// The interpreter's minor version (`3.minor`), as it says itself.
+    pub fn minor(&self) -> u8 {
+        let out = Command::new(&self.path)
+            .args(["-c", "import sys; print(sys.version_info[1])"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    }
+}
+
 /// The interpreter the long tests use: 3.11 if present (the one Debian ships), else the first.
 pub fn main_python(all: &[Python]) -> Python {
     all.iter()

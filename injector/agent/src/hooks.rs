@@ -30,8 +30,9 @@ static PASSING: AtomicUsize = AtomicUsize::new(0);
 /// takes the slow path then, whose busy flag (thread-local) lets the nested RAW call through.
 const UNUSED: usize = usize::MAX;
 
-/// From now on `PASSING` is not used (see [`UNUSED`]). Stored again from the slow path: a call
-/// that was inside `nested` when it was first stored puts back what it found.
+/// From now on `PASSING` is not used (see [`UNUSED`]). Stored again from the slow path (see
+/// `sampler::enter_several_gils`): a call that was inside `nested` when it was first stored
+/// puts back what it found.
 pub fn leave_passing_unused() {
     if PASSING.load(Ordering::Relaxed) != UNUSED {
         PASSING.store(UNUSED, Ordering::Relaxed);

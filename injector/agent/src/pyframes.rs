@@ -304,9 +304,9 @@ pub unsafe fn code_key(l: &PyLayout, code: *const c_void) -> CodeKey {
 }
 
 /// What tells a code object's line table (a bytes object) from another's before 3.12: its
-/// address, its length, and its first and last eight bytes (all of it when shorter). Template code compiled again and
-/// again under one file name often takes the address of the code before it and of its line
-/// table too; its lines differ in the table's bytes.
+/// address, its length, and its first and last eight bytes (all of it when shorter). Template
+/// code compiled again and again under one file name often takes the address of the code
+/// before it and of its line table too; its lines differ in the table's bytes.
 ///
 /// # Safety
 /// `table` is NULL or a live bytes object.

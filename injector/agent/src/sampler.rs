@@ -42,12 +42,17 @@ pub fn several_gils() -> bool {
 }
 
 /// From now on MEM and OBJ calls count down per thread: the sampling `layer`'s shared countdown
-/// is held at [`ALWAYS_SLOW`].
+/// is held at [`ALWAYS_SLOW`] and `PASSING` is left unused. Called again from the slow path
+/// of every MEM and OBJ call then, to undo another interpreter's thread storing over either:
+/// only what changed is written.
 pub fn enter_several_gils(layer: usize) {
-    SEVERAL_GILS.store(true, Ordering::Relaxed);
+    if !several_gils() {
+        SEVERAL_GILS.store(true, Ordering::Relaxed);
+    }
     if layer < LAYERS {
         gil_countdown(layer).store(ALWAYS_SLOW, Ordering::Relaxed);
     }
+    crate::hooks::leave_passing_unused();
 }
 
 /// What the shared MEM and OBJ countdown starts a session at.

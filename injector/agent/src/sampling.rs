@@ -98,8 +98,7 @@ fn decide(domain: usize, layer: usize, t: &ThreadState, size: usize) -> bool {
     if domain != RAW && enabled && sampler::several_gils() {
         // Another interpreter's thread may have stored over the shared countdown: held down
         // again, and this thread's own countdown decides (see `sampler`).
-        chain::gil_countdown(layer).store(sampler::ALWAYS_SLOW, Ordering::Relaxed);
-        crate::hooks::leave_passing_unused();
+        sampler::enter_several_gils(layer);
         let (countdown, drawn_in) = (&t.countdown[layer], &t.epoch[layer]);
         if drawn_in.get() == EPOCH.load(Ordering::Relaxed) {
             let c = countdown.get() - size as i64;
@@ -384,7 +383,6 @@ unsafe fn notice_other_interpreter(api: &Api, layout: &PyLayout, tstate: *const 
     if interp != main && has_own_gil(layout, interp) {
         WATCHED.store(NOT_WATCHED, Ordering::Relaxed);
         sampler::enter_several_gils(chain::active());
-        crate::hooks::leave_passing_unused();
     }
 }
 
