@@ -1,13 +1,14 @@
 """Allocations from stacks that change between samples in every way a thread's stack can.
 
-usage: stack_shapes.py DIR
+usage: [SHAPES_MAX_DEPTH=N] stack_shapes.py DIR
 
 The agent re-reads only the part of a thread's stack that changed since that thread's last
 sample. This program makes the part that changes take every shape: recursion to depths that
 jump about (from one frame to forty changed between two samples), two stacks that differ only in
 their outermost frame (every frame inside it at the same address and instruction), a generator
-resumed from two callers, one caller calling from two lines, and two threads doing the same
-with the interpreter switching between them all the time.
+resumed from two callers, one caller calling from two lines, recursion with a C function
+between every two levels, and two threads doing the same with the interpreter switching
+between them all the time.
 
 Every allocation that is checked is `bytes(n)` in `leaf`, of a whole number of UNIT bytes:
 the interpreter's own allocations at the same line (3.8's caches of a code object's global
@@ -17,6 +18,11 @@ records its stack, from the `scenarios` or `worker` frame in, as (function, line
 leaf's own line is the one of its allocation), then allocating. DIR/truth.json gets
 {"unit": UNIT, "stacks": {stack: bytes}}, each stack written as mprof's folded export writes it
 from that frame in, `name (path:line)` joined by `;`.
+
+With SHAPES_MAX_DEPTH (mprof's `--max-depth`), a stack of more Python frames keeps its
+innermost SHAPES_MAX_DEPTH under mprof's `<truncated stack>` pseudo-frame, as the export writes it; from the
+`scenarios` or `worker` frame in when that frame is among the ones kept. The depths then jump
+across the cut.
 """
 import json
 import os
@@ -33,6 +39,8 @@ ALLOC_LINE = None  # the line of the allocation in `leaf`, found below
 PROBING = [True]
 TRUTH = {}
 LOCK = threading.Lock()
+MAX_DEPTH = [None]
+TRUNCATED = "<truncated stack>"
 
 
 def leaf(k):
@@ -45,13 +53,17 @@ def leaf(k):
 def probe(k):
     f = sys._getframe(2)
     frames = ["leaf (%s:%d)" % (HERE, ALLOC_LINE)]
+    names = ["leaf"]
     while f is not None:
         code = f.f_code
         frames.append("%s (%s:%d)" % (code.co_name, code.co_filename, f.f_lineno))
-        if code.co_name in ROOTS:
-            break
+        names.append(code.co_name)
         f = f.f_back
-    key = ";".join(reversed(frames))
+    kept = MAX_DEPTH[0] or len(frames)
+    if len(frames) > kept:
+        frames, names = frames[:kept] + [TRUNCATED], names[:kept] + [TRUNCATED]
+    root = next((i for i, name in enumerate(names) if name in ROOTS), len(frames) - 1)
+    key = ";".join(reversed(frames[: root + 1]))
     with LOCK:
         TRUTH[key] = TRUTH.get(key, 0) + k * UNIT
 
@@ -60,6 +72,17 @@ def rec(depth, n):
     if depth == 0:
         return leaf(n)
     return rec(depth - 1, n)
+
+
+def through_c(depth, n):
+    """Recursion with a C function between every two levels (3.12+ puts a shim frame there)."""
+    if depth == 0:
+        return leaf(n)
+    return max(map(through_c_next, [(depth, n)]))
+
+
+def through_c_next(args):
+    return through_c(args[0] - 1, args[1])
 
 
 def x(n):
@@ -130,6 +153,8 @@ def scenarios():
     for d in depths(2):
         rec(d, 3)
         z(2)
+    for d in depths(5):
+        through_c(d // 2, 1 + d % 3)
 
 
 def worker(seed):
@@ -150,6 +175,7 @@ def run():
 
 def main(out_dir):
     global ALLOC_LINE
+    MAX_DEPTH[0] = int(os.environ.get("SHAPES_MAX_DEPTH", 0)) or None
     with open(HERE) as src:
         ALLOC_LINE = next(i for i, line in enumerate(src, 1) if "# the allocation" in line)
     sys.setswitchinterval(1e-5)

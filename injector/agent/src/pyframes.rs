@@ -206,6 +206,50 @@ pub unsafe fn innermost(l: &PyLayout, tstate: *const c_void, out: &mut [MaybeUni
     }
 }
 
+/// Where a thread's stack is cut at `max` Python frames (see [`cut`]).
+pub enum Cut {
+    /// The innermost this many links hold the innermost `max` Python frames (and the links
+    /// that are no Python frame right outside the last of them); a Python frame lies outside.
+    At(usize),
+    /// The stack has `max` Python frames or fewer: nothing is cut.
+    Whole,
+    /// Not to be told here: a link that is no frame the walk can read, or a chain longer than
+    /// the links looked at with no Python frame beyond the `max`-th among them.
+    Unknown,
+}
+
+/// Where the calling thread's stack is cut when it has more than `max` Python frames, looking
+/// at its innermost `links` links (its whole chain when `whole`). The cut falls where [`walk`]
+/// puts it.
+///
+/// # Safety
+/// As for [`walk`]; the chain has at least `links` links.
+pub unsafe fn cut(
+    api: &Api,
+    l: &PyLayout,
+    tstate: *const c_void,
+    links: usize,
+    whole: bool,
+    max: usize,
+) -> Cut {
+    let mut f = top_frame(l, tstate);
+    let mut python = 0;
+    for k in 0..links {
+        match code_and_offset(api, l, f) {
+            Found::Code(..) if python == max => return Cut::At(k),
+            Found::Code(..) => python += 1,
+            Found::Broken => return Cut::Unknown,
+            Found::Skip | Found::Unstarted => {}
+        }
+        f = read(f, l.frame_back);
+    }
+    if whole {
+        Cut::Whole
+    } else {
+        Cut::Unknown
+    }
+}
+
 /// Fills `out` with the calling thread's Python frames, innermost first. Returns how many and
 /// whether the stack was deeper than `max`.
 ///

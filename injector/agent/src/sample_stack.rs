@@ -7,7 +7,9 @@
 //! only; the other frames cost a few loads and a compare each.
 
 use crate::lifecycle::{self, Caches, LineEntry};
-use crate::pyframes::{self as frames, CodeKey, Found, RawFrame, FIRST, MAX_FRAMES, UNCOMPARABLE};
+use crate::pyframes::{
+    self as frames, CodeKey, Cut, Found, RawFrame, FIRST, MAX_FRAMES, UNCOMPARABLE,
+};
 use crate::python::Api;
 use crate::stacks::{Cached, FrameKey, Interned, Stacks, ThreadChain, LINK_CAP};
 use mprof_common::layout::PyLayout;
@@ -76,6 +78,11 @@ unsafe fn first_difference_avx2(now: &[usize], before: &[usize]) -> usize {
     }
 }
 
+/// The `outer` a thread's recent frames remember for the outermost frame of a cut stack: a
+/// frame lies outside it (from 3.12 it is no entry frame, where the outermost frame of a whole
+/// stack is one, whose `outer` is 0). No link's `at` is 1.
+const CUT_OUTSIDE: usize = 1;
+
 /// Frames of a sample whose sets of the frame cache are asked for ahead of their lookups.
 const PREFETCHED: usize = 8;
 
@@ -98,6 +105,16 @@ pub struct Stack {
     pub truncated: bool,
 }
 
+/// What the thread's previous chain made of this one.
+enum Through {
+    Stack(Stack),
+    /// More Python frames than `max_depth`: the stack must be cut.
+    Deeper,
+    /// Not to be cached (a frame that cannot be read, no memory for the chain): walk it the
+    /// plain way.
+    Plain,
+}
+
 /// Why a stack could not be had.
 pub enum Lost {
     /// The ring had no room for a record it needed.
@@ -116,41 +133,94 @@ impl Announcer<'_> {
         let mut ats = [const { MaybeUninit::<usize>::uninit() }; LINK_CAP];
         let mut first = [const { MaybeUninit::<usize>::uninit() }; FIRST];
         let (n, whole) = frames::ats(self.layout, tstate, &mut ats, &mut first);
-        if whole {
-            // SAFETY: `ats` wrote the last `n`.
-            let ats = std::slice::from_raw_parts(ats.as_ptr().add(LINK_CAP - n).cast(), n);
-            match self.cached(tid, tstate, ats, &first) {
-                Ok(Some(stack)) => return Ok(stack),
-                Ok(None) => {}
-                Err(Lost::TableFull) => return self.uncached(tid, tstate),
-                Err(lost) => return Err(lost),
-            }
+        // SAFETY: `ats` wrote the last `n`.
+        let ats: &[usize] = std::slice::from_raw_parts(ats.as_ptr().add(LINK_CAP - n).cast(), n);
+        if !whole || n > self.max_depth {
+            return self.deep(tid, tstate, ats, whole, &first);
         }
+        match self.cached(tid, tstate, ats, &first, false) {
+            Ok(Through::Stack(stack)) => return Ok(stack),
+            Ok(_) => {}
+            Err(Lost::TableFull) => return self.uncached(tid, tstate),
+            Err(lost) => return Err(lost),
+        }
+        self.plain(tid, tstate)
+    }
+
+    /// [`Announcer::uncached`], once more with the emptied table when the table was full: a
+    /// stack never needs more than a fraction of it.
+    unsafe fn plain(&mut self, tid: u32, tstate: *const c_void) -> Result<Stack, Lost> {
         match self.uncached(tid, tstate) {
-            // Once more with the emptied table: a stack never needs more than a fraction of it.
             Err(Lost::TableFull) => self.uncached(tid, tstate),
             other => other,
         }
     }
 
+    /// [`Announcer::this_thread`] for a chain of more links than `max_depth` (all of them in
+    /// `ats`, or the innermost when not `whole`), which may have more Python frames (from 3.12
+    /// the C-stack shims are links too): the stack is then its innermost `max_depth` Python
+    /// frames, and the links that hold them are cached like any others (their nodes depend on
+    /// them alone). Finding that cut reads every link it passes, so the whole chain is tried
+    /// first, unless the thread's previous stack was cut. Out of line: the common sample is
+    /// not so deep.
+    #[inline(never)]
+    unsafe fn deep(
+        &mut self,
+        tid: u32,
+        tstate: *const c_void,
+        ats: &[usize],
+        whole: bool,
+        first: &[MaybeUninit<usize>; FIRST],
+    ) -> Result<Stack, Lost> {
+        let n = ats.len();
+        let mut whole_first = whole && !self.stacks.chain_of(tid).is_some_and(|c| c.cut);
+        loop {
+            let (links, cut) = if whole_first {
+                (n, false)
+            } else {
+                match frames::cut(self.api, self.layout, tstate, n, whole, self.max_depth) {
+                    Cut::At(links) => (links, true),
+                    Cut::Whole => (n, false),
+                    Cut::Unknown => break,
+                }
+            };
+            match self.cached(tid, tstate, &ats[n - links..], first, cut) {
+                Ok(Through::Stack(stack)) => return Ok(stack),
+                Ok(Through::Deeper) if whole_first => whole_first = false,
+                Ok(_) => break,
+                Err(Lost::TableFull) => return self.uncached(tid, tstate),
+                Err(lost) => return Err(lost),
+            }
+        }
+        self.plain(tid, tstate)
+    }
+
     /// Through the thread's previous chain (`ats`: what its frames run now, outermost first;
-    /// `first`: the addresses of the innermost of them, as `frames::ats` kept them).
-    /// `Ok(None)`: this chain cannot be cached (too deep or broken), walk it the plain way.
+    /// `first`: the addresses of the innermost of them, as `frames::ats` kept them; `cut`:
+    /// the stack is cut outside them, at `max_depth` Python frames).
+    #[inline(always)]
     unsafe fn cached(
         &mut self,
         tid: u32,
         tstate: *const c_void,
         ats: &[usize],
         first: &[MaybeUninit<usize>; FIRST],
-    ) -> Result<Option<Stack>, Lost> {
+        cut: bool,
+    ) -> Result<Through, Lost> {
         let Some(chain) = self.stacks.chain_of(tid) else {
-            return Ok(None);
+            return Ok(Through::Plain);
         };
         let chain: *mut ThreadChain = chain;
         // SAFETY: the chain is mapped memory of `stacks` that interning never touches (node
         // ids live in another mapping), so it can be used beside `&mut self`.
         let chain = &mut *chain;
         let n = ats.len();
+        if chain.cut != cut {
+            // The outermost frame of a cut stack is no entry frame from 3.12 (a Python frame
+            // lies right outside it): the same links make other nodes.
+            chain.cut = cut;
+            chain.len = 0;
+        }
         let same = unchanged(ats, &chain.ats[..chain.len]);
         chain.len = same;
         let Cached {
@@ -180,11 +250,12 @@ impl Announcer<'_> {
                 }
             }
         }
+        let outside = if cut { CUT_OUTSIDE } else { 0 };
         let mut cacheable = true;
         for i in same..n {
             // SAFETY: the first `n - same` were written, by the walk or by `innermost`.
             let f = changed[n - 1 - i].assume_init() as *const c_void;
-            let (at, outer) = (ats[i], if i == 0 { 0 } else { ats[i - 1] });
+            let (at, outer) = (ats[i], if i == 0 { outside } else { ats[i - 1] });
             let parent = Cached { node, depth };
             let live_key = || frames::live_code_key(self.api, self.layout, f);
             let recalled = match at {
@@ -193,18 +264,18 @@ impl Announcer<'_> {
             };
             if let Some(made) = recalled {
                 if made.depth as usize > self.max_depth {
-                    return Ok(None);
+                    return Ok(Through::Deeper);
                 }
                 Cached { node, depth } = made;
             } else {
                 match frames::code_and_offset(self.api, self.layout, f) {
                     Found::Skip => {}
                     Found::Unstarted => cacheable = false,
-                    Found::Broken => return Ok(None),
+                    Found::Broken => return Ok(Through::Plain),
                     Found::Code(code, offset) => {
                         depth += 1;
                         if depth as usize > self.max_depth {
-                            return Ok(None);
+                            return Ok(Through::Deeper);
                         }
                         let entry = frames::is_entry(self.layout, f);
                         let raw = RawFrame {
@@ -229,10 +300,10 @@ impl Announcer<'_> {
                 chain.len = i + cacheable as usize;
             }
         }
-        Ok(Some(Stack {
+        Ok(Through::Stack(Stack {
             node,
             depth,
-            truncated: false,
+            truncated: cut,
         }))
     }
 

@@ -50,6 +50,8 @@ pub struct ThreadChain {
     /// whose code object went may look unchanged in a new one that took its address.
     freed: u32,
     pub len: usize,
+    /// The chain is of a stack cut at `max_depth` Python frames (see `sample_stack`).
+    pub cut: bool,
     pub ats: [usize; LINK_CAP],
     pub made: [Cached; LINK_CAP],
     /// Frames this thread ran lately that changed between samples (a loop's allocation
