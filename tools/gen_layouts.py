@@ -61,6 +61,10 @@ FIELDS = [
     "bytes_size",
     "bytes_data",
     "type_dealloc",
+    "runtime_finalizing",
+    "runtime_tss",
+    "runtime_auto_interp",
+    "tss_key",
 ]
 
 # Bits of the PyASCIIObject.state word the agent relies on: member -> (value to set, mask).
@@ -85,6 +89,7 @@ DEBUG_OFFSETS = {
     "code_qualname": "code_object.qualname",
     "code_firstlineno": "code_object.firstlineno",
     "code_adaptive": "code_object.co_code_adaptive",
+    "runtime_finalizing": "runtime_state.finalizing",
 }
 
 
@@ -152,13 +157,32 @@ def field_exprs(minor):
         "bytes_size": "offsetof(PyBytesObject, ob_base.ob_size)",
         "bytes_data": "offsetof(PyBytesObject, ob_sval)",
         "type_dealloc": "offsetof(PyTypeObject, tp_dealloc)",
+        "runtime_finalizing": (
+            "offsetof(_PyRuntimeState, finalizing)" if minor == 8
+            else "offsetof(_PyRuntimeState, _finalizing)"
+        ),
+        "runtime_tss": (
+            "offsetof(_PyRuntimeState, gilstate.autoTSSkey)" if minor <= 11
+            else "offsetof(_PyRuntimeState, autoTSSkey)"
+        ),
+        "runtime_auto_interp": (
+            "offsetof(_PyRuntimeState, gilstate.autoInterpreterState)" if minor <= 11 else None
+        ),
+        "tss_key": "offsetof(Py_tss_t, _key)",
     }
 
 
 def probe_source(minor):
     """The C program that prints `name value` lines for 3.<minor>."""
     if minor <= 10:
-        includes = ["#include <Python.h>", '#include "code.h"', '#include "frameobject.h"']
+        includes = [
+            "#define Py_BUILD_CORE 1",
+            "#include <Python.h>",
+            '#include "code.h"',
+            '#include "frameobject.h"',
+            '#include "internal/pycore_pystate.h"' if minor == 8
+            else '#include "internal/pycore_runtime.h"',
+        ]
     else:
         includes = [
             "#define Py_BUILD_CORE 1",
@@ -168,8 +192,7 @@ def probe_source(minor):
         ]
         if minor >= 12:
             includes.append('#include "internal/pycore_interp.h"')
-        if minor >= 13:
-            includes.append('#include "internal/pycore_runtime.h"')
+        includes.append('#include "internal/pycore_runtime.h"')
     lines = includes + [
         "#include <stddef.h>",
         "#include <stdio.h>",

@@ -81,6 +81,19 @@ pub struct PyLayout {
     pub bytes_data: u16,
     /// `PyTypeObject.tp_dealloc`.
     pub type_dealloc: u16,
+    /// `_PyRuntimeState.finalizing` (3.8) or `._finalizing` (a pointer): the thread state that
+    /// finalizes the interpreter, NULL before finalization starts (what `_Py_IsFinalizing`
+    /// reads, read in place of the call).
+    pub runtime_finalizing: u16,
+    /// `_PyRuntimeState.gilstate.autoTSSkey` (≤3.11) or `.autoTSSkey`: the `Py_tss_t` whose
+    /// thread-specific value is the calling thread's state (what
+    /// `PyGILState_GetThisThreadState` reads, read in place of the call).
+    pub runtime_tss: u16,
+    /// `_PyRuntimeState.gilstate.autoInterpreterState` (≤3.11, NULL before the thread states
+    /// are set up and after they are torn down, when the key is not to be read), else `ABSENT`.
+    pub runtime_auto_interp: u16,
+    /// `Py_tss_t._key` (a `pthread_key_t`); `_is_initialized`, an `int`, is at 0.
+    pub tss_key: u16,
 }
 
 include!("layout_table.rs");

@@ -34,6 +34,10 @@ pub const LAYOUTS: &[PyLayout] = &[
         bytes_size: 16,
         bytes_data: 32,
         type_dealloc: 48,
+        runtime_finalizing: 16,
+        runtime_tss: 1392,
+        runtime_auto_interp: 1384,
+        tss_key: 4,
     },
     // CPython 3.9.18
     PyLayout {
@@ -66,6 +70,10 @@ pub const LAYOUTS: &[PyLayout] = &[
         bytes_size: 16,
         bytes_data: 32,
         type_dealloc: 48,
+        runtime_finalizing: 16,
+        runtime_tss: 584,
+        runtime_auto_interp: 576,
+        tss_key: 4,
     },
     // CPython 3.10.13
     PyLayout {
@@ -98,6 +106,10 @@ pub const LAYOUTS: &[PyLayout] = &[
         bytes_size: 16,
         bytes_data: 32,
         type_dealloc: 48,
+        runtime_finalizing: 16,
+        runtime_tss: 584,
+        runtime_auto_interp: 576,
+        tss_key: 4,
     },
     // CPython 3.11.7
     PyLayout {
@@ -130,6 +142,10 @@ pub const LAYOUTS: &[PyLayout] = &[
         bytes_size: 16,
         bytes_data: 32,
         type_dealloc: 48,
+        runtime_finalizing: 24,
+        runtime_tss: 592,
+        runtime_auto_interp: 584,
+        tss_key: 4,
     },
     // CPython 3.12.1
     PyLayout {
@@ -162,6 +178,10 @@ pub const LAYOUTS: &[PyLayout] = &[
         bytes_size: 16,
         bytes_data: 32,
         type_dealloc: 48,
+        runtime_finalizing: 24,
+        runtime_tss: 1544,
+        runtime_auto_interp: ABSENT,
+        tss_key: 4,
     },
     // CPython 3.13.0
     PyLayout {
@@ -194,5 +214,9 @@ pub const LAYOUTS: &[PyLayout] = &[
         bytes_size: 16,
         bytes_data: 32,
         type_dealloc: 48,
+        runtime_finalizing: 608,
+        runtime_tss: 2160,
+        runtime_auto_interp: ABSENT,
+        tss_key: 4,
     },
 ];

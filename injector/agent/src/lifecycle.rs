@@ -35,7 +35,7 @@ use mprof_common::ring::{
     Ring, RingHeader, CONFIG_NATIVE_STACKS, CONFIG_PYTHON_ONLY, STATE_ACTIVE, STATE_STOPPED,
     STATE_STOP_REQUESTED,
 };
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Whether a session is running. Read by the slow path only.
 pub static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -103,6 +103,10 @@ pub struct Caches {
 pub struct Session {
     pub mapped: Option<Mapped>,
     pub layout: Option<&'static PyLayout>,
+    /// The runtime's finalizing word, read in place of a call (see `python::finalizing_flag`).
+    finalizing_flag: Option<&'static AtomicUsize>,
+    /// The runtime's words behind the calling thread's state (see `python::this_thread`).
+    pub this_thread: Option<python::ThisThread>,
     pub max_depth: usize,
     /// The sampled blocks that are still live.
     pub set: AddrSet,
@@ -127,6 +131,8 @@ unsafe impl Send for Session {}
 pub static SESSION: SpinLock<Session> = SpinLock::new(Session {
     mapped: None,
     layout: None,
+    finalizing_flag: None,
+    this_thread: None,
     max_depth: 0,
     set: AddrSet::new(),
     caches: Caches {
@@ -216,6 +222,8 @@ pub unsafe fn start(
     let native = h.config_flags & CONFIG_PYTHON_ONLY == 0;
     crate::unwind::configure(h.config_flags & CONFIG_NATIVE_STACKS != 0);
     s.layout = Some(layout);
+    s.finalizing_flag = python::finalizing_flag(api, layout);
+    s.this_thread = python::this_thread(layout);
     s.max_depth = (max_depth as usize).clamp(1, crate::pyframes::MAX_FRAMES);
     s.caches.generation = s.caches.generation.wrapping_add(1);
     s.stacks.reset();
@@ -379,7 +387,7 @@ pub fn before_unload() {
 /// `READER_TIMEOUT_NS`.
 pub fn stop_reason_at(s: &Session, api: &Api, now: u64) -> Option<EndReason> {
     let m = s.mapped.as_ref()?;
-    if python::finalizing(api) {
+    if finalizing(s, api) {
         return Some(EndReason::Finalizing);
     }
     reader_stopped_at(m.ring.header(), READER_TIMEOUT_NS, now)
@@ -390,10 +398,20 @@ pub fn stop_reason_at(s: &Session, api: &Api, now: u64) -> Option<EndReason> {
 /// detach. A reader gone silent is left to the next sampled allocation.
 pub fn must_end(s: &Session, api: &Api) -> Option<EndReason> {
     let m = s.mapped.as_ref()?;
-    if python::finalizing(api) {
+    if finalizing(s, api) {
         return Some(EndReason::Finalizing);
     }
     detach_asked(m.ring.header())
+}
+
+/// Whether the interpreter has started finalizing: one load when the session found the
+/// runtime's word (see `python::finalizing_flag`), else a call.
+#[inline]
+fn finalizing(s: &Session, api: &Api) -> bool {
+    match s.finalizing_flag {
+        Some(flag) => flag.load(Ordering::Relaxed) != 0,
+        None => python::finalizing(api),
+    }
 }
 
 fn reader_stopped(h: &RingHeader, timeout_ns: u64) -> Option<EndReason> {

@@ -2,7 +2,9 @@
 //! serves every version, shared or static libpython alike. None of them allocates.
 
 use crate::sys::{dlsym, RTLD_DEFAULT};
+use mprof_common::layout::PyLayout;
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// `PyMemAllocatorEx`, identical in 3.8–3.13.
@@ -166,4 +168,124 @@ pub unsafe fn write_version(h: *mut mprof_common::ring::RingHeader) {
 pub fn finalizing(api: &Api) -> bool {
     // SAFETY: reads a runtime flag; callable with or without the GIL.
     api.is_finalizing.is_some_and(|f| unsafe { f() } != 0)
+}
+
+/// The runtime's words behind `PyGILState_GetThisThreadState`, read in place of the call (three
+/// calls into the interpreter around the C library's `pthread_getspecific`). Trusted once they
+/// answered as the call did for a thread that has a state: from then on the session asks the
+/// key straight away (the interpreter deletes it only after finalization has started, which
+/// ends the session first). Until then, and for good if they ever answer otherwise, the call
+/// is made.
+pub struct ThisThread {
+    /// `Py_tss_t`: `_is_initialized` (an `int`) and `_key`.
+    initialized: &'static AtomicI32,
+    key: &'static AtomicU32,
+    /// ≤3.11: `autoInterpreterState`, NULL while the key is not to be read.
+    auto_interp: Option<&'static AtomicUsize>,
+    /// The key plus one once the words are trusted; 0 until then; [`UNTRUSTED`] if they
+    /// answered otherwise than the call.
+    trusted: AtomicU32,
+}
+
+const UNTRUSTED: u32 = u32::MAX;
+
+impl ThisThread {
+    /// The calling thread's state, or NULL, as `PyGILState_GetThisThreadState` answers: NULL
+    /// before the interpreter sets up its thread states and after it tears them down.
+    #[inline]
+    pub fn get(&self, api: &Api) -> *mut c_void {
+        match self.trusted.load(Ordering::Relaxed) {
+            0 | UNTRUSTED => self.check(api),
+            // SAFETY: the interpreter's key (see above); its value is the thread's state or NULL.
+            key => unsafe { crate::sys::pthread_getspecific(key - 1) },
+        }
+    }
+
+    /// The call's answer, compared with the words' until they are trusted or not.
+    #[cold]
+    fn check(&self, api: &Api) -> *mut c_void {
+        // SAFETY: PyGILState_GetThisThreadState has no preconditions.
+        let called = unsafe { (api.this_thread_state)() };
+        if self.trusted.load(Ordering::Relaxed) != 0 {
+            return called;
+        }
+        let key = self.key.load(Ordering::Relaxed);
+        let readable = self.initialized.load(Ordering::Relaxed) != 0
+            && self
+                .auto_interp
+                .is_none_or(|a| a.load(Ordering::Relaxed) != 0)
+            && key < UNTRUSTED - 1;
+        let read = if readable {
+            // SAFETY: a key the interpreter created and has not deleted (it is initialized).
+            unsafe { crate::sys::pthread_getspecific(key) }
+        } else {
+            std::ptr::null_mut()
+        };
+        if read != called {
+            self.trusted.store(UNTRUSTED, Ordering::Relaxed);
+        } else if !called.is_null() {
+            self.trusted.store(key + 1, Ordering::Relaxed);
+        }
+        called
+    }
+}
+
+/// The runtime's words behind `PyGILState_GetThisThreadState` (see [`ThisThread`]), when this
+/// interpreter exports `_PyRuntime` and the words read without a fault; else `None`, and the
+/// call is made.
+pub fn this_thread(l: &PyLayout) -> Option<ThisThread> {
+    use mprof_common::layout::ABSENT;
+    let runtime = sym(c"_PyRuntime") as usize;
+    if runtime == 0 || l.runtime_tss == ABSENT || l.tss_key == ABSENT {
+        return None;
+    }
+    let tss = runtime.checked_add(l.runtime_tss as usize)?;
+    let key = tss.checked_add(l.tss_key as usize)?;
+    let mut words = [0usize; 1];
+    if tss % 4 != 0 || key % 4 != 0 || !crate::sys::read_own(tss & !7, &mut words) {
+        return None;
+    }
+    let auto_interp = if l.runtime_auto_interp == ABSENT {
+        None
+    } else {
+        let at = runtime.checked_add(l.runtime_auto_interp as usize)?;
+        if at % 8 != 0 || !crate::sys::read_own(at, &mut words) {
+            return None;
+        }
+        // SAFETY: an aligned word of the runtime's static state, read above without a fault.
+        Some(unsafe { &*(at as *const AtomicUsize) })
+    };
+    // SAFETY: aligned words of the runtime's static state (one 8-byte read around them did not
+    // fault), which lives as long as the process.
+    unsafe {
+        Some(ThisThread {
+            initialized: &*(tss as *const AtomicI32),
+            key: &*(key as *const AtomicU32),
+            auto_interp,
+            trusted: AtomicU32::new(0),
+        })
+    }
+}
+
+/// Where the runtime keeps the thread state that finalizes it (NULL until finalization
+/// starts), for a session to read in place of calling [`finalizing`] at every sample and
+/// every recorded free (two calls into the interpreter, about 15 instructions each). Only
+/// when the interpreter exports `_PyRuntime` and, read without a fault, the word there is
+/// NULL while the interpreter says it is not finalizing; else `None`, and the call is made.
+pub fn finalizing_flag(api: &Api, l: &PyLayout) -> Option<&'static AtomicUsize> {
+    if l.runtime_finalizing == mprof_common::layout::ABSENT || finalizing(api) {
+        return None;
+    }
+    let runtime = sym(c"_PyRuntime") as usize;
+    let addr = runtime.checked_add(l.runtime_finalizing as usize)?;
+    let mut word = [usize::MAX];
+    if runtime == 0 || addr % std::mem::align_of::<usize>() != 0 {
+        return None;
+    }
+    if !crate::sys::read_own(addr, &mut word) || word[0] != 0 {
+        return None;
+    }
+    // SAFETY: an aligned word of the interpreter's static runtime state, which lives as long
+    // as the process; the interpreter stores it with atomic (or plain, aligned) stores.
+    Some(unsafe { &*(addr as *const AtomicUsize) })
 }

@@ -5,7 +5,7 @@
 
 use crate::chain;
 use crate::lifecycle::{self, Session, ENABLED, SESSION};
-use crate::python::{self, Api};
+use crate::python::{self, Api, ThisThread};
 use crate::sample_stack::{Announcer, Stack};
 use crate::sampler::{self, ThreadState, EPOCH, IDLE_COUNTDOWN, THREAD};
 use crate::sys::{self, now_ns};
@@ -247,6 +247,7 @@ unsafe fn record_alloc_locked(
         stacks,
         max_depth,
         native_samples,
+        this_thread,
         ..
     } = shared
     else {
@@ -260,7 +261,7 @@ unsafe fn record_alloc_locked(
         stacks,
         max_depth: *max_depth,
     };
-    let stack = match this_thread_state(api) {
+    let stack = match this_thread_state(api, this_thread.as_ref()) {
         None => Stack {
             node: 0,
             depth: 0,
@@ -396,12 +397,16 @@ unsafe fn has_own_gil(layout: &PyLayout, interp: usize) -> bool {
         && std::ptr::read_unaligned((interp + layout.interp_own_gil as usize) as *const i32) != 0
 }
 
-/// The calling thread's thread state, if the thread has one. No `Py_IsInitialized` first:
-/// `PyGILState_GetThisThreadState` answers NULL itself before the interpreter sets up its
-/// thread states and after it tears them down (3.8–3.13), and a session ends when
-/// finalization starts, before anything is torn down.
-unsafe fn this_thread_state(api: &Api) -> Option<*const c_void> {
-    let tstate = (api.this_thread_state)();
+/// The calling thread's thread state, if the thread has one: read from the runtime's words
+/// (`read`, see `python::ThisThread`) once they are trusted, else asked of
+/// `PyGILState_GetThisThreadState`. No `Py_IsInitialized` first: both answer NULL before the
+/// interpreter sets up its thread states and after it tears them down (3.8–3.13), and a
+/// session ends when finalization starts, before anything is torn down.
+unsafe fn this_thread_state(api: &Api, read: Option<&ThisThread>) -> Option<*const c_void> {
+    let tstate = match read {
+        Some(read) => read.get(api),
+        None => (api.this_thread_state)(),
+    };
     (!tstate.is_null()).then_some(tstate as *const c_void)
 }
 

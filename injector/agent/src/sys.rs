@@ -119,6 +119,7 @@ extern "C" {
     pub fn ftruncate(fd: c_int, len: i64) -> c_int;
     pub fn fcntl(fd: c_int, cmd: c_int, ...) -> c_int;
     pub fn getppid() -> c_int;
+    pub fn pthread_getspecific(key: u32) -> *mut c_void;
     pub fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
     pub fn dlopen(name: *const c_char, flags: c_int) -> *mut c_void;
     pub fn dlclose(handle: *mut c_void) -> c_int;
