@@ -317,8 +317,9 @@ pub struct CodeKey {
     pub code: usize,
     pub name: usize,
     pub filename: usize,
-    /// `co_version` from 3.12 (each new code object takes the next number); before, the first
-    /// line and a print of the line table (see `line_table_print`).
+    /// `co_version` from 3.12 (each new code object takes the next number); before, how many
+    /// code objects were freed at its address (see `code_dealloc::freed_at`), or where they are
+    /// not counted, the first line and a print of the line table (see `line_table_print`).
     pub instance: usize,
 }
 
@@ -335,9 +336,10 @@ pub unsafe fn code_key(l: &PyLayout, code: *const c_void) -> CodeKey {
     let instance = if l.code_version != ABSENT {
         read::<u32>(code, l.code_version) as usize
     } else {
-        // The first line too: a comprehension's table is empty when it fits on its line.
-        line_table_print(l, read(code, l.code_linetable))
-            ^ (read::<i32>(code, l.code_firstlineno) as u32 as usize).rotate_left(20)
+        match crate::code_dealloc::freed_at(code as usize) {
+            Some(freed) => freed as usize,
+            None => printed_instance(l, code),
+        }
     };
     CodeKey {
         code: code as usize,
@@ -345,6 +347,19 @@ pub unsafe fn code_key(l: &PyLayout, code: *const c_void) -> CodeKey {
         filename: read(code, l.code_filename),
         instance,
     }
+}
+
+/// What tells a code object from another at its address before 3.12 when the frees of code
+/// objects are not counted: the first line (a comprehension's table is empty when it fits on
+/// its line) and a print of the line table. Out of line: counted, they are the common case.
+///
+/// # Safety
+/// `code` must be a live code object.
+#[cold]
+#[inline(never)]
+unsafe fn printed_instance(l: &PyLayout, code: *const c_void) -> usize {
+    line_table_print(l, read(code, l.code_linetable))
+        ^ (read::<i32>(code, l.code_firstlineno) as u32 as usize).rotate_left(20)
 }
 
 /// What tells a code object's line table (a bytes object) from another's before 3.12: its

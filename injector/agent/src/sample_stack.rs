@@ -12,7 +12,7 @@ use crate::pyframes::{
 };
 use crate::python::Api;
 use crate::stacks::{Cached, FrameKey, Interned, Stacks, ThreadChain, LINK_CAP};
-use mprof_common::layout::PyLayout;
+use mprof_common::layout::{PyLayout, ABSENT};
 use mprof_common::record::{CODE_FIXED, KIND_CODE};
 use mprof_common::ring::Ring;
 use mprof_common::stacks::{write_stack, Node, KIND_STACK, STACK_BODY, STACK_ENTRY};
@@ -241,12 +241,17 @@ impl Announcer<'_> {
         if n - same >= 2 {
             // At the default rate the frame cache is cold at every sample: the sets of the
             // frames to look up (in the order they are looked up) are asked for at once, so
-            // that their misses overlap. A frame recalled below wastes its request.
+            // that their misses overlap, and before 3.12 the counts in their code keys. A
+            // frame recalled below wastes its requests.
+            let counted = self.layout.code_version == ABSENT;
             for f in changed[..n - same].iter().rev().take(PREFETCHED) {
                 let f = f.assume_init() as *const c_void;
                 if let Found::Code(code, offset) = frames::code_and_offset(self.api, self.layout, f)
                 {
                     self.stacks.prefetch_frame(code as usize, offset);
+                    if counted {
+                        crate::code_dealloc::prefetch_freed_at(code as usize);
+                    }
                 }
             }
         }
