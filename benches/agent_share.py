@@ -4,6 +4,7 @@
     python3 benches/agent_share.py                          # tornado, 3 runs of 20,000 requests
     python3 benches/agent_share.py --workloads tornado,alloc --runs 5
     python3 benches/agent_share.py --configs "mprof,mprof --python-only"
+    python3 benches/agent_share.py --inlined 2              # by inlined function, two levels deep
 
 Wall time on a shared VM moves by more than the overhead being measured, and instruction counts
 (`overhead.py --instructions`) cannot see cache misses. This measures what the agent's own
@@ -79,8 +80,9 @@ def short(name):
     return name.replace("mprof_agent::", "").replace("mprof_common::", "common::")
 
 
-def shares(perf_data, symbols):
-    """(samples of the profiled process, of the agent by function, of other processes, warnings)."""
+def shares(perf_data, symbols, addresses=None):
+    """(samples of the profiled process, of the agent by function, of other processes, warnings);
+    the agent's samples are also counted by address (in the library) into `addresses`, if given."""
     out = subprocess.run(
         ["perf", "script", "-i", perf_data, "--show-mmap-events", "-F", "pid,ip,dso"],
         capture_output=True, text=True, errors="replace",
@@ -108,8 +110,11 @@ def shares(perf_data, symbols):
         per_pid[pid] = per_pid.get(pid, 0) + 1
         span = maps.get(pid)
         if span and span[0] <= ip < span[1]:
-            name = short(symbols.name(ip - span[0] + span[2] + symbols.shift))
+            at = ip - span[0] + span[2] + symbols.shift
+            name = short(symbols.name(at))
             agent[name] = agent.get(name, 0) + 1
+            if addresses is not None:
+                addresses[at] = addresses.get(at, 0) + 1
     profiled = [pid for pid in per_pid if pid in maps]
     if not profiled:
         return None, agent, 0, warnings + ["no process with the agent mapped was sampled"]
@@ -141,6 +146,10 @@ def parse_args():
     p.add_argument("--connections", type=int, default=8)
     p.add_argument("--frequency", type=int, default=4999, help="perf samples per second (default 4999)")
     p.add_argument("--top", type=int, default=12, help="agent functions listed (default 12)")
+    p.add_argument("--inlined", type=int, metavar="DEPTH",
+                   help="also list the agent's time by inlined function (addr2line -i), the chain of "
+                        "functions a sample was in cut DEPTH levels below the real function: what "
+                        "inside a function that inlines most of the sample path takes the time")
     p.add_argument("--timeout", type=int, default=300)
     args = p.parse_args()
     overhead.check_target_args(p, args)
@@ -182,12 +191,13 @@ def main():
 
 def report(workload, config, args, env, tmpdir, symbols):
     per_run, reader, by_function, total_all = [], [], {}, 0
+    addresses = {} if args.inlined is not None else None
     for i in range(args.runs):
         result, data = run_once(workload, config, args, env, tmpdir, i)
         if result.error:
             print("  %s / %s run %d failed: %s" % (workload, config.name, i + 1, result.error), file=sys.stderr)
             continue
-        total, agent, others, warnings = shares(data, symbols)
+        total, agent, others, warnings = shares(data, symbols, addresses)
         for w in warnings:
             print("  warning: %s" % w, file=sys.stderr)
         os.unlink(data)
@@ -206,6 +216,37 @@ def report(workload, config, args, env, tmpdir, symbols):
     print("  reader (mprof) and other processes under perf: %.2f%% of it" % statistics.median(reader))
     for fn, n in sorted(by_function.items(), key=lambda kv: -kv[1])[: args.top]:
         print("  %7.3f%%  %s" % (100.0 * n / total_all, fn))
+    if addresses:
+        print("  by inlined function (%d level(s) below the real one):" % args.inlined)
+        for chain, n in by_inlined(args.agent, addresses, args.inlined)[: args.top]:
+            print("  %7.3f%%  %s" % (100.0 * n / total_all, chain))
+
+
+def by_inlined(library, addresses, depth):
+    """[(chain, samples)] for the agent's samples by address: each address's chain of inlined
+    functions (outermost first, from addr2line) cut `depth` levels below the real function."""
+    if not shutil.which("addr2line"):
+        return [("addr2line is not installed (Debian: binutils)", sum(addresses.values()))]
+    ats = sorted(addresses)
+    out = subprocess.run(["addr2line", "-a", "-f", "-i", "-C", "-e", library] + ["%#x" % a for a in ats],
+                         capture_output=True, text=True, errors="replace").stdout.splitlines()
+    chains, at, i = {}, None, 0
+    # Each address: a line with the address, then a (function, file:line) pair per inlined level,
+    # innermost first.
+    while i < len(out):
+        if re.fullmatch(r"0x[0-9a-f]+", out[i]):
+            at = int(out[i], 16)
+            chains[at] = []
+            i += 1
+            continue
+        chains.setdefault(at, []).append(short(out[i]).split("::")[-1])
+        i += 2
+    totals = {}
+    for a in ats:
+        names = list(reversed(chains.get(a) or ["?"]))[: depth + 1]
+        key = " > ".join(names)
+        totals[key] = totals.get(key, 0) + addresses[a]
+    return sorted(totals.items(), key=lambda kv: -kv[1])
 
 
 if __name__ == "__main__":
