@@ -283,14 +283,15 @@ fn errors_are_one_line_and_leave_targets_alone() {
     fails_with(attach_once(t.pid, &["-o", o]), "is already being profiled");
     first.detach();
 
-    // The target exits while mprof looks for a safe point (its only thread waits on a lock).
-    let t = Target::python(&py.path, "attach_idle.py", &["lock", "1.5"]);
+    // The target exits while mprof looks for a safe point (its only thread waits in a futex
+    // it cannot tell from the C library's locks).
+    let t = Target::python(&py.path, "attach_idle.py", &["futex", "1.5"]);
     fails_with(attach_once(t.pid, &["-o", o]), "exited during the attach");
     drop(t);
 
     // No safe point at all within the deadline: nothing is changed, and the message says
     // what the thread was doing.
-    let mut t = Target::python(&py.path, "attach_idle.py", &["lock", "30"]);
+    let mut t = Target::python(&py.path, "attach_idle.py", &["futex", "30"]);
     let started = Instant::now();
     let result = attach_once(t.pid, &["-o", o, "--timeout", "1"]);
     assert!(
@@ -414,4 +415,151 @@ fn privileges() {
         assert!(!dir.path().join("namespaced.mprof").exists());
     }
     assert!(root_target.alive());
+}
+
+const SIGUSR1: i32 = 10;
+
+/// A program that once ran a signal handler deep in C code and now waits in `select` keeps
+/// the handler's old frame in `select`'s uninitialised locals: the stack is unwound frame by
+/// frame (with the objects' call frame information), so only what runs now is judged, and the
+/// program is attached at once. Before, the old frame ruled every thread out, for good.
+#[test]
+fn an_idle_program_is_attached_whatever_its_stack_held_before() {
+    for py in pythons() {
+        let mut target = Target::python(&py.path, "attach_idle.py", &["select_after_signals"]);
+        let dir = common::tempdir();
+        let capture = dir.path().join("c.mprof");
+        let (status, err) = attach_once(
+            target.pid,
+            &[
+                "--duration",
+                "0.2",
+                "--timeout",
+                "5",
+                "-o",
+                capture.to_str().unwrap(),
+            ],
+        );
+        assert!(status.success(), "{}: {err}", py.label);
+        assert!(err.contains("blocked in"), "{}: {err}", py.label);
+        assert!(target.alive(), "{}", py.label);
+        eprintln!("{}: attached in {} ms", py.label, attached_ms(&err));
+    }
+}
+
+/// Every thread waits on a Python lock (the main thread in `Thread.join()`, a worker in
+/// `queue.get()`), as a worker pool does between jobs: a thread blocked in the C library's
+/// wait under the interpreter's lock functions holds none of the locks the attach needs, and
+/// is chosen. Its wait goes on afterwards as if nothing happened: the item the signal handler
+/// puts in the queue meanwhile is sampled where it is made, reaches the worker, and the
+/// program ends on its own.
+#[test]
+fn a_program_whose_threads_all_wait_on_locks_is_attached_and_goes_on() {
+    for py in pythons() {
+        let target = Target::python(&py.path, "attach_idle.py", &["lock_waits"]);
+        let dir = common::tempdir();
+        let capture = dir.path().join("c.mprof");
+        let mut attach = Attach::start(
+            target.pid,
+            &[
+                "--rate",
+                "1",
+                "--timeout",
+                "5",
+                "-o",
+                capture.to_str().unwrap(),
+            ],
+        );
+        attach.attached();
+        assert!(
+            attach.seen.iter().any(|l| l.contains("blocked in futex")),
+            "{}: {:?}",
+            py.label,
+            attach.seen
+        );
+        signal(target.pid, SIGUSR1);
+        let mut seen = Vec::new();
+        let got = common::procs::wait_line(&target.out, "got", LIMIT, &mut seen);
+        assert_eq!(
+            got.as_deref(),
+            Some("got 1048576"),
+            "{}: {seen:?}",
+            py.label
+        );
+        attach.detach();
+        let (status, out) = target.finish(LIMIT);
+        assert!(status.success(), "{}: {status} {out:?}", py.label);
+        let report = report_json(&capture, &["--by", "line"]);
+        let handler = report["locations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["function"] == "<lambda>")
+            .filter_map(|l| l["alloc_bytes"].as_f64())
+            .fold(0.0, f64::max);
+        assert!(
+            handler >= (1 << 20) as f64,
+            "{}: the handler's megabyte is not in the capture: {report}",
+            py.label
+        );
+    }
+}
+
+/// A program that allocated while attached (the agent's slow path ran deep in its stack) and
+/// then went idle in `select`, as a server between requests: the detach finds a thread at
+/// once (it used to wait for seconds and then say it could not confirm the detach), and the
+/// next attach to the idle program works (it used to be refused for good).
+#[test]
+fn a_program_idle_after_a_busy_session_is_detached_and_attached_again() {
+    for py in pythons() {
+        let dir = common::tempdir();
+        let go_idle = dir.path().join("idle");
+        let capture = dir.path().join("c.mprof");
+        let target = Target::python(
+            &py.path,
+            "attach_idle.py",
+            &["busy_then_idle", go_idle.to_str().unwrap()],
+        );
+        let mut attach = Attach::start(
+            target.pid,
+            &["--rate", "64KiB", "-o", capture.to_str().unwrap()],
+        );
+        attach.attached();
+        std::thread::sleep(Duration::from_millis(500));
+        touch(dir.path(), "idle");
+        let mut seen = Vec::new();
+        assert!(
+            common::procs::wait_line(&target.out, "idle", LIMIT, &mut seen).is_some(),
+            "{}: {seen:?}",
+            py.label
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        let detaching = Instant::now();
+        let err = attach.detach();
+        let took = detaching.elapsed();
+        assert!(!err.contains("warning"), "{}: {err}", py.label);
+        assert!(
+            took < Duration::from_secs(3),
+            "{}: detach took {took:?}: {err}",
+            py.label
+        );
+        let again = dir.path().join("again.mprof");
+        let (status, err) = attach_once(
+            target.pid,
+            &[
+                "--duration",
+                "0.2",
+                "--timeout",
+                "5",
+                "-o",
+                again.to_str().unwrap(),
+            ],
+        );
+        assert!(status.success(), "{}: {err}", py.label);
+        eprintln!(
+            "{}: detached {took:?} after the program went idle; attached again in {} ms",
+            py.label,
+            attached_ms(&err)
+        );
+    }
 }

@@ -27,5 +27,7 @@ mod safepoint;
 mod target;
 #[cfg(target_arch = "x86_64")]
 mod trampoline;
+#[cfg(target_arch = "x86_64")]
+mod unwind;
 
 pub use error::AttachError;

@@ -22,6 +22,7 @@
 use crate::ptrace::Regs;
 use crate::remote::{Mem, ThreadStatus};
 use crate::target::Process;
+use crate::unwind::Frames;
 
 const EINTR: i64 = 4;
 const ERESTARTSYS: i64 = 512;
@@ -122,22 +123,24 @@ pub fn judge(t: &Process, mem: &Mem, regs: &Regs, status: &ThreadStatus) -> Verd
     if status.deliverable() != 0 {
         return Verdict::Unsafe("a signal is about to be delivered");
     }
-    if let Some(why) = busy_stack(t, mem, regs) {
+    let busy = busy_code(t);
+    let frames = t.frames(mem, regs, &busy);
+    if let Some(why) = busy_stack(t, mem, &frames, &busy) {
         return Verdict::Unsafe(why);
     }
     if (regs.orig_rax as i64) >= 0 {
-        return judge_syscall(t, mem, regs);
+        return judge_syscall(t, mem, regs, &frames);
     }
-    judge_pc(t, mem, regs)
+    judge_pc(t, mem, regs, &frames)
 }
 
-fn judge_syscall(t: &Process, mem: &Mem, regs: &Regs) -> Verdict {
+fn judge_syscall(t: &Process, mem: &Mem, regs: &Regs, frames: &Frames) -> Verdict {
     if !interrupted_syscall(regs) {
         return Verdict::Unsafe("returning from a system call");
     }
     let nr = regs.orig_rax as i64;
     let allowed = if nr == SYS_FUTEX {
-        waits_for_the_gil(t, regs)
+        waits_for_the_gil(t, regs) || waits_for_a_python_lock(t, regs, frames)
     } else {
         BLOCKING_SYSCALLS.iter().any(|&(n, _)| n == nr)
     };
@@ -181,7 +184,40 @@ fn waits_for_the_gil(t: &Process, regs: &Regs) -> bool {
     (cmd == FUTEX_WAIT || cmd == FUTEX_WAIT_BITSET) && in_runtime
 }
 
-fn judge_pc(t: &Process, mem: &Mem, regs: &Regs) -> Verdict {
+/// How many of a lock waiter's innermost interpreter frames may come before the interpreter's
+/// lock function that called the C library's wait: its own static helpers (3.13's
+/// `_PySemaphore_PlatformWait` under `_PySemaphore_Wait`), which no exported symbol covers.
+const LOCK_HELPERS: usize = 2;
+
+/// Whether a thread in `futex` waits for a Python lock (`threading.Lock`, `queue.get()`,
+/// `Thread.join()`, `Event.wait()`, the import lock): blocked in the C library's semaphore,
+/// condition or mutex wait (which hold none of the C library's own locks while they wait),
+/// called by the interpreter's lock functions, with the whole stack known and nothing on it
+/// that holds a lock the agent's start needs (the allocator lock of 3.12+, the loader's).
+/// Such a thread is as safe as one waiting for the GIL, and a program whose threads all wait
+/// on queues and joins has no other.
+fn waits_for_a_python_lock(t: &Process, regs: &Regs, frames: &Frames) -> bool {
+    let cmd = regs.rsi & FUTEX_CMD_MASK;
+    if !(cmd == FUTEX_WAIT || cmd == FUTEX_WAIT_BITSET) || frames.stopped_at.is_some() {
+        return false;
+    }
+    let inside =
+        |ranges: &[(u64, u64)], pc: u64| ranges.iter().any(|&(lo, hi)| lo <= pc && pc < hi);
+    if !inside(&t.libc.text, regs.rip) {
+        return false;
+    }
+    let mut callers = frames
+        .returns
+        .iter()
+        .skip_while(|&&ra| inside(&t.libc.text, ra))
+        .take(LOCK_HELPERS + 1)
+        .take_while(|&&ra| inside(&t.python.text, ra));
+    callers.any(|&ra| inside(&t.python.locks, ra))
+        && !frames.any_in(&t.python.allocator_setup)
+        && !frames.any_in(&t.locking.on_stack)
+}
+
+fn judge_pc(t: &Process, mem: &Mem, regs: &Regs, frames: &Frames) -> Verdict {
     let pc = regs.rip;
     let here = Verdict::Safe(Resume {
         rip: pc,
@@ -212,10 +248,29 @@ fn judge_pc(t: &Process, mem: &Mem, regs: &Regs) -> Verdict {
     }
     // Any other native library (OpenSSL inside hashlib, a BLAS): safe unless the loader or
     // the unwinder is active below it, which only the whole live stack can tell.
-    match scan_stack(t, mem, regs.rsp, FULL_STACK, &t.locking.on_stack) {
+    match on_the_stack(t, mem, frames, FULL_STACK, &t.locking.on_stack) {
         Scan::Clean => here,
         Scan::Found => Verdict::Unsafe("in native code called by the loader or the unwinder"),
         Scan::Unreadable => Verdict::Unsafe("in native code, with a stack mprof cannot read"),
+    }
+}
+
+/// Whether a return address into `ranges` is on the stack: among the frames the unwind found,
+/// and, above where it stopped (if it did), anywhere in the stack's memory (at most `limit`
+/// bytes of it), where old return addresses left in locals count too.
+fn on_the_stack(
+    t: &Process,
+    mem: &Mem,
+    frames: &Frames,
+    limit: u64,
+    ranges: &[(u64, u64)],
+) -> Scan {
+    if frames.any_in(ranges) {
+        return Scan::Found;
+    }
+    match frames.stopped_at {
+        None => Scan::Clean,
+        Some(sp) => scan_stack(t, mem, sp, limit, ranges),
     }
 }
 
@@ -259,14 +314,24 @@ fn scan_stack(t: &Process, mem: &Mem, sp: u64, limit: u64, ranges: &[(u64, u64)]
     Scan::Clean
 }
 
-/// Why the thread's stack rules it out, if it does: a signal handler is running (a return
-/// address into `__restore_rt`, maybe on top of `malloc`), or the agent's slow path is (it
-/// holds the agent's lock while it calls into libpython).
-fn busy_stack(t: &Process, mem: &Mem, regs: &Regs) -> Option<&'static str> {
+/// Code whose frame on a stack rules the thread out: `__restore_rt` (a signal handler is
+/// running, maybe on top of `malloc`) and the agent (its slow path holds the agent's lock while
+/// it calls into libpython).
+fn busy_code(t: &Process) -> Vec<(u64, u64)> {
     let restore = t.libc.restore_rt;
     let mut ranges = vec![(restore, restore + 1)];
     ranges.extend(t.agent_text());
-    match scan_stack(t, mem, regs.rsp, STACK_SCAN, &ranges) {
+    ranges
+}
+
+/// Why the thread's stack rules it out, if it does: a frame of `busy` code (see [`busy_code`]).
+fn busy_stack(
+    t: &Process,
+    mem: &Mem,
+    frames: &Frames,
+    busy: &[(u64, u64)],
+) -> Option<&'static str> {
+    match on_the_stack(t, mem, frames, STACK_SCAN, busy) {
         Scan::Clean => None,
         Scan::Found => Some("a signal handler or the agent is running"),
         // Deeper than the scan: assume the worst.

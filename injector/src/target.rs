@@ -33,12 +33,16 @@ fn monotonic_ns() -> u64 {
 const RTLD_DLOPEN_PRIVATE: u64 = 0x8000_0000;
 const RTLD_NOW: u64 = 2;
 
-/// Interpreter functions that take locks the agent's start needs (the allocator lock of 3.12+)
-/// or that wait on locks: a thread stopped inside them is not at a safe point.
-const LOCKING_PREFIXES: &[&str] = &[
+/// Interpreter functions that take the lock the agent's start needs (the allocator lock of
+/// 3.12+): a thread with one of them on its stack is not at a safe point.
+const ALLOCATOR_SETUP_PREFIXES: &[&str] = &[
     "PyMem_GetAllocator",
     "PyMem_SetAllocator",
     "PyMem_SetupDebugHooks",
+];
+/// The interpreter's lock functions: a thread stopped inside them is not at a safe point, but
+/// one blocked in the C library's wait they called is (see `safepoint`).
+const LOCK_PREFIXES: &[&str] = &[
     "PyThread_",
     "PyMutex_",
     "_PyMutex_",
@@ -53,6 +57,11 @@ pub struct Python {
     pub text: Vec<(u64, u64)>,
     /// Ranges of functions that hold or wait on locks.
     pub excluded: Vec<(u64, u64)>,
+    /// Ranges of the functions that take the allocator lock (3.12+), a subset of `excluded`.
+    pub allocator_setup: Vec<(u64, u64)>,
+    /// Ranges of the interpreter's lock functions (`PyThread_acquire_lock_timed`, 3.13's
+    /// parking lot), a subset of `excluded`.
+    pub locks: Vec<(u64, u64)>,
     /// `_PyRuntime`, which holds the GIL (a thread waiting for the GIL waits on a futex there).
     pub runtime: Option<(u64, u64)>,
     /// The bytecode loop.
@@ -71,6 +80,8 @@ pub struct Libc {
     /// `__restore_rt` (`mov $15, %rax; syscall`): a return address to it on a stack marks a
     /// running signal handler, and injected system calls return through it (see `hijack`).
     pub restore_rt: u64,
+    /// Executable ranges of the C library (and of libpthread, where glibc still has one).
+    pub text: Vec<(u64, u64)>,
 }
 
 /// Code that takes locks the attach needs (the allocator's, the loader's) or calls out while
@@ -107,6 +118,8 @@ pub struct Process {
     pub region: Option<u64>,
     extensions: RefCell<HashMap<(String, u64), bool>>,
     allocators: RefCell<HashMap<(String, u64), bool>>,
+    /// The unwind tables read so far (see `unwind`).
+    unwind_tables: RefCell<crate::unwind::Cache>,
 }
 
 fn io_error(pid: u32, what: &str, e: io::Error) -> AttachError {
@@ -193,6 +206,7 @@ impl Process {
             region: None,
             extensions: RefCell::new(HashMap::new()),
             allocators: RefCell::new(HashMap::new()),
+            unwind_tables: RefCell::new(HashMap::new()),
         })
     }
 
@@ -254,6 +268,23 @@ impl Process {
                 .into_iter()
                 .find(|m| m.contains(addr))
         })
+    }
+
+    /// The return addresses on the stack of a thread stopped with `regs` (see `unwind`), up to
+    /// the first in `stop_in`.
+    pub fn frames(
+        &self,
+        mem: &Mem,
+        regs: &crate::ptrace::Regs,
+        stop_in: &[(u64, u64)],
+    ) -> crate::unwind::Frames {
+        crate::unwind::walk(
+            self,
+            mem,
+            regs,
+            stop_in,
+            &mut self.unwind_tables.borrow_mut(),
+        )
     }
 
     /// The executable ranges of an agent an earlier attach or `record` loaded.
@@ -352,14 +383,20 @@ fn find_python(pid: u32, exe: &str, maps: &[Mapping]) -> Result<Python, AttachEr
         return Err(not_python());
     }
     let b = bias(maps, image, &elf);
-    let mut excluded = Vec::new();
-    for prefix in LOCKING_PREFIXES {
-        excluded.extend(elf.with_prefix(prefix).map(|(_, s)| abs(b, s)));
-    }
+    let with_prefixes = |prefixes: &[&str]| -> Vec<(u64, u64)> {
+        prefixes
+            .iter()
+            .flat_map(|prefix| elf.with_prefix(prefix).map(|(_, s)| abs(b, s)))
+            .collect()
+    };
+    let allocator_setup = with_prefixes(ALLOCATOR_SETUP_PREFIXES);
+    let locks = with_prefixes(LOCK_PREFIXES);
     Ok(Python {
         version,
         text: ranges_of(maps, image),
-        excluded,
+        excluded: [allocator_setup.as_slice(), locks.as_slice()].concat(),
+        allocator_setup,
+        locks,
         runtime: elf.symbol("_PyRuntime").map(|s| abs(b, s)),
         eval_loop: elf.symbol("_PyEval_EvalFrameDefault").map(|s| abs(b, s)),
         defines_malloc: elf.symbol("malloc").is_some(),
@@ -435,12 +472,19 @@ fn find_libc(pid: u32, maps: &[Mapping]) -> Result<(Libc, Option<(u64, u64)>), A
             format!("no signal return stub (__restore_rt) in {}", m.path),
         )
     })?;
+    let text = maps
+        .iter()
+        .filter(|o| o.exec && o.is_file())
+        .filter(|o| is_libc(o.file_name()) || o.file_name().starts_with("libpthread"))
+        .map(|o| (o.start, o.end))
+        .collect();
     let libc = Libc {
         dlopen,
         dlopen_flags,
         dlerror,
         errno_location: at("__errno_location").unwrap_or(0),
         restore_rt,
+        text,
     };
     Ok((libc, elf.symbol("dl_iterate_phdr").map(|s| abs(b, s))))
 }
