@@ -19,7 +19,7 @@ use mprof_common::ring::{STATE_ACTIVE, STATE_FAILED, STATE_STOPPED};
 use mprof_injector::inject::{Injector, Liveness};
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long the agent may take to acknowledge a detach.
@@ -28,9 +28,19 @@ const STOP_WAIT: Duration = Duration::from_secs(2);
 const SELF_STOP_WAIT: Duration = Duration::from_millis(50);
 
 static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+/// How many stop signals came: one more during a detach gives up waiting for its safe point.
+static STOP_SIGNALS: AtomicU32 = AtomicU32::new(0);
 
 extern "C" fn on_stop_signal(sig: libc::c_int) {
     STOP_SIGNAL.store(sig, Ordering::Relaxed);
+    STOP_SIGNALS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Whether a stop signal came after `count` had come: what ends a safe-point search begun
+/// then (an attach is given up with nothing changed; a detach leaves the stop request to the
+/// agent's next sample).
+fn stopped_since(count: u32) -> impl Fn() -> bool {
+    move || STOP_SIGNALS.load(Ordering::Relaxed) > count
 }
 
 /// Notes SIGINT, SIGTERM, SIGHUP and SIGQUIT instead of dying from them: a Ctrl-C (from the
@@ -90,7 +100,7 @@ fn inject(
             .map_err(|why| anyhow::anyhow!("cannot attach to PID {pid}: {why}"))?;
     let liveness = injector.liveness();
     let reused = injector.agent_loaded();
-    let mut prepared = injector.prepare(timeout)?;
+    let mut prepared = injector.prepare(timeout, &stopped_since(0))?;
     let (tid, _) = prepared.chosen();
     let how = match prepared.chosen_in_syscall() {
         Some(call) => format!("thread {tid}, blocked in {call}"),
@@ -192,8 +202,9 @@ fn detach(
     if !a.liveness.alive() {
         return Ok(false);
     }
+    let signals = STOP_SIGNALS.load(Ordering::Relaxed);
     let launched = Injector::for_stop(pid)
-        .and_then(|i| i.prepare(timeout))
+        .and_then(|i| i.prepare(timeout, &stopped_since(signals)))
         .and_then(|p| p.launch());
     match launched {
         Ok(launched) => {
@@ -285,9 +296,10 @@ fn detach_children(s: &mut Session, timeout: Duration) -> Result<()> {
         .filter(|(_, ring)| ring.state().is_ok_and(|s| s == STATE_ACTIVE || s == 2))
         .map(|(pid, _)| pid)
         .collect();
+    let signals = STOP_SIGNALS.load(Ordering::Relaxed);
     for pid in idle {
         let launched = Injector::for_stop(pid)
-            .and_then(|i| i.prepare(timeout))
+            .and_then(|i| i.prepare(timeout, &stopped_since(signals)))
             .and_then(|p| p.launch());
         if let Ok(launched) = launched {
             let start = Instant::now();

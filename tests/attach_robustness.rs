@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
+const SIGINT: i32 = 2;
 const SIGKILL: i32 = 9;
 const SIGCONT: i32 = 18;
 const SIGSTOP: i32 = 19;
@@ -562,4 +563,33 @@ fn a_program_idle_after_a_busy_session_is_detached_and_attached_again() {
             attached_ms(&err)
         );
     }
+}
+
+/// Ctrl-C while mprof looks for a safe point gives up at once, changing nothing (it used to go
+/// on until `--timeout`, up to an hour).
+#[test]
+fn ctrl_c_while_looking_for_a_safe_point_gives_up_at_once() {
+    let all = pythons();
+    let py = main_python(&all);
+    let mut t = Target::python(&py.path, "attach_idle.py", &["futex", "60"]);
+    let dir = common::tempdir();
+    let capture = dir.path().join("c.mprof");
+    let attach = Attach::start(t.pid, &["--timeout", "30", "-o", capture.to_str().unwrap()]);
+    std::thread::sleep(Duration::from_millis(500));
+    let interrupted = Instant::now();
+    signal(attach.guard.0.id(), SIGINT);
+    let (status, err) = attach.finish();
+    assert!(
+        interrupted.elapsed() < Duration::from_secs(2),
+        "mprof went on for {:?} after Ctrl-C: {err}",
+        interrupted.elapsed()
+    );
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("interrupted while looking for a safe point") && err.lines().count() == 1,
+        "{err}"
+    );
+    assert!(!t.maps().contains("mprof"), "nothing was injected");
+    assert!(!capture.exists(), "no capture is left");
+    assert!(t.alive());
 }

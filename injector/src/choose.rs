@@ -57,16 +57,22 @@ pub fn gone_or(t: &Process, e: std::io::Error, what: &str) -> AttachError {
 /// reached a safe point.
 type Sightings = BTreeMap<u32, String>;
 
+/// Stops one thread at a safe point, looking for up to `deadline`, or until `cancelled` says
+/// to stop (asked between two threads: a thread being looked at is always let go first).
 pub fn choose_thread(
     t: &Process,
     mem: &Mem,
     deadline: Duration,
+    cancelled: &dyn Fn() -> bool,
 ) -> Result<(Chosen, Hijack), AttachError> {
     let started = Instant::now();
     let mut seen = Sightings::new();
     loop {
         let tids = remote::threads(t.pid).map_err(|_| AttachError::Exited(t.pid))?;
         for tid in tids {
+            if cancelled() {
+                return Err(AttachError::Interrupted(t.pid));
+            }
             if let Some(chosen) = try_thread(t, mem, tid, &mut seen)? {
                 return Ok(chosen);
             }

@@ -37,6 +37,8 @@ pub enum AttachError {
         /// What each thread was doing when last seen.
         threads: Vec<String>,
     },
+    /// mprof was asked to stop (Ctrl-C) while it looked for a safe point.
+    Interrupted(u32),
     /// The target did something no honest process does (swapped a descriptor mprof was
     /// about to write); mprof backs off.
     Hostile {
@@ -151,6 +153,10 @@ impl fmt::Display for AttachError {
                     waited.as_secs_f64()
                 )
             }
+            Interrupted(pid) => write!(
+                f,
+                "interrupted while looking for a safe point in PID {pid}; nothing was changed"
+            ),
             Hostile { pid, what } => write!(
                 f,
                 "PID {pid} interfered with the attach ({what}); mprof wrote nothing and backed off"

@@ -101,12 +101,17 @@ impl Injector {
         self.target.pid
     }
 
-    /// Stops one thread at a safe point (waiting up to `deadline` for one) and prepares the
-    /// region, the agent image and the ring's memory file.
-    pub fn prepare(self, deadline: Duration) -> Result<Prepared, AttachError> {
+    /// Stops one thread at a safe point (waiting up to `deadline` for one, or until
+    /// `cancelled` says to stop: nothing is changed then) and prepares the region, the agent
+    /// image and the ring's memory file.
+    pub fn prepare(
+        self,
+        deadline: Duration,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Prepared, AttachError> {
         let started = Instant::now();
         let pidfd = pidfd_open(self.target.pid)?;
-        let (chosen, hijack) = choose_thread(&self.target, &self.mem, deadline)?;
+        let (chosen, hijack) = choose_thread(&self.target, &self.mem, deadline, cancelled)?;
         let chose_in = started.elapsed();
         let mut p = Prepared {
             target: self.target,

@@ -36,7 +36,11 @@ impl Injector {
     pub fn liveness(&self) -> Liveness {
         match self.0 {}
     }
-    pub fn prepare(self, _deadline: Duration) -> Result<Prepared, AttachError> {
+    pub fn prepare(
+        self,
+        _deadline: Duration,
+        _cancelled: &dyn Fn() -> bool,
+    ) -> Result<Prepared, AttachError> {
         match self.0 {}
     }
 }
