@@ -729,6 +729,18 @@ fn truncated_and_corrupt_captures() {
         mprof().arg("report").arg(&empty),
         "is not a usable mprof capture: the file is empty",
     );
+    // A FIFO no one writes (opening it used to wait for a writer for ever) and a device: one
+    // line each, at once (`run_with_timeout` fails the test on a hang).
+    let fifo = dir.path().join("fifo.mprof");
+    let cpath = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo reads the NUL-terminated path, alive for the call.
+    assert_eq!(unsafe { libc::mkfifo(cpath.as_ptr(), 0o600) }, 0);
+    for not_a_file in [fifo.as_path(), Path::new("/dev/zero")] {
+        fails_with(
+            mprof().arg("report").arg(not_a_file),
+            "is not a regular file (a pipe, a socket or a device)",
+        );
+    }
 }
 
 /// A forked child does not write into the parent's profile; a subprocess sees the environment

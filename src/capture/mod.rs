@@ -182,9 +182,15 @@ impl Digest {
 }
 
 impl CaptureFile {
-    /// Opens `path` and notes its size.
+    /// Opens `path` and notes its size. A FIFO is opened without waiting for a writer (and
+    /// refused below, as every file that is not a regular one).
     pub fn open(path: &Path) -> Result<CaptureFile> {
-        let file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
         CaptureFile::from_file(file, path)
     }
 
@@ -196,6 +202,15 @@ impl CaptureFile {
             .with_context(|| format!("cannot read {}", path.display()))?;
         if meta.is_dir() {
             bail!("{} is a directory, not a capture file", path.display());
+        }
+        if !meta.is_file() {
+            // A pipe, a socket or a device: a capture is read more than once, from its start,
+            // and a FIFO would wait for a writer for ever.
+            bail!(
+                "{} is not a regular file (a pipe, a socket or a device): mprof reads captures \
+                 from files",
+                path.display()
+            );
         }
         let size = meta.len();
         Ok(CaptureFile {
