@@ -4,6 +4,14 @@
 //! The two captures are independent samplings, so the variance of a change is the sum of the
 //! two variances: `σ = √(σ_base² + σ_new²)`. A change within 2σ of zero is marked as noise: at
 //! that size, sampling alone would produce it about one time in twenty.
+//!
+//! A side's variance is estimated from its samples, which says nothing when it has few or
+//! none: a site that happened to get no sample in a sampled capture reads 0 ± 0, and beside an
+//! exact capture (`--rate 1`) of the same program its whole size read as a real change. So the
+//! variance of a sampled side is at least what it would be if the site held, on both sides,
+//! the bytes the two sides hold on average (the question the test asks: could there be no
+//! change at all?), in blocks of their average size: `B·s/(e^(s/rate) − 1)`, the variance of
+//! the estimate of `B` bytes in blocks of `s` bytes (at most `B·rate`, for small blocks).
 
 use crate::estimate::Estimate;
 use crate::grouping::Grouping;
@@ -28,17 +36,33 @@ pub struct Change {
     pub label: String,
     pub base: Estimate,
     pub new: Estimate,
+    /// The sampling rates of the two captures (0: every allocation recorded).
+    pub rates: (f64, f64),
 }
 
 impl Change {
+    fn new(label: String, base: Estimate, new: Estimate, rates: (f64, f64)) -> Change {
+        Change {
+            label,
+            base,
+            new,
+            rates,
+        }
+    }
+
     /// New bytes minus base bytes.
     pub fn bytes(&self) -> f64 {
         self.new.bytes - self.base.bytes
     }
 
-    /// The standard error of the change.
+    /// The standard error of the change (see the module's doc for the variance of a side with
+    /// few samples).
     pub fn stderr(&self) -> f64 {
-        (self.base.variance + self.new.variance).sqrt()
+        let bytes = (self.base.bytes + self.new.bytes) / 2.0;
+        let count = (self.base.count + self.new.count) / 2.0;
+        let floor = |rate: f64| no_change_variance(rate, bytes, count);
+        (self.base.variance.max(floor(self.rates.0)) + self.new.variance.max(floor(self.rates.1)))
+            .sqrt()
     }
 
     /// Whether the change is within [`NOISE_SIGMAS`] standard errors of zero.
@@ -47,15 +71,48 @@ impl Change {
     }
 }
 
+/// The variance of a capture's estimate of `bytes` bytes in `count` blocks sampled at `rate`
+/// (0: recorded exactly): `bytes·s/(e^(s/rate) − 1)` for blocks of `s = bytes/count` bytes.
+fn no_change_variance(rate: f64, bytes: f64, count: f64) -> f64 {
+    if rate <= 1.0 || bytes <= 0.0 || count <= 0.0 {
+        return 0.0;
+    }
+    let block = bytes / count;
+    bytes * block / (block / rate).exp_m1()
+}
+
+/// The sampling rate of a capture as [`Change::rates`] takes it.
+fn rate_of(p: &Profile) -> f64 {
+    if p.rate > 1 {
+        p.rate as f64
+    } else {
+        0.0
+    }
+}
+
+/// The change of the whole view.
+fn total(base: &Profile, new: &Profile, view: View, label: &str) -> Change {
+    Change::new(
+        label.into(),
+        *base.totals().get(view),
+        *new.totals().get(view),
+        (rate_of(base), rate_of(new)),
+    )
+}
+
 /// Every site of either capture, largest growth first (ties by label).
 pub fn changes(base: &Profile, new: &Profile, view: View, by: Grouping) -> Vec<Change> {
     let mut sites: BTreeMap<String, Change> = BTreeMap::new();
+    let rates = (rate_of(base), rate_of(new));
     for (p, is_new) in [(base, false), (new, true)] {
         for row in rows(p, view, by) {
-            let entry = sites.entry(row.key()).or_insert_with(|| Change {
-                label: printable(&row.label_in(p)).into_owned(),
-                base: Estimate::default(),
-                new: Estimate::default(),
+            let entry = sites.entry(row.key()).or_insert_with(|| {
+                Change::new(
+                    printable(&row.label_in(p)).into_owned(),
+                    Estimate::default(),
+                    Estimate::default(),
+                    rates,
+                )
             });
             // By stack, the same frames can be a row per allocator: they add up.
             let e = row.figures.get(view);
@@ -94,11 +151,7 @@ pub fn text(base: &Profile, new: &Profile, view: View, by: Grouping, top: usize)
             let _ = writeln!(out, "{name}: {line}");
         }
     }
-    let total = Change {
-        label: String::new(),
-        base: *base.totals().get(view),
-        new: *new.totals().get(view),
-    };
+    let total = total(base, new, view, "");
     let _ = writeln!(
         out,
         "total {}: {} → {}, change {} ± {}{}",
@@ -194,11 +247,7 @@ impl From<&Change> for JsonChange {
 pub fn json(base: &Profile, new: &Profile, view: View, by: Grouping, top: usize) -> Result<String> {
     let all = changes(base, new, view, by);
     let limit = if top == 0 { all.len() } else { top };
-    let total = Change {
-        label: "total".into(),
-        base: *base.totals().get(view),
-        new: *new.totals().get(view),
-    };
+    let total = total(base, new, view, "total");
     let doc = JsonDiff {
         view: view.name(),
         by: by.name(),
@@ -278,10 +327,35 @@ mod tests {
         let c = &changes(&base, &new, View::Allocated, Grouping::Line)[0];
         let one = crate::estimate::Sample::new(1000, 4096);
         assert!((c.bytes() - one.bytes()).abs() < 1e-6);
+        // Each sample's variance; the base's one sample is raised to what 1.5 samples' worth
+        // of 1000-byte blocks would have (the two sides' average), the new side keeps its own.
         let v = (-1000.0f64 / 4096.0).exp() * one.bytes().powi(2);
-        assert!((c.stderr() - (3.0 * v).sqrt()).abs() < 1e-6);
+        let floor = 1.5 * one.bytes() * 1000.0 / (1000.0f64 / 4096.0).exp_m1();
+        assert!(v < floor && floor < 2.0 * v);
+        assert!((c.stderr() - (floor + 2.0 * v).sqrt()).abs() < 1e-6);
         assert!(c.is_noise());
         let t = text(&base, &new, View::Allocated, Grouping::Line, 0);
         assert!(t.contains("[noise]"), "{t}");
+    }
+
+    /// A site the sampled base happened not to sample, beside an exact capture of the same
+    /// program: 0 ± 0 against its real size, which read as a real change before.
+    #[test]
+    fn a_site_with_no_sample_on_one_side_is_not_a_change_by_itself() {
+        let base = profile(32 << 10, &[(2, 100)]);
+        // 480 blocks of 100 bytes, recorded exactly: 48,000 bytes at line 3.
+        let new = profile(1, &vec![(3, 100); 480]);
+        let c = changes(&base, &new, View::Allocated, Grouping::Line);
+        let line3 = c.iter().find(|c| c.label.contains(":3")).unwrap();
+        assert_eq!((line3.base.samples, line3.new.bytes), (0, 48_000.0));
+        // As if 24,000 bytes of 100-byte blocks were sampled: a standard error of about √(24,000
+        // · 32 Ki) ≈ 28 KiB, so +48,000 bytes is noise.
+        let want = (24_000.0f64 * 100.0 / (100.0f64 / 32768.0).exp_m1()).sqrt();
+        assert!((line3.stderr() - want).abs() < 1.0, "{}", line3.stderr());
+        assert!(line3.is_noise());
+        // Two exact captures still differ exactly.
+        let exact = profile(1, &[(3, 100)]);
+        let c = changes(&exact, &new, View::Allocated, Grouping::Line);
+        assert!(c[0].stderr() == 0.0 && !c[0].is_noise());
     }
 }
