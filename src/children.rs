@@ -442,17 +442,25 @@ impl Children {
     }
 
     /// Whether the sender `pid` (user `uid`, saying its parent is `ppid`) is one of the
-    /// program's descendants. A child that already exited can no longer be traced back
-    /// through /proc: it is accepted if it ran as the program's user and names as its parent
-    /// the program or a child already admitted.
+    /// program's descendants. A child that already exited, or whose parent exited, can no
+    /// longer be traced back through /proc: it is accepted if it ran as the program's user and
+    /// names as its parent the program or a child already admitted, which is gone.
     fn belongs(&self, pid: u32, uid: u32, ppid: u32) -> bool {
         // The program itself, after an exec: its new program.
         if pid == self.root || descends_from(pid, self.root) {
             return true;
         }
-        let gone = !running(pid) && parent_of(pid).is_none();
-        let known_parent = self.commands.contains_key(&ppid);
-        gone && known_parent && Some(uid) == self.root_uid
+        if !self.commands.contains_key(&ppid) || Some(uid) != self.root_uid {
+            return false;
+        }
+        // Its parent is one admitted before, of the program's user. Either it exited already,
+        // or it was orphaned: the parent it names exited and it was reparented (a daemon's
+        // double fork: `gunicorn --daemon`, python-daemon, `celery multi`), so that it no
+        // longer descends from the program by /proc.
+        let now = parent_of(pid);
+        let gone = !running(pid) && now.is_none();
+        let orphaned = now.is_some_and(|p| p != ppid) && !running(ppid);
+        gone || orphaned
     }
 
     /// How many children were profiled.

@@ -498,3 +498,29 @@ fn a_child_is_taken_on_as_soon_as_it_announces_itself() {
         );
     }
 }
+
+/// A daemon started by a double fork (the middle process exits at once, so the daemon is
+/// reparented before its ring reaches mprof) is still the program's: it names as its parent
+/// the process that forked it (not the one it has by the time it asks, init), which mprof
+/// admitted and saw go. Before, most runs refused it as "not a descendant" and lost its work.
+#[test]
+fn a_daemon_started_by_a_double_fork_is_followed() {
+    for py in pythons() {
+        for run in 0..3 {
+            let dir = tempfile::tempdir().unwrap();
+            let capture = dir.path().join("c.mprof");
+            let err = record_tree_with(&py, "daemon.py", &[], &capture);
+            assert!(!err.contains("refused"), "{} run {run}: {err}", py.label);
+            let report = report_json(&capture, &["--by", "function", "--top", "0"]);
+            let daemon = by_function(&report)
+                .get("daemon_work")
+                .and_then(|row| row["alloc_bytes"].as_f64())
+                .unwrap_or(0.0);
+            assert!(
+                daemon >= 30e6,
+                "{} run {run}: the daemon's 30 MB are not in the capture: {err}",
+                py.label
+            );
+        }
+    }
+}

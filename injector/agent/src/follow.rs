@@ -85,10 +85,10 @@ pub struct OwnRing {
 
 /// Makes a ring for this process (a child being followed) and hands it to mprof. `born` says
 /// how the child came to be. None when children are not followed or mprof did not take it.
-pub fn make_and_announce(born: u32) -> Option<OwnRing> {
+pub fn make_and_announce(born: u32, ppid: u32) -> Option<OwnRing> {
     let f = follow()?;
     let ring = make_ring(f)?;
-    if announce(f, ring.fd, born) {
+    if announce(f, ring.fd, born, ppid) {
         Some(ring)
     } else {
         // SAFETY: the mapping and descriptor just made; nothing else uses them.
@@ -156,8 +156,9 @@ fn make_ring(f: &Follow) -> Option<OwnRing> {
     }
 }
 
-/// Sends the ring's descriptor to mprof; false if nobody listens.
-fn announce(f: &Follow, fd: c_int, born: u32) -> bool {
+/// Sends the ring's descriptor to mprof, saying that `ppid` is the parent; false if nobody
+/// listens.
+fn announce(f: &Follow, fd: c_int, born: u32, ppid: u32) -> bool {
     let mut addr = sys::SockaddrUn {
         family: sys::AF_UNIX as u16,
         path: [0; 108],
@@ -168,8 +169,7 @@ fn announce(f: &Follow, fd: c_int, born: u32) -> bool {
     let hello = Hello {
         magic: HELLO_MAGIC,
         born,
-        // SAFETY: getppid has no preconditions.
-        ppid: unsafe { sys::getppid() } as u32,
+        ppid,
         reserved: 0,
     }
     .as_bytes();

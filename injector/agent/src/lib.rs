@@ -37,7 +37,7 @@ use lifecycle::SESSION;
 use mprof_common::record::EndReason;
 use mprof_common::ring::{RingHeader, STATE_FAILED, STATE_WAITING};
 use std::ffi::{c_char, c_int, CStr};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Once;
 
 /// Environment variable naming the inherited ring file descriptor (record mode).
@@ -182,7 +182,8 @@ extern "C" fn preload_init() {
 /// A followed child without an inherited ring: makes its own, hands it to mprof and starts a
 /// session on it.
 fn start_own_ring(born: u32) {
-    let Some(own) = follow::make_and_announce(born) else {
+    // SAFETY: getppid has no preconditions.
+    let Some(own) = follow::make_and_announce(born, unsafe { sys::getppid() } as u32) else {
         return;
     };
     // SAFETY: the ring just made; its mapping belongs to the session from now on, and the
@@ -360,7 +361,15 @@ pub extern "C" fn mprof_agent_stop(_unused: c_int) -> c_int {
 
 static FORK_HANDLERS: Once = Once::new();
 
+/// The process that forked, as the child's copy of it says: a child asked for its parent
+/// once its parent returned from `fork` may already get init (the parent exited, as a
+/// daemon's intermediate process does at once), and mprof could not tell it is one of the
+/// program's.
+static FORKED_BY: AtomicU32 = AtomicU32::new(0);
+
 extern "C" fn before_fork() {
+    // SAFETY: getpid has no preconditions.
+    FORKED_BY.store(unsafe { sys::getpid() } as u32, Ordering::Relaxed);
     got::lock_for_fork();
     SESSION.raw_lock();
 }
@@ -382,7 +391,7 @@ extern "C" fn after_fork_child() {
     let mut s = SESSION.lock();
     let running = s.mapped.is_some();
     match running
-        .then(|| follow::make_and_announce(follow::FORKED))
+        .then(|| follow::make_and_announce(follow::FORKED, FORKED_BY.load(Ordering::Relaxed)))
         .flatten()
     {
         Some(own) => {
