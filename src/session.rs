@@ -77,10 +77,19 @@ impl Statm {
                 std::fs::File::open(&self.path).ok()?.read(&mut buf).ok()?
             }
         };
-        let text = std::str::from_utf8(&buf[..n]).ok()?;
-        let pages: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
-        pages.checked_mul(self.page)
+        rss_in_statm(std::str::from_utf8(&buf[..n]).ok()?, self.page)
     }
+}
+
+/// The resident set size a statm text says, in bytes (`page` bytes a page); `None` for none
+/// at all: a process that ended but is not reaped yet (a zombie) reads all zeros, which is no
+/// reading of its memory (the timeline's RSS fell to 0 at its end).
+fn rss_in_statm(text: &str, page: u64) -> Option<u64> {
+    let pages: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
+    if pages == 0 {
+        return None;
+    }
+    pages.checked_mul(page)
 }
 
 /// Threads whose names the reader looks up at most.
@@ -314,4 +323,19 @@ fn native_addrs(bytes: &[u8], aux: u16) -> Option<Vec<u64>> {
     let body = bytes.get(record::PREAMBLE..)?;
     let flags = u32::from_le_bytes(body.get(4..8)?.try_into().ok()?);
     record::native_stack(body, aux as usize, flags).map(|n| n.addrs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rss_in_statm;
+
+    #[test]
+    fn a_zombie_statm_is_no_reading() {
+        assert_eq!(
+            rss_in_statm("12345 678 90 1 0 300 0\n", 4096),
+            Some(678 * 4096)
+        );
+        assert_eq!(rss_in_statm("0 0 0 0 0 0 0\n", 4096), None);
+        assert_eq!(rss_in_statm("", 4096), None);
+    }
 }
