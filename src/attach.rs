@@ -254,17 +254,7 @@ fn attach_descendants(
     quiet: bool,
 ) {
     for (pid, _) in crate::children::python_descendants(root, 256) {
-        let attached = Injector::new(pid)
-            .map_err(anyhow::Error::from)
-            .and_then(|i| inject(i, sampling, Instant::now(), timeout, rendezvous));
-        let result = attached.and_then(|a| {
-            let meta = format!(
-                "mode=attach\npid={pid}\nattach_ms={}\npython={}\n",
-                a.took.as_millis(),
-                a.ring.python_version()
-            );
-            children.adopt(pid, a.ring, &meta)
-        });
+        let result = follow_by_attach(children, pid, sampling, timeout, rendezvous);
         match result {
             Ok(()) if !quiet => crate::say!("mprof: attached to PID {pid} too (a child of {root})"),
             Ok(()) => {}
@@ -273,13 +263,42 @@ fn attach_descendants(
     }
 }
 
+/// Attaches to `pid` and follows it in `children` (its ring hands its own children over at
+/// `rendezvous`): for `attach --follow-children`, and for the Python processes under a
+/// recorded program that did not load the agent (see `crate::children::Strays`).
+pub fn follow_by_attach(
+    children: &mut Children,
+    pid: u32,
+    sampling: &SamplingArgs,
+    timeout: Duration,
+    rendezvous: Option<&str>,
+) -> Result<()> {
+    let a = Injector::new(pid)
+        .map_err(anyhow::Error::from)
+        .and_then(|i| inject(i, sampling, Instant::now(), timeout, rendezvous))?;
+    let meta = format!(
+        "mode=attach\npid={pid}\nattach_ms={}\npython={}\n",
+        a.took.as_millis(),
+        a.ring.python_version()
+    );
+    children.adopt(pid, a.ring, &meta)
+}
+
 /// Detaches from every followed process: asks each agent to stop, runs the stop function in
 /// those that do not (they allocate nothing), and finishes their captures.
 fn detach_children(s: &mut Session, timeout: Duration) -> Result<()> {
+    detach_followed(s, None, timeout)
+}
+
+/// [`detach_children`] for the followed processes in `only` (all with `None`): a recorded
+/// program's processes that loaded the agent themselves stop with it; those mprof attached to
+/// are detached.
+pub fn detach_followed(s: &mut Session, only: Option<&[u32]>, timeout: Duration) -> Result<()> {
     let Some(f) = s.followed.as_mut() else {
         return Ok(());
     };
-    for (_, ring) in f.children.rings() {
+    let chosen = |pid: u32| only.is_none_or(|pids| pids.contains(&pid));
+    for (_, ring) in f.children.rings().filter(|(pid, _)| chosen(*pid)) {
         ring.reader().request_stop();
     }
     let until = Instant::now() + SELF_STOP_WAIT;
@@ -293,6 +312,7 @@ fn detach_children(s: &mut Session, timeout: Duration) -> Result<()> {
     let idle: Vec<u32> = f
         .children
         .rings()
+        .filter(|(pid, _)| chosen(*pid))
         .filter(|(_, ring)| ring.state().is_ok_and(|s| s == STATE_ACTIVE || s == 2))
         .map(|(pid, _)| pid)
         .collect();

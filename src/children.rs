@@ -500,6 +500,120 @@ impl Child {
     }
 }
 
+/// Python processes under the program that did not load the agent, under `record
+/// --follow-children`: one started with an environment of its own (`subprocess.run(...,
+/// env={...})`, `env -i python ...`) has no `LD_PRELOAD` to load it. Looked for four times a
+/// second; one found twice in a row without the agent is due to be attached to, as `attach
+/// --follow-children` attaches to the processes it finds.
+#[derive(Default)]
+pub struct Strays {
+    last: Option<Instant>,
+    /// Seen once without the agent, not yet attached to: their command lines.
+    seen: std::collections::BTreeMap<u32, String>,
+    /// Attached to.
+    attached: Vec<u32>,
+    /// Not attached to: they ended first, or the attach failed (why).
+    missed: std::collections::BTreeMap<u32, (String, Option<String>)>,
+    /// Failed attempts at attaching, by pid.
+    attempts: std::collections::HashMap<u32, usize>,
+}
+
+/// Attempts at attaching to one stray before it counts as missed.
+const STRAY_ATTEMPTS: usize = 3;
+
+impl Strays {
+    /// The strays to attach to now (at most four times a second).
+    pub fn due(&mut self, root: u32) -> Vec<u32> {
+        if self
+            .last
+            .is_some_and(|t| t.elapsed() < Duration::from_millis(250))
+        {
+            return Vec::new();
+        }
+        self.last = Some(Instant::now());
+        let now: std::collections::BTreeMap<u32, String> = python_descendants(root, 64)
+            .into_iter()
+            .filter(|(pid, _)| {
+                // A forked child mprof follows may have run, by exec, a Python that did not
+                // load the agent: what tells is the agent's absence, not the pid.
+                !self.attached.contains(pid) && !self.missed.contains_key(pid) && !has_agent(*pid)
+            })
+            .collect();
+        let gone: Vec<u32> = self
+            .seen
+            .keys()
+            .filter(|pid| !now.contains_key(pid))
+            .copied()
+            .collect();
+        for pid in gone {
+            if let Some(command) = self.seen.remove(&pid) {
+                self.missed.insert(pid, (command, None));
+            }
+        }
+        let due = now
+            .keys()
+            .filter(|pid| self.seen.contains_key(pid))
+            .copied()
+            .collect();
+        self.seen.extend(now);
+        due
+    }
+
+    /// `pid` was attached to.
+    pub fn attached(&mut self, pid: u32) {
+        self.seen.remove(&pid);
+        self.attached.push(pid);
+    }
+
+    /// Attaching to `pid` failed (`why`); after a few failures it counts as missed.
+    pub fn failed(&mut self, pid: u32, why: String) {
+        let n = self.attempts.entry(pid).or_insert(0);
+        *n += 1;
+        if *n >= STRAY_ATTEMPTS {
+            let command = self.seen.remove(&pid).unwrap_or_default();
+            self.missed.insert(pid, (command, Some(why)));
+        }
+    }
+
+    /// The strays attached to (to detach them at the end).
+    pub fn attached_pids(&self) -> &[u32] {
+        &self.attached
+    }
+
+    /// What to say of the strays, at the end.
+    pub fn hint(&self) -> Option<String> {
+        if self.missed.is_empty() {
+            return None;
+        }
+        let shown: Vec<String> = self
+            .missed
+            .iter()
+            .take(4)
+            .map(|(pid, (cmd, why))| match why {
+                Some(why) => format!("{pid} ({}: {why})", short_command(cmd, 80)),
+                None => format!("{pid} ({})", short_command(cmd, 80)),
+            })
+            .collect();
+        let more = if self.missed.len() > 4 {
+            format!(" and {} more", self.missed.len() - 4)
+        } else {
+            String::new()
+        };
+        Some(format!(
+            "{} Python process(es) under the program ran without the agent and were not \
+             profiled: {}{more}; a process started with an environment of its own (no \
+             LD_PRELOAD) is attached to once found, four times a second, unless it ends first",
+            self.missed.len(),
+            shown.join(", ")
+        ))
+    }
+}
+
+/// Whether the agent is loaded in `pid` (its memory file is mapped).
+fn has_agent(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.contains("mprof-agent"))
+}
+
 /// Where the captures of a capture's followed children go: `CAPTURE.d`.
 pub fn children_dir(capture: &Path) -> PathBuf {
     let mut name = capture.as_os_str().to_owned();

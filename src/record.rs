@@ -128,16 +128,57 @@ fn command_name(program: &str) -> String {
 
 /// What ends a recording: the program's exit. Meanwhile signals sent to mprof alone are
 /// passed on to it, and a closed live view is explained (see [`view_closed`]).
-struct Program {
+struct Program<'a> {
     pid: u32,
     /// The program's peak resident set in bytes, from the kernel when it was reaped.
     max_rss: Option<u64>,
     name: String,
     /// Python children seen, when they are not followed (for the hint at the end).
     unfollowed: Option<crate::children::Unfollowed>,
+    /// Python processes under the program that did not load the agent, when children are
+    /// followed: attached to.
+    strays: Option<crate::children::Strays>,
+    sampling: &'a SamplingArgs,
+    quiet: bool,
 }
 
-impl Watch for Program {
+/// How long an attach to a stray may look for a safe point: the loop drains no ring
+/// meanwhile, and the agents give up on a reader silent for 1.5 s. A stray not attached to in
+/// time is tried again at the next look.
+const STRAY_TIMEOUT: Duration = Duration::from_millis(400);
+
+impl Program<'_> {
+    /// Attaches to the strays due (see `crate::children::Strays`).
+    fn follow_strays(&mut self, s: &mut Session) {
+        let (Some(strays), Some(f)) = (self.strays.as_mut(), s.followed.as_mut()) else {
+            return;
+        };
+        for pid in strays.due(self.pid) {
+            let name = f.rendezvous.name().to_string();
+            let followed = crate::attach::follow_by_attach(
+                &mut f.children,
+                pid,
+                self.sampling,
+                STRAY_TIMEOUT,
+                Some(&name),
+            );
+            match followed {
+                Ok(()) => {
+                    strays.attached(pid);
+                    if !self.quiet {
+                        crate::say!(
+                            "mprof: attached to PID {pid}, a Python under the program that did \
+                             not load the agent (started with an environment of its own)"
+                        );
+                    }
+                }
+                Err(e) => strays.failed(pid, format!("{e:#}")),
+            }
+        }
+    }
+}
+
+impl Watch for Program<'_> {
     type Ending = ExitStatus;
 
     fn check(&mut self, s: &mut Session, closed: Option<Closed>) -> Result<Option<ExitStatus>> {
@@ -156,11 +197,12 @@ impl Watch for Program {
         if let Some(unfollowed) = self.unfollowed.as_mut() {
             unfollowed.watch(pid, || !s.ring().python_version().is_empty());
         }
+        self.follow_strays(s);
         self.reap()
     }
 }
 
-impl Program {
+impl Program<'_> {
     /// The program's exit status once it has ended, and its peak resident set with it: the
     /// kernel's high-water mark, which no reading every 100 ms can match (a spike between two
     /// readings, a program killed before the next). As `time -v` reports it: the program's
@@ -317,8 +359,23 @@ pub fn run(
         name: command_name(&command[0]),
         max_rss: None,
         unfollowed: (!following).then(crate::children::Unfollowed::default),
+        strays: following.then(crate::children::Strays::default),
+        sampling,
+        quiet,
     };
     let status = session.run(&mut watch)?;
+    // The processes mprof attached to are detached: the program's own stop with it.
+    if let Some(strays) = watch
+        .strays
+        .as_ref()
+        .filter(|s| !s.attached_pids().is_empty())
+    {
+        crate::attach::detach_followed(
+            &mut session,
+            Some(strays.attached_pids()),
+            STRAY_TIMEOUT * 5,
+        )?;
+    }
     // The terminal is the user's again before anything is printed; whatever the agent
     // published before the child ended is still in the ring.
     session.drain()?;
@@ -363,6 +420,9 @@ pub fn run(
             {
                 crate::say!("mprof: {hint}");
             }
+        }
+        if let Some(hint) = watch.strays.as_ref().and_then(|s| s.hint()) {
+            crate::say!("mprof: {hint}");
         }
     }
     if let Some(out) = &program_output {

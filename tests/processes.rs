@@ -524,3 +524,33 @@ fn a_daemon_started_by_a_double_fork_is_followed() {
         }
     }
 }
+
+/// Python children started with environments of their own (`subprocess` with `env={...}`,
+/// `env -i`) lose `LD_PRELOAD` and do not load the agent: mprof finds them (four times a
+/// second) and attaches to them, as `attach --follow-children` does. Each works for 1.5 s;
+/// the second of it after the attach is in its capture, born `attach`. Before, they went
+/// unprofiled and unmentioned.
+#[test]
+fn children_with_environments_of_their_own_are_attached_to() {
+    for py in pythons() {
+        let dir = tempfile::tempdir().unwrap();
+        let capture = dir.path().join("c.mprof");
+        let err = record_tree_with(&py, "env_children.py", &[], &capture);
+        let attached = err
+            .lines()
+            .filter(|l| l.contains("did not load the agent"))
+            .count();
+        assert_eq!(attached, 2, "{}: {err}", py.label);
+        let report = report_json(&capture, &["--by", "function", "--top", "0"]);
+        let worked = by_function(&report)
+            .get("worker_loop")
+            .and_then(|row| row["alloc_bytes"].as_f64())
+            .unwrap_or(0.0);
+        // 2 × 15 MB in all; at least a third of it after the attaches.
+        assert!(
+            worked >= 10e6,
+            "{}: {worked} bytes of worker_loop: {err}",
+            py.label
+        );
+    }
+}
