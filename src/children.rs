@@ -779,7 +779,8 @@ impl Unfollowed {
             String::new()
         };
         Some(format!(
-            "the program started {} Python child process(es), which were not profiled: {}{more}; \
+            "the program started Python child processes, which were not profiled (at least {}, \
+             seen four times a second): {}{more}; \
              record with --follow-children to profile them too",
             self.seen.len(),
             shown.join(", ")

@@ -235,7 +235,7 @@ enum Command {
 fn parse_timeout(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(s) if s > 0.0 && s <= 3600.0 => Ok(s),
-        _ => Err("a number of seconds between 0 and 3600".into()),
+        _ => Err("a number of seconds above 0 and at most 3600".into()),
     }
 }
 

@@ -174,7 +174,8 @@ pub fn text(p: &Profile) -> String {
     );
     for r in &rows {
         let opt = |v: Option<u32>| v.map_or("?".to_owned(), |v| v.to_string());
-        let mut command: String = printable(&r.command).chars().take(COMMAND_WIDTH).collect();
+        // Cut in the middle (`…`), so that the end, often the script, stays.
+        let mut command = printable(&crate::text::elide(&r.command, COMMAND_WIDTH)).into_owned();
         if r.completeness == "incomplete" {
             command.push_str("  [incomplete]");
         }
