@@ -585,26 +585,18 @@ impl Strays {
         if self.missed.is_empty() {
             return None;
         }
-        let shown: Vec<String> = self
-            .missed
-            .iter()
-            .take(4)
-            .map(|(pid, (cmd, why))| match why {
+        let named = first_few(
+            self.missed.iter().map(|(pid, (cmd, why))| match why {
                 Some(why) => format!("{pid} ({}: {why})", short_command(cmd, 80)),
                 None => format!("{pid} ({})", short_command(cmd, 80)),
-            })
-            .collect();
-        let more = if self.missed.len() > 4 {
-            format!(" and {} more", self.missed.len() - 4)
-        } else {
-            String::new()
-        };
+            }),
+            self.missed.len(),
+        );
         Some(format!(
             "{} Python process(es) under the program ran without the agent and were not \
-             profiled: {}{more}; a process started with an environment of its own (no \
+             profiled: {named}; a process started with an environment of its own (no \
              LD_PRELOAD) is attached to once found, four times a second, unless it ends first",
             self.missed.len(),
-            shown.join(", ")
         ))
     }
 }
@@ -665,6 +657,15 @@ fn is_python(pid: u32) -> bool {
     name.starts_with("python")
         || std::fs::read_to_string(format!("/proc/{pid}/maps"))
             .is_ok_and(|maps| maps.contains("libpython"))
+}
+
+/// The first four of `total` items, then how many more: `a, b, c, d and 3 more`.
+fn first_few(items: impl Iterator<Item = String>, total: usize) -> String {
+    let shown: Vec<String> = items.take(4).collect();
+    match total.saturating_sub(shown.len()) {
+        0 => shown.join(", "),
+        more => format!("{} and {more} more", shown.join(", ")),
+    }
 }
 
 /// A command line as the end-of-session hints name it: the program's file name (not the
@@ -767,30 +768,31 @@ impl Unfollowed {
                 )
             });
         }
-        let shown: Vec<String> = self
-            .seen
-            .iter()
-            .take(4)
-            .map(|(pid, cmd)| format!("{pid} ({})", short_command(cmd, 80)))
-            .collect();
-        let more = if self.seen.len() > 4 {
-            format!(" and {} more", self.seen.len() - 4)
-        } else {
-            String::new()
-        };
+        let named = first_few(
+            self.seen
+                .iter()
+                .map(|(pid, cmd)| format!("{pid} ({})", short_command(cmd, 80))),
+            self.seen.len(),
+        );
         Some(format!(
             "the program started Python child processes, which were not profiled (at least {}, \
-             seen four times a second): {}{more}; \
-             record with --follow-children to profile them too",
+             seen four times a second): {named}; record with --follow-children to profile them \
+             too",
             self.seen.len(),
-            shown.join(", ")
         ))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::short_command;
+    use super::{first_few, short_command};
+
+    #[test]
+    fn hints_name_the_first_four_and_count_the_rest() {
+        let items = |n: usize| (1..=n).map(|i| i.to_string());
+        assert_eq!(first_few(items(2), 2), "1, 2");
+        assert_eq!(first_few(items(7), 7), "1, 2, 3, 4 and 3 more");
+    }
 
     #[test]
     fn a_command_is_named_by_its_program_file_and_cut_in_the_middle() {
