@@ -65,7 +65,7 @@ pub fn command_line(pid: u32) -> String {
 }
 
 /// The arguments of `pid`, from /proc (empty if unreadable).
-fn arguments(pid: u32) -> Vec<String> {
+pub fn arguments(pid: u32) -> Vec<String> {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|raw| {
             raw.split(|&b| b == 0)

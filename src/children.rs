@@ -341,12 +341,13 @@ impl Children {
         capture.write(&Record::Meta {
             text: format!(
                 "mode=child\npid={pid}\nppid={}\nborn={born}\nroot_pid={}\ncommand={}\n\
-                 start_unix_ms={}\n{}",
+                 start_unix_ms={}\n{}{}",
                 hello.ppid,
                 self.root,
                 command.replace('\n', "\\n"),
                 crate::driver::unix_ms(),
-                self.sampling.meta()
+                self.sampling.meta(),
+                self.your_code(pid)
             ),
         })?;
         self.commands.insert(pid, command.clone());
@@ -359,6 +360,18 @@ impl Children {
             exit,
         });
         Ok((pid, command))
+    }
+
+    /// What counts as `pid`'s own code, as metadata lines (see `crate::focus::meta_lines`):
+    /// read from its command line and directory, as the program's are, so that `report --pid`
+    /// of a child run as `python -c` or from standard input counts `<string>` or `<stdin>`.
+    fn your_code(&self, pid: u32) -> String {
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok();
+        crate::focus::meta_lines(
+            &crate::attach::arguments(pid),
+            cwd.as_deref(),
+            &self.sampling.focus,
+        )
     }
 
     /// The capture of the next program `pid` runs (its first, or one it ran by exec since),
@@ -380,12 +393,13 @@ impl Children {
         let command = command_line(pid);
         capture.write(&Record::Meta {
             text: format!(
-                "{meta}root_pid={}\nppid={}\ncommand={}\nstart_unix_ms={}\n{}",
+                "{meta}root_pid={}\nppid={}\ncommand={}\nstart_unix_ms={}\n{}{}",
                 self.root,
                 parent_of(pid).unwrap_or(0),
                 command.replace('\n', "\\n"),
                 crate::driver::unix_ms(),
-                self.sampling.meta()
+                self.sampling.meta(),
+                self.your_code(pid)
             ),
         })?;
         self.commands.insert(pid, command);

@@ -296,3 +296,51 @@ fn a_program_read_from_standard_input_is_your_code() {
         assert_eq!(report["meta"]["focus_names"], "<stdin>", "{}", py.label);
     }
 }
+
+/// A followed child run as `python -c` counts its `<string>` as your code when it is shown on
+/// its own (`report --pid CHILD`), as the program does: each child's capture says what its own
+/// code is, from its command line and directory. Before, the child's rows said "no frame in
+/// your code".
+#[test]
+fn a_followed_child_run_with_a_command_string_has_its_own_code() {
+    let child = "\nimport json\nkeep = [json.dumps({'k%d' % i: list(range(50)) for i in range(50)}) for _ in range(1200)]\n";
+    let parent = format!(
+        "import subprocess, sys\nsubprocess.run([sys.executable, '-c', {child:?}], check=True)\n"
+    );
+    for py in pythons() {
+        let dir = tempfile::tempdir().unwrap();
+        let capture = dir.path().join("parent.mprof");
+        let out = run_with_timeout(
+            common::mprof()
+                .args(["record", "-q", "--follow-children", "-o"])
+                .arg(&capture)
+                .args(["--", &py.path.to_string_lossy(), "-c", &parent]),
+            Duration::from_secs(120),
+        );
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            py.label,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let table = report_json(&capture, &["--per-process"]);
+        let child_pid = table["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["born"] != "record")
+            .and_then(|p| p["pid"].as_u64())
+            .unwrap_or_else(|| panic!("{}: no child in {table}", py.label));
+        let report = report_json(
+            &capture,
+            &["--view", "live", "--pid", &child_pid.to_string()],
+        );
+        assert_eq!(report["meta"]["focus_names"], "<string>", "{}", py.label);
+        let top = &report["locations"][0];
+        assert!(
+            top["file"] == "<string>" && top["line"] == 3,
+            "{}: the child's top live site is {top}",
+            py.label
+        );
+    }
+}
