@@ -409,9 +409,10 @@ pub fn run(o: Options) -> Result<ExitCode> {
         text: format!("command={}\n{yours}", command.replace('\n', "\\n")),
     })?;
     if !quiet {
-        let until = match duration {
-            Some(s) => format!("for {s} s"),
-            None => "until Ctrl-C".into(),
+        let until = match (duration, live) {
+            (Some(s), _) => format!("for {s} s"),
+            (None, true) => "until q or Ctrl-C".into(),
+            (None, false) => "until Ctrl-C".into(),
         };
         let version = python.split_whitespace().next().unwrap_or("?");
         crate::say!(
