@@ -536,8 +536,10 @@ pub struct Strays {
 const STRAY_ATTEMPTS: usize = 3;
 
 impl Strays {
-    /// The strays to attach to now (at most four times a second).
-    pub fn due(&mut self, root: u32) -> Vec<u32> {
+    /// The strays under `root` to attach to now (at most four times a second). `children`
+    /// spares the look at the memory of a process it follows that still runs the command it
+    /// was followed with.
+    pub fn due(&mut self, root: u32, children: &Children) -> Vec<u32> {
         if self
             .last
             .is_some_and(|t| t.elapsed() < Duration::from_millis(250))
@@ -545,23 +547,32 @@ impl Strays {
             return Vec::new();
         }
         self.last = Some(Instant::now());
-        let now: std::collections::BTreeMap<u32, String> = python_descendants(root, 64)
-            .into_iter()
-            .filter(|(pid, _)| {
+        let pythons = python_descendants(root, 256);
+        let now: std::collections::BTreeMap<u32, String> = pythons
+            .iter()
+            .filter(|(pid, command)| {
                 // A forked child mprof follows may have run, by exec, a Python that did not
-                // load the agent: what tells is the agent's absence, not the pid.
-                !self.attached.contains(pid) && !self.missed.contains_key(pid) && !has_agent(*pid)
+                // load the agent: its command line changed, and its memory tells.
+                !self.attached.contains(pid)
+                    && !self.missed.contains_key(pid)
+                    && children.commands.get(pid) != Some(command)
+                    && !has_agent(*pid)
             })
+            .cloned()
             .collect();
-        let gone: Vec<u32> = self
+        // Seen before and not a stray now: gone (missed), or it has the agent by now (seen in
+        // the middle of its exec, before the loader had mapped the agent).
+        let left: Vec<u32> = self
             .seen
             .keys()
             .filter(|pid| !now.contains_key(pid))
             .copied()
             .collect();
-        for pid in gone {
+        for pid in left {
             if let Some(command) = self.seen.remove(&pid) {
-                self.missed.insert(pid, (command, None));
+                if !pythons.iter().any(|(p, _)| *p == pid) {
+                    self.missed.insert(pid, (command, None));
+                }
             }
         }
         let due = now

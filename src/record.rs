@@ -153,7 +153,7 @@ impl Program<'_> {
         let (Some(strays), Some(f)) = (self.strays.as_mut(), s.followed.as_mut()) else {
             return;
         };
-        for pid in strays.due(self.pid) {
+        for pid in strays.due(self.pid, &f.children) {
             let name = f.rendezvous.name().to_string();
             let followed = crate::attach::follow_by_attach(
                 &mut f.children,
