@@ -332,11 +332,18 @@ impl Children {
             "exec"
         };
         let mut command = command_line(pid);
-        if command.is_empty() && born == "fork" {
-            // Gone (or a zombie) before it was looked at, perhaps with its parent: a fork runs
-            // its parent's command, known if the parent is one of the processes followed.
-            let parent = parent_of(pid).unwrap_or(hello.ppid);
-            command = self.commands.get(&parent).cloned().unwrap_or_default();
+        // A fork runs its parent's command. Read after the fork, the command line may be
+        // another: the child was gone (or a zombie) before it was looked at, or it had run
+        // another program by exec already (its memory no longer maps the agent; read after
+        // the command line, so a command read before such an exec is kept). Then the
+        // parent's, known if the parent is one of the processes followed; the strays' look
+        // (`Strays::due`) then sees that the child's command changed.
+        if born == "fork" && (command.is_empty() || !has_agent(pid)) {
+            command = [Some(hello.ppid), parent_of(pid)]
+                .into_iter()
+                .flatten()
+                .find_map(|parent| self.commands.get(&parent).cloned())
+                .unwrap_or_default();
         }
         capture.write(&Record::Meta {
             text: format!(
