@@ -74,8 +74,9 @@ pub mod units;
 /// benchmark its samples cost 0.45% of the run's instructions beside the hooks' 3.2%, and every
 /// estimate's standard error is half of what 128 KiB gave (README, "Why 32 KiB by default").
 pub const DEFAULT_RATE: &str = "32KiB";
-/// The default `--rate` with `--native`: a native unwind costs about 35,000 instructions a
-/// sample, so that at 512 KiB `--native` adds under 1% to the alloc benchmark (README).
+/// The default `--rate` with `--native`: set when a native unwind cost about 35,000
+/// instructions a sample (libgcc's), so that `--native` added under 1% to the alloc benchmark;
+/// the agent's own unwinder costs about 10,000 (README).
 pub const NATIVE_DEFAULT_RATE: u64 = 512 << 10;
 
 /// Settings shared by `record` and `attach`: sampling, and what counts as your code.

@@ -9,7 +9,7 @@
 mod common;
 
 use common::mixed::*;
-use common::native::{build_chain, chain_line};
+use common::native::{build_chain, build_stack_switch, chain_line};
 use common::procs::{touch, wait_line, Attach, Target, LIMIT};
 use common::pythons;
 use std::path::Path;
@@ -154,7 +154,7 @@ fn attach_native_interleaves_c_and_python_frames() {
 }
 
 /// `--native` samples at 512 KiB unless `--rate` says otherwise (a native unwind costs about
-/// 35,000 instructions); without it the default stays 32 KiB.
+/// 10,000 instructions); without it the default stays 32 KiB.
 #[test]
 fn native_has_its_own_default_rate() {
     let py = pythons().into_iter().next().expect("an interpreter");
@@ -186,5 +186,91 @@ fn native_has_its_own_default_rate() {
         );
         let json: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
         assert_eq!(json["rate"], want, "{args:?}");
+    }
+}
+
+/// A C extension that switches stacks as greenlet does (under gevent and eventlet) allocates
+/// while the words of its caller's frame, return address included, are stale: another
+/// greenlet's. `record --native` and `attach --native` leave it running and ending as it does
+/// without mprof, and the samples still show the extension's two frames under the Python
+/// function that called it. Before, libgcc's unwinder followed the stale return address and
+/// the program died of SIGSEGV (every run, as every gevent program under `--native` did).
+#[test]
+fn a_stack_switching_extension_survives_native_stacks() {
+    for py in pythons() {
+        let dir = common::tempdir();
+        if build_stack_switch(&py, dir.path()).is_none() {
+            continue;
+        }
+        let d = dir.path().to_str().unwrap();
+        let capture = dir.path().join("r.mprof");
+        let out = common::run_with_timeout(
+            common::mprof()
+                .args(["record", "-q", "--native", "--rate", "1", "-o"])
+                .arg(&capture)
+                .arg("--")
+                .arg(&py.path)
+                .arg(common::script("stack_switch_workload.py"))
+                .arg(d),
+            LIMIT,
+        );
+        let label = format!("{} (record)", py.label);
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("done"),
+            "{label}: {} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        check_switched(&label, &capture);
+
+        let target = Target::python(&py.path, "stack_switch_workload.py", &[d, "wait"]);
+        let capture = dir.path().join("a.mprof");
+        let mut attach = Attach::start(
+            target.pid,
+            &[
+                "--native",
+                "--rate",
+                "1",
+                "--duration",
+                "1",
+                "-o",
+                capture.to_str().unwrap(),
+            ],
+        );
+        attach.attached();
+        let (status, err) = attach.finish();
+        let label = format!("{} (attach)", py.label);
+        assert!(status.success(), "{label}: mprof {status}: {err}");
+        touch(dir.path(), "finish");
+        let (status, lines) = target.finish(LIMIT);
+        assert!(
+            status.success() && lines.iter().any(|l| l == "done"),
+            "{label}: the target ended with {status}, printing {lines:?}"
+        );
+        check_switched(&label, &capture);
+        eprintln!(
+            "{}: a stack-switching extension survives --native",
+            py.label
+        );
+    }
+}
+
+/// Every sample of the stack-switching extension shows its two C frames and, after them, the
+/// Python function that called it.
+fn check_switched(label: &str, capture: &Path) {
+    let (all, _) = report_stacks(capture, &[]);
+    let want = [
+        "allocate_over_stale_stack",
+        "switching",
+        "switch_and_allocate",
+    ];
+    let switched: Vec<Vec<&str>> = all
+        .iter()
+        .map(|s| names(s))
+        .filter(|n| n.first() == Some(&want[0]))
+        .collect();
+    assert!(!switched.is_empty(), "{label}: no sample of {}", want[0]);
+    for s in &switched {
+        assert!(in_order(s, &want).is_some(), "{label}: {s:?}");
     }
 }

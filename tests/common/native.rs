@@ -18,6 +18,11 @@ pub fn build_chain(py: &Python, dir: &Path, flags: &[&str]) -> Option<PathBuf> {
     build(py, dir, "native_chain", flags)
 }
 
+/// Builds `tests/c/stack_switch.c` for `py` into `dir` (see `tests/py/stack_switch_workload.py`).
+pub fn build_stack_switch(py: &Python, dir: &Path) -> Option<PathBuf> {
+    build(py, dir, "stack_switch", &["-g", "-O1"])
+}
+
 /// The source line of the `/* LINE name */` marker in `tests/c/native_chain.c`.
 pub fn chain_line(name: &str) -> u32 {
     let src = std::fs::read_to_string(chain_source()).unwrap();

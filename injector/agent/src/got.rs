@@ -42,23 +42,23 @@ const R_GLOB_DAT: u32 = 1025;
 const R_JUMP_SLOT: u32 = 1026;
 
 #[repr(C)]
-struct Phdr {
-    p_type: u32,
+pub struct Phdr {
+    pub p_type: u32,
     p_flags: u32,
     p_offset: u64,
-    p_vaddr: u64,
+    pub p_vaddr: u64,
     p_paddr: u64,
     p_filesz: u64,
-    p_memsz: u64,
+    pub p_memsz: u64,
     p_align: u64,
 }
 
 #[repr(C)]
 pub struct DlPhdrInfo {
-    addr: usize,
+    pub addr: usize,
     name: *const c_char,
-    phdr: *const Phdr,
-    phnum: u16,
+    pub phdr: *const Phdr,
+    pub phnum: u16,
     /// Objects loaded and unloaded in the process so far (glibc, musl): only there when the
     /// callback's `size` covers them.
     adds: u64,
@@ -217,7 +217,7 @@ struct Scan<'a> {
     started: bool,
 }
 
-const PT_LOAD: u32 = 1;
+pub const PT_LOAD: u32 = 1;
 
 /// Whether `addr` lies in one of the object's loaded segments.
 unsafe fn contains(info: &DlPhdrInfo, addr: usize) -> bool {
@@ -300,7 +300,7 @@ pub fn unlock_after_fork() {
 }
 
 extern "C" {
-    fn dl_iterate_phdr(
+    pub fn dl_iterate_phdr(
         callback: unsafe extern "C" fn(*mut DlPhdrInfo, usize, *mut c_void) -> c_int,
         data: *mut c_void,
     ) -> c_int;

@@ -14,6 +14,8 @@
 //! (the hooks' slow path), `hooks` (the hooks' fast path), and here the entry points.
 
 mod addrset;
+#[cfg(target_arch = "x86_64")]
+mod cfi;
 mod chain;
 mod code_dealloc;
 mod follow;

@@ -84,6 +84,8 @@ pub struct ThreadState {
     pub native_countdown: Cell<i64>,
     pub native_epoch: Cell<u32>,
     pub tid: Cell<u32>,
+    /// The thread's stack, `(lowest, top)`, once `--native` asked for it (see `unwind`).
+    pub stack: Cell<(usize, usize)>,
 }
 
 thread_local! {
@@ -95,6 +97,7 @@ thread_local! {
             native_countdown: Cell::new(0),
             native_epoch: Cell::new(u32::MAX),
             tid: Cell::new(0),
+            stack: Cell::new((0, 0)),
         }
     };
 }

@@ -68,7 +68,7 @@ pub unsafe fn sampled_alloc(
         let ptr = call(asked(domain, layer, size, sample));
         if sample && !ptr.is_null() {
             let mut native = [const { MaybeUninit::<u64>::uninit() }; MAX_NATIVE_FRAMES];
-            let native = native_stack(&mut native);
+            let native = native_stack(t, &mut native);
             record_alloc(t, ptr as usize, size, allocator_of(domain), native);
         }
         t.busy.set(was_busy);
@@ -77,9 +77,9 @@ pub unsafe fn sampled_alloc(
 }
 
 /// The native stack of this sample (`--native`), unwound before the session lock is taken.
-fn native_stack(out: &mut [MaybeUninit<u64>]) -> &[u64] {
+fn native_stack<'a>(t: &ThreadState, out: &'a mut [MaybeUninit<u64>]) -> &'a [u64] {
     let n = if crate::unwind::on() {
-        crate::unwind::unwind(out)
+        crate::unwind::unwind(out, &t.stack)
     } else {
         0
     };
@@ -194,7 +194,7 @@ pub unsafe fn sampled_realloc(
         let sample = countdown_ran_out && decide(domain, layer, t, size);
         let mut native = [const { MaybeUninit::<u64>::uninit() }; MAX_NATIVE_FRAMES];
         let native = if sample {
-            native_stack(&mut native)
+            native_stack(t, &mut native)
         } else {
             &[]
         };
