@@ -111,7 +111,11 @@ pub fn load(set: &CaptureSet, p: &Profile, top: usize) -> Result<Timeline> {
         {
             builder.at(time_ns, false);
         }
-        failure = budget.check().err();
+        // The debug information of the files on this machine that the native frames need is
+        // not the capture's (as in `Profile::build`).
+        failure = budget
+            .check_apart(builder.agg.resolver.symbol_memory())
+            .err();
         failure.is_none()
     })?;
     if let Some(e) = failure {

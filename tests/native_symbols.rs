@@ -178,7 +178,7 @@ fn libraries_deleted_or_replaced_after_the_run() {
 }
 
 /// Every view of a `--native` capture shows the C frames: `--by function`, the flamegraph,
-/// pprof, speedscope and folded stacks.
+/// the timeline, the HTML page, pprof, speedscope and folded stacks.
 #[test]
 fn every_view_shows_native_frames() {
     let py = one_python();
@@ -209,6 +209,16 @@ fn every_view_shows_native_frames() {
         svg.contains("chain_level2 (c/native_chain.c:"),
         "flamegraph"
     );
+    // The timeline and the HTML page load the libraries' debug information too, which is not
+    // counted against the capture's memory allowance (it was: both refused every small
+    // `--native` capture of pyenv's interpreters as "may be corrupt or crafted").
+    for (view, name) in [("timeline", "timeline.svg"), ("html", "report.html")] {
+        let path = dir.path().join(name);
+        let out = run_with_timeout(mprof().arg(view).arg(&capture).arg("-o").arg(&path), LIMIT);
+        assert!(out.status.success(), "{view}: {}", stderr(&out));
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("chain_level2"), "{view}: no native frame");
+    }
     for (format, name) in [
         ("folded", "out.folded"),
         ("speedscope", "out.speedscope.json"),
