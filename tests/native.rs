@@ -43,7 +43,7 @@ fn truths(lines: &[String]) -> Truth {
             ))
         })
         .collect();
-    assert_eq!(functions.len(), 12, "{functions:?}");
+    assert_eq!(functions.len(), 14, "{functions:?}");
     Truth {
         functions,
         native_live: field("native-live ")[0].parse().unwrap(),
@@ -354,7 +354,8 @@ fn open_fifo(path: &Path) {
 /// Attaches to the workload (the extension imported before the attach, or after it, when the
 /// `dlopen` hook patches it) with `args`, lets it allocate, detaches; the workload's lines.
 /// With `check_got`, the GOT entries must be patched during the session and byte for byte
-/// back after it.
+/// back after it, and the function pointers in the extension's writable data must point
+/// elsewhere during it and be back after it.
 fn attach_workload(
     py: &Python,
     dir: &Path,
@@ -395,8 +396,20 @@ fn attach_workload(
         }
     }
     touch(dir, "finish");
-    let (status, _) = target.finish(LIMIT);
+    let (status, after) = target.finish(LIMIT);
     assert!(status.success(), "{}: {status}", py.label);
+    if check_got && import_first {
+        assert!(
+            lines.iter().any(|l| l == "pointers hooked"),
+            "{}: the function pointers in the extension's data were not hooked: {lines:?}",
+            py.label
+        );
+        assert!(
+            after.iter().any(|l| l == "pointers restored"),
+            "{}: the function pointers in the extension's data are not back: {after:?}",
+            py.label
+        );
+    }
     lines
 }
 

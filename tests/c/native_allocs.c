@@ -7,6 +7,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <malloc.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
@@ -14,17 +15,29 @@
 #include <unistd.h>
 
 #define MAX_KEPT 100000
-/* mapped: 0 from the malloc family, 1 an anonymous mapping, 2 a file mapping. */
+/* mapped: 0 from the malloc family, 1 an anonymous mapping, 2 a file mapping (see release). */
 static struct { void *p; size_t size; int mapped; } kept[MAX_KEPT];
 static size_t nkept;
 
 enum fn { MALLOC, CALLOC, REALLOC, REALLOCARRAY, POSIX_MEMALIGN, ALIGNED_ALLOC, MEMALIGN,
-          VALLOC, PVALLOC, MMAP, MREMAP };
+          VALLOC, PVALLOC, MMAP, MREMAP, POINTER, CONST_POINTER };
+
+/* Function pointers in data, as libxml2 (xmlMalloc), glib and libcurl keep them: the loader
+ * fills them from the symbols (a data relocation, not a GOT entry), and the library calls
+ * through them. One pair is writable data, the other read-only after relocation (RELRO).
+ * Volatile: every call loads the pointer, as a library whose pointers can be changed does. */
+static void *(*volatile pointer_malloc)(size_t) = malloc;
+static void (*volatile pointer_free)(void *) = free;
+__attribute__((used)) static void *(*const const_pointer_malloc)(size_t) = malloc;
+__attribute__((used)) static void (*const const_pointer_free)(void *) = free;
+#define THROUGH(f) (*(__typeof__(f) const volatile *)&(f))
 
 static void *make(enum fn f, size_t size) {
     void *p = NULL;
     switch (f) {
     case MALLOC: p = malloc(size); break;
+    case POINTER: p = pointer_malloc(size); break;
+    case CONST_POINTER: p = THROUGH(const_pointer_malloc)(size); break;
     case CALLOC: p = calloc(size / 8, 8); break;
     case REALLOC: p = realloc(malloc(size / 2), size); break;
     case REALLOCARRAY: p = reallocarray(malloc(size / 2), size / 8, 8); break;
@@ -48,15 +61,22 @@ static void *make(enum fn f, size_t size) {
     return p;
 }
 
+/* mapped: as in `kept`; 3 and 4, from the malloc family through the pointers (freed through
+ * theirs). */
 static void release(void *p, size_t size, int mapped) {
-    if (mapped) munmap(p, size); else free(p);
+    switch (mapped) {
+    case 0: free(p); break;
+    case 3: pointer_free(p); break;
+    case 4: THROUGH(const_pointer_free)(p); break;
+    default: munmap(p, size); break;
+    }
 }
 
 static PyObject *allocate(PyObject *self, PyObject *args) {
     int f;
     Py_ssize_t size, n, keep;
     if (!PyArg_ParseTuple(args, "innn", &f, &size, &n, &keep)) return NULL;
-    int mapped = f == MMAP || f == MREMAP;
+    int mapped = f == MMAP || f == MREMAP ? 1 : f == POINTER ? 3 : f == CONST_POINTER ? 4 : 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         void *p = make((enum fn)f, (size_t)size);
         if (!p) return PyErr_NoMemory();
@@ -140,7 +160,14 @@ static PyObject *storm(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(sum);
 }
 
+/* What the writable function pointers hold now: (malloc's, free's), as integers. */
+static PyObject *pointers(PyObject *self, PyObject *args) {
+    return Py_BuildValue("(KK)", (unsigned long long)(uintptr_t)pointer_malloc,
+                         (unsigned long long)(uintptr_t)pointer_free);
+}
+
 static PyMethodDef methods[] = {
+    {"pointers", pointers, METH_NOARGS, "the writable pointers' values"},
     {"allocate", allocate, METH_VARARGS, "allocate(fn, size, n, keep)"},
     {"map_file", map_file, METH_VARARGS, "map_file(path, size, n, keep) -> checksum"},
     {"kept_bytes", kept_bytes, METH_NOARGS, "heap and anonymous bytes kept"},

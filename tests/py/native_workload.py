@@ -8,6 +8,10 @@ then prints "allocated" and waits for DIR/finish. Without, it just runs. DIR/go 
 workload blocks on in read() until a byte is written to it: the wait makes no allocation, so
 that after an attach with a fixed --seed the sampling is the same every run.
 
+use_pointer and use_const_pointer allocate and free with malloc and free through function
+pointers in the extension's data (writable, and read-only after relocation), as libxml2, glib
+and libcurl do.
+
 Prints the truth: "truth NAME LIVE ALLOCATED" for each function (a realloc or mremap first
 allocates half the size, then the whole), "native-live BYTES" for all the heap and anonymous
 bytes the extension and ctypes keep, and "file-backed NAME BYTES" for use_mmap_file, whose
@@ -23,7 +27,7 @@ sys.path.insert(0, DIR)
 PAGE = 4096
 SIZE = 16 * PAGE
 FNS = ["malloc", "calloc", "realloc", "reallocarray", "posix_memalign", "aligned_alloc",
-       "memalign", "valloc", "pvalloc", "mmap", "mremap"]
+       "memalign", "valloc", "pvalloc", "mmap", "mremap", "pointer", "const_pointer"]
 N, KEEP = 40, 25
 
 
@@ -40,8 +44,10 @@ def wait_fifo(name):
     os.close(fd)
 
 
+initial_pointers = None
 if WAIT and os.path.exists(os.path.join(DIR, "import-first")):
     import native_allocs
+    initial_pointers = native_allocs.pointers()
 if WAIT:
     os.mkfifo(os.path.join(DIR, "go"))
     print("ready", os.getpid(), flush=True)
@@ -90,5 +96,14 @@ for name in FNS + ["ctypes"]:
 print("native-live", native_allocs.kept_bytes() + len(ctypes_kept) * SIZE, flush=True)
 print("file-backed", "use_mmap_file", KEEP * SIZE, flush=True)
 if WAIT:
+    # Imported before the attach: the writable function pointers were the C library's
+    # functions then; they point elsewhere (the hooks) during the session and hold the same
+    # again after the detach (the read-only ones are compared byte for byte by the test).
+    if initial_pointers is not None:
+        hooked = native_allocs.pointers() != initial_pointers
+        print("pointers", "hooked" if hooked else "untouched", flush=True)
     print("allocated", flush=True)
     wait("finish")
+    if initial_pointers is not None:
+        back = native_allocs.pointers() == initial_pointers
+        print("pointers", "restored" if back else "changed", flush=True)

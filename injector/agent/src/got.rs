@@ -4,7 +4,9 @@
 //!
 //! - Every loaded object is found with `dl_iterate_phdr`; its dynamic section gives the
 //!   relocations (`DT_JMPREL` for PLT calls, `DT_RELA` for `-fno-plt` calls and address-taken
-//!   functions) and the symbols they name.
+//!   functions) and the symbols they name. Among the latter, a word of data that holds an
+//!   allocator function (a function pointer a library calls through: libxml2's `xmlMalloc`,
+//!   glib's and libcurl's tables) is redirected too, while it still holds that function.
 //! - Entries under RELRO are read-only once relocated: the page is made writable for the write
 //!   and read-only again after it.
 //! - Objects loaded later are caught by the hook of `dlopen`, which scans again; a scan leaves
@@ -36,6 +38,12 @@ const DT_JMPREL: i64 = 23;
 const R_GLOB_DAT: u32 = 6;
 #[cfg(target_arch = "x86_64")]
 const R_JUMP_SLOT: u32 = 7;
+/// A word of data that holds a symbol's address (plus an addend): a function pointer in a
+/// library's data, `static void *(*alloc)(size_t) = malloc;`.
+#[cfg(target_arch = "x86_64")]
+const R_ABS64: u32 = 1;
+#[cfg(target_arch = "aarch64")]
+const R_ABS64: u32 = 257;
 #[cfg(target_arch = "aarch64")]
 const R_GLOB_DAT: u32 = 1025;
 #[cfg(target_arch = "aarch64")]
@@ -105,6 +113,10 @@ pub struct Hook {
     pub name: &'static CStr,
     pub addr: usize,
     pub scope: Scope,
+    /// The function hooked, as the agent calls it: a data word that holds it (a function
+    /// pointer a library keeps, `xmlMalloc = malloc`) is pointed at the hook too. 0: data
+    /// words are left alone.
+    pub real: usize,
 }
 
 /// Whether an object's file name is that of a CPython extension module.
@@ -384,7 +396,8 @@ unsafe fn patch_object(s: &mut Scan, info: &DlPhdrInfo, extension: bool) {
             std::slice::from_raw_parts(table as *const Rela, size / std::mem::size_of::<Rela>());
         for r in relocs {
             let kind = (r.info & 0xffff_ffff) as u32;
-            if kind != R_JUMP_SLOT && kind != R_GLOB_DAT {
+            let data = kind == R_ABS64;
+            if kind != R_JUMP_SLOT && kind != R_GLOB_DAT && !data {
                 continue;
             }
             let sym = &*(symtab as *const Sym).add((r.info >> 32) as usize);
@@ -406,6 +419,11 @@ unsafe fn patch_object(s: &mut Scan, info: &DlPhdrInfo, extension: bool) {
             let original = *(addr as *const usize);
             if original == hook.addr {
                 continue; // patched by an earlier scan
+            }
+            // A data word is redirected only while it holds the function itself: the program
+            // may have stored another allocator there since (`xmlMemSetup`).
+            if data && (r.addend != 0 || hook.real == 0 || original != hook.real) {
+                continue;
             }
             let read_only = relro.is_some_and(|(lo, hi)| lo <= addr && addr < hi);
             write_entry(addr, hook.addr, read_only);

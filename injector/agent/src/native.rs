@@ -260,7 +260,16 @@ fn real_to_hook() -> [(usize, usize); 12] {
 }
 
 fn hook(name: &'static std::ffi::CStr, addr: usize, scope: Scope) -> Hook {
-    Hook { name, addr, scope }
+    let real = real_to_hook()
+        .iter()
+        .find(|&&(_, h)| h == addr)
+        .map_or(0, |&(real, _)| real);
+    Hook {
+        name,
+        addr,
+        scope,
+        real,
+    }
 }
 
 /// The hooked functions.
