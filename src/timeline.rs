@@ -227,6 +227,10 @@ fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::
         .map(|pt| pt.heap.max(pt.rss.unwrap_or(0.0)))
         .fold(1.0f64, f64::max)
         * 1.08;
+    // The y axis counts in one binary unit, so that its ticks fall on round numbers of it
+    // (20 MiB, 40 MiB), not on round numbers of bytes printed in MiB (47.68 MiB).
+    let (scale, unit) = axis_unit(top);
+    let top = top / scale;
     let mut caption = format!("mprof timeline: {}", rate_text(p));
     if p.incomplete().is_some() {
         caption.push_str(" — INCOMPLETE capture (no END record)");
@@ -241,11 +245,14 @@ fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::
         .configure_mesh()
         .x_desc("seconds")
         .y_desc("bytes")
-        .y_label_formatter(&|v| human_bytes(*v))
+        .y_label_formatter(&|v| format!("{} {unit}", round_tick(*v)))
         .light_line_style(WHITE.mix(0.0))
         .draw()?;
     let series = |f: &dyn Fn(&Point) -> f64| -> Vec<(f64, f64)> {
-        t.points.iter().map(|pt| (pt.seconds, f(pt))).collect()
+        t.points
+            .iter()
+            .map(|pt| (pt.seconds, f(pt) / scale))
+            .collect()
     };
     chart
         .draw_series(AreaSeries::new(
@@ -287,7 +294,7 @@ fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::
     let rss: Vec<(f64, f64)> = t
         .points
         .iter()
-        .filter_map(|pt| pt.rss.map(|r| (pt.seconds, r)))
+        .filter_map(|pt| pt.rss.map(|r| (pt.seconds, r / scale)))
         .collect();
     if !rss.is_empty() {
         chart
@@ -319,6 +326,25 @@ fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::
 }
 
 /// `mprof timeline`: writes the timeline of `path` (the processes `pick` says) to `out` (SVG).
+/// The unit of the y axis for values up to `top` bytes: its size in bytes and its name, the
+/// largest binary unit `top` holds at least once.
+fn axis_unit(top: f64) -> (f64, &'static str) {
+    let mut unit = (1.0, "B");
+    for (i, name) in ["KiB", "MiB", "GiB", "TiB"].into_iter().enumerate() {
+        let size = 1024f64.powi(i as i32 + 1);
+        if top >= size {
+            unit = (size, name);
+        }
+    }
+    unit
+}
+
+/// A tick's value as the axis prints it: whole numbers bare, others with what they need.
+fn round_tick(v: f64) -> String {
+    let s = format!("{v:.2}");
+    s.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
 pub fn run(path: &Path, out: &Path, top: usize, pick: Pick) -> Result<()> {
     check_output(out, Format::Svg)?;
     let set = CaptureSet::open(path, pick)?;
@@ -334,6 +360,16 @@ pub fn run(path: &Path, out: &Path, top: usize, pick: Pick) -> Result<()> {
 mod tests {
     use super::*;
     use crate::testing::CaptureBuilder;
+
+    #[test]
+    fn the_y_axis_counts_in_one_binary_unit() {
+        assert_eq!(axis_unit(500.0), (1.0, "B"));
+        assert_eq!(axis_unit(50e6), (1024.0 * 1024.0, "MiB"));
+        assert_eq!(axis_unit(3.0 * 1024f64.powi(3)).1, "GiB");
+        assert_eq!(round_tick(20.0), "20");
+        assert_eq!(round_tick(2.5), "2.5");
+        assert_eq!(round_tick(0.0), "0");
+    }
 
     #[test]
     fn points_follow_the_heap_rss_and_top_sites() {
