@@ -174,17 +174,7 @@ impl Object {
     /// cover it or say something not followed. The second value: the frame is a signal
     /// frame's.
     pub fn row(&self, pc: usize) -> Option<(Row, bool)> {
-        let fde = self.find_fde(pc)?;
-        let mut c = self.cursor(fde)?;
-        let len = c.u32()?;
-        if len == 0 || len == 0xffff_ffff {
-            return None;
-        }
-        let end = fde.checked_add(4)?.checked_add(len as usize)?;
-        if end > self.end {
-            return None;
-        }
-        c.end = end;
+        let mut c = self.record(self.find_fde(pc)?)?;
         let id_at = c.at;
         let cie_ptr = c.u32()? as usize;
         let cie = self.cie(id_at.checked_sub(cie_ptr)?)?;
@@ -247,7 +237,9 @@ impl Object {
         (loc <= pc).then_some(fde)
     }
 
-    fn cie(&self, at: usize) -> Option<Cie> {
+    /// The body of the CIE or FDE at `at` (after its 32-bit length), within the object: 64-bit
+    /// records and the terminator are not followed.
+    fn record(&self, at: usize) -> Option<Cursor> {
         let mut c = self.cursor(at)?;
         let len = c.u32()?;
         if len == 0 || len == 0xffff_ffff {
@@ -258,6 +250,12 @@ impl Object {
             return None;
         }
         c.end = end;
+        Some(c)
+    }
+
+    fn cie(&self, at: usize) -> Option<Cie> {
+        let mut c = self.record(at)?;
+        let end = c.end;
         if c.u32()? != 0 {
             return None;
         }
