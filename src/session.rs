@@ -106,6 +106,9 @@ pub struct Reader<R: std::ops::Deref<Target = RingMem>> {
     /// Whether the process's RSS is still this capture's to read (see
     /// [`Reader::program_replaced`]).
     reads_rss: bool,
+    /// Whether the agent has said which Python it runs in: before, the pid may still be in
+    /// its exec (a reading of one page), so no RSS is read.
+    agent_up: bool,
     last_flush: Instant,
     /// The target's module map, for native stacks (`--native`).
     modules: ModuleTracker,
@@ -134,6 +137,7 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
             statm: Statm::new(pid),
             last_rss: None,
             reads_rss: true,
+            agent_up: false,
             last_flush: Instant::now(),
             modules: ModuleTracker::new(pid),
             maps_served: 0,
@@ -261,7 +265,11 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
             self.add(&module, observe)?;
         }
         let now = Instant::now();
+        if !self.agent_up {
+            self.agent_up = !self.ring.python_version().is_empty();
+        }
         if self.reads_rss
+            && self.agent_up
             && self
                 .last_rss
                 .is_none_or(|t| now - t >= Duration::from_millis(100))

@@ -808,19 +808,48 @@ fn fork_subprocess_and_tracemalloc_are_unharmed() {
     }
 }
 
-/// The highest RSS record of a capture (the readings taken while the program ran).
-fn highest_rss_reading(capture: &Path) -> Option<u64> {
-    let mut highest = None;
+/// The RSS records of a capture (the readings taken while the program ran), in order.
+fn rss_readings(capture: &Path) -> Vec<u64> {
+    let mut readings = Vec::new();
     mprof::capture::CaptureFile::open(capture)
         .expect("a capture")
         .for_each(|record, _| {
             if let mprof_common::record::Record::Rss { rss_bytes, .. } = record {
-                highest = highest.max(Some(rss_bytes));
+                readings.push(rss_bytes);
             }
             true
         })
         .expect("a readable capture");
-    highest
+    readings
+}
+
+/// The highest RSS record of a capture.
+fn highest_rss_reading(capture: &Path) -> Option<u64> {
+    rss_readings(capture).into_iter().max()
+}
+
+/// The first RSS reading is the program's: taken once the agent runs in it, not while the
+/// process is still in its exec. Before, most captures began with a reading of one page
+/// (4 KiB), and the timeline drew RSS from zero up to its first true reading.
+#[test]
+fn the_first_rss_reading_is_the_programs() {
+    for py in pythons() {
+        let dir = common::tempdir();
+        let capture = dir.path().join("rss.mprof");
+        record(
+            &py,
+            &capture,
+            &["--quiet"],
+            &["-c", "import time; time.sleep(0.3)"],
+        );
+        let readings = rss_readings(&capture);
+        assert!(!readings.is_empty(), "{}: no RSS reading", py.label);
+        assert!(
+            readings.iter().all(|r| *r >= 1 << 20),
+            "{}: RSS readings below 1 MiB for a Python: {readings:?}",
+            py.label
+        );
+    }
 }
 
 /// The RSS readings taken while the program runs are fresh ones (mprof keeps the program's
