@@ -217,9 +217,25 @@ pub fn svg(p: &Profile, t: &Timeline) -> Result<String> {
     Ok(out)
 }
 
+/// The width of the legend, right of the plot: the legend never covers the curves.
+const LEGEND_WIDTH: u32 = 340;
+
+/// What a legend entry shows beside its label.
+enum Mark {
+    Area(RGBColor),
+    Line(RGBColor),
+    Tick(RGBColor),
+}
+
 fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::error::Error>> {
     let root = SVGBackend::with_string(out, SIZE).into_drawing_area();
     root.fill(&WHITE)?;
+    let mut caption = format!("mprof timeline: {}", rate_text(p));
+    if p.incomplete().is_some() {
+        caption.push_str(" — INCOMPLETE capture (no END record)");
+    }
+    let root = root.titled(&caption, ("sans-serif", 18))?;
+    let (plot, legend) = root.split_horizontally(SIZE.0 - LEGEND_WIDTH);
     let end = t.points.last().map_or(0.0, |pt| pt.seconds).max(1e-3);
     let top = t
         .points
@@ -231,12 +247,7 @@ fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::
     // (20 MiB, 40 MiB), not on round numbers of bytes printed in MiB (47.68 MiB).
     let (scale, unit) = axis_unit(top);
     let top = top / scale;
-    let mut caption = format!("mprof timeline: {}", rate_text(p));
-    if p.incomplete().is_some() {
-        caption.push_str(" — INCOMPLETE capture (no END record)");
-    }
-    let mut chart = ChartBuilder::on(&root)
-        .caption(caption, ("sans-serif", 18))
+    let mut chart = ChartBuilder::on(&plot)
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(90)
@@ -254,27 +265,16 @@ fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::
             .map(|pt| (pt.seconds, f(pt) / scale))
             .collect()
     };
-    chart
-        .draw_series(AreaSeries::new(
-            series(&|pt| pt.heap),
-            0.0,
-            RGBColor(200, 200, 200).mix(0.5),
-        ))?
-        .label("other sites")
-        .legend(|(x, y)| {
-            Rectangle::new(
-                [(x, y - 5), (x + 12, y + 5)],
-                RGBColor(200, 200, 200).filled(),
-            )
-        });
+    let grey = RGBColor(200, 200, 200);
+    chart.draw_series(AreaSeries::new(series(&|pt| pt.heap), 0.0, grey.mix(0.5)))?;
+    let mut entries = vec![(Mark::Area(grey), "other sites".to_owned())];
     // The legend lists the sites largest first; the areas are stacked by drawing the largest
     // cumulative area first and each smaller one over it.
     for (k, site) in t.sites.iter().enumerate() {
-        let colour = SITE_COLOURS[k % SITE_COLOURS.len()];
-        chart
-            .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())?
-            .label(site.clone())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled()));
+        entries.push((
+            Mark::Area(SITE_COLOURS[k % SITE_COLOURS.len()]),
+            site.clone(),
+        ));
     }
     for k in (0..t.sites.len()).rev() {
         let colour = SITE_COLOURS[k % SITE_COLOURS.len()];
@@ -284,48 +284,62 @@ fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::
             colour.mix(0.85),
         ))?;
     }
-    chart
-        .draw_series(LineSeries::new(
-            series(&|pt| pt.heap),
-            BLACK.stroke_width(2),
-        ))?
-        .label("live heap (estimated)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 12, y)], BLACK.stroke_width(2)));
+    chart.draw_series(LineSeries::new(
+        series(&|pt| pt.heap),
+        BLACK.stroke_width(2),
+    ))?;
+    entries.push((Mark::Line(BLACK), "live heap (estimated)".to_owned()));
     let rss: Vec<(f64, f64)> = t
         .points
         .iter()
         .filter_map(|pt| pt.rss.map(|r| (pt.seconds, r / scale)))
         .collect();
     if !rss.is_empty() {
-        chart
-            .draw_series(LineSeries::new(rss, RED.stroke_width(2)))?
-            .label("RSS")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 12, y)], RED.stroke_width(2)));
+        chart.draw_series(LineSeries::new(rss, RED.stroke_width(2)))?;
+        entries.push((Mark::Line(RED), "RSS".to_owned()));
     }
     if let Some((at, bytes)) = t.peak {
-        chart
-            .draw_series(LineSeries::new(
-                vec![(at, 0.0), (at, top)],
-                BLUE.mix(0.6).stroke_width(1),
-            ))?
-            .label(format!(
-                "peak {} at {at:.2} s (--view peak)",
-                human_bytes(bytes)
-            ))
-            .legend(|(x, y)| PathElement::new(vec![(x + 6, y - 6), (x + 6, y + 6)], BLUE));
+        chart.draw_series(LineSeries::new(
+            vec![(at, 0.0), (at, top)],
+            BLUE.mix(0.6).stroke_width(1),
+        ))?;
+        entries.push((
+            Mark::Tick(BLUE),
+            format!("peak {} at {at:.2} s (--view peak)", human_bytes(bytes)),
+        ));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.4))
-        .label_font(("sans-serif", 13))
-        .draw()?;
+    draw_legend(&legend, &entries)?;
     root.present()?;
     Ok(())
 }
 
-/// `mprof timeline`: writes the timeline of `path` (the processes `pick` says) to `out` (SVG).
+/// The legend, one entry a line from the top of its panel; labels cut to the panel's width.
+fn draw_legend(
+    area: &DrawingArea<SVGBackend, plotters::coord::Shift>,
+    entries: &[(Mark, String)],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let font = ("sans-serif", 13).into_font().color(&BLACK);
+    // About 7 pixels a character at 13 px, after the mark.
+    let chars = (LEGEND_WIDTH as usize - 40) / 7;
+    for (i, (mark, label)) in entries.iter().enumerate() {
+        let y = 24 + 20 * i as i32;
+        match mark {
+            Mark::Area(c) => {
+                area.draw(&Rectangle::new([(4, y - 5), (16, y + 5)], c.filled()))?;
+            }
+            Mark::Line(c) => {
+                area.draw(&PathElement::new(vec![(4, y), (16, y)], c.stroke_width(2)))?;
+            }
+            Mark::Tick(c) => {
+                area.draw(&PathElement::new(vec![(10, y - 6), (10, y + 6)], *c))?;
+            }
+        }
+        let text = crate::text::elide(label, chars);
+        area.draw(&Text::new(text.into_owned(), (24, y - 7), font.clone()))?;
+    }
+    Ok(())
+}
+
 /// The unit of the y axis for values up to `top` bytes: its size in bytes and its name, the
 /// largest binary unit `top` holds at least once.
 fn axis_unit(top: f64) -> (f64, &'static str) {
