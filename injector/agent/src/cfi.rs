@@ -79,7 +79,8 @@ impl Cursor {
     fn u64(&mut self) -> Option<u64> {
         self.bytes().map(u64::from_le_bytes)
     }
-    fn uleb(&mut self) -> Option<u64> {
+    /// A LEB128 number's bits (those past 64 dropped), how many bits it had and its last byte.
+    fn leb(&mut self) -> Option<(u64, u32, u8)> {
         let (mut v, mut shift) = (0u64, 0u32);
         loop {
             let b = self.u8()?;
@@ -88,25 +89,20 @@ impl Cursor {
             }
             shift += 7;
             if b & 0x80 == 0 {
-                return Some(v);
+                return Some((v, shift, b));
             }
         }
     }
+    fn uleb(&mut self) -> Option<u64> {
+        self.leb().map(|(v, _, _)| v)
+    }
     fn sleb(&mut self) -> Option<i64> {
-        let (mut v, mut shift) = (0i64, 0u32);
-        loop {
-            let b = self.u8()?;
-            if shift < 64 {
-                v |= i64::from(b & 0x7f) << shift;
-            }
-            shift += 7;
-            if b & 0x80 == 0 {
-                if shift < 64 && b & 0x40 != 0 {
-                    v |= -1i64 << shift;
-                }
-                return Some(v);
-            }
+        let (v, shift, last) = self.leb()?;
+        let mut v = v as i64;
+        if shift < 64 && last & 0x40 != 0 {
+            v |= -1i64 << shift;
         }
+        Some(v)
     }
     fn skip(&mut self, n: u64) -> Option<()> {
         let n = usize::try_from(n).ok()?;
@@ -513,5 +509,35 @@ fn cfa(reg: u64, off: i64) -> Cfa {
     match u16::try_from(reg) {
         Ok(r) if usize::from(r) < REGS => Cfa::At(r, off),
         _ => Cfa::Unknown,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cursor;
+
+    fn cursor(bytes: &[u8]) -> Cursor {
+        let at = bytes.as_ptr() as usize;
+        Cursor {
+            at,
+            end: at + bytes.len(),
+        }
+    }
+
+    /// The numbers of DWARF's own examples, and a read past the end is no number.
+    #[test]
+    fn leb128_numbers() {
+        assert_eq!(cursor(&[2]).uleb(), Some(2));
+        assert_eq!(cursor(&[0x80, 1]).uleb(), Some(128));
+        assert_eq!(cursor(&[0xe5, 0x8e, 0x26]).uleb(), Some(624_485));
+        assert_eq!(cursor(&[0x7e]).sleb(), Some(-2));
+        assert_eq!(cursor(&[0xff, 0x7e]).sleb(), Some(-129));
+        assert_eq!(cursor(&[0x80, 0x7f]).sleb(), Some(-128));
+        assert_eq!(cursor(&[0x80]).uleb(), None);
+        let mut c = cursor(&[0x1b, 0xf0, 0xff, 0xff, 0xff]);
+        let field = c.at + 1;
+        c.u8();
+        // pcrel | sdata4: -16 from the field itself.
+        assert_eq!(c.pointer(0x1b, 0), Some(field - 16));
     }
 }
