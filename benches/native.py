@@ -11,12 +11,12 @@ measurements, each a --parts name:
                 moment on neighbouring cores, sides swapped every other pair, a warm-up pair
                 dropped): `mprof record --native` against `mprof record` (each at its default
                 rate: the command with and without the flag) and against `mprof record --rate
-                512KiB` (the same rate: what the native stacks alone cost). The median and
+                128KiB` (the same rate: what the native stacks alone cost). The median and
                 quartiles of the in-script time ratios; `mprof` against itself is the noise
                 floor. Wall time on a shared machine is noisy: read the quartiles.
   instructions  cachegrind instruction counts of the profiled Python process per round of the
                 workload, from runs of one and of three rounds so that start-up cancels out,
-                for none, mprof, mprof --rate 512KiB and mprof --native; the ratios. valgrind
+                for none, mprof, mprof --rate 128KiB and mprof --native; the ratios. valgrind
                 runs inside `mprof record`, so the reader keeps its own pace (a reader slowed
                 down with the target would read /proc 50 times as often per round) and is not
                 counted: it runs on another core. Counts do not move with the load on the
@@ -43,7 +43,7 @@ import overhead  # noqa: E402  (the set-up and the table)
 import pairs  # noqa: E402
 import runner  # noqa: E402  (the configurations and runners)
 
-NATIVE_RATE = "512KiB"
+NATIVE_RATE = "128KiB"
 PARTS = ("pairs", "instructions", "unwind")
 
 # Keep the capture after a run (runner.py removes it): the unwind part reads its sample count.
@@ -126,7 +126,7 @@ def count_target(args, flags, script, tmp, env):
 
 
 def measure_instructions(args, env):
-    """Instructions per round of the profiled program for none, mprof, mprof at 512 KiB and
+    """Instructions per round of the profiled program for none, mprof, mprof at 128 KiB and
     --native, from runs of one and of three rounds; the ratios."""
     if not shutil.which("valgrind"):
         sys.exit("the instructions part needs valgrind (apt-get install valgrind)")

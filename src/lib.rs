@@ -74,17 +74,17 @@ pub mod units;
 /// benchmark its samples cost 0.45% of the run's instructions beside the hooks' 3.2%, and every
 /// estimate's standard error is half of what 128 KiB gave (README, "Why 32 KiB by default").
 pub const DEFAULT_RATE: &str = "32KiB";
-/// The default `--rate` with `--native`: set when a native unwind cost about 35,000
-/// instructions a sample (libgcc's), so that `--native` added under 1% to the alloc benchmark;
-/// the agent's own unwinder costs about 10,000 (README).
-pub const NATIVE_DEFAULT_RATE: u64 = 512 << 10;
+/// The default `--rate` with `--native`: a native unwind costs about 10,000 instructions a
+/// sample (the agent's own unwinder), so that at 128 KiB `--native` adds 0.2% to the alloc
+/// benchmark's instructions (README). It was 512 KiB while libgcc's cost 35,000.
+pub const NATIVE_DEFAULT_RATE: u64 = 128 << 10;
 
 /// Settings shared by `record` and `attach`: sampling, and what counts as your code.
 #[derive(clap::Args, Clone, Debug)]
 pub struct SamplingArgs {
     /// Mean bytes allocated between two samples (`512KiB`, `1MiB`, plain bytes); 1 records
     /// every allocation. Units are 1024-based whatever their spelling: `k`, `KB` and `KiB` are
-    /// 1024 bytes, `MB` and `MiB` 1,048,576. The default is 512KiB with --native.
+    /// 1024 bytes, `MB` and `MiB` 1,048,576. The default is 128KiB with --native.
     #[arg(long, default_value = DEFAULT_RATE, value_parser = units::parse_size)]
     pub rate: u64,
     /// Deepest Python stack recorded, innermost frames kept.

@@ -153,14 +153,14 @@ fn attach_native_interleaves_c_and_python_frames() {
     }
 }
 
-/// `--native` samples at 512 KiB unless `--rate` says otherwise (a native unwind costs about
+/// `--native` samples at 128 KiB unless `--rate` says otherwise (a native unwind costs about
 /// 10,000 instructions); without it the default stays 32 KiB.
 #[test]
 fn native_has_its_own_default_rate() {
     let py = pythons().into_iter().next().expect("an interpreter");
     let dir = common::tempdir();
     for (args, want) in [
-        (&["--native"][..], 512 << 10),
+        (&["--native"][..], 128 << 10),
         (&["--native", "--rate", "32KiB"][..], 32 << 10),
         (&[][..], 32 << 10),
     ] {
