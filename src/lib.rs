@@ -75,8 +75,8 @@ pub mod units;
 /// estimate's standard error is half of what 128 KiB gave (README, "Why 32 KiB by default").
 pub const DEFAULT_RATE: &str = "32KiB";
 /// The default `--rate` with `--native`: a native unwind costs about 10,000 instructions a
-/// sample (the agent's own unwinder), so that at 128 KiB `--native` adds 0.2% to the alloc
-/// benchmark's instructions (README). It was 512 KiB while libgcc's cost 35,000.
+/// sample (the agent's own unwinder), so that at 128 KiB `--native` adds 0.2% to 0.6% to the
+/// alloc benchmark's instructions (README). It was 512 KiB while libgcc's cost 35,000.
 pub const NATIVE_DEFAULT_RATE: u64 = 128 << 10;
 
 /// Settings shared by `record` and `attach`: sampling, and what counts as your code.

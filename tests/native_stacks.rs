@@ -204,21 +204,18 @@ fn a_stack_switching_extension_survives_native_stacks() {
         }
         let d = dir.path().to_str().unwrap();
         let capture = dir.path().join("r.mprof");
-        let out = common::run_with_timeout(
-            common::mprof()
-                .args(["record", "-q", "--native", "--rate", "1", "-o"])
-                .arg(&capture)
-                .arg("--")
-                .arg(&py.path)
-                .arg(common::script("stack_switch_workload.py"))
-                .arg(d),
-            LIMIT,
+        let out = common::record_script(
+            &py,
+            &["-q", "--native", "--rate", "1"],
+            &[],
+            &capture,
+            "stack_switch_workload.py",
+            dir.path(),
         );
         let label = format!("{} (record)", py.label);
         assert!(
-            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("done"),
-            "{label}: {} {}",
-            out.status,
+            String::from_utf8_lossy(&out.stdout).contains("done"),
+            "{label}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         check_switched(&label, &capture);

@@ -154,10 +154,8 @@ pub struct Object {
 struct Cie {
     code_align: u64,
     data_align: i64,
-    ra: u64,
     fde_enc: u8,
     augmented: bool,
-    signal: bool,
     program: (usize, usize),
 }
 
@@ -167,9 +165,8 @@ impl Object {
     }
 
     /// The rules at `pc` (an address in the object's code): `None` when the tables do not
-    /// cover it or say something not followed. The second value: the frame is a signal
-    /// frame's.
-    pub fn row(&self, pc: usize) -> Option<(Row, bool)> {
+    /// cover it or say something not followed (a signal frame's, among others).
+    pub fn row(&self, pc: usize) -> Option<Row> {
         let mut c = self.record(self.find_fde(pc)?)?;
         let id_at = c.at;
         let cie_ptr = c.u32()? as usize;
@@ -194,7 +191,7 @@ impl Object {
         run.exec(&mut row, Cursor { at: p, end: e }, usize::MAX, begin)?;
         run.initial = row;
         run.exec(&mut row, c, pc, begin)?;
-        Some((row, cie.signal))
+        Some(row)
     }
 
     /// The FDE covering `pc`, by the binary search table of `.eh_frame_hdr`.
@@ -280,13 +277,14 @@ impl Object {
         } else {
             c.uleb()?
         };
+        if ra != RA as u64 {
+            return None;
+        }
         let mut cie = Cie {
             code_align,
             data_align,
-            ra,
             fde_enc: 0,
             augmented: aug.first() == Some(&b'z'),
-            signal: false,
             program: (0, 0),
         };
         if cie.augmented {
@@ -302,7 +300,8 @@ impl Object {
                         let enc = c.u8()?;
                         c.pointer(enc & 0x7f, 0)?;
                     }
-                    b'S' => cie.signal = true,
+                    // A signal frame's caller is found by expressions: not followed.
+                    b'S' => return None,
                     _ => break,
                 }
             }
@@ -311,9 +310,6 @@ impl Object {
             }
             c.at = data_end;
         } else if !aug.is_empty() {
-            return None;
-        }
-        if cie.ra != RA as u64 {
             return None;
         }
         cie.program = (c.at, end);

@@ -232,7 +232,7 @@ struct Scan<'a> {
 pub const PT_LOAD: u32 = 1;
 
 /// Whether `addr` lies in one of the object's loaded segments.
-unsafe fn contains(info: &DlPhdrInfo, addr: usize) -> bool {
+pub unsafe fn contains(info: &DlPhdrInfo, addr: usize) -> bool {
     std::slice::from_raw_parts(info.phdr, info.phnum as usize)
         .iter()
         .filter(|p| p.p_type == PT_LOAD)

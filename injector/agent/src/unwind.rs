@@ -100,7 +100,7 @@ pub fn unwind(out: &mut [MaybeUninit<u64>], _stack: &Cell<(usize, usize)>) -> us
 mod walk {
     use super::push;
     use crate::cfi::{Cfa, Object, Rule};
-    use crate::got::{dl_iterate_phdr, DlPhdrInfo, PT_LOAD};
+    use crate::got::{contains, dl_iterate_phdr, DlPhdrInfo, PT_LOAD};
     use std::cell::Cell;
     use std::ffi::{c_int, c_void};
     use std::mem::MaybeUninit;
@@ -210,24 +210,19 @@ mod walk {
     ) -> c_int {
         let search = &mut *(data as *mut Search);
         let info = &*info;
-        if info.phdr.is_null() {
+        if info.phdr.is_null() || !contains(info, search.pc) {
             return 0;
         }
         let headers = std::slice::from_raw_parts(info.phdr, usize::from(info.phnum));
-        let (mut start, mut end, mut holds, mut hdr) = (usize::MAX, 0usize, false, 0usize);
+        let (mut start, mut end, mut hdr) = (usize::MAX, 0usize, 0usize);
         for h in headers {
             let at = info.addr.wrapping_add(h.p_vaddr as usize);
             if h.p_type == PT_LOAD {
-                let to = at.wrapping_add(h.p_memsz as usize);
                 start = start.min(at);
-                end = end.max(to);
-                holds |= at <= search.pc && search.pc < to;
+                end = end.max(at.wrapping_add(h.p_memsz as usize));
             } else if h.p_type == PT_GNU_EH_FRAME {
                 hdr = at;
             }
-        }
-        if !holds {
-            return 0;
         }
         if hdr != 0 {
             search.found = Some(Object {
@@ -296,7 +291,6 @@ mod walk {
     struct Step {
         cfa: Option<(u8, i32)>,
         rules: [Rule; 8],
-        signal: bool,
     }
 
     fn slot(reg: u16) -> Option<u8> {
@@ -304,7 +298,7 @@ mod walk {
     }
 
     impl Step {
-        fn of(row: &crate::cfi::Row, signal: bool) -> Step {
+        fn of(row: &crate::cfi::Row) -> Step {
             let small = |v: i64| i32::try_from(v).ok();
             let cfa = match row.cfa {
                 Cfa::At(reg, off) => slot(reg).zip(small(off)),
@@ -316,7 +310,7 @@ mod walk {
                 Rule::In(from) => slot(from).map_or(Rule::Unknown, |s| Rule::In(s.into())),
                 other => other,
             });
-            Step { cfa, rules, signal }
+            Step { cfa, rules }
         }
 
         fn encode(&self) -> [u64; 9] {
@@ -324,7 +318,7 @@ mod walk {
             w[0] = match self.cfa {
                 Some((s, off)) => 1 | u64::from(s) << 8 | u64::from(off as u32) << 32,
                 None => 0,
-            } | u64::from(self.signal) << 1;
+            };
             for (word, rule) in w[1..].iter_mut().zip(self.rules) {
                 let (kind, v): (u64, i64) = match rule {
                     Rule::Same => (0, 0),
@@ -353,11 +347,7 @@ mod walk {
                     _ => Rule::Unknown,
                 };
             }
-            Step {
-                cfa,
-                rules,
-                signal: w[0] & 2 != 0,
-            }
+            Step { cfa, rules }
         }
     }
 
@@ -429,11 +419,10 @@ mod walk {
             return Some(step);
         }
         let step = match object.row(pc) {
-            Some((row, signal)) => Step::of(&row, signal),
+            Some(row) => Step::of(&row),
             None => Step {
                 cfa: None,
                 rules: [Rule::Unknown; 8],
-                signal: false,
             },
         };
         keep(pc, object.eh_frame_hdr, &step);
@@ -509,7 +498,6 @@ mod walk {
             let Some(Step {
                 cfa: Some((reg, off)),
                 rules,
-                signal: false,
             }) = found
             else {
                 break;
@@ -615,7 +603,6 @@ mod walk {
                     Rule::At(i64::from(i32::MIN)),
                     Rule::At(-8),
                 ],
-                signal: true,
             };
             assert_eq!(Step::decode(&step.encode()), step);
             let pc = steps_keep_through_the_cache as *const () as usize;
