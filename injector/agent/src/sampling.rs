@@ -77,6 +77,9 @@ pub unsafe fn sampled_alloc(
 }
 
 /// The native stack of this sample (`--native`), unwound before the session lock is taken.
+/// Inlined, so that a sample without `--native` pays for the test only: the unwind saves
+/// every register and reserves a few KiB of stack, out of line.
+#[inline(always)]
 fn native_stack<'a>(t: &ThreadState, out: &'a mut [MaybeUninit<u64>]) -> &'a [u64] {
     let n = if crate::unwind::on() {
         crate::unwind::unwind(out, &t.stack)

@@ -87,11 +87,13 @@ fn push(out: &mut [MaybeUninit<u64>], n: &mut usize, ip: usize) -> bool {
 /// first frame outside the agent; returns how many (the first that many are written).
 /// `stack` keeps the thread's stack extent between calls (see `walk::stack_of`).
 #[cfg(target_arch = "x86_64")]
+#[inline(never)]
 pub fn unwind(out: &mut [MaybeUninit<u64>], stack: &Cell<(usize, usize)>) -> usize {
     walk::unwind(out, stack)
 }
 
 #[cfg(not(target_arch = "x86_64"))]
+#[inline(never)]
 pub fn unwind(out: &mut [MaybeUninit<u64>], _stack: &Cell<(usize, usize)>) -> usize {
     libgcc::unwind(out)
 }
