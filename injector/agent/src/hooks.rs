@@ -88,14 +88,18 @@ fn count_down<const D: usize, const L: usize>(size: usize) -> bool {
     c > 0
 }
 
-/// Runs an allocator call on the fast path, guarded when pymalloc will pass it to RAW.
-#[inline(always)]
-fn through<const D: usize>(size: usize, call: impl FnOnce() -> *mut c_void) -> *mut c_void {
-    if passes_to_raw(D, size) {
-        nested(call)
-    } else {
-        call()
-    }
+/// A MEM or OBJ call that pymalloc will pass to RAW, guarded (see `PASSING`). Out of line, with
+/// the arguments by value: inlined, the call it makes (not a tail call) made every call of the
+/// hook save a register, the small ones' too.
+#[inline(never)]
+unsafe fn malloc_passed(p: &Allocator, size: usize) -> *mut c_void {
+    nested(|| (p.malloc)(p.ctx, size))
+}
+
+/// [`malloc_passed`] for calloc.
+#[inline(never)]
+unsafe fn calloc_passed(p: &Allocator, nelem: usize, elsize: usize) -> *mut c_void {
+    nested(|| (p.calloc)(p.ctx, nelem, elsize))
 }
 
 unsafe extern "C" fn hook_malloc<const D: usize, const L: usize>(
@@ -104,7 +108,10 @@ unsafe extern "C" fn hook_malloc<const D: usize, const L: usize>(
 ) -> *mut c_void {
     if count_down::<D, L>(size) {
         let p = chain::prev(L, D);
-        return through::<D>(size, || (p.malloc)(p.ctx, size));
+        if passes_to_raw(D, size) {
+            return malloc_passed(p, size);
+        }
+        return (p.malloc)(p.ctx, size);
     }
     slow_malloc::<D, L>(size)
 }
@@ -124,8 +131,24 @@ unsafe extern "C" fn hook_calloc<const D: usize, const L: usize>(
     let size = nelem.saturating_mul(elsize);
     let p = chain::prev(L, D);
     if count_down::<D, L>(size) {
-        return through::<D>(size, || (p.calloc)(p.ctx, nelem, elsize));
+        if passes_to_raw(D, size) {
+            return calloc_passed(p, nelem, elsize);
+        }
+        return (p.calloc)(p.ctx, nelem, elsize);
     }
+    slow_calloc::<D, L>(nelem, elsize, size)
+}
+
+/// The slow path of calloc, out of line as [`slow_malloc`] is: inlined, the closure's captures
+/// went to the stack on every call.
+#[cold]
+#[inline(never)]
+unsafe fn slow_calloc<const D: usize, const L: usize>(
+    nelem: usize,
+    elsize: usize,
+    size: usize,
+) -> *mut c_void {
+    let p = chain::prev(L, D);
     sampling::sampled_alloc(D, L, size, |n| {
         if n == size {
             return (p.calloc)(p.ctx, nelem, elsize);
