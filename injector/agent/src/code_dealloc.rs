@@ -31,10 +31,25 @@ static COUNTING: AtomicBool = AtomicBool::new(false);
 /// The interpreter's own `tp_dealloc` of code objects, once the wrapper went in.
 static ORIGINAL: AtomicUsize = AtomicUsize::new(0);
 
-/// How many code objects were freed: a chain made at another count is not trusted.
+/// How many code objects were freed: a chain made at another count is not trusted. Also moved
+/// whenever counting starts or stops, so that nothing made at one count was made partly
+/// while the frees went uncounted.
 #[inline]
 pub fn freed() -> u32 {
     FREED.load(Ordering::Relaxed)
+}
+
+/// Whether every code object freed now moves [`freed`] (the wrapper is in place).
+#[inline]
+pub fn counting() -> bool {
+    COUNTING.load(Ordering::Relaxed)
+}
+
+/// Sets [`COUNTING`], moving [`FREED`] when it changes (see [`freed`]).
+fn set_counting(on: bool) {
+    if COUNTING.swap(on, Ordering::Relaxed) != on {
+        FREED.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 fn at_slot(code: usize) -> usize {
@@ -94,7 +109,7 @@ pub fn wrap(l: &PyLayout, code_type: *mut c_void) {
     let ours = dealloc as Dealloc as usize;
     let now = slot.load(Ordering::Acquire);
     if now == ours {
-        COUNTING.store(true, Ordering::Relaxed);
+        set_counting(true);
         return;
     }
     if now == 0 {
@@ -110,7 +125,7 @@ pub fn wrap(l: &PyLayout, code_type: *mut c_void) {
         .compare_exchange(now, ours, Ordering::AcqRel, Ordering::Relaxed)
         .is_ok()
     {
-        COUNTING.store(true, Ordering::Relaxed);
+        set_counting(true);
     }
 }
 
@@ -126,6 +141,6 @@ pub fn unwrap(l: &PyLayout, code_type: *mut c_void) {
         .compare_exchange(ours, original, Ordering::AcqRel, Ordering::Relaxed)
         .is_ok()
     {
-        COUNTING.store(false, Ordering::Relaxed);
+        set_counting(false);
     }
 }

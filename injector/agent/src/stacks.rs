@@ -81,6 +81,10 @@ impl ThreadChain {
     /// `at` and the same link outside it say the same instruction and the same entry mark
     /// (from 3.12 the link outside an entry frame is a C-stack shim, whose `at` is the
     /// shim's); on top of the same parent that is the same node.
+    ///
+    /// While every code object freed is counted (`code_dealloc::counting`) the key is not read:
+    /// the frames remembered were made at the count of freed code objects the chain has now
+    /// (see [`Stacks::chain_of`]), so no code object at their addresses went since.
     pub fn recall(
         &self,
         at: usize,
@@ -92,7 +96,7 @@ impl ThreadChain {
             .recent
             .iter()
             .find(|r| r.at == at && r.outer == outer && r.parent == parent)?;
-        (r.code == code()).then_some(r.made)
+        (crate::code_dealloc::counting() || r.code == code()).then_some(r.made)
     }
 
     /// Remembers what a frame made (see [`ThreadChain::recall`]), in place of the oldest.
@@ -362,15 +366,12 @@ impl Stacks {
         // the session lock through this `&mut self`.
         let chain = unsafe { &mut **slot };
         let freed = crate::code_dealloc::freed();
-        if chain.tid != tid || chain.generation != self.generation {
+        if chain.tid != tid || chain.generation != self.generation || chain.freed != freed {
             chain.tid = tid;
             chain.generation = self.generation;
             chain.len = 0;
             // `at` 0 is no frame's.
             chain.recent = [Recent::default(); RECENT];
-        } else if chain.freed != freed {
-            // The frames it recalls check their code objects' keys; the chain cannot.
-            chain.len = 0;
         }
         chain.freed = freed;
         Some(chain)
