@@ -7,8 +7,9 @@ sample. This program makes the part that changes take every shape: recursion to 
 jump about (from one frame to forty changed between two samples), two stacks that differ only in
 their outermost frame (every frame inside it at the same address and instruction), a generator
 resumed from two callers, one caller calling from two lines, recursion with a C function
-between every two levels, and two threads doing the same with the interpreter switching
-between them all the time.
+between every two levels, a frame that allocates twice in a row (only it changes between the
+two samples; its callers alternate), and two threads doing the same with the interpreter
+switching between them all the time.
 
 Every allocation that is checked is `bytes(n)` in `leaf`, of a whole number of UNIT bytes:
 the interpreter's own allocations at the same line (3.8's caches of a code object's global
@@ -41,13 +42,15 @@ TRUTH = {}
 LOCK = threading.Lock()
 MAX_DEPTH = [None]
 TRUNCATED = "<truncated stack>"
+ONCE, TWICE = (0,), (0, 1)
 
 
-def leaf(k):
-    """Allocates k UNITs (the bytes object's header included)."""
+def leaf(k, again=0):
+    """Allocates k UNITs, then `again` more at another instruction of the same line (each bytes
+    object's header included): between those two samples only this frame changes."""
     if PROBING[0]:
-        return probe(k)
-    return bytes(LENGTHS[k])  # the allocation
+        return probe(k + again)
+    first = bytes(LENGTHS[k]); return first and bytes(LENGTHS[again])  # the allocation
 
 
 def probe(k):
@@ -85,24 +88,28 @@ def through_c_next(args):
     return through_c(args[0] - 1, args[1])
 
 
-def x(n):
-    return y(n)
+def x(n, again=0):
+    return y(n, again)
 
 
-def y(n):
-    return z(n)
+def y(n, again):
+    return z(n, again)
 
 
-def z(n):
-    return leaf(n)
+def z(n, again=0):
+    # With `again`, `leaf` twice from one line: from its third sample on, only `leaf` changes
+    # between two samples of the thread, and it runs what it ran two samples before.
+    for _ in TWICE if again else ONCE:
+        made = leaf(n, again)
+    return made
 
 
-def from_a(n):
-    return x(n)
+def from_a(n, again=0):
+    return x(n, again)
 
 
-def from_b(n):
-    return x(n)
+def from_b(n, again=0):
+    return x(n, again)
 
 
 def gen(n):
@@ -145,6 +152,8 @@ def scenarios():
         rec(d, 1 + d % 3)
     for i in range(200):
         (from_a if i % 2 else from_b)(1 + i % 3)
+    for i in range(200):
+        (from_a if i % 2 else from_b)(1 + i % 3, 1 + i % 2)
     g = gen(2)
     for i in range(200):
         (caller_one if i % 3 else caller_two)(g)

@@ -230,6 +230,32 @@ impl Announcer<'_> {
             0 => Cached::default(),
             k => chain.made[k - 1],
         };
+        let outside = if cut { CUT_OUTSIDE } else { 0 };
+        if same + 1 == n {
+            // Only the innermost frame changed, most often to an allocation site of a loop
+            // the thread ran lately: the loop below without its set-up.
+            let at = ats[same];
+            let outer = if same == 0 { outside } else { ats[same - 1] };
+            let f = first[0].assume_init() as *const c_void;
+            let live_key = || frames::live_code_key(self.api, self.layout, f);
+            let recalled = match at {
+                UNCOMPARABLE => None,
+                _ => chain.recall(at, outer, Cached { node, depth }, live_key),
+            };
+            if let Some(made) = recalled {
+                if made.depth as usize > self.max_depth {
+                    return Ok(Through::Deeper);
+                }
+                chain.ats[same] = at;
+                chain.made[same] = made;
+                chain.len = n;
+                return Ok(Through::Stack(Stack {
+                    node: made.node,
+                    depth: made.depth,
+                    truncated: cut,
+                }));
+            }
+        }
         // The frames that changed, innermost first: most often among those the walk kept.
         let mut walked = [const { MaybeUninit::<usize>::uninit() }; LINK_CAP];
         let changed: &[MaybeUninit<usize>] = if n - same <= FIRST {
@@ -255,7 +281,6 @@ impl Announcer<'_> {
                 }
             }
         }
-        let outside = if cut { CUT_OUTSIDE } else { 0 };
         let mut cacheable = true;
         for i in same..n {
             // SAFETY: the first `n - same` were written, by the walk or by `innermost`.
