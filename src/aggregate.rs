@@ -94,8 +94,13 @@ pub struct ProcessFigures {
     /// When the agent switched itself off because mprof's reader had gone silent (an END
     /// record saying so: the process went on unprofiled), if it did.
     pub reader_gone_ns: Option<u64>,
-    /// Whether its records are over ([`Aggregator::leave`]): its RSS no longer counts.
+    /// Whether its records are over ([`Aggregator::leave`]): its RSS no longer counts, unless
+    /// it was `still_running`.
     pub gone: bool,
+    /// Its END record said the session was over for it while it went on running (a detach):
+    /// when its records end, its last RSS reading and its live blocks still count, as the
+    /// process still holds them.
+    pub still_running: bool,
 }
 
 /// What applying one record changed, for callers that keep their own tables.
@@ -216,13 +221,23 @@ impl Aggregator {
     /// The records of `process` are over (it exited, or its capture ended): its blocks still
     /// live leave the live heap for [`Aggregator::ended`] (they stay live at its end), and its
     /// last RSS reading no longer counts in [`Aggregator::last_rss`]. Returns where its blocks
-    /// went in `ended`.
+    /// went in `ended`. Not for a process whose session ended while it went on running
+    /// ([`ProcessFigures::still_running`]), unless its address space is `gone` (it ran another
+    /// program): its blocks stay in the live heap and its reading in the sum, so that a merged
+    /// timeline of `attach --follow-children` does not drop at its end to the parent alone.
     pub fn leave(&mut self, process: u32) -> std::ops::Range<usize> {
+        self.leave_process(process, false)
+    }
+
+    fn leave_process(&mut self, process: u32, gone: bool) -> std::ops::Range<usize> {
         let start = self.ended.len();
         let Some(p) = self.procs.get_mut(process as usize) else {
             return start..start;
         };
         p.gone = true;
+        if p.still_running && !gone {
+            return start..start;
+        }
         p.last_rss = None;
         self.last_rss = self.rss_sum();
         let blocks = std::mem::take(&mut self.live[process as usize]);
@@ -251,11 +266,23 @@ impl Aggregator {
         &mut self.procs[self.process as usize]
     }
 
-    /// The sum of the last RSS readings of the processes that are not gone.
+    /// The sum of the last RSS readings that count (see [`Aggregator::leave`]); none while a
+    /// process that was there when an attach began has no reading yet: their first readings
+    /// come one by one just after the attach, and a sum of those in so far would climb from
+    /// the parent's alone. (A process born later is left out of the sum until its first
+    /// reading: a program that starts children all the time would otherwise have none.)
     fn rss_sum(&self) -> Option<u64> {
-        let mut readings = self.procs.iter().filter_map(|p| p.last_rss).peekable();
-        readings.peek()?;
-        Some(readings.fold(0u64, |sum, r| sum.saturating_add(r)))
+        let mut sum = None;
+        for p in &self.procs {
+            match p.last_rss {
+                Some(r) => sum = Some(sum.unwrap_or(0u64).saturating_add(r)),
+                None if !p.gone && p.meta.get("mode").is_some_and(|m| m == "attach") => {
+                    return None
+                }
+                None => {}
+            }
+        }
+        sum
     }
 
     /// Applies the next record.
@@ -265,10 +292,12 @@ impl Aggregator {
         match record {
             Record::Meta { text } => {
                 self.meta(text);
+                // A process attached to: no sum until its first reading (see `rss_sum`).
+                self.last_rss = self.rss_sum();
                 if ended_by_exec(text) {
                     // The process ran a new program by exec (a capture of its own): this one's
                     // blocks are gone with its address space.
-                    return Change::Ended(self.leave(self.process));
+                    return Change::Ended(self.leave_process(self.process, true));
                 }
             }
             Record::Code {
@@ -347,6 +376,8 @@ impl Aggregator {
             Record::End { reason, time_ns } => {
                 self.saw_time(*time_ns);
                 self.proc().ended = true;
+                self.proc().still_running =
+                    EndReason::from_u16(*reason) == Some(EndReason::Detached);
                 if EndReason::from_u16(*reason) == Some(EndReason::ReaderGone) {
                     self.proc().reader_gone_ns = Some(*time_ns);
                 }
@@ -436,5 +467,80 @@ impl Aggregator {
     /// The innermost frame of a stack.
     pub fn innermost(&self, stack: StackId) -> Location<'_> {
         self.resolver.names.innermost(stack.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{alloc, meta};
+
+    /// Process 0 and a child, each with a reading and a block; the child's records then end
+    /// after an END record saying `reason`, and with its Stats.
+    fn child_ends(reason: EndReason) -> Aggregator {
+        let mut agg = Aggregator::new(1);
+        agg.apply(&meta("mode=attach\npid=10"));
+        agg.apply(&Record::Rss {
+            time_ns: 1,
+            rss_bytes: 100,
+        });
+        assert_eq!(agg.last_rss, Some(100));
+        agg.enter(1);
+        agg.apply(&meta("mode=attach\npid=11"));
+        // The parent's reading alone is not the sum of the two.
+        assert_eq!(agg.last_rss, None);
+        agg.apply(&alloc(1, 0x1000, 64, 2, &[]));
+        agg.apply(&Record::Rss {
+            time_ns: 3,
+            rss_bytes: 1000,
+        });
+        assert_eq!(agg.last_rss, Some(1100));
+        assert_eq!(agg.live_bytes, 64.0);
+        agg.apply(&Record::End {
+            reason: reason as u16,
+            time_ns: 4,
+        });
+        agg.apply(&Record::Stats {
+            samples: 1,
+            dropped: 0,
+        });
+        agg.enter(0);
+        agg
+    }
+
+    #[test]
+    fn a_child_still_running_when_its_session_ended_keeps_its_memory() {
+        let agg = child_ends(EndReason::Detached);
+        assert_eq!(agg.last_rss, Some(1100));
+        assert_eq!(agg.live_bytes, 64.0);
+        assert_eq!(agg.live_blocks().count(), 1);
+    }
+
+    /// A process born after the attach is in the sum from its first reading on.
+    #[test]
+    fn a_child_born_later_counts_from_its_first_reading() {
+        let mut agg = Aggregator::new(1);
+        agg.apply(&meta("mode=attach\npid=10"));
+        agg.apply(&Record::Rss {
+            time_ns: 1,
+            rss_bytes: 100,
+        });
+        agg.enter(1);
+        agg.apply(&meta("mode=child\npid=11\nborn=fork"));
+        assert_eq!(agg.last_rss, Some(100));
+        agg.apply(&Record::Rss {
+            time_ns: 2,
+            rss_bytes: 50,
+        });
+        assert_eq!(agg.last_rss, Some(150));
+    }
+
+    #[test]
+    fn a_child_that_exited_leaves_the_sums() {
+        let agg = child_ends(EndReason::Finalizing);
+        assert_eq!(agg.last_rss, Some(100));
+        assert_eq!(agg.live_bytes, 0.0);
+        // Live at its end, all the same.
+        assert_eq!(agg.live_blocks().count(), 1);
     }
 }
