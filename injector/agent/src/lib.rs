@@ -18,6 +18,7 @@ mod addrset;
 mod cfi;
 mod chain;
 mod code_dealloc;
+mod exec_env;
 mod follow;
 mod got;
 mod hooks;
@@ -130,10 +131,17 @@ unsafe fn claim_and_start(base: *mut u8, len: usize) -> c_int {
 /// Record mode: runs when the dynamic loader loads the agent through `LD_PRELOAD`, before
 /// `main`, so the hooks are in place before the interpreter runs a line of Python.
 extern "C" fn preload_init() {
-    let follow = env_text(ENV_FOLLOW).and_then(|text| {
-        let (name, ring) = mprof_common::children::parse_follow_env(&text)?;
+    let follow_text = env_text(ENV_FOLLOW);
+    let follow = follow_text.as_deref().and_then(|text| {
+        let (name, ring) = mprof_common::children::parse_follow_env(text)?;
         Some((name.to_string(), ring))
     });
+    if let (Some(text), Some(_)) = (&follow_text, &follow) {
+        // Children started with environments of their own get the agent and the rendezvous
+        // back (see `exec_env`).
+        let preload = env_text(c"LD_PRELOAD").unwrap_or_default();
+        exec_env::arm(text.as_bytes(), preload.as_bytes());
+    }
     let Some(ring_fd) = env_fd(ENV_RING_FD) else {
         // Not the program mprof started: a Python started by exec under a followed tree.
         if let (Some((name, ring)), Some(_)) = (follow, python::api()) {

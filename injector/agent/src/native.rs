@@ -231,6 +231,43 @@ unsafe extern "C" fn hook_dlsym(handle: *mut c_void, name: *const c_char) -> *mu
         .map_or(found, |&(_, hook)| hook as *mut c_void)
 }
 
+/// `execve`, `posix_spawn`, `posix_spawnp` of the interpreter and its extension modules: under
+/// `record --follow-children`, an environment of the program's own gets the agent and the
+/// rendezvous back (see `exec_env`).
+unsafe extern "C" fn hook_execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    crate::exec_env::with_follow_env(envp, |envp| sys::execve(path, argv, envp))
+}
+
+unsafe extern "C" fn hook_posix_spawn(
+    pid: *mut c_int,
+    path: *const c_char,
+    file_actions: *const c_void,
+    attr: *const c_void,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    crate::exec_env::with_follow_env(envp, |envp| {
+        sys::posix_spawn(pid, path, file_actions, attr, argv, envp)
+    })
+}
+
+unsafe extern "C" fn hook_posix_spawnp(
+    pid: *mut c_int,
+    file: *const c_char,
+    file_actions: *const c_void,
+    attr: *const c_void,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    crate::exec_env::with_follow_env(envp, |envp| {
+        sys::posix_spawnp(pid, file, file_actions, attr, argv, envp)
+    })
+}
+
 /// The real functions (as the agent itself calls them) and their hooks.
 fn real_to_hook() -> [(usize, usize); 12] {
     let p = |f: *const ()| f as usize;
@@ -273,7 +310,7 @@ fn hook(name: &'static std::ffi::CStr, addr: usize, scope: Scope) -> Hook {
 }
 
 /// The hooked functions.
-fn hooks() -> [Hook; 17] {
+fn hooks() -> [Hook; 20] {
     use Scope::{Everywhere, NotInterpreter, PythonCode};
     [
         hook(c"malloc", hook_malloc as *const () as usize, NotInterpreter),
@@ -317,6 +354,17 @@ fn hooks() -> [Hook; 17] {
         hook(c"dlopen", hook_dlopen as *const () as usize, Everywhere),
         hook(c"dlclose", hook_dlclose as *const () as usize, Everywhere),
         hook(c"dlsym", hook_dlsym as *const () as usize, PythonCode),
+        hook(c"execve", hook_execve as *const () as usize, PythonCode),
+        hook(
+            c"posix_spawn",
+            hook_posix_spawn as *const () as usize,
+            PythonCode,
+        ),
+        hook(
+            c"posix_spawnp",
+            hook_posix_spawnp as *const () as usize,
+            PythonCode,
+        ),
     ]
 }
 

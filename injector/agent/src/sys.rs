@@ -161,6 +161,27 @@ extern "C" {
     pub fn syscall(n: c_long, ...) -> c_long;
     pub fn clock_gettime(clock: c_int, ts: *mut Timespec) -> c_int;
     pub fn getenv(name: *const c_char) -> *mut c_char;
+    pub fn execve(
+        path: *const c_char,
+        argv: *const *const c_char,
+        envp: *const *const c_char,
+    ) -> c_int;
+    pub fn posix_spawn(
+        pid: *mut c_int,
+        path: *const c_char,
+        file_actions: *const c_void,
+        attr: *const c_void,
+        argv: *const *const c_char,
+        envp: *const *const c_char,
+    ) -> c_int;
+    pub fn posix_spawnp(
+        pid: *mut c_int,
+        file: *const c_char,
+        file_actions: *const c_void,
+        attr: *const c_void,
+        argv: *const *const c_char,
+        envp: *const *const c_char,
+    ) -> c_int;
     pub fn setenv(name: *const c_char, value: *const c_char, overwrite: c_int) -> c_int;
     pub fn unsetenv(name: *const c_char) -> c_int;
     pub fn close(fd: c_int) -> c_int;
