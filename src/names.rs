@@ -382,7 +382,7 @@ impl StackResolver {
     }
 
     pub(crate) fn announce(&mut self, addr: u64, file: &str, name: &str, firstline: u32) {
-        let code = self.names.code(file, name, firstline);
+        let code = self.names.code(&tidy_path(file), name, firstline);
         match self.here.code_at.insert(addr, code) {
             Some(old) if old == code => {}
             Some(_) => self.clear_cache(),
@@ -508,4 +508,32 @@ fn mixed_key(frames: &[Frame], native: &NativeStack) -> Box<[u64]> {
     key.push(native.addrs.len() as u64);
     key.extend_from_slice(&native.entries);
     key.into_boxed_slice()
+}
+
+/// An absolute path as Python wrote it, without its `/./` steps: from 3.9 CPython makes the
+/// main script's path absolute without normalising it (`python ./x.py` in /tmp runs
+/// `/tmp/./x.py`). Nothing else changes (a `..` may cross a symbolic link).
+fn tidy_path(file: &str) -> std::borrow::Cow<'_, str> {
+    if !file.starts_with('/') || !file.contains("/./") {
+        return file.into();
+    }
+    let mut tidy = file.to_owned();
+    while let Some(at) = tidy.find("/./") {
+        tidy.replace_range(at..at + 2, "");
+    }
+    tidy.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tidy_path;
+
+    #[test]
+    fn a_script_path_loses_its_dot_steps() {
+        assert_eq!(tidy_path("/tmp/./x.py"), "/tmp/x.py");
+        assert_eq!(tidy_path("/a/././b/./c.py"), "/a/b/c.py");
+        assert_eq!(tidy_path("/a/../b.py"), "/a/../b.py");
+        assert_eq!(tidy_path("./x.py"), "./x.py");
+        assert_eq!(tidy_path("<frozen os>"), "<frozen os>");
+    }
 }
