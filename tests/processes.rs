@@ -585,8 +585,9 @@ fn short_lived_children_with_environments_of_their_own_are_followed() {
             .unwrap_or(0.0);
         assert!(
             (15e6..15.2e6).contains(&made),
-            "{}: {made} bytes in quick_child, 5 x 3,000,000 made: {err}",
-            py.label
+            "{}: {made} bytes in quick_child, 5 x 3,000,000 made; processes: {}\n{err}",
+            py.label,
+            report["processes"]
         );
     }
 }

@@ -2,9 +2,9 @@
 //! (`subprocess.Popen(..., env={...})`, `os.execve`, `os.posix_spawn`) loses `LD_PRELOAD` and
 //! `MPROF_FOLLOW`, so it would not load the agent; mprof's look for such strays (four times a
 //! second) misses one that ends sooner. The exec and spawn calls of the interpreter and its
-//! extension modules (see `native`) go through [`with_follow_env`], which adds the two back
-//! when the environment passed lacks `MPROF_FOLLOW`: the agent's library in front of whatever
-//! `LD_PRELOAD` it has, and the rendezvous.
+//! extension modules (see `native`) go through [`with_follow_env`], which adds back what the
+//! environment passed lacks of the two: the agent's library in front of whatever `LD_PRELOAD`
+//! it has, and the rendezvous.
 //!
 //! It runs between `vfork()` and exec (CPython's `_posixsubprocess`), in memory the parent
 //! shares: no allocation, no lock, only the stack. What it adds is kept at the agent's start
@@ -65,9 +65,9 @@ pub fn arm(follow: &[u8], preload: &[u8]) {
     ARMED.store(true, Ordering::Release);
 }
 
-/// Calls `exec` with `envp`, or with a copy of it on the stack that also has `MPROF_FOLLOW`
-/// and the agent's library first in `LD_PRELOAD`, when following is armed and `envp` lacks
-/// `MPROF_FOLLOW`.
+/// Calls `exec` with `envp`, or, when following is armed and `envp` lacks `MPROF_FOLLOW` or the
+/// agent in `LD_PRELOAD`, with a copy of it on the stack that has them (the agent first in
+/// `LD_PRELOAD`, before what the program had there).
 ///
 /// # Safety
 /// `envp` is null or a NULL-terminated array of NUL-terminated strings, as exec takes.
@@ -80,18 +80,17 @@ pub unsafe fn with_follow_env<R>(
     }
     // SAFETY: written before `ARMED` was set, never after.
     let kept = &*std::ptr::addr_of!(KEPT);
+    let agent = &kept.agent[..kept.agent_len];
     let mut entries = [std::ptr::null::<c_char>(); MAX_ENTRIES + 3];
     let mut n = 0;
-    let mut theirs: Option<&[u8]> = None;
+    let (mut theirs, mut follows) = (None::<&[u8]>, false);
     let mut at = envp;
     while !(*at).is_null() {
         let entry = CStr::from_ptr(*at).to_bytes();
-        if entry.starts_with(FOLLOW) {
-            return exec(envp);
-        }
         if entry.starts_with(PRELOAD) {
             theirs = Some(&entry[PRELOAD.len()..]);
         } else {
+            follows |= entry.starts_with(FOLLOW);
             if n == MAX_ENTRIES {
                 return exec(envp);
             }
@@ -100,23 +99,32 @@ pub unsafe fn with_follow_env<R>(
         }
         at = at.add(1);
     }
-    // `LD_PRELOAD=` the agent, then theirs after a colon.
+    let loads_agent =
+        theirs.is_some_and(|t| t.split(|&b| b == b':' || b == b' ').any(|p| p == agent));
+    if follows && loads_agent {
+        return exec(envp);
+    }
+    // `LD_PRELOAD=` the agent, then theirs after a colon (theirs alone if it has the agent).
     let mut preload = [0u8; 2 * ENTRY + PRELOAD.len() + 2];
-    let agent = &kept.agent[..kept.agent_len];
     let theirs = theirs.filter(|t| !t.is_empty());
-    let len = PRELOAD.len() + agent.len() + theirs.map_or(0, |t| 1 + t.len());
+    let ours = if loads_agent { &[][..] } else { agent };
+    let sep = usize::from(!ours.is_empty() && theirs.is_some());
+    let len = PRELOAD.len() + ours.len() + sep + theirs.map_or(0, |t| t.len());
     if len + 1 > preload.len() {
         return exec(envp);
     }
-    preload[..PRELOAD.len()].copy_from_slice(PRELOAD);
-    preload[PRELOAD.len()..PRELOAD.len() + agent.len()].copy_from_slice(agent);
-    if let Some(t) = theirs {
-        let from = PRELOAD.len() + agent.len();
-        preload[from] = b':';
-        preload[from + 1..from + 1 + t.len()].copy_from_slice(t);
-    }
+    let mut put = |at: usize, bytes: &[u8]| {
+        preload[at..at + bytes.len()].copy_from_slice(bytes);
+        at + bytes.len()
+    };
+    let end = put(0, PRELOAD);
+    let end = put(end, ours);
+    let end = put(end, &b":"[..sep]);
+    put(end, theirs.unwrap_or(&[]));
     entries[n] = preload.as_ptr().cast();
-    entries[n + 1] = kept.follow.as_ptr().cast();
+    if !follows {
+        entries[n + 1] = kept.follow.as_ptr().cast();
+    }
     exec(entries.as_ptr())
 }
 
@@ -167,8 +175,19 @@ mod tests {
             ]
         );
         // Already followed (the environment mprof gave): untouched.
-        let inherited = ["LD_PRELOAD=/proc/9/fd/3", "MPROF_FOLLOW=other"];
+        let inherited = ["LD_PRELOAD=/x.so:/proc/9/fd/3", "MPROF_FOLLOW=other"];
         assert_eq!(run(&inherited), inherited);
+        // The rendezvous kept but the preload dropped (a copy of the environment without
+        // LD_PRELOAD): the agent comes back, the rendezvous stays theirs.
+        assert_eq!(
+            run(&["MPROF_FOLLOW=other", "A=b"]),
+            ["MPROF_FOLLOW=other", "A=b", "LD_PRELOAD=/proc/9/fd/3"]
+        );
+        // The preload kept, the rendezvous dropped: it comes back.
+        assert_eq!(
+            run(&["LD_PRELOAD=/proc/9/fd/3"]),
+            ["LD_PRELOAD=/proc/9/fd/3", "MPROF_FOLLOW=rendezvous 1 2"]
+        );
         // Too many entries to copy: passed on as it was.
         let many: Vec<String> = (0..MAX_ENTRIES + 1).map(|i| format!("V{i}=1")).collect();
         let many: Vec<&str> = many.iter().map(|s| s.as_str()).collect();
