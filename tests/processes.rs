@@ -579,13 +579,20 @@ fn short_lived_children_with_environments_of_their_own_are_followed() {
             .collect();
         assert_eq!(children.len(), 5, "{}: {report}\n{err}", py.label);
         let merged = report_json(&capture, &["--by", "function", "--top", "0"]);
-        let made = by_function(&merged)
-            .get("quick_child")
-            .and_then(|row| row["alloc_bytes"].as_f64())
-            .unwrap_or(0.0);
+        let rows: Vec<&Value> = merged["locations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|row| row["function"] == "quick_child")
+            .collect();
+        let made: f64 = rows
+            .iter()
+            .filter_map(|row| row["alloc_bytes"].as_f64())
+            .sum();
         assert!(
             (15e6..15.2e6).contains(&made),
-            "{}: {made} bytes in quick_child, 5 x 3,000,000 made; processes: {}\n{err}",
+            "{}: {made} bytes in quick_child, 5 x 3,000,000 made; its rows: {rows:?}; \
+             processes: {}\n{err}",
             py.label,
             report["processes"]
         );
