@@ -183,10 +183,15 @@ impl Children {
         observe: &mut dyn FnMut(Event),
     ) -> Result<usize> {
         for arrival in rendezvous.arrivals() {
+            let live = self.live.iter().position(|c| c.pid == arrival.pid);
+            if live.is_some() && arrival.hello.born == BORN_FORKED {
+                self.late_fork(arrival);
+                continue;
+            }
             // A process that announces itself again has run a new program (exec): the stream
             // of its old image is over (its capture is finished), and the new one gets a
             // capture of its own.
-            if let Some(at) = self.live.iter().position(|c| c.pid == arrival.pid) {
+            if let Some(at) = live {
                 let old = self.live.swap_remove(at);
                 self.end(old, true, observe)?;
             } else if arrival.pid == self.root {
@@ -224,6 +229,29 @@ impl Children {
             }
         }
         Ok(moved)
+    }
+
+    /// A fork's announcement that arrived after the program the fork ran by exec had announced
+    /// itself: a fork's is a pid's first announcement, but the rendezvous takes a message
+    /// that was slow to come after one that was ready (`subprocess` on 3.8 and 3.9 forks, the
+    /// child announces itself, runs Python by exec at once, and that Python announces itself
+    /// too). Its image is over: its capture is made and finished at once, and the live one
+    /// is left alone (before, it was ended as if it had run a new program, and what it did
+    /// after went unrecorded). Quietly: the live view knows the pid as the program it runs.
+    fn late_fork(&mut self, arrival: Arrival) {
+        let pid = arrival.pid;
+        let command = self.commands.get(&pid).cloned();
+        if self.admit(arrival).is_ok() {
+            if let Some(child) = self.live.pop() {
+                if let Err(e) = self.end(child, true, &mut |_: Event| {}) {
+                    crate::say!("mprof: warning: a child's capture could not be finished: {e:#}");
+                }
+            }
+        }
+        // The command of the program the pid runs now.
+        if let Some(command) = command {
+            self.commands.insert(pid, command);
+        }
     }
 
     /// The children that have exited (their rings still to be drained), from their pidfds
