@@ -242,7 +242,8 @@ unsafe extern "C" fn hook_execve(
     crate::exec_env::with_follow_env(envp, |envp| sys::execve(path, argv, envp))
 }
 
-unsafe extern "C" fn hook_posix_spawn(
+/// `posix_spawn`, or with `PATH` `posix_spawnp` (which looks `path` up in `PATH`).
+unsafe extern "C" fn hook_posix_spawn<const PATH: bool>(
     pid: *mut c_int,
     path: *const c_char,
     file_actions: *const c_void,
@@ -250,22 +251,12 @@ unsafe extern "C" fn hook_posix_spawn(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    crate::exec_env::with_follow_env(envp, |envp| {
-        sys::posix_spawn(pid, path, file_actions, attr, argv, envp)
-    })
-}
-
-unsafe extern "C" fn hook_posix_spawnp(
-    pid: *mut c_int,
-    file: *const c_char,
-    file_actions: *const c_void,
-    attr: *const c_void,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    crate::exec_env::with_follow_env(envp, |envp| {
-        sys::posix_spawnp(pid, file, file_actions, attr, argv, envp)
-    })
+    let real = if PATH {
+        sys::posix_spawnp
+    } else {
+        sys::posix_spawn
+    };
+    crate::exec_env::with_follow_env(envp, |envp| real(pid, path, file_actions, attr, argv, envp))
 }
 
 /// The real functions (as the agent itself calls them) and their hooks.
@@ -357,12 +348,12 @@ fn hooks() -> [Hook; 20] {
         hook(c"execve", hook_execve as *const () as usize, PythonCode),
         hook(
             c"posix_spawn",
-            hook_posix_spawn as *const () as usize,
+            hook_posix_spawn::<false> as *const () as usize,
             PythonCode,
         ),
         hook(
             c"posix_spawnp",
-            hook_posix_spawnp as *const () as usize,
+            hook_posix_spawn::<true> as *const () as usize,
             PythonCode,
         ),
     ]
