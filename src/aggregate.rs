@@ -375,10 +375,10 @@ impl Aggregator {
             }
             Record::End { reason, time_ns } => {
                 self.saw_time(*time_ns);
+                let why = EndReason::from_u16(*reason);
                 self.proc().ended = true;
-                self.proc().still_running =
-                    EndReason::from_u16(*reason) == Some(EndReason::Detached);
-                if EndReason::from_u16(*reason) == Some(EndReason::ReaderGone) {
+                self.proc().still_running = why == Some(EndReason::Detached);
+                if why == Some(EndReason::ReaderGone) {
                     self.proc().reader_gone_ns = Some(*time_ns);
                 }
                 if self.process == 0 {

@@ -359,6 +359,7 @@ fn round_tick(v: f64) -> String {
     s.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
+/// `mprof timeline`: writes the timeline of `path` (the processes `pick` says) to `out` (SVG).
 pub fn run(path: &Path, out: &Path, top: usize, pick: Pick) -> Result<()> {
     check_output(out, Format::Svg)?;
     let set = CaptureSet::open(path, pick)?;

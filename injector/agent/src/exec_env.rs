@@ -36,14 +36,19 @@ static mut KEPT: Kept = Kept {
     agent_len: 0,
 };
 
+/// The libraries a value of `LD_PRELOAD` names (the loader takes colons and blanks between
+/// them).
+fn preloaded(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b':' || b == b' ')
+        .filter(|p| !p.is_empty())
+}
+
 /// Keeps what an exec must pass on: `follow`, the value of `MPROF_FOLLOW`, and the agent's
 /// library, the first entry of `preload` (the value of `LD_PRELOAD`, entries separated by
 /// colons or blanks). Called once, from the loader's constructor, before any other thread.
 pub fn arm(follow: &[u8], preload: &[u8]) {
-    let agent = preload
-        .split(|&b| b == b':' || b == b' ')
-        .find(|p| !p.is_empty())
-        .unwrap_or(&[]);
+    let agent = preloaded(preload).next().unwrap_or(&[]);
     if agent.is_empty()
         || agent.len() > ENTRY
         || FOLLOW.len() + follow.len() + 1 > ENTRY
@@ -99,8 +104,7 @@ pub unsafe fn with_follow_env<R>(
         }
         at = at.add(1);
     }
-    let loads_agent =
-        theirs.is_some_and(|t| t.split(|&b| b == b':' || b == b' ').any(|p| p == agent));
+    let loads_agent = theirs.is_some_and(|t| preloaded(t).any(|p| p == agent));
     if follows && loads_agent {
         return exec(envp);
     }

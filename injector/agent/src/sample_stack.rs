@@ -83,6 +83,17 @@ unsafe fn first_difference_avx2(now: &[usize], before: &[usize]) -> usize {
 /// stack is one, whose `outer` is 0). No link's `at` is 1.
 const CUT_OUTSIDE: usize = 1;
 
+/// The `at` of the link outside link `i` of `ats` (outermost first); `outside` for the
+/// outermost.
+#[inline(always)]
+fn outer_of(ats: &[usize], i: usize, outside: usize) -> usize {
+    if i == 0 {
+        outside
+    } else {
+        ats[i - 1]
+    }
+}
+
 /// Frames of a sample whose sets of the frame cache are asked for ahead of their lookups.
 const PREFETCHED: usize = 8;
 
@@ -235,14 +246,9 @@ impl Announcer<'_> {
             // Only the innermost frame changed, most often to an allocation site of a loop
             // the thread ran lately: the loop below without its set-up.
             let at = ats[same];
-            let outer = if same == 0 { outside } else { ats[same - 1] };
+            let outer = outer_of(ats, same, outside);
             let f = first[0].assume_init() as *const c_void;
-            let live_key = || frames::live_code_key(self.api, self.layout, f);
-            let recalled = match at {
-                UNCOMPARABLE => None,
-                _ => chain.recall(at, outer, Cached { node, depth }, live_key),
-            };
-            if let Some(made) = recalled {
+            if let Some(made) = self.recall(chain, at, outer, Cached { node, depth }, f) {
                 if made.depth as usize > self.max_depth {
                     return Ok(Through::Deeper);
                 }
@@ -285,14 +291,9 @@ impl Announcer<'_> {
         for i in same..n {
             // SAFETY: the first `n - same` were written, by the walk or by `innermost`.
             let f = changed[n - 1 - i].assume_init() as *const c_void;
-            let (at, outer) = (ats[i], if i == 0 { outside } else { ats[i - 1] });
+            let (at, outer) = (ats[i], outer_of(ats, i, outside));
             let parent = Cached { node, depth };
-            let live_key = || frames::live_code_key(self.api, self.layout, f);
-            let recalled = match at {
-                UNCOMPARABLE => None,
-                _ => chain.recall(at, outer, parent, live_key),
-            };
-            if let Some(made) = recalled {
+            if let Some(made) = self.recall(chain, at, outer, parent, f) {
                 if made.depth as usize > self.max_depth {
                     return Ok(Through::Deeper);
                 }
@@ -335,6 +336,29 @@ impl Announcer<'_> {
             depth,
             truncated: cut,
         }))
+    }
+
+    /// What the frame `f`, running `at` inside a link running `outer`, made on top of `parent`
+    /// when the thread ran it lately (see [`ThreadChain::recall`]); never for an
+    /// [`UNCOMPARABLE`] frame.
+    ///
+    /// # Safety
+    /// `f` is a live frame of the calling thread.
+    #[inline(always)]
+    unsafe fn recall(
+        &self,
+        chain: &ThreadChain,
+        at: usize,
+        outer: usize,
+        parent: Cached,
+        f: *const c_void,
+    ) -> Option<Cached> {
+        if at == UNCOMPARABLE {
+            return None;
+        }
+        chain.recall(at, outer, parent, || {
+            frames::live_code_key(self.api, self.layout, f)
+        })
     }
 
     /// The plain walk: innermost `max_depth` frames, interned from the outermost kept. The
