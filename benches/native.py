@@ -9,9 +9,10 @@ measurements, each a --parts name:
 
   pairs         simultaneous pinned pairs (pairs.py's method: the two commands at the same
                 moment on neighbouring cores, sides swapped every other pair, a warm-up pair
-                dropped): `mprof record --native` against `mprof record` (each at its default
-                rate: the command with and without the flag) and against `mprof record --rate
-                128KiB` (the same rate: what the native stacks alone cost). The median and
+                dropped): `mprof record --native` against `mprof record` (the command with
+                and without the flag; both sample at the default 128 KiB since it became
+                --native's too) and against `mprof record --rate 128KiB` (the same rate named:
+                what the native stacks alone cost, whatever the default). The median and
                 quartiles of the in-script time ratios; `mprof` against itself is the noise
                 floor. Wall time on a shared machine is noisy: read the quartiles.
   instructions  cachegrind instruction counts of the profiled Python process per round of the

@@ -5,6 +5,7 @@
     python3 benches/sample_cost.py --depth 10 --python ~/.pyenv/versions/3.11.7/bin/python3
     python3 benches/sample_cost.py --native         # the same with --native (native unwind)
     python3 benches/sample_cost.py --depth 2,30     # two depths: the cost of each further frame
+    python3 benches/sample_cost.py --workload alloc --rate 32768   # a sample of a real job
 
 With two or more depths it also splits the cost in two: what every further Python frame adds
 (the walk reads each frame and compares it with the thread's previous sample) and the part
@@ -14,6 +15,13 @@ The workload (workloads/deep_stack.py) recurses to a fixed depth, then allocates
 runs under valgrind's cachegrind (cache simulation on) *inside* `mprof record`: only the Python
 process is under valgrind, the reader runs at full speed and keeps up, so no sample is dropped and
 every sample is paid for.
+
+`--workload alloc` costs the samples of the allocation-bound job instead (workloads/
+alloc_heavy.py, one and three rounds of 5,000 log lines, `PYTHONHASHSEED=0`) at `--rate`, which
+should then be a real one (32768, the old default; 131072, the default). Its samples are what
+wall time sees: a program does tens of microseconds of its own work between two of them, so the
+sample's code and data are no longer in the first-level caches and every sample fetches them
+again (the I1 column), where deep_stack's loop at `--rate 1` keeps them hot.
 
 Each configuration runs at two sizes of the loop; the difference cancels start-up and the
 profiler's fixed costs. Then
@@ -34,6 +42,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOAD = os.path.join(HERE, "workloads", "deep_stack.py")
+ALLOC_WORKLOAD = os.path.join(HERE, "workloads", "alloc_heavy.py")
 NO_SAMPLES_RATE = 1 << 40
 
 
@@ -44,12 +53,13 @@ def newest_python(minor):
 
 
 def counters(log):
-    """Instructions, D1 misses and last-level misses from a cachegrind log."""
+    """Instructions, I1, D1 and last-level misses from a cachegrind log."""
     def total(label):
         m = re.search(r"%s:\s+([\d,]+)" % label, log)
         return int(m.group(1).replace(",", "")) if m else 0
     return {
         "instr": total(r"I\s+refs"),
+        "i1": total(r"I1\s+misses"),
         "d1": total(r"D1\s+misses"),
         "ll": total(r"LL\s+misses"),
     }
@@ -73,9 +83,16 @@ def run(args, rate, iterations, tmp):
     cmd += [
         "--", "valgrind", "--tool=cachegrind", "--cache-sim=yes",
         "--cachegrind-out-file=/dev/null", "--log-file=" + log,
-        args.python, WORKLOAD, str(iterations), str(args.depth),
+        args.python,
     ]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(os.environ)
+    if args.workload == "alloc":
+        cmd += [ALLOC_WORKLOAD, "--rounds", str(iterations), "--lines", "5000"]
+        # The same Python work in every run: dict and set layouts follow the string hashes.
+        env["PYTHONHASHSEED"] = "0"
+    else:
+        cmd += [WORKLOAD, str(iterations), str(args.depth)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     with open(log, errors="replace") as f:
         c = counters(f.read())
     c["samples"] = samples_in(args.mprof, capture)
@@ -93,10 +110,17 @@ def main():
     p.add_argument("--mprof", default=os.path.join(HERE, "..", "target", "release", "mprof"))
     p.add_argument("--depth", default="30", help="Python frames on the stack when allocating (a comma-separated list for several)")
     p.add_argument("--rate", type=int, default=1, help="sampling rate whose samples are costed (bytes)")
-    p.add_argument("--small", type=int, default=20_000, help="loop iterations of the small run")
-    p.add_argument("--large", type=int, default=60_000, help="loop iterations of the large run")
+    p.add_argument("--small", type=int, help="loop iterations (rounds with alloc) of the small run (default 20,000; 1)")
+    p.add_argument("--large", type=int, help="loop iterations (rounds with alloc) of the large run (default 60,000; 3)")
     p.add_argument("--native", action="store_true", help="record with --native")
+    p.add_argument("--workload", choices=("deep", "alloc"), default="deep",
+                   help="deep: deep_stack.py's loop (the default); alloc: the allocation-bound job")
     args = p.parse_args()
+    alloc = args.workload == "alloc"
+    args.small = args.small or (1 if alloc else 20_000)
+    args.large = args.large or (3 if alloc else 60_000)
+    if alloc:
+        args.depth = "0"  # not used: the job's own stacks
     depths = [int(d) for d in args.depth.split(",")]
     print("python %s, rate %d%s" % (args.python, args.rate, ", --native" if args.native else ""))
     costs = []
@@ -119,11 +143,15 @@ def cost_at(args):
     samples = sampled["samples"]
     if samples <= 0:
         sys.exit("no samples were taken: raise the loop size or lower --rate")
-    per = {k: (sampled[k] - hooks[k]) / samples for k in ("instr", "d1", "ll")}
-    print("%d-deep stack" % args.depth)
-    print("  hooks only:  %8.0f instructions per loop iteration" % (hooks["instr"] / extra))
-    print("  per sample:  %8.0f instructions  %6.2f D1 misses  %6.2f LL misses  (%d samples)" % (
-        per["instr"], per["d1"], per["ll"], samples))
+    per = {k: (sampled[k] - hooks[k]) / samples for k in ("instr", "i1", "d1", "ll")}
+    if args.workload == "alloc":
+        print("allocation-bound job (5,000 log lines a round)")
+        print("  hooks only:  %8.0f instructions per round" % (hooks["instr"] / extra))
+    else:
+        print("%d-deep stack" % args.depth)
+        print("  hooks only:  %8.0f instructions per loop iteration" % (hooks["instr"] / extra))
+    print("  per sample:  %8.0f instructions  %6.2f I1 misses  %6.2f D1 misses  %6.2f LL misses  (%d samples)" % (
+        per["instr"], per["i1"], per["d1"], per["ll"], samples))
     print("  capture:     %8.1f bytes per sample" % (sampled["capture"] / samples))
     return per["instr"]
 

@@ -194,7 +194,7 @@ mod tests {
             note,
             "mprof: note: the capture grows by 95.37 MiB/s (--rate 1 records every \
              allocation); a minute of this is 5.59 GiB. A larger --rate (the default is \
-             32KiB) keeps it small."
+             128KiB) keeps it small."
         );
         assert_eq!(w.check(at(9.0), 990_000_000), None, "said once");
         let mut sampled = GrowthWatch::with_limit(4096, GROWTH_NOTE, t0);

@@ -70,21 +70,21 @@ pub mod text;
 pub mod timeline;
 pub mod units;
 
-/// The default `--rate`. 32 KiB since samples got cheap (interned stacks): on the alloc
-/// benchmark its samples cost 0.45% of the run's instructions beside the hooks' 3.2%, and every
-/// estimate's standard error is half of what 128 KiB gave (README, "Why 32 KiB by default").
-pub const DEFAULT_RATE: &str = "32KiB";
-/// The default `--rate` with `--native`: a native unwind costs about 10,000 instructions a
-/// sample (the agent's own unwinder), so that at 128 KiB `--native` adds 0.2% to 0.6% to the
-/// alloc benchmark's instructions (README). It was 512 KiB while libgcc's cost 35,000.
-pub const NATIVE_DEFAULT_RATE: u64 = 128 << 10;
+/// The default `--rate`, for `--native` too. Chosen by wall time, measured as simultaneous
+/// pinned pairs (README, "Why 128 KiB by default"): a sample costs the program about a
+/// microsecond, most of it fetching the sample path's code and data again after the program's
+/// own work evicted them, which instruction counts do not see. At 32 KiB (the default of
+/// the releases before) the samples took 2.7 points of the allocation-bound job's time and 3.8
+/// of the web server's; at 128 KiB both are within the overhead goals. A native unwind costs
+/// about 10,000 instructions more a sample.
+pub const DEFAULT_RATE: &str = "128KiB";
 
 /// Settings shared by `record` and `attach`: sampling, and what counts as your code.
 #[derive(clap::Args, Clone, Debug)]
 pub struct SamplingArgs {
     /// Mean bytes allocated between two samples (`512KiB`, `1MiB`, plain bytes); 1 records
     /// every allocation. Units are 1024-based whatever their spelling: `k`, `KB` and `KiB` are
-    /// 1024 bytes, `MB` and `MiB` 1,048,576. The default is 128KiB with --native.
+    /// 1024 bytes, `MB` and `MiB` 1,048,576.
     #[arg(long, default_value = DEFAULT_RATE, value_parser = units::parse_size)]
     pub rate: u64,
     /// Deepest Python stack recorded, innermost frames kept.
@@ -109,14 +109,6 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    /// Settles the rate once the command line is read: `--native` without a `--rate` of the
-    /// user's samples at [`NATIVE_DEFAULT_RATE`].
-    pub fn settle_rate(&mut self, rate_given: bool) {
-        if self.native && !rate_given {
-            self.rate = NATIVE_DEFAULT_RATE;
-        }
-    }
-
     /// The ring's `config_flags` for these settings.
     pub fn config_flags(&self) -> u32 {
         let mut flags = 0;

@@ -376,23 +376,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-/// Reads the command line; a `--native` without `--rate` gets the native default rate.
-fn parse() -> Cli {
-    use clap::{CommandFactory, FromArgMatches};
-    let matches = Cli::command().get_matches();
-    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    let rate_given = matches.subcommand().is_some_and(|(_, sub)| {
-        sub.try_contains_id("rate").unwrap_or(false)
-            && sub.value_source("rate") == Some(clap::parser::ValueSource::CommandLine)
-    });
-    if let Command::Record { sampling, .. } | Command::Attach { sampling, .. } = &mut cli.command {
-        sampling.settle_rate(rate_given);
-    }
-    cli
-}
-
 fn main() -> ExitCode {
-    let cli = parse();
+    let cli = Cli::parse();
     mprof::symbols::set_show_interpreter_frames(cli.show_interpreter_frames);
     match run(cli) {
         Ok(code) => code,

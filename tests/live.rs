@@ -207,7 +207,7 @@ fn view_shows_the_workload_keys_reorder_it_and_q_leaves_it_recording() {
     );
     assert!(screen.contains("Python 3."), "{screen}");
     assert!(
-        screen.contains("rate 32.00 KiB"),
+        screen.contains("rate 128.00 KiB"),
         "the default rate: {screen}"
     );
     assert!(screen.contains("by your code (← innermost)"), "{screen}");

@@ -153,16 +153,15 @@ fn attach_native_interleaves_c_and_python_frames() {
     }
 }
 
-/// `--native` samples at 128 KiB unless `--rate` says otherwise (a native unwind costs about
-/// 10,000 instructions); without it the default stays 32 KiB.
+/// With `--native` and without it the default rate is 128 KiB; a `--rate` is taken as given.
 #[test]
-fn native_has_its_own_default_rate() {
+fn native_samples_at_the_default_rate_unless_told() {
     let py = pythons().into_iter().next().expect("an interpreter");
     let dir = common::tempdir();
     for (args, want) in [
         (&["--native"][..], 128 << 10),
         (&["--native", "--rate", "32KiB"][..], 32 << 10),
-        (&[][..], 32 << 10),
+        (&[][..], 128 << 10),
     ] {
         let capture = dir.path().join("r.mprof");
         let out = common::run_with_timeout(
