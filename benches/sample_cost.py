@@ -18,7 +18,10 @@ every sample is paid for.
 
 `--workload alloc` costs the samples of the allocation-bound job instead (workloads/
 alloc_heavy.py, one and three rounds of 5,000 log lines, `PYTHONHASHSEED=0`) at `--rate`, which
-should then be a real one (32768, the old default; 131072, the default). Its samples are what
+should then be a real one (32768, the old default; 131072, the default); compare two builds
+with the same `--seed`, which takes the same samples and so leaves the same addresses to the
+job's own blocks (its dictionaries keyed by identity, and so its own instruction count, move
+with them: about a million instructions a round between two seeds). Its samples are what
 wall time sees: a program does tens of microseconds of its own work between two of them, so the
 sample's code and data are no longer in the first-level caches and every sample fetches them
 again (the I1 column), where deep_stack's loop at `--rate 1` keeps them hot.
@@ -80,6 +83,8 @@ def run(args, rate, iterations, tmp):
     cmd = [args.mprof, "record", "--quiet", "--rate", str(rate), "-o", capture]
     if args.native:
         cmd.append("--native")
+    if args.seed:
+        cmd += ["--seed", str(args.seed)]
     cmd += [
         "--", "valgrind", "--tool=cachegrind", "--cache-sim=yes",
         "--cachegrind-out-file=/dev/null", "--log-file=" + log,
@@ -113,6 +118,8 @@ def main():
     p.add_argument("--small", type=int, help="loop iterations (rounds with alloc) of the small run (default 20,000; 1)")
     p.add_argument("--large", type=int, help="loop iterations (rounds with alloc) of the large run (default 60,000; 3)")
     p.add_argument("--native", action="store_true", help="record with --native")
+    p.add_argument("--seed", type=int, default=0,
+                   help="mprof's --seed: the same samples in every run of the same program, so that two builds compare")
     p.add_argument("--workload", choices=("deep", "alloc"), default="deep",
                    help="deep: deep_stack.py's loop (the default); alloc: the allocation-bound job")
     args = p.parse_args()
