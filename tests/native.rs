@@ -166,6 +166,7 @@ impl Tally {
 fn check_default_rate(label: &str, capture: &Path, truth: &Truth, tally: &mut Tally) {
     let report = live_by_function(capture);
     assert_eq!(report["rate"], 131_072, "{label}: not the default rate");
+    let rate = report["rate"].as_f64().unwrap();
     let sites = by_function(&report);
     for (name, &(live_truth, alloc_truth)) in &truth.functions {
         for (what, want) in [("alloc", alloc_truth), ("live", live_truth)] {
@@ -173,7 +174,7 @@ fn check_default_rate(label: &str, capture: &Path, truth: &Truth, tally: &mut Ta
             let got = site.map_or(0.0, |s| s[format!("{what}_bytes")].as_f64().unwrap());
             let se = site.map_or(0.0, |s| s[format!("{what}_stderr")].as_f64().unwrap());
             // An estimate of 0 (no sample) is bounded by what one sample would weigh.
-            let se = se.max(if got == 0.0 { 131_072.0 } else { 0.0 });
+            let se = se.max(if got == 0.0 { rate } else { 0.0 });
             let error = (got - want as f64).abs();
             let message = format!("{label}: {name} {what} estimate {got} ± {se} vs truth {want}");
             assert!(error <= 5.0 * se, "{message}");
