@@ -198,7 +198,10 @@ impl Children {
                 observe(Event::ProgramReplaced(self.root));
             }
             match self.admit(arrival) {
-                Ok((pid, command)) => observe(Event::Started(pid, &command)),
+                Ok((pid, command)) => {
+                    observe(Event::Started(pid, &command));
+                    self.commands.insert(pid, command);
+                }
                 Err(e) => {
                     // Anyone may connect to the rendezvous: a stream of refusals must not
                     // flood the terminal (the total is in the end note).
@@ -237,20 +240,15 @@ impl Children {
     /// child announces itself, runs Python by exec at once, and that Python announces itself
     /// too). Its image is over: its capture is made and finished at once, and the live one
     /// is left alone (before, it was ended as if it had run a new program, and what it did
-    /// after went unrecorded). Quietly: the live view knows the pid as the program it runs.
+    /// after went unrecorded). Quietly: the live view, and `commands`, know the pid as the
+    /// program it runs.
     fn late_fork(&mut self, arrival: Arrival) {
-        let pid = arrival.pid;
-        let command = self.commands.get(&pid).cloned();
         if self.admit(arrival).is_ok() {
             if let Some(child) = self.live.pop() {
                 if let Err(e) = self.end(child, true, &mut |_: Event| {}) {
                     crate::say!("mprof: warning: a child's capture could not be finished: {e:#}");
                 }
             }
-        }
-        // The command of the program the pid runs now.
-        if let Some(command) = command {
-            self.commands.insert(pid, command);
         }
     }
 
@@ -337,7 +335,8 @@ impl Children {
         Ok(true)
     }
 
-    /// Starts the capture of a child whose ring arrived: its pid and command line.
+    /// Starts the capture of a child whose ring arrived: its pid and command line (the caller
+    /// decides whether that is the command the pid runs now, see `late_fork`).
     fn admit(&mut self, arrival: Arrival) -> Result<(u32, String)> {
         let Arrival {
             pid,
@@ -385,7 +384,6 @@ impl Children {
                 self.your_code(pid)
             ),
         })?;
-        self.commands.insert(pid, command.clone());
         self.live.push(Child {
             pid,
             name,
