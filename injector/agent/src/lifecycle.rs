@@ -25,7 +25,7 @@ use crate::chain::{self, HookTable};
 use crate::lock::SpinLock;
 use crate::map_request;
 use crate::pyframes::CodeKey;
-use crate::python::{self, Api};
+use crate::python;
 use crate::sampler;
 use crate::stacks::Stacks;
 use crate::sys::{self, now_ns};
@@ -385,9 +385,9 @@ pub fn before_unload() {
 /// Why the session should end now (`now`, from `now_ns`), if it should: the interpreter is
 /// finalizing, the reader asked for a detach, or its heartbeat is older than
 /// `READER_TIMEOUT_NS`.
-pub fn stop_reason_at(s: &Session, api: &Api, now: u64) -> Option<EndReason> {
+pub fn stop_reason_at(s: &Session, now: u64) -> Option<EndReason> {
     let m = s.mapped.as_ref()?;
-    if finalizing(s, api) {
+    if finalizing(s) {
         return Some(EndReason::Finalizing);
     }
     reader_stopped_at(m.ring.header(), READER_TIMEOUT_NS, now)
@@ -396,21 +396,22 @@ pub fn stop_reason_at(s: &Session, api: &Api, now: u64) -> Option<EndReason> {
 /// [`stop_reason_at`] without the clock: the interpreter is finalizing (the blocks live then
 /// are what the program left: their frees must not be recorded) or the reader asked for a
 /// detach. A reader gone silent is left to the next sampled allocation.
-pub fn must_end(s: &Session, api: &Api) -> Option<EndReason> {
+pub fn must_end(s: &Session) -> Option<EndReason> {
     let m = s.mapped.as_ref()?;
-    if finalizing(s, api) {
+    if finalizing(s) {
         return Some(EndReason::Finalizing);
     }
     detach_asked(m.ring.header())
 }
 
 /// Whether the interpreter has started finalizing: one load when the session found the
-/// runtime's word (see `python::finalizing_flag`), else a call.
+/// runtime's word (see `python::finalizing_flag`), else a call. The API is looked up only for
+/// the call (a session runs only in an interpreter whose API resolved).
 #[inline]
-fn finalizing(s: &Session, api: &Api) -> bool {
+fn finalizing(s: &Session) -> bool {
     match s.finalizing_flag {
         Some(flag) => flag.load(Ordering::Relaxed) != 0,
-        None => python::finalizing(api),
+        None => python::api().is_some_and(python::finalizing),
     }
 }
 

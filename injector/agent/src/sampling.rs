@@ -237,7 +237,7 @@ unsafe fn record_alloc_locked(
         return;
     }
     let now = now_ns();
-    if let Some(reason) = lifecycle::stop_reason_at(shared, api, now) {
+    if let Some(reason) = lifecycle::stop_reason_at(shared, now) {
         lifecycle::stop_locked(shared, reason);
         return;
     }
@@ -432,8 +432,7 @@ pub fn sampled_free(addr: usize) {
 /// is not read here: a reader gone silent is noticed by the next sampled allocation (the
 /// clock read and the heartbeat check cost about 27 instructions per sample at `--rate 1`).
 fn record_free_locked(shared: &mut Session, addr: usize) {
-    let Some(api) = python::api() else { return };
-    if let Some(reason) = lifecycle::must_end(shared, api) {
+    if let Some(reason) = lifecycle::must_end(shared) {
         lifecycle::stop_locked(shared, reason);
         return;
     }
