@@ -81,9 +81,25 @@ fn scaled(number: &str, multiplier: u64) -> Result<u64, String> {
     u64::try_from(total).map_err(|_| too_large())
 }
 
+/// The binary units above the byte, each 1024 of the one before.
+const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+
+/// The largest binary unit that `b` bytes hold at least once (the byte below 1 KiB, PiB at
+/// most): its size in bytes and its name. An axis counts in it, so that its ticks fall on
+/// round numbers of the unit.
+pub fn binary_unit(b: f64) -> (f64, &'static str) {
+    let mut unit = (1.0, "B");
+    for (i, name) in UNITS.into_iter().enumerate() {
+        let size = 1024f64.powi(i as i32 + 1);
+        if b >= size {
+            unit = (size, name);
+        }
+    }
+    unit
+}
+
 /// Formats bytes for people: `512 B`, `1.50 KiB`, `1.50 MiB`, `2.00 GiB`, up to PiB.
 pub fn human_bytes(b: f64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
     if !b.is_finite() {
         return format!("{b} B");
     }
@@ -108,6 +124,16 @@ pub fn human_bytes(b: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_binary_unit_is_the_largest_held_once() {
+        assert_eq!(binary_unit(500.0), (1.0, "B"));
+        assert_eq!(binary_unit(1024.0), (1024.0, "KiB"));
+        assert_eq!(binary_unit(50e6), (1024.0 * 1024.0, "MiB"));
+        assert_eq!(binary_unit(3.0 * 1024f64.powi(3)).1, "GiB");
+        assert_eq!(binary_unit(2.0 * 1024f64.powi(5)).1, "PiB");
+        assert_eq!(binary_unit(5000.0 * 1024f64.powi(5)).1, "PiB");
+    }
 
     #[test]
     fn parses_plain_bytes_and_units() {
