@@ -73,15 +73,22 @@ def main():
     p.add_argument("--requests", type=int, default=30000)
     p.add_argument("--connections", type=int, default=8)
     p.add_argument("--timeout", type=int, default=300)
+    p.add_argument("--config", default="mprof",
+                   help='the profiled configuration: "mprof" (the default rate) or "mprof --rate R"')
     args = p.parse_args()
     overhead.check_target_args(p, args)
     if args.runs < 1:
         p.error("--runs must be at least 1")
     if not overhead.runnable(args.python, ["tornado"]):
         sys.exit(1)
-    config = {c.name: c for c in runner.make_configs(os.path.abspath(args.mprof), False)}["mprof"]
+    mprof = os.path.abspath(args.mprof)
+    config = {c.name: c for c in runner.make_configs(mprof, False)}.get(args.config) or runner.rate_config(
+        mprof, args.config)
+    if config is None:
+        p.error('--config: "mprof" or "mprof --rate R", not %r' % args.config)
     env = runner.bench_env()
-    print("python: %s; mprof: %s; %d run(s) of %d requests" % (args.python, args.mprof, args.runs, args.requests))
+    print("python: %s; mprof: %s (%s); %d run(s) of %d requests"
+          % (args.python, args.mprof, args.config, args.runs, args.requests))
     shares = []
     try:
         with tempfile.TemporaryDirectory(prefix="mprof-reader-") as tmpdir:
