@@ -114,9 +114,11 @@ pub const UNCOMPARABLE: usize = usize::MAX;
 /// it is: from 3.11 the instruction pointer points into the code object (so it names the code
 /// and the instruction). 3.11 marks entry frames with a byte of their own: a frame running the
 /// same instruction can still differ in it (a C function between it and its caller), so it
-/// goes into the pointer's top bit (from 3.12 those C functions leave a frame of their own in
-/// the chain, whose `at` is the shim's). Before 3.11, `f_lasti` is an index and goes above
-/// the code object's address. [`UNCOMPARABLE`] never matches.
+/// goes into the pointer's top byte, whole (a user-space address leaves the top 17 bits clear;
+/// testing the byte for zero instead made the walk branch at every frame). From 3.12 those C
+/// functions leave a frame of their own in the chain, whose `at` is the shim's. Before 3.11,
+/// `f_lasti` is an index and goes above the code object's address. [`UNCOMPARABLE`] never
+/// matches (an instruction pointer is even).
 ///
 /// # Safety
 /// As for [`walk`].
@@ -141,7 +143,7 @@ pub unsafe fn ats(
     } else if l.frame_is_entry != ABSENT {
         let entry = l.frame_is_entry;
         chain(f, back, out, first, |f| {
-            read::<usize>(f, instr) | ((read::<u8>(f, entry) != 0) as usize) << 63
+            read::<usize>(f, instr) | (read::<u8>(f, entry) as usize) << 56
         })
     } else {
         chain(f, back, out, first, |f| read(f, instr))
