@@ -12,7 +12,12 @@ unprofiled ("none"): that row is the noise floor of the method on this machine.
 
 Per workload and configuration it prints the median and the quartiles of the ratios
 (profiled / unprofiled time for alloc, unprofiled / profiled requests per second for tornado: above
-1 is slower either way). One slot (cores 0 and 1) unless --slots says more; a machine with fewer
+1 is slower either way).
+
+With `--against OTHER_MPROF` each configuration is paired with the same configuration of another
+build instead of with the unprofiled program: the ratio is this build's cost over that one's
+(above 1: this build is slower), with the two builds side by side at the same moment, where two
+runs of the table an hour apart differ by more than a small change does. One slot (cores 0 and 1) unless --slots says more; a machine with fewer
 than 2 CPUs cannot pair. The workloads and configurations are benches/overhead.py's (benches/runner.py).
 """
 
@@ -103,10 +108,15 @@ def parse_args():
     p.add_argument("--connections", type=int, default=8)
     p.add_argument("--timeout", type=int, default=300)
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--against", metavar="OTHER_MPROF",
+                   help="pair each configuration with the same one of this other mprof build, "
+                        "not with the unprofiled program")
     args = p.parse_args()
     if (os.cpu_count() or 1) < 2 * args.slots:
         p.error("%d slot(s) need %d CPUs, this machine has %d" % (args.slots, 2 * args.slots, os.cpu_count()))
     overhead.check_target_args(p, args)
+    if args.against and not os.access(args.against, os.X_OK):
+        p.error("--against: %s is not an executable" % args.against)
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     return args
@@ -116,6 +126,9 @@ def main():
     args = parse_args()
     with_memray = overhead.importable(args.python, "memray")
     configs = {c.name: c for c in runner.make_configs(os.path.abspath(args.mprof), with_memray)}
+    against = None
+    if args.against:
+        against = {c.name: c for c in runner.make_configs(os.path.abspath(args.against), with_memray)}
     env = runner.bench_env()
     workloads = overhead.runnable(args.python, args.workloads)
     rows = []
@@ -128,8 +141,13 @@ def main():
                     if configs[name] is None:
                         print("skipping %r: not available (memray not importable?)" % name, file=sys.stderr)
                         continue
-                    ratios, failures = pairs_of(workload, configs["none"], configs[name], args, tmpdir, env)
+                    base = configs["none"]
+                    if against is not None and name != "none":
+                        base = against.get(name) or runner.rate_config(os.path.abspath(args.against), name)
+                    ratios, failures = pairs_of(workload, base, configs[name], args, tmpdir, env)
                     label = "none (noise floor)" if name == "none" else name
+                    if against is not None and name != "none":
+                        label += " (over --against)"
                     rows.append([workload, label, str(len(ratios))] + summary(ratios))
                     for failure in failures[:2]:
                         print("  failed: %s" % failure, file=sys.stderr)
@@ -138,6 +156,8 @@ def main():
     print()
     print("python: %s; %d pair(s) per row, one slot = cores 0 and 1, sides swapped every other pair; "
           "load average %.2f" % (args.python, args.pairs, os.getloadavg()[0]))
+    if args.against:
+        print("each configuration of %s paired with the same one of %s" % (args.mprof, args.against))
     print()
     overhead.print_table(rows, args.markdown,
                          ["workload", "configuration", "pairs", "median ratio", "quartiles", "min..max"])
