@@ -12,13 +12,13 @@ unprofiled ("none"): that row is the noise floor of the method on this machine.
 
 Per workload and configuration it prints the median and the quartiles of the ratios
 (profiled / unprofiled time for alloc, unprofiled / profiled requests per second for tornado: above
-1 is slower either way).
+1 is slower either way). One slot (cores 0 and 1) unless --slots says more; a machine with fewer
+than 2 CPUs cannot pair. The workloads and configurations are benches/overhead.py's (benches/runner.py).
 
 With `--against OTHER_MPROF` each configuration is paired with the same configuration of another
 build instead of with the unprofiled program: the ratio is this build's cost over that one's
 (above 1: this build is slower), with the two builds side by side at the same moment, where two
-runs of the table an hour apart differ by more than a small change does. One slot (cores 0 and 1) unless --slots says more; a machine with fewer
-than 2 CPUs cannot pair. The workloads and configurations are benches/overhead.py's (benches/runner.py).
+runs of the table an hour apart differ by more than a small change does.
 """
 
 import argparse
