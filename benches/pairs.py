@@ -3,6 +3,7 @@
 
     python3 benches/pairs.py [--python PATH] [--pairs N] [--workloads alloc,tornado]
                              [--configs mprof,mprof --rate 1,mprof --rate 128KiB,memray,...]
+                             [--against OTHER_MPROF]
 
 Each pair runs the unprofiled program on one core and the profiled one on its neighbour at the
 same moment, so both see the same machine (the other tenants of a shared VM, turbo, thermal
