@@ -3,7 +3,7 @@
 
     python3 benches/pairs.py [--python PATH] [--pairs N] [--workloads alloc,tornado]
                              [--configs mprof,mprof --rate 1,mprof --rate 128KiB,memray,...]
-                             [--against OTHER_MPROF]
+                             [--against OTHER_MPROF | --base CONFIG]
 
 Each pair runs the unprofiled program on one core and the profiled one on its neighbour at the
 same moment, so both see the same machine (the other tenants of a shared VM, turbo, thermal
@@ -19,7 +19,9 @@ than 2 CPUs cannot pair. The workloads and configurations are benches/overhead.p
 With `--against OTHER_MPROF` each configuration is paired with the same configuration of another
 build instead of with the unprofiled program: the ratio is this build's cost over that one's
 (above 1: this build is slower), with the two builds side by side at the same moment, where two
-runs of the table an hour apart differ by more than a small change does.
+runs of the table an hour apart differ by more than a small change does. With `--base CONFIG`
+each configuration is paired with CONFIG instead (`--base "mprof --rate 1099511627776"`: what
+the samples add to the hooks, side by side).
 """
 
 import argparse
@@ -112,7 +114,11 @@ def parse_args():
     p.add_argument("--against", metavar="OTHER_MPROF",
                    help="pair each configuration with the same one of this other mprof build, "
                         "not with the unprofiled program")
+    p.add_argument("--base", metavar="CONFIG",
+                   help="pair each configuration with this one (of this build), not with the unprofiled program")
     args = p.parse_args()
+    if args.against and args.base:
+        p.error("--against and --base: one or the other")
     if (os.cpu_count() or 1) < 2 * args.slots:
         p.error("%d slot(s) need %d CPUs, this machine has %d" % (args.slots, 2 * args.slots, os.cpu_count()))
     overhead.check_target_args(p, args)
@@ -145,10 +151,16 @@ def main():
                     base = configs["none"]
                     if against is not None and name != "none":
                         base = against.get(name) or runner.rate_config(os.path.abspath(args.against), name)
+                    if args.base and name != "none":
+                        base = configs.get(args.base) or runner.rate_config(os.path.abspath(args.mprof), args.base)
+                        if base is None:
+                            sys.exit("pairs.py: --base %r is no configuration" % args.base)
                     ratios, failures = pairs_of(workload, base, configs[name], args, tmpdir, env)
                     label = "none (noise floor)" if name == "none" else name
                     if against is not None and name != "none":
                         label += " (over --against)"
+                    if args.base and name != "none":
+                        label += " (over %s)" % args.base
                     rows.append([workload, label, str(len(ratios))] + summary(ratios))
                     for failure in failures[:2]:
                         print("  failed: %s" % failure, file=sys.stderr)
