@@ -132,10 +132,7 @@ def parse_args():
 def main():
     args = parse_args()
     with_memray = overhead.importable(args.python, "memray")
-    configs = {c.name: c for c in runner.make_configs(os.path.abspath(args.mprof), with_memray)}
-    against = None
-    if args.against:
-        against = {c.name: c for c in runner.make_configs(os.path.abspath(args.against), with_memray)}
+    mprof = os.path.abspath(args.mprof)
     env = runner.bench_env()
     workloads = overhead.runnable(args.python, args.workloads)
     rows = []
@@ -143,24 +140,24 @@ def main():
         with tempfile.TemporaryDirectory(prefix="mprof-pairs-") as tmpdir:
             for workload in workloads:
                 for name in args.configs:
-                    if name not in configs:
-                        configs[name] = runner.rate_config(os.path.abspath(args.mprof), name)
-                    if configs[name] is None:
+                    config = runner.config_named(mprof, name, with_memray)
+                    if config is None:
                         print("skipping %r: not available (memray not importable?)" % name, file=sys.stderr)
                         continue
-                    base = configs["none"]
-                    if against is not None and name != "none":
-                        base = against.get(name) or runner.rate_config(os.path.abspath(args.against), name)
-                    if args.base and name != "none":
-                        base = configs.get(args.base) or runner.rate_config(os.path.abspath(args.mprof), args.base)
+                    # What `config` is paired with: the unprofiled program (and so "none" with
+                    # itself), or what --against or --base names.
+                    base, label = runner.config_named(mprof, "none"), name
+                    if name == "none":
+                        label = "none (noise floor)"
+                    elif args.against:
+                        base = runner.config_named(os.path.abspath(args.against), name, with_memray)
+                        label += " (over --against)"
+                    elif args.base:
+                        base = runner.config_named(mprof, args.base, with_memray)
                         if base is None:
                             sys.exit("pairs.py: --base %r is no configuration" % args.base)
-                    ratios, failures = pairs_of(workload, base, configs[name], args, tmpdir, env)
-                    label = "none (noise floor)" if name == "none" else name
-                    if against is not None and name != "none":
-                        label += " (over --against)"
-                    if args.base and name != "none":
                         label += " (over %s)" % args.base
+                    ratios, failures = pairs_of(workload, base, config, args, tmpdir, env)
                     rows.append([workload, label, str(len(ratios))] + summary(ratios))
                     for failure in failures[:2]:
                         print("  failed: %s" % failure, file=sys.stderr)

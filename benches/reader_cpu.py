@@ -81,9 +81,7 @@ def main():
         p.error("--runs must be at least 1")
     if not overhead.runnable(args.python, ["tornado"]):
         sys.exit(1)
-    mprof = os.path.abspath(args.mprof)
-    config = {c.name: c for c in runner.make_configs(mprof, False)}.get(args.config) or runner.rate_config(
-        mprof, args.config)
+    config = runner.config_named(os.path.abspath(args.mprof), args.config)
     if config is None:
         p.error('--config: "mprof" or "mprof --rate R", not %r' % args.config)
     env = runner.bench_env()

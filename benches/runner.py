@@ -62,6 +62,15 @@ def rate_config(mprof, name):
     return Config(name, lambda py, cap: [mprof, "record", "-q", "--rate", rate, "-o", cap, "--", py])
 
 
+def config_named(mprof, name, with_memray=False):
+    """The configuration called `name` for this `mprof` (one of `make_configs`' or any `mprof
+    --rate R`), or None."""
+    for config in make_configs(mprof, with_memray):
+        if config.name == name:
+            return config
+    return rate_config(mprof, name)
+
+
 class Result:
     """One run of one configuration on one workload."""
 
