@@ -72,8 +72,9 @@ pub mod units;
 
 /// The default `--rate`, for `--native` too. Chosen by wall time, measured as simultaneous
 /// pinned pairs (README, "Why 128 KiB by default"): a sample costs the program about a
-/// microsecond, most of it fetching the sample path's code and data again after the program's
-/// own work evicted them, which instruction counts do not see. At 32 KiB (the default of
+/// microsecond on the allocation-bound job and about three on the web server (docs/overhead.md),
+/// most of it fetching the sample path's code and data again after the program's own work
+/// evicted them, which instruction counts do not see. At 32 KiB (the default of
 /// the releases before) the samples took 2.7 points of the allocation-bound job's time and 3.8
 /// of the web server's; at 128 KiB the job is within its goal (1.03×) and the web server about
 /// 0.4 points above its own (1.02×). A native unwind costs about 10,000 instructions more a
