@@ -270,24 +270,8 @@ impl Announcer<'_> {
             frames::innermost(self.layout, tstate, &mut walked[..n - same]);
             &walked
         };
-        if n - same >= 2 {
-            // At the default rate the frame cache is cold at every sample: the sets of the
-            // frames to look up (in the order they are looked up) are asked for at once, so
-            // that their misses overlap, and before 3.12 the counts in their code keys. A
-            // frame recalled below wastes its requests.
-            let counted = self.layout.code_version == ABSENT;
-            for f in changed[..n - same].iter().rev().take(PREFETCHED) {
-                let f = f.assume_init() as *const c_void;
-                if let Found::Code(code, offset) = frames::code_and_offset(self.api, self.layout, f)
-                {
-                    self.stacks.prefetch_frame(code as usize, offset);
-                    if counted {
-                        crate::code_dealloc::prefetch_freed_at(code as usize);
-                    }
-                }
-            }
-        }
         let mut cacheable = true;
+        let mut prefetched = false;
         for i in same..n {
             // SAFETY: the first `n - same` were written, by the walk or by `innermost`.
             let f = changed[n - 1 - i].assume_init() as *const c_void;
@@ -299,6 +283,13 @@ impl Announcer<'_> {
                 }
                 Cached { node, depth } = made;
             } else {
+                if !prefetched && n - i >= 2 {
+                    // The first frame the thread did not run lately: from here on most are
+                    // looked up in the frame cache, which at the default rate is cold at every
+                    // sample. Their sets are asked for at once, so that their misses overlap.
+                    prefetched = true;
+                    self.prefetch_frames(&changed[..n - i]);
+                }
                 match frames::code_and_offset(self.api, self.layout, f) {
                     Found::Skip => {}
                     Found::Unstarted => cacheable = false,
@@ -336,6 +327,24 @@ impl Announcer<'_> {
             depth,
             truncated: cut,
         }))
+    }
+
+    /// Asks for the frame cache's sets of `changed` (innermost first), in the order they are
+    /// looked up (outermost first), and before 3.12 for the counts in their code keys. A frame
+    /// recalled after all wastes its requests. Out of line: most samples recall every frame
+    /// that changed.
+    #[inline(never)]
+    unsafe fn prefetch_frames(&self, changed: &[MaybeUninit<usize>]) {
+        let counted = self.layout.code_version == ABSENT;
+        for f in changed.iter().rev().take(PREFETCHED) {
+            let f = f.assume_init() as *const c_void;
+            if let Found::Code(code, offset) = frames::code_and_offset(self.api, self.layout, f) {
+                self.stacks.prefetch_frame(code as usize, offset);
+                if counted {
+                    crate::code_dealloc::prefetch_freed_at(code as usize);
+                }
+            }
+        }
     }
 
     /// What the frame `f`, running `at` inside a link running `outer`, made on top of `parent`
