@@ -6,6 +6,7 @@
     python3 benches/sample_cost.py --native         # the same with --native (native unwind)
     python3 benches/sample_cost.py --depth 2,30     # two depths: the cost of each further frame
     python3 benches/sample_cost.py --workload alloc --rate 32768   # a sample of a real job
+    python3 benches/sample_cost.py --workload web --rate 131072 --seed 7   # the web server's
 
 With two or more depths it also splits the cost in two: what every further Python frame adds
 (the walk reads each frame and compares it with the thread's previous sample) and the part
@@ -26,6 +27,13 @@ wall time sees: a program does tens of microseconds of its own work between two 
 sample's code and data are no longer in the first-level caches and every sample fetches them
 again (the I1 column), where deep_stack's loop at `--rate 1` keeps them hot.
 
+`--workload web` costs the samples of the tornado server (workloads/tornado_server.py,
+serving 300 and 900 requests of its client on one connection) under callgrind, and counts only
+the agent's own code: the server's own work moves with the timing of its event loop (how many
+rounds a request takes), by more than the samples cost. So its figures leave out what a sample
+costs the program after it (its code and data evicted from the caches), which the other two
+workloads include.
+
 Each configuration runs at two sizes of the loop; the difference cancels start-up and the
 profiler's fixed costs. Then
 
@@ -42,10 +50,13 @@ import re
 import subprocess
 import sys
 import tempfile
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOAD = os.path.join(HERE, "workloads", "deep_stack.py")
 ALLOC_WORKLOAD = os.path.join(HERE, "workloads", "alloc_heavy.py")
+WEB_SERVER = os.path.join(HERE, "workloads", "tornado_server.py")
+WEB_CLIENT = os.path.join(HERE, "workloads", "tornado_client.py")
 NO_SAMPLES_RATE = 1 << 40
 
 
@@ -105,6 +116,80 @@ def run(args, rate, iterations, tmp):
     return c
 
 
+def agent_counters(profile):
+    """Instructions and misses at the agent's own code, from a callgrind profile with the
+    cache simulated. The agent is loaded from a memfd, which callgrind cannot name: its
+    object is the one called `???` (nothing else in these runs is)."""
+    events, cost, current, skip, positions = None, [0] * 9, None, False, 1
+    with open(profile, errors="replace") as f:
+        for line in f:
+            if line.startswith("positions:"):
+                positions = len(line.split()) - 1
+            elif line.startswith("events:"):
+                events = line.split()[1:]
+            elif line.startswith("ob="):
+                current = line[3:].strip()
+            elif line.startswith("calls="):
+                skip = True  # the next cost line is the call's, counted in the callee
+            elif line[:1].isdigit() or line.startswith(("0x", "+", "-", "*")):
+                if skip:
+                    skip = False
+                elif current == "???":
+                    fields = line.split()[positions:]
+                    for i, v in enumerate(fields):
+                        cost[i] += int(v)
+    by = dict(zip(events, cost))
+    return {
+        "instr": by["Ir"],
+        "i1": by["I1mr"],
+        "d1": by["D1mr"] + by["D1mw"],
+        "ll": by["ILmr"] + by["DLmr"] + by["DLmw"],
+    }
+
+
+def run_web(args, rate, requests, tmp):
+    """The tornado server under callgrind, inside `mprof record`, serving `requests` requests
+    of its client, one connection, no warm-up (the small run's requests are the large run's
+    warm-up)."""
+    capture = os.path.join(tmp, "cost.mprof")
+    profile = os.path.join(tmp, "callgrind.out")
+    cmd = [args.mprof, "record", "--quiet", "--rate", str(rate), "-o", capture]
+    if args.seed:
+        cmd += ["--seed", str(args.seed)]
+    cmd += [
+        "--", "valgrind", "--tool=callgrind", "--cache-sim=yes", "--compress-strings=no",
+        "--compress-pos=no", "--callgrind-out-file=" + profile, "--log-file=" + profile + ".log",
+        args.python, WEB_SERVER, "--max-seconds", "600",
+    ]
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+    try:
+        port = None
+        for line in server.stdout:
+            if line.startswith("PORT "):
+                port = int(line.split()[1])
+                break
+        if port is None:
+            sys.exit("the tornado server did not start under valgrind (pip install -r benches/requirements.txt)")
+        subprocess.run(
+            [args.python, WEB_CLIENT, str(port), "--requests", str(requests), "--warmup", "0",
+             "--connections", "1", "--max-seconds", "600"],
+            check=True, stdout=subprocess.DEVNULL, env=env,
+        )
+        urllib.request.urlopen("http://127.0.0.1:%d/shutdown" % port, timeout=60).read()
+        server.stdout.read()
+        if server.wait(timeout=300) != 0:
+            sys.exit("mprof record of the server failed")
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    c = agent_counters(profile)
+    c["samples"] = samples_in(args.mprof, capture)
+    c["capture"] = os.path.getsize(capture)
+    return c
+
+
 def delta(a, b):
     return {k: b[k] - a[k] for k in a}
 
@@ -120,13 +205,14 @@ def main():
     p.add_argument("--native", action="store_true", help="record with --native")
     p.add_argument("--seed", type=int, default=0,
                    help="mprof's --seed: the same samples in every run of the same program, so that two builds compare")
-    p.add_argument("--workload", choices=("deep", "alloc"), default="deep",
-                   help="deep: deep_stack.py's loop (the default); alloc: the allocation-bound job")
+    p.add_argument("--workload", choices=("deep", "alloc", "web"), default="deep",
+                   help="deep: deep_stack.py's loop (the default); alloc: the allocation-bound job; "
+                   "web: the tornado server, the agent's own code only")
     args = p.parse_args()
-    alloc = args.workload == "alloc"
-    args.small = args.small or (1 if alloc else 20_000)
-    args.large = args.large or (3 if alloc else 60_000)
-    if alloc:
+    alloc, web = args.workload == "alloc", args.workload == "web"
+    args.small = args.small or (1 if alloc else 300 if web else 20_000)
+    args.large = args.large or (3 if alloc else 900 if web else 60_000)
+    if alloc or web:
         args.depth = "0"  # not used: the job's own stacks
     depths = [int(d) for d in args.depth.split(",")]
     print("python %s, rate %d%s" % (args.python, args.rate, ", --native" if args.native else ""))
@@ -145,8 +231,9 @@ def cost_at(args):
     """Measures and prints the cost of a sample at `args.depth`; returns its instructions."""
     with tempfile.TemporaryDirectory(prefix="mprof-cost-") as tmp:
         extra = args.large - args.small
-        hooks = delta(run(args, NO_SAMPLES_RATE, args.small, tmp), run(args, NO_SAMPLES_RATE, args.large, tmp))
-        sampled = delta(run(args, args.rate, args.small, tmp), run(args, args.rate, args.large, tmp))
+        once = run_web if args.workload == "web" else run
+        hooks = delta(once(args, NO_SAMPLES_RATE, args.small, tmp), once(args, NO_SAMPLES_RATE, args.large, tmp))
+        sampled = delta(once(args, args.rate, args.small, tmp), once(args, args.rate, args.large, tmp))
     samples = sampled["samples"]
     if samples <= 0:
         sys.exit("no samples were taken: raise the loop size or lower --rate")
@@ -154,6 +241,9 @@ def cost_at(args):
     if args.workload == "alloc":
         print("allocation-bound job (5,000 log lines a round)")
         print("  hooks only:  %8.0f instructions per round" % (hooks["instr"] / extra))
+    elif args.workload == "web":
+        print("tornado server, %d requests more in the large run; the agent's own code only" % extra)
+        print("  hooks only:  %8.0f agent instructions per request" % (hooks["instr"] / extra))
     else:
         print("%d-deep stack" % args.depth)
         print("  hooks only:  %8.0f instructions per loop iteration" % (hooks["instr"] / extra))
