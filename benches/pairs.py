@@ -133,6 +133,12 @@ def main():
     args = parse_args()
     with_memray = overhead.importable(args.python, "memray")
     mprof = os.path.abspath(args.mprof)
+    unprofiled = runner.config_named(mprof, "none")
+    base = None
+    if args.base:
+        base = runner.config_named(mprof, args.base, with_memray)
+        if base is None:
+            sys.exit("pairs.py: --base %r is no configuration" % args.base)
     env = runner.bench_env()
     workloads = overhead.runnable(args.python, args.workloads)
     rows = []
@@ -146,18 +152,16 @@ def main():
                         continue
                     # What `config` is paired with: the unprofiled program (and so "none" with
                     # itself), or what --against or --base names.
-                    base, label = runner.config_named(mprof, "none"), name
+                    other, label = unprofiled, name
                     if name == "none":
                         label = "none (noise floor)"
                     elif args.against:
-                        base = runner.config_named(os.path.abspath(args.against), name, with_memray)
+                        other = runner.config_named(os.path.abspath(args.against), name, with_memray)
                         label += " (over --against)"
-                    elif args.base:
-                        base = runner.config_named(mprof, args.base, with_memray)
-                        if base is None:
-                            sys.exit("pairs.py: --base %r is no configuration" % args.base)
+                    elif base is not None:
+                        other = base
                         label += " (over %s)" % args.base
-                    ratios, failures = pairs_of(workload, base, config, args, tmpdir, env)
+                    ratios, failures = pairs_of(workload, other, config, args, tmpdir, env)
                     rows.append([workload, label, str(len(ratios))] + summary(ratios))
                     for failure in failures[:2]:
                         print("  failed: %s" % failure, file=sys.stderr)

@@ -50,13 +50,13 @@ import re
 import subprocess
 import sys
 import tempfile
-import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import runner  # noqa: E402  (the tornado run)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOAD = os.path.join(HERE, "workloads", "deep_stack.py")
 ALLOC_WORKLOAD = os.path.join(HERE, "workloads", "alloc_heavy.py")
-WEB_SERVER = os.path.join(HERE, "workloads", "tornado_server.py")
-WEB_CLIENT = os.path.join(HERE, "workloads", "tornado_client.py")
 NO_SAMPLES_RATE = 1 << 40
 
 
@@ -149,41 +149,23 @@ def agent_counters(profile):
 
 def run_web(args, rate, requests, tmp):
     """The tornado server under callgrind, inside `mprof record`, serving `requests` requests
-    of its client, one connection, no warm-up (the small run's requests are the large run's
-    warm-up)."""
+    of its client (benches/runner.py drives it), one connection, no warm-up (the small run's
+    requests are the large run's warm-up)."""
     capture = os.path.join(tmp, "cost.mprof")
     profile = os.path.join(tmp, "callgrind.out")
-    cmd = [args.mprof, "record", "--quiet", "--rate", str(rate), "-o", capture]
-    if args.seed:
-        cmd += ["--seed", str(args.seed)]
-    cmd += [
+    seed = ["--seed", str(args.seed)] if args.seed else []
+    # The capture goes where the config says, not to the path `run_tornado` is given, which it
+    # deletes once it has measured it: the samples are read from it here.
+    config = runner.Config("mprof under callgrind", lambda py, _cap: [
+        args.mprof, "record", "--quiet", "--rate", str(rate), *seed, "-o", capture,
         "--", "valgrind", "--tool=callgrind", "--cache-sim=yes", "--compress-strings=no",
-        "--compress-pos=no", "--callgrind-out-file=" + profile, "--log-file=" + profile + ".log",
-        args.python, WEB_SERVER, "--max-seconds", "600",
-    ]
+        "--compress-pos=no", "--callgrind-out-file=" + profile, "--log-file=" + profile + ".log", py,
+    ])
+    driver = argparse.Namespace(python=args.python, timeout=600, connections=1)
     env = dict(os.environ, PYTHONHASHSEED="0")
-    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
-    try:
-        port = None
-        for line in server.stdout:
-            if line.startswith("PORT "):
-                port = int(line.split()[1])
-                break
-        if port is None:
-            sys.exit("the tornado server did not start under valgrind (pip install -r benches/requirements.txt)")
-        subprocess.run(
-            [args.python, WEB_CLIENT, str(port), "--requests", str(requests), "--warmup", "0",
-             "--connections", "1", "--max-seconds", "600"],
-            check=True, stdout=subprocess.DEVNULL, env=env,
-        )
-        urllib.request.urlopen("http://127.0.0.1:%d/shutdown" % port, timeout=60).read()
-        server.stdout.read()
-        if server.wait(timeout=300) != 0:
-            sys.exit("mprof record of the server failed")
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
+    result = runner.run_tornado(config, driver, os.path.join(tmp, "unused"), env, requests, warmup=0)
+    if result.error is not None:
+        sys.exit("the tornado server under valgrind: %s (pip install -r benches/requirements.txt)" % result.error)
     c = agent_counters(profile)
     c["samples"] = samples_in(args.mprof, capture)
     c["capture"] = os.path.getsize(capture)
