@@ -67,6 +67,9 @@ pub struct Mapped {
     /// The thread and time of the last CONTEXT written to this ring (see
     /// `mprof_common::stacks`): brief samples of that thread at that time need no other.
     pub context: Option<(u32, u64)>,
+    /// The clock's reading (`now_ns`) when the reader's detach request and heartbeat were
+    /// last looked at: they are looked at again once the clock's tick moved on.
+    reader_checked: u64,
 }
 
 impl Mapped {
@@ -76,6 +79,7 @@ impl Mapped {
             base,
             len,
             context: None,
+            reader_checked: 0,
         }
     }
 }
@@ -384,12 +388,17 @@ pub fn before_unload() {
 
 /// Why the session should end now (`now`, from `now_ns`), if it should: the interpreter is
 /// finalizing, the reader asked for a detach, or its heartbeat is older than
-/// `READER_TIMEOUT_NS`.
-pub fn stop_reason_at(s: &Session, now: u64) -> Option<EndReason> {
-    let m = s.mapped.as_ref()?;
+/// `READER_TIMEOUT_NS`. The reader's words are read once a tick of the clock (about 4 ms):
+/// at `--rate 1` a thread takes thousands of samples a tick, and a detach waits a tick at most.
+pub fn stop_reason_at(s: &mut Session, now: u64) -> Option<EndReason> {
     if finalizing(s) {
         return Some(EndReason::Finalizing);
     }
+    let m = s.mapped.as_mut()?;
+    if m.reader_checked == now {
+        return None;
+    }
+    m.reader_checked = now;
     reader_stopped_at(m.ring.header(), READER_TIMEOUT_NS, now)
 }
 

@@ -34,7 +34,11 @@ impl<T> SpinLock<T> {
     }
 
     pub fn lock(&self) -> Guard<'_, T> {
-        let me = thread_pointer();
+        self.lock_as(thread_pointer())
+    }
+
+    /// [`SpinLock::lock`] for the thread whose thread pointer is `me`.
+    fn lock_as(&self, me: usize) -> Guard<'_, T> {
         let mut spins = 0u32;
         while self
             .holder
@@ -60,10 +64,19 @@ impl<T> SpinLock<T> {
     }
 
     /// The lock, unless the calling thread holds it already: `None` then (taking it would
-    /// never end).
+    /// never end). One compare-and-swap when the lock is free, which tells the holder too.
     #[inline]
     pub fn lock_unless_mine(&self) -> Option<Guard<'_, T>> {
-        (!self.held_by_me()).then(|| self.lock())
+        let me = thread_pointer();
+        match self
+            .holder
+            .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+        {
+            Ok(_) => Some(Guard { lock: self }),
+            // Relaxed is enough: only this thread ever stores its own pointer there.
+            Err(holder) if holder == me => None,
+            Err(_) => Some(self.lock_as(me)),
+        }
     }
 
     /// Takes the lock before `fork()` so that the child never inherits it held.

@@ -44,6 +44,17 @@ unsafe fn alloc(size: usize, domain: usize, call: impl FnOnce() -> *mut c_void) 
     if count_down(size) {
         return call();
     }
+    slow_alloc(size, domain, call)
+}
+
+/// The slow path of [`alloc`], out of line: the hooks' fast path keeps nothing across it.
+#[cold]
+#[inline(never)]
+unsafe fn slow_alloc(
+    size: usize,
+    domain: usize,
+    call: impl FnOnce() -> *mut c_void,
+) -> *mut c_void {
     // The native domains ask for the size they were given (see `sampling::asked`).
     sampling::sampled_alloc(domain, 0, size, |_| call())
 }

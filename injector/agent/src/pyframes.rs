@@ -122,6 +122,7 @@ pub const UNCOMPARABLE: usize = usize::MAX;
 ///
 /// # Safety
 /// As for [`walk`].
+#[inline(always)]
 pub unsafe fn ats(
     l: &PyLayout,
     tstate: *const c_void,

@@ -23,7 +23,7 @@ use std::mem::MaybeUninit;
 /// outermost first (see `pyframes::ats`). A deep chain is mostly unchanged: with AVX2, eight
 /// frames a step, and the last step overlaps the one before it instead of ending one by one
 /// (about 1.3 instructions a frame, where the plain loop takes 5).
-#[inline]
+#[inline(always)]
 fn unchanged(now: &[usize], before: &[usize]) -> usize {
     let n = now.len().min(before.len());
     let (now, before) = (&now[..n], &before[..n]);
@@ -140,6 +140,7 @@ impl Announcer<'_> {
     ///
     /// # Safety
     /// `tstate` is the calling thread's own thread state.
+    #[inline(always)]
     pub unsafe fn this_thread(&mut self, tid: u32, tstate: *const c_void) -> Result<Stack, Lost> {
         let mut ats = [const { MaybeUninit::<usize>::uninit() }; LINK_CAP];
         let mut first = [const { MaybeUninit::<usize>::uninit() }; FIRST];

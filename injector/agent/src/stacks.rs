@@ -96,6 +96,7 @@ impl ThreadChain {
     /// While every code object freed is counted (`code_dealloc::counting`) the key is not read:
     /// the frames remembered were made at the count of freed code objects the chain has now
     /// (see [`Stacks::chain_of`]), so no code object at their addresses went since.
+    #[inline(always)]
     pub fn recall(
         &self,
         at: usize,
@@ -376,6 +377,7 @@ impl Stacks {
 
     /// The chain `tid` had at its previous sample in this table's generation (empty if none),
     /// to be updated by the caller; `None` if no memory could be had for it.
+    #[inline(always)]
     pub fn chain_of(&mut self, tid: u32) -> Option<&mut ThreadChain> {
         let slot = &mut self.threads[tid as usize % THREAD_SLOTS];
         if slot.is_null() {
