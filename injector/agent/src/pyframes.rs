@@ -163,7 +163,7 @@ unsafe fn chain(
     first: &mut [MaybeUninit<usize>; FIRST],
     at: impl Fn(*const c_void) -> usize,
 ) -> (usize, bool) {
-    // Four links a round while four slots are left: a deep chain is most of a sample's walk.
+    // Eight links a round while eight slots are left: a deep chain is most of a sample's walk.
     // `room`: the slots not written yet, at the start of `out`. The first round also keeps
     // the frames' addresses.
     let end = out.len();
@@ -178,15 +178,15 @@ unsafe fn chain(
         f = read(f, back);
     }
     let mut room = end - kept;
-    while room >= 4 {
-        for k in 1..=4 {
+    while room >= 8 {
+        for k in 1..=8 {
             if f.is_null() {
                 return (end - room + k - 1, true);
             }
             (*out.add(room - k)).write(at(f));
             f = read(f, back);
         }
-        room -= 4;
+        room -= 8;
     }
     while room > 0 && !f.is_null() {
         room -= 1;

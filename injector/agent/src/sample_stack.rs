@@ -46,12 +46,35 @@ fn unchanged(now: &[usize], before: &[usize]) -> usize {
 unsafe fn first_difference_avx2(now: &[usize], before: &[usize]) -> usize {
     use std::arch::x86_64::{
         __m256i, _mm256_castsi256_pd as as_pd, _mm256_cmpeq_epi64 as eq,
-        _mm256_loadu_si256 as load, _mm256_movemask_pd as mask,
+        _mm256_loadu_si256 as load, _mm256_movemask_pd as mask, _mm256_or_si256 as or,
+        _mm256_testz_si256 as testz, _mm256_xor_si256 as xor,
     };
     let n = now.len();
     debug_assert!(n >= 8 && before.len() == n);
     let (a, b) = (now.as_ptr(), before.as_ptr());
     let mut i = 0;
+    // Sixteen words a step while they all agree (four XORs, three ORs and one test, about one
+    // instruction a word): a deep chain is mostly the frames outside the ones that changed.
+    while i + 16 <= n {
+        // SAFETY: words i..i + 16 of both are in bounds; unaligned loads.
+        let differ = unsafe {
+            let x = |k: usize| {
+                xor(
+                    load(a.add(i + k) as *const __m256i),
+                    load(b.add(i + k) as *const __m256i),
+                )
+            };
+            let any = or(or(x(0), x(4)), or(x(8), x(12)));
+            testz(any, any) == 0
+        };
+        if differ {
+            break;
+        }
+        i += 16;
+    }
+    if i == n {
+        return n;
+    }
     loop {
         let at = i.min(n - 8);
         // SAFETY: words at..at + 8 of both are in bounds (at <= n - 8); unaligned loads.
