@@ -17,6 +17,7 @@ use mprof_common::record::{CODE_FIXED, KIND_CODE};
 use mprof_common::ring::Ring;
 use mprof_common::stacks::{write_stack, Node, KIND_STACK, STACK_BODY, STACK_ENTRY};
 use std::ffi::c_void;
+use std::hint::cold_path;
 use std::mem::MaybeUninit;
 
 /// How many frames, outermost first, run what they ran before: `now` and `before` are both
@@ -171,13 +172,20 @@ impl Announcer<'_> {
         // SAFETY: `ats` wrote the last `n`.
         let ats: &[usize] = std::slice::from_raw_parts(ats.as_ptr().add(LINK_CAP - n).cast(), n);
         if !whole || n > self.max_depth {
+            cold_path();
             return self.deep(tid, tstate, ats, whole, &first);
         }
         match self.cached(tid, tstate, ats, &first, false) {
             Ok(Through::Stack(stack)) => return Ok(stack),
-            Ok(_) => {}
-            Err(Lost::TableFull) => return self.uncached(tid, tstate),
-            Err(lost) => return Err(lost),
+            Ok(_) => cold_path(),
+            Err(Lost::TableFull) => {
+                cold_path();
+                return self.uncached(tid, tstate);
+            }
+            Err(lost) => {
+                cold_path();
+                return Err(lost);
+            }
         }
         self.plain(tid, tstate)
     }
@@ -243,6 +251,7 @@ impl Announcer<'_> {
         cut: bool,
     ) -> Result<Through, Lost> {
         let Some(chain) = self.stacks.chain_of(tid) else {
+            cold_path();
             return Ok(Through::Plain);
         };
         let chain: *mut ThreadChain = chain;
@@ -251,6 +260,7 @@ impl Announcer<'_> {
         let chain = &mut *chain;
         let n = ats.len();
         if chain.cut != cut {
+            cold_path();
             // The outermost frame of a cut stack is no entry frame from 3.12 (a Python frame
             // lies right outside it): the same links make other nodes.
             chain.cut = cut;
@@ -274,6 +284,7 @@ impl Announcer<'_> {
             let f = first[0].assume_init() as *const c_void;
             if let Some(made) = self.recall(chain, at, outer, Cached { node, depth }, f) {
                 if made.depth as usize > self.max_depth {
+                    cold_path();
                     return Ok(Through::Deeper);
                 }
                 chain.ats[same] = at;
@@ -303,6 +314,7 @@ impl Announcer<'_> {
             let parent = Cached { node, depth };
             if let Some(made) = self.recall(chain, at, outer, parent, f) {
                 if made.depth as usize > self.max_depth {
+                    cold_path();
                     return Ok(Through::Deeper);
                 }
                 Cached { node, depth } = made;
@@ -316,11 +328,18 @@ impl Announcer<'_> {
                 }
                 match frames::code_and_offset(self.api, self.layout, f) {
                     Found::Skip => {}
-                    Found::Unstarted => cacheable = false,
-                    Found::Broken => return Ok(Through::Plain),
+                    Found::Unstarted => {
+                        cold_path();
+                        cacheable = false;
+                    }
+                    Found::Broken => {
+                        cold_path();
+                        return Ok(Through::Plain);
+                    }
                     Found::Code(code, offset) => {
                         depth += 1;
                         if depth as usize > self.max_depth {
+                            cold_path();
                             return Ok(Through::Deeper);
                         }
                         let entry = frames::is_entry(self.layout, f);

@@ -19,6 +19,7 @@ use mprof_common::stacks::{
     KIND_BRIEF, KIND_CONTEXT, KIND_SAMPLE, SAMPLE_FIXED,
 };
 use std::ffi::c_void;
+use std::hint::cold_path;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -233,12 +234,19 @@ unsafe fn record_alloc_locked(
     allocator: Allocator,
     native: &[u64],
 ) {
-    let Some(api) = python::api() else { return };
+    // The rare ways out are marked cold (`cold_path`), so that the compiler lays their code
+    // after the common sample's: at the default rate a sample's code is fetched afresh.
+    let Some(api) = python::api() else {
+        cold_path();
+        return;
+    };
     if shared.mapped.is_none() || !ENABLED.load(Ordering::Relaxed) {
+        cold_path();
         return;
     }
     let now = now_ns();
     if let Some(reason) = lifecycle::stop_reason_at(shared, now) {
+        cold_path();
         lifecycle::stop_locked(shared, reason);
         return;
     }
@@ -255,6 +263,7 @@ unsafe fn record_alloc_locked(
         ..
     } = shared
     else {
+        cold_path();
         return;
     };
     let mut announcer = Announcer {
@@ -266,16 +275,22 @@ unsafe fn record_alloc_locked(
         max_depth: *max_depth,
     };
     let stack = match this_thread_state(api, this_thread.as_ref()) {
-        None => Stack {
-            node: 0,
-            depth: 0,
-            truncated: false,
-        },
+        None => {
+            cold_path();
+            Stack {
+                node: 0,
+                depth: 0,
+                truncated: false,
+            }
+        }
         Some(tstate) => {
             notice_other_interpreter(api, layout, tstate);
             match announcer.this_thread(tid, tstate) {
                 Ok(stack) => stack,
-                Err(_) => return,
+                Err(_) => {
+                    cold_path();
+                    return;
+                }
             }
         }
     };
@@ -296,6 +311,7 @@ unsafe fn record_alloc_locked(
                 if !ring.try_write(KIND_CONTEXT, 0, CONTEXT_BODY, |b| {
                     write_context(b, tid, now)
                 }) {
+                    cold_path();
                     return;
                 }
                 mapped.context = Some((tid, now));
