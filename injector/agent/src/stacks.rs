@@ -381,6 +381,7 @@ impl Stacks {
     pub fn chain_of(&mut self, tid: u32) -> Option<&mut ThreadChain> {
         let slot = &mut self.threads[tid as usize % THREAD_SLOTS];
         if slot.is_null() {
+            std::hint::cold_path();
             let p = map_anon(std::mem::size_of::<ThreadChain>()) as *mut ThreadChain;
             if p.is_null() {
                 return None;
@@ -393,12 +394,13 @@ impl Stacks {
         let chain = unsafe { &mut **slot };
         let freed = crate::code_dealloc::freed();
         if chain.tid != tid || chain.generation != self.generation || chain.freed != freed {
+            std::hint::cold_path();
             chain.tid = tid;
             chain.generation = self.generation;
+            chain.freed = freed;
             chain.len = 0;
             chain.recent_used = [0; RECENT / 64];
         }
-        chain.freed = freed;
         Some(chain)
     }
 }
