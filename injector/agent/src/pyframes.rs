@@ -114,11 +114,12 @@ pub const UNCOMPARABLE: usize = usize::MAX;
 /// it is: from 3.11 the instruction pointer points into the code object (so it names the code
 /// and the instruction). 3.11 marks entry frames with a byte of their own: a frame running the
 /// same instruction can still differ in it (a C function between it and its caller), so it
-/// goes into the pointer's top byte, whole (a user-space address leaves the top 17 bits clear;
-/// testing the byte for zero instead made the walk branch at every frame). From 3.12 those C
-/// functions leave a frame of their own in the chain, whose `at` is the shim's. Before 3.11,
-/// `f_lasti` is an index and goes above the code object's address. [`UNCOMPARABLE`] never
-/// matches (an instruction pointer is even).
+/// goes into the pointer's lowest bit. The byte is a C `bool` (0 or 1) and the pointer is
+/// even (code units are two bytes), so the pair is told exactly; an OR where the top byte took
+/// it took a shift more a frame (testing it for zero made the walk branch at every frame).
+/// From 3.12 those C functions leave a frame of their own in the chain, whose `at` is the
+/// shim's. Before 3.11, `f_lasti` is an index and goes above the code object's address.
+/// [`UNCOMPARABLE`] never matches (no user-space address has its top bits set).
 ///
 /// # Safety
 /// As for [`walk`].
@@ -144,7 +145,7 @@ pub unsafe fn ats(
     } else if l.frame_is_entry != ABSENT {
         let entry = l.frame_is_entry;
         chain(f, back, out, first, |f| {
-            read::<usize>(f, instr) | (read::<u8>(f, entry) as usize) << 56
+            read::<usize>(f, instr) | read::<u8>(f, entry) as usize
         })
     } else {
         chain(f, back, out, first, |f| read(f, instr))
