@@ -62,8 +62,15 @@ unsafe fn slow_alloc(
 #[inline(always)]
 fn free_check(ptr: *mut c_void) {
     if maybe_sampled(ptr as usize) {
-        sampling::sampled_free(ptr as usize);
+        record_free(ptr);
     }
+}
+
+/// [`sampling::sampled_free`], out of line: the hooks' fast path keeps nothing across it.
+#[cold]
+#[inline(never)]
+fn record_free(ptr: *mut c_void) {
+    sampling::sampled_free(ptr as usize);
 }
 
 unsafe extern "C" fn hook_malloc(size: usize) -> *mut c_void {

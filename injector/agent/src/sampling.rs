@@ -430,13 +430,13 @@ unsafe fn this_thread_state(api: &Api, read: Option<&ThisThread>) -> Option<*con
     (!tstate.is_null()).then_some(tstate as *const c_void)
 }
 
-/// Slow path of a free whose address passed the filter: record it if it was sampled. Kept out
-/// of line so that the free hook's fast path saves no registers (inlined, it cost every free
-/// five pushes and five pops). No thread-local state: a free nested in the agent's own work
+/// Slow path of a free whose address passed the filter: record it if it was sampled. Inlined
+/// into the hooks' own out-of-line slow paths only (inlined into a free hook's fast path, it
+/// cost every free five pushes and five pops; called from the slow path, a call and five
+/// pushes a sampled free). No thread-local state: a free nested in the agent's own work
 /// under the lock (an allocator call the slow path makes) is told by the lock's holder and
 /// left out; any other is recorded.
-#[cold]
-#[inline(never)]
+#[inline(always)]
 pub fn sampled_free(addr: usize) {
     if let Some(mut shared) = SESSION.lock_unless_mine() {
         if shared.set.remove(addr) {
