@@ -453,10 +453,12 @@ pub fn sampled_free(addr: usize) {
 #[inline(always)]
 fn record_free_locked(shared: &mut Session, addr: usize) {
     if let Some(reason) = lifecycle::must_end(shared) {
+        cold_path();
         lifecycle::stop_locked(shared, reason);
         return;
     }
     let Some(mapped) = shared.mapped.as_mut() else {
+        cold_path();
         return;
     };
     mapped.ring.try_write(KIND_FREE, 0, 8, |b| {
