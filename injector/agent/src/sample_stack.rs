@@ -11,7 +11,7 @@ use crate::pyframes::{
     self as frames, CodeKey, Cut, Found, RawFrame, FIRST, MAX_FRAMES, UNCOMPARABLE,
 };
 use crate::python::Api;
-use crate::stacks::{Cached, FrameKey, Interned, Stacks, ThreadChain, LINK_CAP};
+use crate::stacks::{Cached, FrameKey, Interned, Stacks, ThreadChain, END_MAX, LINK_CAP};
 use mprof_common::layout::{PyLayout, ABSENT};
 use mprof_common::record::{CODE_FIXED, KIND_CODE};
 use mprof_common::ring::Ring;
@@ -298,6 +298,26 @@ impl Announcer<'_> {
                 }));
             }
         }
+        // Several frames changed: most often to an end of the chain the thread ran lately,
+        // recalled whole. Its links are known to be no deeper than it made them, and nothing
+        // made is deeper than `max_depth` of the session that made it.
+        let (end_outer, end_parent) = (outer_of(ats, same, outside), Cached { node, depth });
+        let whole_end = (2..=END_MAX).contains(&(n - same))
+            && same + END_MAX <= LINK_CAP
+            && crate::code_dealloc::counting();
+        if whole_end {
+            if let Some(made) = chain.recall_end(same, end_outer, end_parent, &ats[same..]) {
+                if made.depth as usize <= self.max_depth {
+                    return Ok(Through::Stack(Stack {
+                        node: made.node,
+                        depth: made.depth,
+                        truncated: cut,
+                    }));
+                }
+                cold_path();
+                chain.len = same;
+            }
+        }
         // The frames that changed, innermost first: most often among those the walk kept.
         let mut walked = [const { MaybeUninit::<usize>::uninit() }; LINK_CAP];
         let changed: &[MaybeUninit<usize>] = if n - same <= FIRST {
@@ -365,6 +385,9 @@ impl Announcer<'_> {
                 chain.made[i] = Cached { node, depth };
                 chain.len = i + cacheable as usize;
             }
+        }
+        if whole_end && chain.len == n {
+            chain.remember_end(same, n - same, end_outer, end_parent);
         }
         Ok(Through::Stack(Stack {
             node,

@@ -31,7 +31,7 @@ struct Slot {
 }
 
 /// What a thread's previous sample made of a frame of its chain.
-#[derive(Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Cached {
     /// The node of this frame (0 if it is skipped and no frame outside it is a node).
     pub node: u32,
@@ -61,6 +61,31 @@ pub struct ThreadChain {
     /// Which of `recent` were remembered since the chain was last voided (voiding clears
     /// these bits, not the kilobytes of the entries).
     recent_used: [u64; RECENT / 64],
+    /// The changed ends of chains this thread ran lately, whole (see
+    /// [`ThreadChain::recall_end`]), direct-mapped by what they run.
+    ends: [End; ENDS],
+    /// Which of `ends` were remembered since the chain was last voided.
+    ends_used: [u64; ENDS / 64],
+}
+
+/// Changed ends a thread remembers (one bit each in `ends_used`). An end is two links or more:
+/// one link is a frame of `recent`.
+const ENDS: usize = 256;
+/// The most links an end remembered whole may have; a longer one is recalled frame by frame.
+pub const END_MAX: usize = 8;
+
+/// The links of a chain from where it differed from the thread's chain before: the `at` of
+/// the link outside them and what the links outside made, then each link's `at` and what it
+/// made. Three cache lines, of which an end of five links reads two: its `at`s are in the
+/// first.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct End {
+    outer: usize,
+    parent: Cached,
+    len: usize,
+    ats: [usize; END_MAX],
+    made: [Cached; END_MAX],
 }
 
 /// Changed frames a thread remembers (64 bytes each). A web server whose samples alternate
@@ -133,6 +158,71 @@ impl ThreadChain {
         };
         self.recent_used[i / 64] |= 1 << (i % 64);
     }
+
+    /// The links `from..` of the chain, whose `at`s are `ats`, when the thread ran that end
+    /// whole lately on top of the same links (`outer`, `parent`: as for [`ThreadChain::recall`]
+    /// of its first link): each link's `at` and what it made go into the chain, which is then
+    /// `from + ats.len()` links long, and the innermost's is returned. A web server's samples
+    /// alternate between a few stacks that differ in their last five frames or so: one
+    /// lookup where each frame was one. Each link of an end depends on the links outside it
+    /// alone, as in [`ThreadChain::recall`], so the same end on the same links made the same.
+    /// Only while every code object freed is counted (`code_dealloc::counting`): no key is
+    /// read. `from + END_MAX` must be within [`LINK_CAP`]: the end is copied whole, eight
+    /// words in four vector moves where a copy of `ats.len()` was a call to `memcpy`.
+    #[inline(always)]
+    pub fn recall_end(
+        &mut self,
+        from: usize,
+        outer: usize,
+        parent: Cached,
+        ats: &[usize],
+    ) -> Option<Cached> {
+        let n = ats.len();
+        debug_assert!((2..=END_MAX).contains(&n) && from + END_MAX <= LINK_CAP);
+        let i = end_slot(outer, parent, ats);
+        let e = &self.ends[i];
+        if self.ends_used[i / 64] >> (i % 64) & 1 == 0
+            || e.len != n
+            || e.outer != outer
+            || e.parent != parent
+        {
+            return None;
+        }
+        // Word by word: the slices' `!=` is a call to `memcmp`.
+        if e.ats[..n].iter().zip(ats).any(|(a, b)| a != b) {
+            return None;
+        }
+        // Past `n` the chain's words are stale either way (it is `from + n` long).
+        self.ats[from..from + END_MAX].copy_from_slice(&e.ats);
+        self.made[from..from + END_MAX].copy_from_slice(&e.made);
+        self.len = from + n;
+        Some(e.made[n - 1])
+    }
+
+    /// Remembers links `from..from + n` of the chain whole (see [`ThreadChain::recall_end`]),
+    /// which the sample made on top of `parent` inside a link running `outer`.
+    pub fn remember_end(&mut self, from: usize, n: usize, outer: usize, parent: Cached) {
+        debug_assert!((2..=END_MAX).contains(&n) && from + END_MAX <= LINK_CAP);
+        let i = end_slot(outer, parent, &self.ats[from..from + n]);
+        let e = &mut self.ends[i];
+        e.outer = outer;
+        e.parent = parent;
+        e.len = n;
+        e.ats.copy_from_slice(&self.ats[from..from + END_MAX]);
+        e.made.copy_from_slice(&self.made[from..from + END_MAX]);
+        self.ends_used[i / 64] |= 1 << (i % 64);
+    }
+}
+
+/// The slot of [`ThreadChain::ends`] of an end running `ats` inside a link running `outer`
+/// on top of `parent`.
+#[inline(always)]
+fn end_slot(outer: usize, parent: Cached, ats: &[usize]) -> usize {
+    let mut h = (outer as u64).rotate_left(23) ^ (parent.node as u64) << 7;
+    for &a in ats {
+        h = (h ^ a as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    (h >> (64 - ENDS.trailing_zeros())) as usize
 }
 
 /// The slot of [`ThreadChain::recent`] of a frame running `at` inside a link running `outer`
@@ -400,6 +490,7 @@ impl Stacks {
             chain.freed = freed;
             chain.len = 0;
             chain.recent_used = [0; RECENT / 64];
+            chain.ends_used = [0; ENDS / 64];
         }
         Some(chain)
     }
@@ -584,5 +675,72 @@ mod tests {
         }
         let shared = used.iter().filter(|&&n| n > 1).count();
         assert!(shared <= 4, "{shared} slots hold two or more of 40 frames");
+    }
+
+    /// An end is recalled whole only on the same links outside it (the `at` of the link
+    /// outside and what the links outside made) and with the same `at` in each of its links;
+    /// a recall puts the end's links into the chain; voiding the chain forgets every end.
+    #[test]
+    fn an_end_is_recalled_whole_only_where_everything_it_depends_on_agrees() {
+        let mut s = Stacks::new();
+        let parent = Cached { node: 7, depth: 3 };
+        let ats = [0x1000, 0x2000, 0x3000, 0x4000, 0x5000];
+        let made: Vec<Cached> = (0..5)
+            .map(|k| Cached {
+                node: 20 + k,
+                depth: 4 + k,
+            })
+            .collect();
+        let chain = s.chain_of(42).expect("a chain");
+        let from = 6;
+        chain.ats[from..from + 5].copy_from_slice(&ats);
+        chain.made[from..from + 5].copy_from_slice(&made);
+        assert_eq!(
+            chain.recall_end(from, 0x900, parent, &ats),
+            None,
+            "nothing yet"
+        );
+        chain.remember_end(from, 5, 0x900, parent);
+        chain.len = 0;
+        chain.ats[from..from + 5].fill(0);
+        chain.made[from..from + 5].fill(Cached::default());
+        assert_eq!(chain.recall_end(from, 0x900, parent, &ats), Some(made[4]));
+        assert_eq!(chain.len, from + 5);
+        assert_eq!(chain.ats[from..from + 5], ats);
+        assert!(chain.made[from..from + 5] == made[..]);
+        // Elsewhere in a chain, the same end on the same links is the same.
+        assert_eq!(chain.recall_end(2, 0x900, parent, &ats), Some(made[4]));
+        let other_parent = Cached { node: 8, ..parent };
+        let other_depth = Cached { depth: 2, ..parent };
+        assert_eq!(chain.recall_end(from, 0x901, parent, &ats), None, "outer");
+        assert_eq!(
+            chain.recall_end(from, 0x900, other_parent, &ats),
+            None,
+            "parent"
+        );
+        assert_eq!(
+            chain.recall_end(from, 0x900, other_depth, &ats),
+            None,
+            "depth"
+        );
+        assert_eq!(
+            chain.recall_end(from, 0x900, parent, &ats[..4]),
+            None,
+            "shorter"
+        );
+        for k in 0..5 {
+            let mut changed = ats;
+            changed[k] += 2;
+            assert_eq!(
+                chain.recall_end(from, 0x900, parent, &changed),
+                None,
+                "link {k}"
+            );
+        }
+        // Node ids starting again void the chain and what it remembers.
+        s.reset();
+        let chain = s.chain_of(42).expect("a chain");
+        assert_eq!(chain.recall_end(from, 0x900, parent, &ats), None, "voided");
+        s.release();
     }
 }
