@@ -269,10 +269,7 @@ impl Announcer<'_> {
         }
         let same = unchanged(ats, &chain.ats[..chain.len]);
         chain.len = same;
-        let Cached {
-            mut node,
-            mut depth,
-        } = match same {
+        let Cached { node, depth } = match same {
             0 => Cached::default(),
             k => chain.made[k - 1],
         };
@@ -298,10 +295,42 @@ impl Announcer<'_> {
                 }));
             }
         }
+        if same == n {
+            return Ok(Through::Stack(Stack {
+                node,
+                depth,
+                truncated: cut,
+            }));
+        }
+        self.changed(chain, tstate, ats, first, cut, same, Cached { node, depth })
+    }
+
+    /// [`Announcer::cached`] for the links `same..` of `ats` that changed, when they are not
+    /// the innermost alone run lately; `parent`: what the links outside them made. Out of
+    /// line: a loop's samples change the innermost frame alone, and the code below took
+    /// registers from theirs.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn changed(
+        &mut self,
+        chain: &mut ThreadChain,
+        tstate: *const c_void,
+        ats: &[usize],
+        first: &[MaybeUninit<usize>; FIRST],
+        cut: bool,
+        same: usize,
+        parent: Cached,
+    ) -> Result<Through, Lost> {
+        let n = ats.len();
+        let outside = if cut { CUT_OUTSIDE } else { 0 };
+        let Cached {
+            mut node,
+            mut depth,
+        } = parent;
         // Several frames changed: most often to an end of the chain the thread ran lately,
         // recalled whole. Its links are known to be no deeper than it made them, and nothing
         // made is deeper than `max_depth` of the session that made it.
-        let (end_outer, end_parent) = (outer_of(ats, same, outside), Cached { node, depth });
+        let (end_outer, end_parent) = (outer_of(ats, same, outside), parent);
         let whole_end = (2..=END_MAX).contains(&(n - same))
             && same + END_MAX <= LINK_CAP
             && crate::code_dealloc::counting();
