@@ -296,6 +296,7 @@ impl Announcer<'_> {
             }
         }
         if same == n {
+            // Nothing changed: the stack of the thread's previous sample.
             return Ok(Through::Stack(Stack {
                 node,
                 depth,
@@ -328,8 +329,8 @@ impl Announcer<'_> {
             mut depth,
         } = parent;
         // Several frames changed: most often to an end of the chain the thread ran lately,
-        // recalled whole. Its links are known to be no deeper than it made them, and nothing
-        // made is deeper than `max_depth` of the session that made it.
+        // recalled whole. Its innermost link is its deepest; one deeper than `max_depth` is
+        // worked out below, which finds where the stack is cut.
         let (end_outer, end_parent) = (outer_of(ats, same, outside), parent);
         let whole_end = (2..=END_MAX).contains(&(n - same))
             && same + END_MAX <= LINK_CAP
