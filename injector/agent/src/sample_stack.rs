@@ -329,8 +329,8 @@ impl Announcer<'_> {
             mut depth,
         } = parent;
         // Several frames changed: most often to an end of the chain the thread ran lately,
-        // recalled whole. Its innermost link is its deepest; one deeper than `max_depth` is
-        // worked out below, which finds where the stack is cut.
+        // recalled whole. Its innermost link is its deepest; an end deeper than `max_depth`
+        // goes frame by frame below, which tells the caller to cut the stack.
         let (end_outer, end_parent) = (outer_of(ats, same, outside), parent);
         let whole_end = (2..=END_MAX).contains(&(n - same))
             && same + END_MAX <= LINK_CAP
