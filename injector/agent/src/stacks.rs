@@ -76,8 +76,8 @@ pub const END_MAX: usize = 8;
 
 /// The links of a chain from where it differed from the thread's chain before: the `at` of
 /// the link outside them and what the links outside made, then each link's `at` and what it
-/// made. Three cache lines, of which an end of five links reads two: its `at`s are in the
-/// first.
+/// made. Three cache lines: a lookup that misses reads the first (the key and the first five
+/// `at`s), a recall all three.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct End {
@@ -167,8 +167,8 @@ impl ThreadChain {
     /// lookup where each frame was one. Each link of an end depends on the links outside it
     /// alone, as in [`ThreadChain::recall`], so the same end on the same links made the same.
     /// Only while every code object freed is counted (`code_dealloc::counting`): no key is
-    /// read. `from + END_MAX` must be within [`LINK_CAP`]: the end is copied whole, eight
-    /// words in four vector moves where a copy of `ats.len()` was a call to `memcpy`.
+    /// read. `from + END_MAX` must be within [`LINK_CAP`]: the end is copied whole, in
+    /// sixteen-byte moves, where a copy of `ats.len()` links was a call to `memcpy`.
     #[inline(always)]
     pub fn recall_end(
         &mut self,
