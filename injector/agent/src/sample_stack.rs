@@ -331,12 +331,12 @@ impl Announcer<'_> {
         // Several frames changed: most often to an end of the chain the thread ran lately,
         // recalled whole. Its innermost link is its deepest; an end deeper than `max_depth`
         // goes frame by frame below, which tells the caller to cut the stack.
-        let (end_outer, end_parent) = (outer_of(ats, same, outside), parent);
+        let end_outer = outer_of(ats, same, outside);
         let whole_end = (2..=END_MAX).contains(&(n - same))
             && same + END_MAX <= LINK_CAP
             && crate::code_dealloc::counting();
         if whole_end {
-            if let Some(made) = chain.recall_end(same, end_outer, end_parent, &ats[same..]) {
+            if let Some(made) = chain.recall_end(same, end_outer, parent, &ats[same..]) {
                 if made.depth as usize <= self.max_depth {
                     return Ok(Through::Stack(Stack {
                         node: made.node,
@@ -417,7 +417,7 @@ impl Announcer<'_> {
             }
         }
         if whole_end && chain.len == n {
-            chain.remember_end(same, n - same, end_outer, end_parent);
+            chain.remember_end(same, n - same, end_outer, parent);
         }
         Ok(Through::Stack(Stack {
             node,
