@@ -189,16 +189,18 @@ def line_reader(stream, lines):
 WARMUP = 500
 
 
-def run_tornado(config, args, capture, env, requests, warmup=WARMUP, wrapper=(), at_client_exit=None):
+def run_tornado(config, args, capture, env, requests, warmup=WARMUP, wrapper=(), at_client_exit=None,
+                at_client_start=None):
     """One run of the tornado workload; `at_client_exit(server)`, if given, is called with the
-    server's Popen (the profiler's, under one) once the client is done, before the server stops."""
+    server's Popen (the profiler's, under one) once the client is done, before the server stops;
+    `at_client_start(server)` likewise once the server listens, before the client starts."""
     script = [os.path.join(WORKLOADS, "tornado_server.py"), "--max-seconds", str(args.timeout)]
     errfile = tempfile.TemporaryFile()
     cmd = list(wrapper) + config.command(args.python, capture, script)
     server = start_group(cmd, stdout=subprocess.PIPE, stderr=errfile, env=env)
     try:
         result, cpu_at_client_exit = drive_server(
-            server, errfile, args, env, requests, warmup, wrapper, at_client_exit
+            server, errfile, args, env, requests, warmup, wrapper, at_client_exit, at_client_start
         )
     finally:
         kill_group(server)
@@ -210,7 +212,8 @@ def run_tornado(config, args, capture, env, requests, warmup=WARMUP, wrapper=(),
     return result
 
 
-def drive_server(server, errfile, args, env, requests, warmup, wrapper=(), at_client_exit=None):
+def drive_server(server, errfile, args, env, requests, warmup, wrapper=(), at_client_exit=None,
+                 at_client_start=None):
     """Wait for the server's port, run the client against it, stop the server, collect its VmHWM.
 
     Returns (result, CPU seconds of reaped children right after the client was reaped)."""
@@ -220,6 +223,8 @@ def drive_server(server, errfile, args, env, requests, warmup, wrapper=(), at_cl
     port = wait_for_port(lines, seen, deadline=time.monotonic() + 60)
     if port is None:
         return Result(error="server printed no PORT line: %s" % server_error(server, errfile)), None
+    if at_client_start is not None:
+        at_client_start(server)
     client_cmd = list(wrapper if wrapper[:1] == ["taskset"] else []) + [
         args.python,
         os.path.join(WORKLOADS, "tornado_client.py"),

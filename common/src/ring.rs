@@ -260,6 +260,12 @@ impl Ring {
         Ring { window, ..self }
     }
 
+    /// The data area's first [`window`] bytes, where the producer writes while the reader
+    /// keeps up (see the module's short laps): their start and length.
+    pub fn window_area(&self) -> (*mut u8, usize) {
+        (self.at(0), self.window as usize)
+    }
+
     /// The header.
     pub fn header(&self) -> &RingHeader {
         // SAFETY: `attach` checked that the header is mapped, for as long as `self` lives.

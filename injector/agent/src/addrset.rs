@@ -74,6 +74,14 @@ pub fn maybe_sampled(addr: usize) -> bool {
     SUMMARY[word].load(Ordering::Relaxed) & mask != 0 && FILTER[slot].load(Ordering::Relaxed) != 0
 }
 
+/// Faults in the filter's pages (a megabyte), which every session writes at random places
+/// from its first samples on: a web server's first 10,000 requests took about 50 of its 256
+/// faults, a few microseconds each, inside samples.
+pub fn touch_filter() {
+    // SAFETY: the filter is a static array of `FILTER_LEN` bytes.
+    unsafe { crate::sys::touch_pages_for_writing(FILTER.as_ptr() as *mut u8, FILTER_LEN) }
+}
+
 const EMPTY: usize = 0;
 const TOMBSTONE: usize = 1;
 
