@@ -11,7 +11,6 @@ once it listens and again when the client (500 warm-up and `--requests` timed re
 done; prints the difference per run and the median per configuration, in turns.
 """
 
-import argparse
 import os
 import statistics
 import sys
@@ -65,21 +64,11 @@ def one_run(args, config, env, tmpdir, i):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n", 2)[2],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    overhead.add_target_args(p)
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--requests", type=int, default=10000)
-    p.add_argument("--connections", type=int, default=8)
-    p.add_argument("--timeout", type=int, default=300)
+    p = overhead.tornado_parser(__doc__, runs=3, requests=10000)
     p.add_argument("--configs", default="none,mprof",
                    help='comma-separated: "none", "mprof" (the default rate) or "mprof --rate R"')
     args = p.parse_args()
-    overhead.check_target_args(p, args)
-    if args.runs < 1:
-        p.error("--runs must be at least 1")
-    if not overhead.runnable(args.python, ["tornado"]):
-        sys.exit(1)
+    overhead.check_tornado_args(p, args)
     mprof = os.path.abspath(args.mprof)
     configs = []
     for name in [c.strip() for c in args.configs.split(",") if c.strip()]:

@@ -335,6 +335,28 @@ def check_target_args(parser, args):
         parser.error("%s not found: run `cargo build --release` first" % args.mprof)
 
 
+def tornado_parser(doc, runs, requests):
+    """The options of a benchmark that runs the tornado server `--runs` times (its description
+    and epilog from `doc`, a module docstring), to which it adds its own."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0], epilog=doc.split("\n", 2)[2],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_target_args(parser)
+    parser.add_argument("--runs", type=int, default=runs)
+    parser.add_argument("--requests", type=int, default=requests)
+    parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--timeout", type=int, default=300)
+    return parser
+
+
+def check_tornado_args(parser, args):
+    """Stops with a one-line error on `tornado_parser`'s bad options or a missing tornado."""
+    check_target_args(parser, args)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    if not runnable(args.python, ["tornado"]):
+        sys.exit(1)
+
+
 def default_python():
     candidates = glob.glob(os.path.expanduser("~/.pyenv/versions/3.11.*/bin/python3"))
     candidates.sort(key=lambda p: [int(x) for x in re.findall(r"3\.11\.(\d+)", p)[:1]] or [0])

@@ -14,7 +14,6 @@ it reads lower than `agent_share.py`'s reader line, which perf's own work inflat
 per run, the reader's share of the server's, and the median share.
 """
 
-import argparse
 import os
 import statistics
 import sys
@@ -66,21 +65,11 @@ def one_run(args, config, env, tmpdir, i):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n", 2)[2],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    overhead.add_target_args(p)
-    p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--requests", type=int, default=30000)
-    p.add_argument("--connections", type=int, default=8)
-    p.add_argument("--timeout", type=int, default=300)
+    p = overhead.tornado_parser(__doc__, runs=5, requests=30000)
     p.add_argument("--config", default="mprof",
                    help='the profiled configuration: "mprof" (the default rate) or "mprof --rate R"')
     args = p.parse_args()
-    overhead.check_target_args(p, args)
-    if args.runs < 1:
-        p.error("--runs must be at least 1")
-    if not overhead.runnable(args.python, ["tornado"]):
-        sys.exit(1)
+    overhead.check_tornado_args(p, args)
     config = runner.config_named(os.path.abspath(args.mprof), args.config)
     if config is None:
         p.error('--config: "mprof" or "mprof --rate R", not %r' % args.config)
