@@ -363,7 +363,8 @@ mod tests {
     fn resident(p: *mut u8, pages: usize) -> Vec<bool> {
         let mut vec = vec![0u8; pages];
         // SAFETY: `p` maps `pages` pages; `vec` has a byte for each.
-        assert_eq!(unsafe { mincore(p.cast(), pages * 4096, vec.as_mut_ptr()) }, 0);
+        let r = unsafe { mincore(p.cast(), pages * 4096, vec.as_mut_ptr()) };
+        assert_eq!(r, 0);
         vec.iter().map(|b| b & 1 != 0).collect()
     }
 
@@ -394,12 +395,18 @@ mod tests {
         let before = faults();
         for page in 0..5 {
             // SAFETY: within the mapping; the byte's own value written back.
-            unsafe { p.add(page * 4096).write_volatile(p.add(page * 4096).read_volatile()) };
+            unsafe {
+                p.add(page * 4096)
+                    .write_volatile(p.add(page * 4096).read_volatile())
+            };
         }
         assert_eq!(faults() - before, 0, "a touched page faulted when written");
         // SAFETY: the mapping's 8 pages, unmapped right after.
         let bytes = unsafe { std::slice::from_raw_parts(p, 8 * 4096) };
-        assert!(bytes.iter().enumerate().all(|(i, &b)| b == (i == 5) as u8 * 7));
+        assert!(bytes
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == (i == 5) as u8 * 7));
         // SAFETY: the mapping made above, used no more.
         unsafe { munmap(p.cast(), 8 * 4096) };
     }
