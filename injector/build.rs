@@ -28,6 +28,9 @@ fn main() {
     for dir in ["../common/src", "agent/src"] {
         println!("cargo:rerun-if-changed={}", here.join(dir).display());
     }
+    // The diagnostic build that counts the slow paths' cycles (agent/src/cycles.rs).
+    println!("cargo:rerun-if-env-changed=MPROF_AGENT_CYCLES");
+    let cycles = env::var_os("MPROF_AGENT_CYCLES").is_some_and(|v| v == "1");
     let out_s = out.to_str().unwrap();
     let common_rlib = out.join("libmprof_common.rlib");
     // The agent is built for the same target as the CLI that carries it.
@@ -68,6 +71,9 @@ fn main() {
         "--crate-name=mprof_agent",
     ];
     args.extend(opt);
+    if cycles {
+        args.extend(["--cfg", "mprof_cycles"]);
+    }
     // The linker cargo picked for the target (set for cross builds in .cargo/config.toml).
     let linker = env::var("RUSTC_LINKER").map(|l| format!("linker={l}"));
     if let Ok(linker) = &linker {

@@ -18,6 +18,7 @@ mod addrset;
 mod cfi;
 mod chain;
 mod code_dealloc;
+mod cycles;
 mod exec_env;
 mod follow;
 mod got;

@@ -4,6 +4,7 @@
 //! the session must end.
 
 use crate::chain;
+use crate::cycles::{self, Part};
 use crate::lifecycle::{self, Session, ENABLED, SESSION};
 use crate::python::{self, Api, ThisThread};
 use crate::sample_stack::{Announcer, Stack};
@@ -65,13 +66,17 @@ pub unsafe fn sampled_alloc(
     call: impl FnOnce(usize) -> *mut c_void,
 ) -> *mut c_void {
     THREAD.with(|t| {
+        let start = cycles::now();
         let was_busy = t.busy.replace(true);
         let sample = !was_busy && decide(domain, layer, t, size);
         let ptr = call(asked(domain, layer, size, sample));
         if sample && !ptr.is_null() {
+            cycles::add(Part::AllocCall, start);
+            let start = cycles::now();
             let mut native = [const { MaybeUninit::<u64>::uninit() }; MAX_NATIVE_FRAMES];
             let native = native_stack(t, &mut native);
             record_alloc(t, ptr as usize, size, allocator_of(domain), native);
+            cycles::add(Part::AllocRecord, start);
         }
         t.busy.set(was_busy);
         ptr
@@ -198,6 +203,7 @@ pub unsafe fn sampled_realloc(
             t.busy.set(was_busy);
             return ptr;
         }
+        let start = cycles::now();
         let sample = countdown_ran_out && decide(domain, layer, t, size);
         let mut native = [const { MaybeUninit::<u64>::uninit() }; MAX_NATIVE_FRAMES];
         let native = if sample {
@@ -223,6 +229,7 @@ pub unsafe fn sampled_realloc(
             );
         }
         drop(shared);
+        cycles::add(Part::Realloc, start);
         t.busy.set(was_busy);
         ptr
     })
@@ -440,11 +447,13 @@ unsafe fn this_thread_state(api: &Api, read: Option<&ThisThread>) -> Option<*con
 /// left out; any other is recorded.
 #[inline(always)]
 pub fn sampled_free(addr: usize) {
+    let start = cycles::now();
     if let Some(mut shared) = SESSION.lock_unless_mine() {
         if shared.set.remove(addr) {
             record_free_locked(&mut shared, addr);
         }
     }
+    cycles::add(Part::Free, start);
 }
 
 /// Writes the FREE record of a sampled block (or ends the session, if it must end). The clock

@@ -1,0 +1,100 @@
+//! The slow paths' own time, counted where the program runs: a diagnostic build only.
+//!
+//! Built with `MPROF_AGENT_CYCLES=1` in the environment (`injector/build.rs` then passes
+//! `--cfg mprof_cycles`; `benches/sample_cycles.py` makes such a build in a target directory
+//! of its own), the agent reads the processor's time-stamp counter around its slow paths and
+//! sums the cycles and counts, which it writes out as the process exits, to a file named by its
+//! pid in the directory `MPROF_CYCLES_OUT` of the process's environment. Instruction counts
+//! (callgrind) cannot see what a sample waits for, and the wall time of the pairs moves by more
+//! than a sample costs. In any other build every function here is empty and inlined away.
+
+/// What a count is of.
+#[derive(Clone, Copy)]
+pub enum Part {
+    /// A sampled allocation, from the slow path's start to the allocator's return: the
+    /// decision, the draw, the allocator's own call.
+    AllocCall = 0,
+    /// A sampled allocation's record: its stack, its records, the set.
+    AllocRecord = 1,
+    /// A realloc that took the slow path (sampled, or of a sampled block), its call included.
+    Realloc = 2,
+    /// A free whose address passed the filter.
+    Free = 3,
+}
+
+#[cfg(all(mprof_cycles, target_arch = "x86_64"))]
+mod counting {
+    use super::Part;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    const PARTS: usize = 4;
+    /// Cycles and counts of each part.
+    static CYCLES: [AtomicU64; PARTS] = [const { AtomicU64::new(0) }; PARTS];
+    static COUNTS: [AtomicU64; PARTS] = [const { AtomicU64::new(0) }; PARTS];
+    /// The counter and the monotonic clock when the agent was loaded: with those at exit, the
+    /// counter's frequency.
+    static START: [AtomicU64; 2] = [const { AtomicU64::new(0) }; 2];
+
+    #[inline(always)]
+    pub fn now() -> u64 {
+        // SAFETY: rdtsc has no preconditions.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+
+    #[inline(always)]
+    pub fn add(part: Part, since: u64) {
+        let i = part as usize;
+        CYCLES[i].fetch_add(now().wrapping_sub(since), Ordering::Relaxed);
+        COUNTS[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    extern "C" fn started() {
+        START[0].store(now(), Ordering::Relaxed);
+        START[1].store(crate::sys::now_ns(), Ordering::Relaxed);
+    }
+
+    extern "C" fn write_out() {
+        let Some(dir) = std::env::var_os("MPROF_CYCLES_OUT") else {
+            return;
+        };
+        let mut text = format!(
+            "tsc {} ns {}\n",
+            now().wrapping_sub(START[0].load(Ordering::Relaxed)),
+            crate::sys::now_ns().saturating_sub(START[1].load(Ordering::Relaxed))
+        );
+        for (i, name) in ["alloc_call", "alloc_record", "realloc", "free"]
+            .iter()
+            .enumerate()
+        {
+            text.push_str(&format!(
+                "{name} {} {}\n",
+                COUNTS[i].load(Ordering::Relaxed),
+                CYCLES[i].load(Ordering::Relaxed)
+            ));
+        }
+        let path = std::path::Path::new(&dir).join(std::process::id().to_string());
+        let _ = std::fs::write(path, text);
+    }
+
+    #[used]
+    #[link_section = ".init_array"]
+    static STARTED: extern "C" fn() = started;
+    #[used]
+    #[link_section = ".fini_array"]
+    static WRITE_OUT: extern "C" fn() = write_out;
+}
+
+#[cfg(not(all(mprof_cycles, target_arch = "x86_64")))]
+mod counting {
+    use super::Part;
+
+    #[inline(always)]
+    pub fn now() -> u64 {
+        0
+    }
+
+    #[inline(always)]
+    pub fn add(_part: Part, _since: u64) {}
+}
+
+pub use counting::{add, now};
