@@ -212,7 +212,10 @@ pub unsafe fn sampled_realloc(
             &[]
         };
         let mut shared = SESSION.lock();
-        let was_sampled = shared.set.contains(old);
+        // A realloc of NULL allocates (how a `bytearray` gets its first buffer: most of a
+        // tornado server's samples): no block to look up, whose slot is a line the cache
+        // no longer has.
+        let was_sampled = old != 0 && shared.set.contains(old);
         let ptr = call(asked(domain, layer, size, sample));
         if was_sampled && (!ptr.is_null() || size == 0) {
             shared.set.remove(old);
