@@ -33,25 +33,13 @@ def faults(pid):
     return int(fields[7]) + int(fields[9])
 
 
-def server_pid(popen, profiled):
-    """The Python server's pid: the command itself, or the profiler's one child."""
-    if not profiled:
-        return popen.pid
-    try:
-        with open("/proc/%d/task/%d/children" % (popen.pid, popen.pid)) as f:
-            children = [int(c) for c in f.read().split()]
-    except OSError:
-        return None
-    return children[0] if len(children) == 1 else None
-
-
 def one_run(args, config, env, tmpdir, i):
     """Faults the server took during the client's run, or an error string."""
     capture = os.path.join(tmpdir, "capture-%d.out" % i)
     readings = []
 
-    def read(popen):
-        pid = server_pid(popen, config.name != "none")
+    def read(popen, *_port):
+        pid = runner.server_pid(popen, config.name != "none")
         readings.append(faults(pid) if pid is not None else None)
 
     result = runner.run_tornado(config, args, capture, env, args.requests,

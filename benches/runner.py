@@ -193,7 +193,7 @@ def run_tornado(config, args, capture, env, requests, warmup=WARMUP, wrapper=(),
                 at_client_start=None):
     """One run of the tornado workload; `at_client_exit(server)`, if given, is called with the
     server's Popen (the profiler's, under one) once the client is done, before the server stops;
-    `at_client_start(server)` likewise once the server listens, before the client starts."""
+    `at_client_start(server, port)` once the server listens on `port`, before the client starts."""
     script = [os.path.join(WORKLOADS, "tornado_server.py"), "--max-seconds", str(args.timeout)]
     errfile = tempfile.TemporaryFile()
     cmd = list(wrapper) + config.command(args.python, capture, script)
@@ -224,16 +224,10 @@ def drive_server(server, errfile, args, env, requests, warmup, wrapper=(), at_cl
     if port is None:
         return Result(error="server printed no PORT line: %s" % server_error(server, errfile)), None
     if at_client_start is not None:
-        at_client_start(server)
-    client_cmd = list(wrapper if wrapper[:1] == ["taskset"] else []) + [
-        args.python,
-        os.path.join(WORKLOADS, "tornado_client.py"),
-        str(port),
-        "--requests", str(requests),
-        "--warmup", str(warmup),
-        "--connections", str(args.connections),
-        "--max-seconds", str(args.timeout),
-    ]
+        at_client_start(server, port)
+    client_cmd = list(wrapper if wrapper[:1] == ["taskset"] else []) + client_command(
+        args, port, requests, warmup
+    )
     try:
         client = subprocess.run(
             client_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=args.timeout + 30, env=env
@@ -251,6 +245,32 @@ def drive_server(server, errfile, args, env, requests, warmup, wrapper=(), at_cl
     server_fields = parse_bench_line("".join(seen))
     rss = int(server_fields["vmhwm_kib"]) if server_fields else None
     return Result(float(fields["rps"]), None, rss, None), cpu_at_client_exit
+
+
+def client_command(args, port, requests, warmup):
+    """The tornado client's command against the server on `port`."""
+    return [
+        args.python,
+        os.path.join(WORKLOADS, "tornado_client.py"),
+        str(port),
+        "--requests", str(requests),
+        "--warmup", str(warmup),
+        "--connections", str(args.connections),
+        "--max-seconds", str(args.timeout),
+    ]
+
+
+def server_pid(popen, profiled):
+    """The Python server's pid under `popen`: the command itself, or the profiler's one child
+    (None if it has not exactly one)."""
+    if not profiled:
+        return popen.pid
+    try:
+        with open("/proc/%d/task/%d/children" % (popen.pid, popen.pid)) as f:
+            children = [int(c) for c in f.read().split()]
+    except OSError:
+        return None
+    return children[0] if len(children) == 1 else None
 
 
 def wait_for_port(lines, seen, deadline):

@@ -1,23 +1,26 @@
 #!/usr/bin/env python3
 """A sample's own cycles where a web server runs: the agent's slow paths timed in place.
 
-    python3 benches/sample_cycles.py                       # this checkout, 2 runs
+    python3 benches/sample_cycles.py                       # this checkout, 3 runs
     python3 benches/sample_cycles.py --against ../old      # and another checkout, in turns
 
 Builds mprof with `MPROF_AGENT_CYCLES=1` (in CHECKOUT/target/cycles, a few minutes the first
 time): an agent that reads the processor's time-stamp counter around its slow paths (a sampled
-allocation's call and record, a realloc and a free that took the slow path) and writes the
-sums out when the process exits (`injector/agent/src/cycles.rs`). Runs the tornado server of
-`overhead.py` under `mprof record` at the default rate, once with `--requests` and once with
-`--long` requests after the same warm-up; the difference of the two is the steady state,
-without the start-up's imports and first samples. Prints, per build, the slow paths' cycles a
-request and a sample in the steady state, and their share of a request's time at the long
-run's requests per second. What comes after a sample (the program fetching again what the
-sample evicted) is not in these counts: compare with `pairs.py`, which sees all of it.
+allocation's call and record, a realloc and a free that took the slow path) and sums the
+cycles and counts in its memory (`injector/agent/src/cycles.rs`). Each run starts the tornado
+server of `overhead.py` under `mprof record` at the default rate, warms it with `--warm`
+requests, reads the sums out of the running server (/proc/PID/mem, at the address of the
+agent's `MPROF_CYCLES`), drives it with `--requests` more and reads them again: the
+difference is the steady state, without the start-up's imports and first samples. Prints, per
+build, the slow paths' cycles a request and a sample, and their share of a request's time at
+the measured requests per second. What comes after a sample (the program fetching again what
+the sample evicted) is not in these counts: compare with `pairs.py`, which sees all of it.
 """
 
+import glob
 import os
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -41,80 +44,119 @@ def build(checkout):
     return os.path.join(target, "release", "mprof")
 
 
-def parse(text):
-    """{name: (count, cycles)} and the counter's frequency in Hz from an agent's counts."""
-    parts, hz = {}, None
-    for line in text.splitlines():
+def agent_symbol(mprof):
+    """The address of `MPROF_CYCLES` in the agent library `mprof` embeds (its build's copy)."""
+    out = os.path.join(os.path.dirname(mprof), "build")
+    libs = glob.glob(os.path.join(out, "*", "out", "libmprof_agent.so"))
+    if not libs:
+        sys.exit("sample_cycles.py: no agent library under %s" % out)
+    lib = max(libs, key=os.path.getmtime)
+    nm = subprocess.run(["nm", lib], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=True)
+    for line in nm.stdout.decode().splitlines():
         fields = line.split()
-        if fields[:1] == ["tsc"] and len(fields) == 4 and int(fields[3]) > 0:
-            hz = int(fields[1]) * 1e9 / int(fields[3])
-        elif len(fields) == 3 and fields[0] in PARTS:
-            parts[fields[0]] = (int(fields[1]), int(fields[2]))
-    if set(parts) != set(PARTS) or hz is None:
-        raise ValueError("unexpected counts: %r" % text[:200])
-    return parts, hz
+        if len(fields) == 3 and fields[2] == "MPROF_CYCLES":
+            return int(fields[0], 16)
+    sys.exit("sample_cycles.py: %s has no MPROF_CYCLES: not built with MPROF_AGENT_CYCLES=1" % lib)
 
 
-def one_run(args, mprof, requests, tmpdir):
-    """(counts, Hz, requests/s) of one run of the server, or an error string."""
+def read_counts(pid, symbol):
+    """{part: (count, cycles)} read out of the running process `pid`'s agent."""
+    base = None
+    with open("/proc/%d/maps" % pid) as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 6 and "mprof-agent" in fields[5] and int(fields[2], 16) == 0:
+                base = int(fields[0].split("-")[0], 16)
+                break
+    if base is None:
+        raise ValueError("no agent mapped in process %d" % pid)
+    fd = os.open("/proc/%d/mem" % pid, os.O_RDONLY)
+    try:
+        raw = os.pread(fd, 8 * 2 * len(PARTS), base + symbol)
+    finally:
+        os.close(fd)
+    words = struct.unpack("<%dQ" % (2 * len(PARTS)), raw)
+    return {name: (words[i], words[len(PARTS) + i]) for i, name in enumerate(PARTS)}
+
+
+def counter_hz(out):
+    """The time-stamp counter's frequency, from what the agent wrote at exit into `out`."""
+    for name in os.listdir(out):
+        with open(os.path.join(out, name)) as f:
+            fields = f.readline().split()
+        if len(fields) == 4 and fields[0] == "tsc" and int(fields[3]) > 0:
+            return int(fields[1]) * 1e9 / int(fields[3])
+    return None
+
+
+def one_run(args, mprof, symbol, tmpdir):
+    """The steady state's figures of one run, or an error string."""
     out = tempfile.mkdtemp(dir=tmpdir)
     env = dict(runner.bench_env(), MPROF_CYCLES_OUT=out)
     config = runner.config_named(mprof, "mprof")
-    result = runner.run_tornado(config, args, os.path.join(tmpdir, "capture.mprof"), env, requests)
+    readings = []
+
+    def warm_then_read(popen, port):
+        warm = subprocess.run(runner.client_command(args, port, args.warm, 0), env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=args.timeout + 30)
+        if warm.returncode != 0:
+            readings.append("the warm-up client failed: %s" % runner.tail(warm.stderr.decode()))
+        read(popen)
+
+    def read(popen, *_port):
+        pid = runner.server_pid(popen, True)
+        try:
+            readings.append(read_counts(pid, symbol) if pid is not None else "no server process")
+        except (OSError, ValueError) as e:
+            readings.append("reading the counts failed: %s" % e)
+
+    result = runner.run_tornado(config, args, os.path.join(tmpdir, "capture.mprof"), env, args.requests,
+                                warmup=0, at_client_start=warm_then_read, at_client_exit=read)
     if result.error:
         return result.error
-    files = os.listdir(out)
-    if len(files) != 1:
-        return "expected the counts of one process, found %d files (an agent without counters?)" % len(files)
-    with open(os.path.join(out, files[0])) as f:
-        try:
-            parts, hz = parse(f.read())
-        except ValueError as e:
-            return str(e)
-    return parts, hz, result.value
-
-
-def steady(short, long_, extra_requests):
-    """The steady state's figures from a short and a long run's counts."""
-    (a, _, _), (b, hz, rps) = short, long_
+    errors = [r for r in readings if isinstance(r, str)]
+    if errors or len(readings) != 2:
+        return errors[0] if errors else "the counts were not read twice"
+    hz = counter_hz(out)
+    if hz is None:
+        return "the agent wrote no counter frequency at exit"
+    a, b = readings
     diff = {name: (b[name][0] - a[name][0], b[name][1] - a[name][1]) for name in PARTS}
+    n = args.requests
     samples = diff["alloc_record"][0] + diff["realloc"][0]
     sample_cycles = sum(diff[name][1] for name in ["alloc_call", "alloc_record", "realloc"])
-    per_request = sum(c for _, c in diff.values()) / extra_requests
+    per_request = sum(c for _, c in diff.values()) / n
     return {
-        "samples a request": samples / extra_requests,
+        "samples a request": samples / n,
         "cycles a sample": sample_cycles / max(samples, 1),
         "cycles a request": per_request,
-        "share %": 100.0 * per_request / hz * rps,
-        "parts": {name: (n / extra_requests, c / max(n, 1)) for name, (n, c) in diff.items()},
+        "share %": 100.0 * per_request / hz * result.value,
+        "parts": {name: (count / n, c / max(count, 1)) for name, (count, c) in diff.items()},
     }
 
 
 def main():
-    p = overhead.tornado_parser(__doc__, runs=2, requests=10000)
-    p.add_argument("--long", type=int, default=40000, help="requests of the long run (default 40,000)")
+    p = overhead.tornado_parser(__doc__, runs=3, requests=30000)
+    p.add_argument("--warm", type=int, default=10000, help="requests before the first reading (default 10,000)")
     p.add_argument("--checkout", default=overhead.ROOT, help="the checkout to build (default: this one)")
     p.add_argument("--against", help="another checkout, built and run in turns with the first")
     args = p.parse_args()
     args.mprof = sys.executable  # checked by check_tornado_args; the builds are made below
     overhead.check_tornado_args(p, args)
-    if args.long <= args.requests:
-        p.error("--long must be more than --requests")
     checkouts = [os.path.abspath(args.checkout)] + ([os.path.abspath(args.against)] if args.against else [])
     builds = [(c, build(c)) for c in checkouts]
-    print("python: %s; %d run(s) of %d and %d requests; the default rate"
-          % (args.python, args.runs, args.requests, args.long))
+    builds = [(c, mprof, agent_symbol(mprof)) for c, mprof in builds]
+    print("python: %s; %d run(s) of %d requests after %d; the default rate"
+          % (args.python, args.runs, args.requests, args.warm))
     figures = {c: [] for c in checkouts}
     try:
         with tempfile.TemporaryDirectory(prefix="mprof-cycles-") as tmpdir:
             for i in range(args.runs):
-                for checkout, mprof in builds:
-                    short = one_run(args, mprof, args.requests, tmpdir)
-                    long_ = one_run(args, mprof, args.long, tmpdir) if not isinstance(short, str) else short
-                    if isinstance(long_, str):
-                        print("  %s, run %d failed: %s" % (checkout, i + 1, long_), file=sys.stderr)
+                for checkout, mprof, symbol in builds:
+                    f = one_run(args, mprof, symbol, tmpdir)
+                    if isinstance(f, str):
+                        print("  %s, run %d failed: %s" % (checkout, i + 1, f), file=sys.stderr)
                         continue
-                    f = steady(short, long_, args.long - args.requests)
                     figures[checkout].append(f)
                     print("  %s, run %d: %.0f cycles a request (%.3f%%), %.2f samples a request, "
                           "%.0f cycles a sample" % (checkout, i + 1, f["cycles a request"], f["share %"],

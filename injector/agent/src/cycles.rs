@@ -3,8 +3,9 @@
 //! Built with `MPROF_AGENT_CYCLES=1` in the environment (`injector/build.rs` then passes
 //! `--cfg mprof_cycles`; `benches/sample_cycles.py` makes such a build in a target directory
 //! of its own), the agent reads the processor's time-stamp counter around its slow paths and
-//! sums the cycles and counts, which it writes out as the process exits, to a file named by its
-//! pid in the directory `MPROF_CYCLES_OUT` of the process's environment. Instruction counts
+//! sums the cycles and counts in `MPROF_CYCLES` (which the benchmark reads while the program
+//! runs), and writes them out as the process exits, with the counter's frequency, to a file
+//! named by its pid in the directory `MPROF_CYCLES_OUT` of the process's environment. Instruction counts
 //! (callgrind) cannot see what a sample waits for, and the wall time of the pairs moves by more
 //! than a sample costs. In any other build every function here is empty and inlined away.
 
@@ -28,9 +29,13 @@ mod counting {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     const PARTS: usize = 4;
-    /// Cycles and counts of each part.
-    static CYCLES: [AtomicU64; PARTS] = [const { AtomicU64::new(0) }; PARTS];
-    static COUNTS: [AtomicU64; PARTS] = [const { AtomicU64::new(0) }; PARTS];
+    /// The count of each part, then its cycles: one array under a plain name, so that a
+    /// benchmark can read it in the running process (`/proc/PID/mem`, at the address the
+    /// library's symbol table gives).
+    #[no_mangle]
+    static MPROF_CYCLES: [AtomicU64; 2 * PARTS] = [const { AtomicU64::new(0) }; 2 * PARTS];
+    const COUNTS: usize = 0;
+    const CYCLES: usize = PARTS;
     /// The counter and the monotonic clock when the agent was loaded: with those at exit, the
     /// counter's frequency.
     static START: [AtomicU64; 2] = [const { AtomicU64::new(0) }; 2];
@@ -44,8 +49,8 @@ mod counting {
     #[inline(always)]
     pub fn add(part: Part, since: u64) {
         let i = part as usize;
-        CYCLES[i].fetch_add(now().wrapping_sub(since), Ordering::Relaxed);
-        COUNTS[i].fetch_add(1, Ordering::Relaxed);
+        MPROF_CYCLES[CYCLES + i].fetch_add(now().wrapping_sub(since), Ordering::Relaxed);
+        MPROF_CYCLES[COUNTS + i].fetch_add(1, Ordering::Relaxed);
     }
 
     extern "C" fn started() {
@@ -68,8 +73,8 @@ mod counting {
         {
             text.push_str(&format!(
                 "{name} {} {}\n",
-                COUNTS[i].load(Ordering::Relaxed),
-                CYCLES[i].load(Ordering::Relaxed)
+                MPROF_CYCLES[COUNTS + i].load(Ordering::Relaxed),
+                MPROF_CYCLES[CYCLES + i].load(Ordering::Relaxed)
             ));
         }
         let path = std::path::Path::new(&dir).join(std::process::id().to_string());
