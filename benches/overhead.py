@@ -327,11 +327,12 @@ def add_target_args(parser):
     parser.add_argument("--mprof", default=os.path.join(ROOT, "target", "release", "mprof"))
 
 
-def check_target_args(parser, args):
-    """Stops with a one-line error when `add_target_args`' interpreter or binary is missing."""
+def check_target_args(parser, args, needs_mprof=True):
+    """Stops with a one-line error when `add_target_args`' interpreter or binary is missing
+    (the binary only if `needs_mprof`: a benchmark that builds its own)."""
     if not args.python or not os.path.exists(args.python):
         parser.error("no Python interpreter found; pass --python PATH")
-    if not os.access(args.mprof, os.X_OK):
+    if needs_mprof and not os.access(args.mprof, os.X_OK):
         parser.error("%s not found: run `cargo build --release` first" % args.mprof)
 
 
@@ -348,9 +349,9 @@ def tornado_parser(doc, runs, requests):
     return parser
 
 
-def check_tornado_args(parser, args):
+def check_tornado_args(parser, args, needs_mprof=True):
     """Stops with a one-line error on `tornado_parser`'s bad options or a missing tornado."""
-    check_target_args(parser, args)
+    check_target_args(parser, args, needs_mprof)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     if not runnable(args.python, ["tornado"]):

@@ -141,8 +141,7 @@ def main():
     p.add_argument("--checkout", default=overhead.ROOT, help="the checkout to build (default: this one)")
     p.add_argument("--against", help="another checkout, built and run in turns with the first")
     args = p.parse_args()
-    args.mprof = sys.executable  # checked by check_tornado_args; the builds are made below
-    overhead.check_tornado_args(p, args)
+    overhead.check_tornado_args(p, args, needs_mprof=False)  # the builds are made below
     checkouts = [os.path.abspath(args.checkout)] + ([os.path.abspath(args.against)] if args.against else [])
     builds = [(c, build(c)) for c in checkouts]
     builds = [(c, mprof, agent_symbol(mprof)) for c, mprof in builds]

@@ -3,9 +3,9 @@
 //! Built with `MPROF_AGENT_CYCLES=1` in the environment (`injector/build.rs` then passes
 //! `--cfg mprof_cycles`; `benches/sample_cycles.py` makes such a build in a target directory
 //! of its own), the agent reads the processor's time-stamp counter around its slow paths and
-//! sums the cycles and counts in `MPROF_CYCLES` (which the benchmark reads while the program
-//! runs), and writes them out as the process exits, with the counter's frequency, to a file
-//! named by its pid in the directory `MPROF_CYCLES_OUT` of the process's environment. Instruction counts
+//! sums the cycles and counts in `MPROF_CYCLES`, which the benchmark reads while the program
+//! runs; as the process exits it writes the counter's frequency to a file named by its pid in
+//! the directory `MPROF_CYCLES_OUT` of the process's environment. Instruction counts
 //! (callgrind) cannot see what a sample waits for, and the wall time of the pairs moves by more
 //! than a sample costs. In any other build every function here is empty and inlined away.
 
@@ -58,25 +58,16 @@ mod counting {
         START[1].store(crate::sys::now_ns(), Ordering::Relaxed);
     }
 
+    /// Writes the counter's ticks and the nanoseconds since [`started`]: its frequency.
     extern "C" fn write_out() {
         let Some(dir) = std::env::var_os("MPROF_CYCLES_OUT") else {
             return;
         };
-        let mut text = format!(
+        let text = format!(
             "tsc {} ns {}\n",
             now().wrapping_sub(START[0].load(Ordering::Relaxed)),
             crate::sys::now_ns().saturating_sub(START[1].load(Ordering::Relaxed))
         );
-        for (i, name) in ["alloc_call", "alloc_record", "realloc", "free"]
-            .iter()
-            .enumerate()
-        {
-            text.push_str(&format!(
-                "{name} {} {}\n",
-                MPROF_CYCLES[COUNTS + i].load(Ordering::Relaxed),
-                MPROF_CYCLES[CYCLES + i].load(Ordering::Relaxed)
-            ));
-        }
         let path = std::path::Path::new(&dir).join(std::process::id().to_string());
         let _ = std::fs::write(path, text);
     }
