@@ -9,15 +9,48 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn rustc(args: &[&str]) {
-    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
-    let status = Command::new(&rustc)
+    assert!(
+        try_rustc(args),
+        "building the agent failed: {} {args:?}",
+        rustc_path()
+    );
+}
+
+fn rustc_path() -> String {
+    env::var("RUSTC").unwrap_or_else(|_| "rustc".into())
+}
+
+fn try_rustc(args: &[&str]) -> bool {
+    let rustc = rustc_path();
+    Command::new(&rustc)
         .args(args)
         .status()
-        .unwrap_or_else(|e| panic!("cannot run {rustc}: {e}"));
-    assert!(
-        status.success(),
-        "building the agent failed: {rustc} {args:?}"
-    );
+        .unwrap_or_else(|e| panic!("cannot run {rustc}: {e}"))
+        .success()
+}
+
+/// How the agent uses its profile (`injector/agent.profdata`, made by `tools/agent-pgo.sh`
+/// from the benchmarks' workloads): the compiler lays out the slow paths' code by how often
+/// each part ran, so that a sample touches fewer lines of it. `MPROF_AGENT_PGO=off` builds
+/// without it; `MPROF_AGENT_PGO=generate=DIR` builds an agent that counts, into DIR, what its
+/// code ran (for the script).
+enum Pgo {
+    Off,
+    Generate(String),
+    Use(PathBuf),
+}
+
+fn pgo(here: &Path, target: &str) -> Pgo {
+    println!("cargo:rerun-if-env-changed=MPROF_AGENT_PGO");
+    let profile = here.join("agent.profdata");
+    println!("cargo:rerun-if-changed={}", profile.display());
+    match env::var("MPROF_AGENT_PGO").as_deref() {
+        Ok("off") => Pgo::Off,
+        Ok(v) if v.starts_with("generate=") => Pgo::Generate(v["generate=".len()..].to_string()),
+        // The profile was made on x86-64 Linux: elsewhere the code differs too much for it.
+        _ if target == "x86_64-unknown-linux-gnu" && profile.exists() => Pgo::Use(profile),
+        _ => Pgo::Off,
+    }
 }
 
 fn main() {
@@ -74,6 +107,13 @@ fn main() {
     if cycles {
         args.extend(["--cfg", "mprof_cycles"]);
     }
+    let pgo = pgo(&here, &target);
+    let pgo_arg = match &pgo {
+        Pgo::Off => None,
+        Pgo::Generate(dir) => Some(format!("-Cprofile-generate={dir}")),
+        // Functions changed since the profile was made are compiled as without one.
+        Pgo::Use(profile) => Some(format!("-Cprofile-use={}", profile.display())),
+    };
     // The linker cargo picked for the target (set for cross builds in .cargo/config.toml).
     let linker = env::var("RUSTC_LINKER").map(|l| format!("linker={l}"));
     if let Ok(linker) = &linker {
@@ -92,6 +132,19 @@ fn main() {
         so.to_str().unwrap(),
         agent.to_str().unwrap(),
     ]);
-    rustc(&args);
+    let with_pgo: Vec<&str> = args.iter().copied().chain(pgo_arg.as_deref()).collect();
+    if let Pgo::Use(profile) = &pgo {
+        if !try_rustc(&with_pgo) {
+            // A profile this compiler cannot read (another LLVM): built without it.
+            println!(
+                "cargo:warning=the agent was built without its profile ({}): \
+                 this compiler cannot read it",
+                profile.display()
+            );
+            rustc(&args);
+        }
+    } else {
+        rustc(&with_pgo);
+    }
     assert!(Path::new(&so).exists());
 }
