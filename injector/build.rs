@@ -9,10 +9,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn rustc(args: &[&str]) {
+    let rustc = rustc_path();
+    let status = Command::new(&rustc)
+        .args(args)
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {rustc}: {e}"));
     assert!(
-        try_rustc(args),
-        "building the agent failed: {} {args:?}",
-        rustc_path()
+        status.success(),
+        "building the agent failed: {rustc} {args:?}"
     );
 }
 
@@ -20,13 +24,20 @@ fn rustc_path() -> String {
     env::var("RUSTC").unwrap_or_else(|_| "rustc".into())
 }
 
-fn try_rustc(args: &[&str]) -> bool {
+/// [`rustc`], returning what it printed (also passed on, into the build script's stderr).
+fn rustc_said(args: &[&str]) -> String {
     let rustc = rustc_path();
-    Command::new(&rustc)
+    let out = Command::new(&rustc)
         .args(args)
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run {rustc}: {e}"))
-        .success()
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {rustc}: {e}"));
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprint!("{said}");
+    assert!(
+        out.status.success(),
+        "building the agent failed: {rustc} {args:?}"
+    );
+    said
 }
 
 /// How the agent uses its profile (`injector/agent.profdata`, made by `tools/agent-pgo.sh`
@@ -35,7 +46,8 @@ fn try_rustc(args: &[&str]) -> bool {
 /// without it; `MPROF_AGENT_PGO=generate=DIR` builds an agent that counts, into DIR, what its
 /// code ran (for the script).
 enum Pgo {
-    Off,
+    /// Why not: "off" (asked), "no profile" (none, or not for this target).
+    Off(&'static str),
     Generate(String),
     Use(PathBuf),
 }
@@ -45,11 +57,11 @@ fn pgo(here: &Path, target: &str) -> Pgo {
     let profile = here.join("agent.profdata");
     println!("cargo:rerun-if-changed={}", profile.display());
     match env::var("MPROF_AGENT_PGO").as_deref() {
-        Ok("off") => Pgo::Off,
+        Ok("off") => Pgo::Off("off"),
         Ok(v) if v.starts_with("generate=") => Pgo::Generate(v["generate=".len()..].to_string()),
         // The profile was made on x86-64 Linux: elsewhere the code differs too much for it.
         _ if target == "x86_64-unknown-linux-gnu" && profile.exists() => Pgo::Use(profile),
-        _ => Pgo::Off,
+        _ => Pgo::Off("no profile"),
     }
 }
 
@@ -109,7 +121,7 @@ fn main() {
     }
     let pgo = pgo(&here, &target);
     let pgo_arg = match &pgo {
-        Pgo::Off => None,
+        Pgo::Off(_) => None,
         Pgo::Generate(dir) => Some(format!("-Cprofile-generate={dir}")),
         // Functions changed since the profile was made are compiled as without one.
         Pgo::Use(profile) => Some(format!("-Cprofile-use={}", profile.display())),
@@ -133,18 +145,43 @@ fn main() {
         agent.to_str().unwrap(),
     ]);
     let with_pgo: Vec<&str> = args.iter().copied().chain(pgo_arg.as_deref()).collect();
-    if let Pgo::Use(profile) = &pgo {
-        if !try_rustc(&with_pgo) {
-            // A profile this compiler cannot read (another LLVM): built without it.
-            println!(
-                "cargo:warning=the agent was built without its profile ({}): \
-                 this compiler cannot read it",
-                profile.display()
-            );
-            rustc(&args);
+    // How the agent was laid out, for `mprof_injector::agent::AGENT_LAYOUT`.
+    let layout = match &pgo {
+        Pgo::Use(profile) => {
+            // The compiler warns, and goes on without it, when it cannot read the profile
+            // (another LLVM's format); it warns of each function changed since the profile
+            // was made ("hash mismatch"), which it compiles as without one.
+            let said = rustc_said(&with_pgo);
+            let path = profile.display().to_string();
+            let stale = said.lines().filter(|l| l.contains("hash mismatch")).count();
+            let unreadable = said
+                .lines()
+                .any(|l| l.starts_with("warning") && l.contains(&path));
+            if unreadable {
+                println!(
+                    "cargo:warning=the agent was built without its profile ({path}): this \
+                     compiler cannot read it (tools/agent-pgo.sh makes it again)"
+                );
+                "unreadable"
+            } else {
+                if stale > 0 {
+                    println!(
+                        "cargo:warning=the agent's profile ({path}) is out of date for {stale} \
+                         function(s), compiled as without it (tools/agent-pgo.sh makes it again)"
+                    );
+                }
+                "profile"
+            }
         }
-    } else {
-        rustc(&with_pgo);
-    }
+        Pgo::Generate(_) => {
+            rustc(&with_pgo);
+            "instrumented"
+        }
+        Pgo::Off(why) => {
+            rustc(&args);
+            why
+        }
+    };
+    println!("cargo:rustc-env=MPROF_AGENT_LAYOUT={layout}");
     assert!(Path::new(&so).exists());
 }

@@ -9,6 +9,12 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 /// The agent's ELF image.
 pub static AGENT_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libmprof_agent.so"));
 
+/// How the agent's code was laid out (see `injector/build.rs`): "profile" (by
+/// `injector/agent.profdata`), "off" (`MPROF_AGENT_PGO=off`), "no profile" (none, or not for
+/// this target), "instrumented" (`MPROF_AGENT_PGO=generate=DIR`), or "unreadable" (this
+/// compiler could not read the profile).
+pub const AGENT_LAYOUT: &str = env!("MPROF_AGENT_LAYOUT");
+
 /// Writes `bytes` into a new anonymous memory file (nothing on disk, nothing in /dev/shm).
 pub fn memfd_with(name: &str, bytes: &[u8], cloexec: bool) -> Result<OwnedFd> {
     let cname = CString::new(name).unwrap();
@@ -33,4 +39,29 @@ pub fn agent_memfd() -> Result<OwnedFd> {
 /// The path a child that inherited `fd` uses to open it.
 pub fn inherited_path(fd: &OwnedFd) -> String {
     format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AGENT_LAYOUT;
+
+    /// The agent shipped from this checkout is laid out by its profile: a profile this
+    /// compiler cannot read, or one missing from the checkout, would leave the agent's code to
+    /// the compiler's guesses without anything else saying so.
+    #[test]
+    fn the_agent_is_laid_out_by_its_profile() {
+        let asked_otherwise = matches!(AGENT_LAYOUT, "off" | "instrumented");
+        if asked_otherwise || !cfg!(all(target_arch = "x86_64", target_os = "linux")) {
+            eprintln!(
+                "SKIPPED: the agent's layout is {AGENT_LAYOUT:?} (MPROF_AGENT_PGO, or a target \
+                 the profile is not for)"
+            );
+            return;
+        }
+        assert_eq!(
+            AGENT_LAYOUT, "profile",
+            "the agent was not built with injector/agent.profdata (remake it with \
+             tools/agent-pgo.sh if this compiler cannot read it)"
+        );
+    }
 }
