@@ -6,13 +6,20 @@
 # - `--rate 1` through a 30-deep and a 1-deep Python stack (benches/workloads/deep_stack.py), on
 #   pyenv's newest 3.11 and 3.12.
 # Run it after changing the agent's slow paths: functions changed since the profile was made are
-# compiled as without one. Needs the toolchain's llvm-profdata (`rustup component add
-# llvm-tools`), tornado (pip install -r benches/requirements.txt) and about three minutes.
+# compiled as without one. Installs what it needs if it is missing (the toolchain's
+# llvm-profdata with rustup, tornado with pip); takes about two minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-profdata=$(ls "$(rustc --print sysroot)"/lib/rustlib/*/bin/llvm-profdata 2>/dev/null | head -n 1)
+find_profdata() {
+    ls "$(rustc --print sysroot)"/lib/rustlib/*/bin/llvm-profdata 2>/dev/null | head -n 1
+}
+profdata=$(find_profdata)
+if [ -z "$profdata" ] && command -v rustup >/dev/null; then
+    rustup component add llvm-tools
+    profdata=$(find_profdata)
+fi
 if [ -z "$profdata" ]; then
-    echo "tools/agent-pgo.sh: no llvm-profdata in the toolchain: rustup component add llvm-tools" >&2
+    echo "tools/agent-pgo.sh: no llvm-profdata in the toolchain (rustup component add llvm-tools)" >&2
     exit 1
 fi
 root="${PYENV_ROOT:-$HOME/.pyenv}"
@@ -24,6 +31,9 @@ py312=$(newest 3.12)
 if [ -z "$py311" ] || [ -z "$py312" ]; then
     echo "tools/agent-pgo.sh: needs pyenv's 3.11 and 3.12 under $root" >&2
     exit 1
+fi
+if ! "$py311" -c "import tornado" 2>/dev/null; then
+    "$py311" -m pip install --quiet --root-user-action=ignore -r benches/requirements.txt
 fi
 raw=$(mktemp -d)
 trap 'rm -rf "$raw"' EXIT
