@@ -8,25 +8,9 @@ use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn rustc(args: &[&str]) {
-    let rustc = rustc_path();
-    let status = Command::new(&rustc)
-        .args(args)
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run {rustc}: {e}"));
-    assert!(
-        status.success(),
-        "building the agent failed: {rustc} {args:?}"
-    );
-}
-
-fn rustc_path() -> String {
-    env::var("RUSTC").unwrap_or_else(|_| "rustc".into())
-}
-
-/// [`rustc`], returning what it printed (also passed on, into the build script's stderr).
-fn rustc_said(args: &[&str]) -> String {
-    let rustc = rustc_path();
+/// Runs the compiler; what it printed goes into the build script's stderr, and is returned.
+fn rustc(args: &[&str]) -> String {
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let out = Command::new(&rustc)
         .args(args)
         .output()
@@ -151,7 +135,7 @@ fn main() {
             // The compiler warns, and goes on without it, when it cannot read the profile
             // (another LLVM's format); it warns of each function changed since the profile
             // was made ("hash mismatch"), which it compiles as without one.
-            let said = rustc_said(&with_pgo);
+            let said = rustc(&with_pgo);
             let path = profile.display().to_string();
             let stale = said.lines().filter(|l| l.contains("hash mismatch")).count();
             let unreadable = said
