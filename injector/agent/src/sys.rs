@@ -120,6 +120,12 @@ extern "C" {
     pub fn fcntl(fd: c_int, cmd: c_int, ...) -> c_int;
     pub fn getppid() -> c_int;
     pub fn pthread_getspecific(key: u32) -> *mut c_void;
+    pub fn pthread_setspecific(key: u32, value: *const c_void) -> c_int;
+    pub fn pthread_key_create(
+        key: *mut u32,
+        destructor: Option<extern "C" fn(*mut c_void)>,
+    ) -> c_int;
+    pub fn pthread_key_delete(key: u32) -> c_int;
     pub fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
     pub fn dlopen(name: *const c_char, flags: c_int) -> *mut c_void;
     pub fn dlclose(handle: *mut c_void) -> c_int;
@@ -256,6 +262,143 @@ pub fn thread_pointer() -> usize {
     ME.with(|m| m as *const u8 as usize)
 }
 
+/// Where the C library keeps threads' values of thread-specific keys, when it keeps them in an
+/// array inside each thread's own descriptor, at the same distance from every thread's thread
+/// pointer (glibc does, for its first 32 keys): the calling thread's value of a key is then
+/// one load ([`thread_word`]), where `pthread_getspecific` is a call of some twenty
+/// instructions. Found ([`key_slots`]) by giving two keys of the agent's own values that are
+/// nowhere else and finding each once just past the thread pointer, at places that make an
+/// array of the keys.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KeySlots {
+    /// Offset from the thread pointer of key 0's value.
+    at: isize,
+    /// Bytes between two keys' values.
+    stride: isize,
+    /// The array holds keys up to this one at least: the two found were in it.
+    max_key: u32,
+}
+
+impl KeySlots {
+    /// The offset from the thread pointer of `key`'s value, if the array holds it.
+    pub fn offset(&self, key: u32) -> Option<isize> {
+        (key <= self.max_key).then(|| self.at + key as isize * self.stride)
+    }
+}
+
+/// How far past the thread pointer [`key_slots`] looks (glibc's array starts about 0x310 in).
+const KEY_WINDOW: usize = 4096;
+
+/// [`KeySlots`] for this process's C library, or `None` where its values are kept elsewhere
+/// (another C library, no room for two more keys) or the window could not be read. Creates
+/// and deletes two keys of its own.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+pub fn key_slots() -> Option<KeySlots> {
+    static MARKS: [u8; 2] = [0; 2];
+    let marks = [
+        &MARKS[0] as *const u8 as usize,
+        &MARKS[1] as *const u8 as usize,
+    ];
+    let mut keys = [0u32; 2];
+    let mut made = 0;
+    for key in keys.iter_mut() {
+        // SAFETY: `key` is ours to write; no destructor.
+        if unsafe { pthread_key_create(key, None) } != 0 {
+            break;
+        }
+        made += 1;
+    }
+    let found = if made == 2 {
+        // SAFETY: the keys were made above; their values are addresses, never dereferenced.
+        let set = keys
+            .iter()
+            .zip(marks)
+            .all(|(&k, m)| unsafe { pthread_setspecific(k, m as *const c_void) } == 0);
+        let found = set.then(|| find_once(thread_pointer(), &marks)).flatten();
+        for &k in &keys {
+            // SAFETY: as above; the values go back to NULL before the keys go.
+            unsafe { pthread_setspecific(k, std::ptr::null()) };
+        }
+        found
+    } else {
+        None
+    };
+    for &k in &keys[..made] {
+        // SAFETY: keys made above, used no more.
+        unsafe { pthread_key_delete(k) };
+    }
+    let [pa, pb] = found?;
+    let (a, b) = (keys[0] as isize, keys[1] as isize);
+    let (dk, dp) = (b - a, pb - pa);
+    if dk == 0 || dp % dk != 0 {
+        return None;
+    }
+    let stride = dp / dk;
+    let at = pa - a * stride;
+    // Key 0's value lies past the thread pointer too, and a value takes a word at least.
+    ((8..=64).contains(&stride) && at > 0).then_some(KeySlots {
+        at,
+        stride,
+        max_key: keys[0].max(keys[1]),
+    })
+}
+
+#[cfg(not(all(target_arch = "x86_64", not(miri))))]
+pub fn key_slots() -> Option<KeySlots> {
+    None
+}
+
+/// The offsets from `tp` of the one word equal to each of `marks` within [`KEY_WINDOW`] bytes
+/// past it, read without a fault (up to the first part that cannot be read); `None` unless
+/// each is there exactly once.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+fn find_once(tp: usize, marks: &[usize; 2]) -> Option<[isize; 2]> {
+    let mut at = [None::<isize>; 2];
+    let mut chunk = [0usize; 64];
+    let bytes = std::mem::size_of_val(&chunk);
+    for start in (0..KEY_WINDOW).step_by(bytes) {
+        if !read_own(tp + start, &mut chunk) {
+            break;
+        }
+        for (i, &w) in chunk.iter().enumerate() {
+            for (slot, &m) in at.iter_mut().zip(marks) {
+                if w == m {
+                    if slot.is_some() {
+                        return None;
+                    }
+                    *slot = Some((start + i * 8) as isize);
+                }
+            }
+        }
+    }
+    Some([at[0]?, at[1]?])
+}
+
+/// The calling thread's word at `offset` bytes from its thread pointer: one load.
+///
+/// # Safety
+/// `offset` is a [`KeySlots::offset`] (inside every thread's own descriptor).
+#[inline(always)]
+pub unsafe fn thread_word(offset: isize) -> usize {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        let v: usize;
+        std::arch::asm!(
+            "mov {v}, qword ptr fs:[{o}]",
+            o = in(reg) offset,
+            v = lateout(reg) v,
+            options(nostack, readonly, preserves_flags)
+        );
+        v
+    }
+    // No KeySlots are found elsewhere, so this is never called there.
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    {
+        let _ = offset;
+        0
+    }
+}
+
 /// Asks the cache for the line holding `p` ahead of a load from it (a hint: never faults,
 /// nothing on targets without one).
 #[inline(always)]
@@ -366,6 +509,46 @@ mod tests {
         let r = unsafe { mincore(p.cast(), pages * 4096, vec.as_mut_ptr()) };
         assert_eq!(r, 0);
         vec.iter().map(|b| b & 1 != 0).collect()
+    }
+
+    /// The C library's key values are found past the thread pointer (this is glibc), and read
+    /// there as `pthread_getspecific` answers, in this thread and in another one started
+    /// afterwards, for a key made before the search and one made after it.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn key_values_are_read_at_the_thread_pointer() {
+        let mut before = 0u32;
+        // SAFETY: `before` is ours to write; no destructor.
+        assert_eq!(unsafe { pthread_key_create(&mut before, None) }, 0);
+        let slots = key_slots().expect("glibc keeps its first keys in the thread descriptor");
+        let mut after = 0u32;
+        // SAFETY: as above.
+        assert_eq!(unsafe { pthread_key_create(&mut after, None) }, 0);
+        let check = move |value: usize| {
+            for key in [before, after] {
+                let Some(offset) = slots.offset(key) else {
+                    assert!(key > before, "the key made first is in the array");
+                    continue;
+                };
+                // SAFETY: a key made above; the value is never dereferenced.
+                unsafe { pthread_setspecific(key, (value + key as usize) as *const c_void) };
+                // SAFETY: an offset the search found.
+                assert_eq!(unsafe { thread_word(offset) }, value + key as usize);
+                // SAFETY: as above.
+                assert_eq!(
+                    unsafe { pthread_getspecific(key) } as usize,
+                    value + key as usize
+                );
+            }
+        };
+        check(0x1000);
+        std::thread::spawn(move || check(0x2000)).join().unwrap();
+        // SAFETY: the keys made above, used no more.
+        unsafe {
+            pthread_key_delete(before);
+            pthread_key_delete(after);
+        }
+        assert_eq!(slots.offset(slots.max_key + 1), None);
     }
 
     /// Page faults the calling thread has taken (getrusage's `ru_minflt`).
