@@ -534,11 +534,9 @@ mod tests {
                 unsafe { pthread_setspecific(key, (value + key as usize) as *const c_void) };
                 // SAFETY: an offset the search found.
                 assert_eq!(unsafe { thread_word(offset) }, value + key as usize);
-                // SAFETY: as above.
-                assert_eq!(
-                    unsafe { pthread_getspecific(key) } as usize,
-                    value + key as usize
-                );
+                // SAFETY: a key made above.
+                let called = unsafe { pthread_getspecific(key) };
+                assert_eq!(called as usize, value + key as usize);
             }
         };
         check(0x1000);
