@@ -250,6 +250,48 @@ fn attach_sees_every_free_at_the_default_rate() {
     }
 }
 
+/// A session at `--rate 1` hooks frees that skip the filter (every address passes it then);
+/// the next session, at the default rate, takes the same layer of hooks with the filter's
+/// frees (or pymalloc's) again: every free of a block it sampled is still seen, and pymalloc's
+/// block count is what it is without mprof.
+#[test]
+fn a_default_rate_attach_after_one_at_rate_1_sees_every_free() {
+    for py in pythons() {
+        let plain = plain_blocks(&py, common::tempdir().path());
+        let dir = common::tempdir();
+        let every = dir.path().join("every.mprof");
+        let capture = dir.path().join("c.mprof");
+        let d = dir.path().to_str().unwrap();
+        let target = Target::python(&py.path, "fast_frees.py", &[d, "attach"]);
+        let mut first = Attach::start(target.pid, &["--rate", "1", "-o", every.to_str().unwrap()]);
+        first.attached();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        first.detach();
+        let mut attach = Attach::start(target.pid, &["-o", capture.to_str().unwrap()]);
+        attach.attached();
+        touch(dir.path(), "go");
+        wait_file(&dir.path().join("done"), LIMIT);
+        attach.detach();
+        touch(dir.path(), "finish");
+        let (status, out) = target.finish(LIMIT);
+        assert!(status.success(), "{}: {status} {out:?}", py.label);
+        let first_report = report_json(&every, &[]);
+        assert_eq!(
+            first_report["rate"].as_u64(),
+            Some(1),
+            "{}: the first session's rate",
+            py.label
+        );
+        check_capture(&py.label, &capture, dir.path(), false);
+        let profiled = blocks(&out.join("\n"));
+        assert!(
+            (profiled - plain).abs() <= BLOCKS_SLACK,
+            "{}: pymalloc counts {profiled} blocks left by churn(), {plain} without mprof",
+            py.label
+        );
+    }
+}
+
 /// The live estimates of the blocks found in CI and here (one sample of pymalloc's radix node:
 /// 33,803 bytes for 3.10's 2 KiB one, 133,517 for 3.11's 128 KiB one, at the default rate) are
 /// told apart from churn's own blocks.

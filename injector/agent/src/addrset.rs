@@ -12,7 +12,7 @@
 //! mapped straight from the kernel. Both are only ever written under the agent lock.
 
 use crate::sys::{map_anon, munmap};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 
 /// A megabyte of counters; a few KiB under Miri, which interprets every access to them (the
 /// logic is the same at any size).
@@ -27,6 +27,16 @@ const PER_BIT: usize = 16;
 /// Bit `i` is set while one of the counters `PER_BIT * i ..` is non-zero.
 static SUMMARY: [AtomicU64; FILTER_LEN / PER_BIT / 64] =
     [const { AtomicU64::new(0) }; FILTER_LEN / PER_BIT / 64];
+
+/// Whether the set holds every address (see [`AddrSet::hold_everything`]): read without the
+/// lock by the free hooks of sessions that sample every allocation (`hooks::hook_free_every`).
+static EVERYTHING: AtomicBool = AtomicBool::new(false);
+
+/// Whether every address counts as sampled now: then every free goes to the slow path.
+#[inline(always)]
+pub fn holds_everything() -> bool {
+    EVERYTHING.load(Ordering::Relaxed)
+}
 
 #[inline(always)]
 fn summary_bit(slot: usize) -> (usize, u64) {
@@ -126,6 +136,7 @@ impl AddrSet {
         for w in SUMMARY.iter() {
             w.store(u64::MAX, Ordering::Relaxed);
         }
+        EVERYTHING.store(true, Ordering::Relaxed);
     }
 
     fn home(&self, addr: usize) -> usize {
@@ -290,6 +301,7 @@ impl AddrSet {
     /// a table smaller than the filter, only those are zeroed (the whole filter is a megabyte
     /// to walk, milliseconds at the end of every session).
     pub fn clear(&mut self) {
+        EVERYTHING.store(false, Ordering::Relaxed);
         if self.stuck || self.cap > FILTER_LEN / 4 {
             for c in FILTER.iter() {
                 if c.load(Ordering::Relaxed) != 0 {

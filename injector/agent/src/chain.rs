@@ -23,7 +23,7 @@ use crate::python::{Allocator, Api};
 use crate::sampler::IDLE_COUNTDOWN;
 use crate::sampling::RAW;
 use std::cell::UnsafeCell;
-use std::ffi::CStr;
+use std::ffi::{c_void, CStr};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicUsize, Ordering};
 
@@ -39,8 +39,17 @@ pub const LAYERS: usize = 4;
 /// `ACTIVE` when no layer samples.
 pub const NONE: usize = LAYERS;
 
-/// The hook functions of each layer and domain (ctx unused: set at install time).
-pub type HookTable = [[Allocator; 3]; LAYERS];
+/// An allocator's `free`.
+pub type FreeFn = unsafe extern "C" fn(*mut c_void, *mut c_void);
+
+/// The hook functions of each layer and domain.
+pub struct HookTable {
+    /// The hooks (ctx unused: set at install time).
+    pub hooks: [[Allocator; 3]; LAYERS],
+    /// The frees of a session that samples every allocation, where every address passes the
+    /// filter anyway (see [`Hot::every`]).
+    pub free_every: [[FreeFn; 3]; LAYERS],
+}
 
 /// What a layer's MEM and OBJ hooks read at every call, in one block of two cache lines: the
 /// countdown they share and the allocators they wrap. Spread over a table of pointers and
@@ -62,6 +71,9 @@ pub struct Hot {
     first_taken: AtomicBool,
     /// Whether the layer's MEM and OBJ frees are pymalloc's own (see the module's doc).
     frees_to_pymalloc: AtomicBool,
+    /// Whether the layer's frees are `HookTable::free_every`: its session samples every
+    /// allocation (`--rate 1`), so the filter would pass every free anyway.
+    every: AtomicBool,
 }
 
 // SAFETY: `first` is written once, under the session lock, before the pointer to it is
@@ -81,6 +93,7 @@ pub static HOT: [Hot; LAYERS] = [const {
         first: [const { UnsafeCell::new(MaybeUninit::uninit()) }; 2],
         first_taken: AtomicBool::new(false),
         frees_to_pymalloc: AtomicBool::new(false),
+        every: AtomicBool::new(false),
     }
 }; LAYERS];
 
@@ -200,41 +213,46 @@ fn is_pymalloc(a: &Allocator) -> bool {
 
 /// The allocator that puts `layer`'s hook of `domain` in front of `prev`.
 fn hook_over(table: &HookTable, layer: usize, domain: usize, prev: &Allocator) -> Allocator {
-    let free = if domain != RAW && HOT[layer].frees_to_pymalloc.load(Ordering::Relaxed) {
+    let hot = &HOT[layer];
+    let free = if domain != RAW && hot.frees_to_pymalloc.load(Ordering::Relaxed) {
         prev.free
+    } else if hot.every.load(Ordering::Relaxed) {
+        table.free_every[layer][domain]
     } else {
-        table[layer][domain].free
+        table.hooks[layer][domain].free
     };
     Allocator {
         ctx: prev.ctx,
         free,
-        ..table[layer][domain]
+        ..table.hooks[layer][domain]
     }
 }
 
 /// Puts a layer of hooks in front of the current allocators and makes it the sampling one.
 /// Reuses a layer that is still installed in every domain (a session that stopped without
-/// restoring, or a re-attach); otherwise takes a layer that is in no chain. `fast_frees`: the
-/// session's rate allows leaving MEM and OBJ frees to pymalloc (see the module's doc), which
-/// is done if those domains are pymalloc.
+/// restoring, or a re-attach); otherwise takes a layer that is in no chain. The session's
+/// `rate` says how the layer frees: at [`FREES_TO_PYMALLOC_MIN_RATE`] and above MEM and OBJ
+/// frees are left to pymalloc if those domains are pymalloc (see the module's doc); at 1 every
+/// free is `HookTable::free_every`.
 ///
 /// # Safety
 /// Call with the session lock held (one caller at a time).
-pub unsafe fn install(
-    api: &Api,
-    table: &HookTable,
-    fast_frees: bool,
-) -> Result<usize, &'static str> {
+pub unsafe fn install(api: &Api, table: &HookTable, rate: u64) -> Result<usize, &'static str> {
+    let fast_frees = rate >= FREES_TO_PYMALLOC_MIN_RATE;
+    let every = rate <= 1;
     let now: [Allocator; 3] = [current(api, 0), current(api, 1), current(api, 2)];
     learn_pymalloc(api, &now);
-    if let Some(layer) = (0..LAYERS).find(|&l| (0..3).all(|d| same_hook(&now[d], &table[l][d]))) {
+    let found = (0..LAYERS).find(|&l| (0..3).all(|d| same_hook(&now[d], &table.hooks[l][d])));
+    if let Some(layer) = found {
+        let hot = &HOT[layer];
         let bypass = frees_may_go_to(fast_frees, [prev(layer, 1), prev(layer, 2)]);
-        if bypass != HOT[layer].frees_to_pymalloc.load(Ordering::Relaxed) {
-            // The layer's hooks are the current allocators: swap their frees.
-            HOT[layer]
-                .frees_to_pymalloc
-                .store(bypass, Ordering::Release);
-            for d in 1..3 {
+        let every_changed = every != hot.every.load(Ordering::Relaxed);
+        if bypass != hot.frees_to_pymalloc.load(Ordering::Relaxed) || every_changed {
+            // The layer's hooks are the current allocators: swap their frees (RAW's too when
+            // they are to be the other kind).
+            hot.frees_to_pymalloc.store(bypass, Ordering::Release);
+            hot.every.store(every, Ordering::Release);
+            for d in if every_changed { 0 } else { 1 }..3 {
                 (api.set_allocator)(d as i32, &hook_over(table, layer, d, prev(layer, d)));
             }
         }
@@ -251,6 +269,7 @@ pub unsafe fn install(
     HOT[layer]
         .frees_to_pymalloc
         .store(bypass, Ordering::Release);
+    HOT[layer].every.store(every, Ordering::Release);
     let kept = HOT[layer].keep(&now);
     for (d, prev) in now.iter().enumerate() {
         HOT[layer].prev[d].store(
@@ -276,7 +295,7 @@ pub unsafe fn still_reached(api: &Api, table: &HookTable) -> bool {
     }
     (0..3).all(|d| {
         let now = current(api, d);
-        same_hook(&now, &table[layer][d]) || reaches(&now, &table[layer][d])
+        same_hook(&now, &table.hooks[layer][d]) || reaches(&now, &table.hooks[layer][d])
     })
 }
 
@@ -305,13 +324,13 @@ pub unsafe fn uninstall(api: &Api, table: &HookTable) -> Lost {
     if layer == NONE {
         return lost;
     }
-    for d in 0..3 {
+    for (d, hook) in table.hooks[layer].iter().enumerate() {
         let now = current(api, d);
-        if same_hook(&now, &table[layer][d]) {
+        if same_hook(&now, hook) {
             (api.set_allocator)(d as i32, prev(layer, d));
             IN_CHAIN[layer][d].store(false, Ordering::Relaxed);
         } else {
-            lost.domains[d] = !reaches(&now, &table[layer][d]);
+            lost.domains[d] = !reaches(&now, hook);
         }
     }
     lost

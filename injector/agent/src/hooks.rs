@@ -10,7 +10,7 @@
 //! byte load (see `addrset`). Everything else is in `sampling`.
 
 use crate::addrset::maybe_sampled;
-use crate::chain::{self, HookTable, LAYERS, SMALL_MAX};
+use crate::chain::{self, FreeFn, HookTable, LAYERS, SMALL_MAX};
 use crate::python::Allocator;
 use crate::sampler::THREAD;
 use crate::sampling::{self, MEM, OBJ, RAW};
@@ -220,6 +220,23 @@ unsafe extern "C" fn hook_free<const D: usize, const L: usize>(
     (p.free)(p.ctx, ptr)
 }
 
+/// [`hook_free`] of a session that samples every allocation (`--rate 1`): every address
+/// passes the filter then (`AddrSet::hold_everything`), so the free goes to the slow path
+/// without reading it, after one flag that says so (a layer left in a chain after such a
+/// session reads the filter again).
+unsafe extern "C" fn hook_free_every<const D: usize, const L: usize>(
+    ctx: *mut c_void,
+    ptr: *mut c_void,
+) {
+    if !crate::addrset::holds_everything() {
+        return hook_free::<D, L>(ctx, ptr);
+    }
+    if D == RAW && escape::owns(ptr) {
+        return escape::free(ptr);
+    }
+    slow_free::<D, L>(ptr)
+}
+
 /// A free whose address passed the filter. Out of line, with the release in it too, so that
 /// the fast path above keeps nothing across a call and saves no register.
 #[cold]
@@ -323,7 +340,23 @@ const fn layer<const L: usize>() -> [Allocator; 3] {
     [hooks::<RAW, L>(), hooks::<MEM, L>(), hooks::<OBJ, L>()]
 }
 
+const fn frees_every<const L: usize>() -> [FreeFn; 3] {
+    [
+        hook_free_every::<RAW, L>,
+        hook_free_every::<MEM, L>,
+        hook_free_every::<OBJ, L>,
+    ]
+}
+
 /// Every hook, by layer and domain.
-pub static TABLE: HookTable = [layer::<0>(), layer::<1>(), layer::<2>(), layer::<3>()];
+pub static TABLE: HookTable = HookTable {
+    hooks: [layer::<0>(), layer::<1>(), layer::<2>(), layer::<3>()],
+    free_every: [
+        frees_every::<0>(),
+        frees_every::<1>(),
+        frees_every::<2>(),
+        frees_every::<3>(),
+    ],
+};
 
 const _: () = assert!(LAYERS == 4, "TABLE lists one entry per layer");

@@ -221,8 +221,7 @@ pub unsafe fn start(
         }
     }
     let h = ring.header();
-    let fast_frees = h.rate >= chain::FREES_TO_PYMALLOC_MIN_RATE;
-    let layer = chain::install(api, table, fast_frees).map_err(StartError::Hooks)?;
+    let layer = chain::install(api, table, h.rate).map_err(StartError::Hooks)?;
     let (max_depth, rate, seed) = (h.max_depth, h.rate, h.seed);
     crate::follow::remember(h);
     let native = h.config_flags & CONFIG_PYTHON_ONLY == 0;
@@ -273,9 +272,8 @@ pub fn reinstall_if_replaced() {
     if s.mapped.is_none() || unsafe { chain::still_reached(api, table) } {
         return;
     }
-    let fast_frees = sampler::rate() >= chain::FREES_TO_PYMALLOC_MIN_RATE;
     // SAFETY: under the session lock, with the GIL held.
-    match unsafe { chain::install(api, table, fast_frees) } {
+    match unsafe { chain::install(api, table, sampler::rate()) } {
         Ok(layer) => sampler::arm_layer(layer),
         Err(why) => {
             if let Some(m) = &s.mapped {
