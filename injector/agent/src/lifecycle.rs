@@ -107,8 +107,10 @@ pub struct Caches {
 pub struct Session {
     pub mapped: Option<Mapped>,
     pub layout: Option<&'static PyLayout>,
+    /// The interpreter's entry points, as `python::api` found them when the session started.
+    pub api: Option<&'static python::Api>,
     /// The runtime's finalizing word, read in place of a call (see `python::finalizing_flag`).
-    finalizing_flag: Option<&'static AtomicUsize>,
+    pub finalizing_flag: Option<&'static AtomicUsize>,
     /// The runtime's words behind the calling thread's state (see `python::this_thread`).
     pub this_thread: Option<python::ThisThread>,
     pub max_depth: usize,
@@ -135,6 +137,7 @@ unsafe impl Send for Session {}
 pub static SESSION: SpinLock<Session> = SpinLock::new(Session {
     mapped: None,
     layout: None,
+    api: None,
     finalizing_flag: None,
     this_thread: None,
     max_depth: 0,
@@ -227,6 +230,7 @@ pub unsafe fn start(
     let native = h.config_flags & CONFIG_PYTHON_ONLY == 0;
     crate::unwind::configure(h.config_flags & CONFIG_NATIVE_STACKS != 0);
     s.layout = Some(layout);
+    s.api = Some(api);
     s.finalizing_flag = python::finalizing_flag(api, layout);
     s.this_thread = python::this_thread(layout);
     s.max_depth = (max_depth as usize).clamp(1, crate::pyframes::MAX_FRAMES);
@@ -401,11 +405,21 @@ pub fn before_unload() {
 /// finalizing, the reader asked for a detach, or its heartbeat is older than
 /// `READER_TIMEOUT_NS`. The reader's words are read once a tick of the clock (about 4 ms):
 /// at `--rate 1` a thread takes thousands of samples a tick, and a detach waits a tick at most.
-pub fn stop_reason_at(s: &mut Session, now: u64) -> Option<EndReason> {
-    if finalizing(s) {
+/// Takes the session's parts (its finalizing word, its API, its ring), which the caller holds
+/// already.
+pub fn stop_reason_at(
+    finalizing_flag: Option<&AtomicUsize>,
+    api: &python::Api,
+    m: &mut Mapped,
+    now: u64,
+) -> Option<EndReason> {
+    let finalizing = match finalizing_flag {
+        Some(flag) => flag.load(Ordering::Relaxed) != 0,
+        None => python::finalizing(api),
+    };
+    if finalizing {
         return Some(EndReason::Finalizing);
     }
-    let m = s.mapped.as_mut()?;
     if m.reader_checked == now {
         return None;
     }

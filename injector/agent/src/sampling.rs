@@ -247,25 +247,13 @@ unsafe fn record_alloc_locked(
     native: &[u64],
 ) {
     // The rare ways out are marked cold (`cold_path`), so that the compiler lays their code
-    // after the common sample's: at the default rate a sample's code is fetched afresh.
-    let Some(api) = python::api() else {
-        cold_path();
-        return;
-    };
-    if shared.mapped.is_none() || !ENABLED.load(Ordering::Relaxed) {
-        cold_path();
-        return;
-    }
-    let now = now_ns();
-    if let Some(reason) = lifecycle::stop_reason_at(shared, now) {
-        cold_path();
-        lifecycle::stop_locked(shared, reason);
-        return;
-    }
-    let tid = tid(t);
+    // after the common sample's: at the default rate a sample's code is fetched afresh. The
+    // session's parts are taken once, then each is checked once.
     let Session {
         mapped: Some(mapped),
         layout: Some(layout),
+        api: Some(api),
+        finalizing_flag,
         caches,
         set,
         stacks,
@@ -278,6 +266,17 @@ unsafe fn record_alloc_locked(
         cold_path();
         return;
     };
+    if !ENABLED.load(Ordering::Relaxed) {
+        cold_path();
+        return;
+    }
+    let now = now_ns();
+    if let Some(reason) = lifecycle::stop_reason_at(*finalizing_flag, api, mapped, now) {
+        cold_path();
+        lifecycle::stop_locked(shared, reason);
+        return;
+    }
+    let tid = tid(t);
     let mut announcer = Announcer {
         api,
         layout,
