@@ -6,7 +6,7 @@
 use crate::chain;
 use crate::cycles::{self, Part};
 use crate::lifecycle::{self, Session, ENABLED, SESSION};
-use crate::python::{self, Api, ThisThread};
+use crate::python::{Api, ThisThread};
 use crate::sample_stack::{Announcer, Stack};
 use crate::sampler::{self, ThreadState, EPOCH, IDLE_COUNTDOWN, THREAD};
 use crate::sys::{self, now_ns};
