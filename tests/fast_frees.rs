@@ -227,26 +227,7 @@ fn record_sees_every_free_at_the_default_rate_under_every_allocator() {
 #[test]
 fn attach_sees_every_free_at_the_default_rate() {
     for py in pythons() {
-        let plain = plain_blocks(&py, common::tempdir().path());
-        let dir = common::tempdir();
-        let capture = dir.path().join("c.mprof");
-        let d = dir.path().to_str().unwrap();
-        let target = Target::python(&py.path, "fast_frees.py", &[d, "attach"]);
-        let mut attach = Attach::start(target.pid, &["-o", capture.to_str().unwrap()]);
-        attach.attached();
-        touch(dir.path(), "go");
-        wait_file(&dir.path().join("done"), LIMIT);
-        attach.detach();
-        touch(dir.path(), "finish");
-        let (status, out) = target.finish(LIMIT);
-        assert!(status.success(), "{}: {status} {out:?}", py.label);
-        check_capture(&py.label, &capture, dir.path(), false);
-        let profiled = blocks(&out.join("\n"));
-        assert!(
-            (profiled - plain).abs() <= BLOCKS_SLACK,
-            "{}: pymalloc counts {profiled} blocks left by churn(), {plain} without mprof",
-            py.label
-        );
+        attach_and_churn(&py, None);
     }
 }
 
@@ -257,39 +238,50 @@ fn attach_sees_every_free_at_the_default_rate() {
 #[test]
 fn a_default_rate_attach_after_one_at_rate_1_sees_every_free() {
     for py in pythons() {
-        let plain = plain_blocks(&py, common::tempdir().path());
-        let dir = common::tempdir();
-        let every = dir.path().join("every.mprof");
-        let capture = dir.path().join("c.mprof");
-        let d = dir.path().to_str().unwrap();
-        let target = Target::python(&py.path, "fast_frees.py", &[d, "attach"]);
-        let mut first = Attach::start(target.pid, &["--rate", "1", "-o", every.to_str().unwrap()]);
-        first.attached();
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        first.detach();
-        let mut attach = Attach::start(target.pid, &["-o", capture.to_str().unwrap()]);
+        attach_and_churn(&py, Some("1"));
+    }
+}
+
+/// Attaches at the default rate to `fast_frees.py`, lets it churn, detaches, and checks that
+/// every free of a block sampled was seen and that pymalloc's block count is what it is
+/// without mprof. With `first_rate`, a session at that rate is attached and detached before,
+/// while the program waits.
+fn attach_and_churn(py: &Python, first_rate: Option<&str>) {
+    let plain = plain_blocks(py, common::tempdir().path());
+    let dir = common::tempdir();
+    let capture = dir.path().join("c.mprof");
+    let d = dir.path().to_str().unwrap();
+    let target = Target::python(&py.path, "fast_frees.py", &[d, "attach"]);
+    if let Some(rate) = first_rate {
+        let first = dir.path().join("first.mprof");
+        let args = ["--rate", rate, "-o", first.to_str().unwrap()];
+        let mut attach = Attach::start(target.pid, &args);
         attach.attached();
-        touch(dir.path(), "go");
-        wait_file(&dir.path().join("done"), LIMIT);
+        std::thread::sleep(std::time::Duration::from_millis(300));
         attach.detach();
-        touch(dir.path(), "finish");
-        let (status, out) = target.finish(LIMIT);
-        assert!(status.success(), "{}: {status} {out:?}", py.label);
-        let first_report = report_json(&every, &[]);
+        let report = report_json(&first, &[]);
         assert_eq!(
-            first_report["rate"].as_u64(),
-            Some(1),
+            report["rate"].as_u64(),
+            rate.parse().ok(),
             "{}: the first session's rate",
             py.label
         );
-        check_capture(&py.label, &capture, dir.path(), false);
-        let profiled = blocks(&out.join("\n"));
-        assert!(
-            (profiled - plain).abs() <= BLOCKS_SLACK,
-            "{}: pymalloc counts {profiled} blocks left by churn(), {plain} without mprof",
-            py.label
-        );
     }
+    let mut attach = Attach::start(target.pid, &["-o", capture.to_str().unwrap()]);
+    attach.attached();
+    touch(dir.path(), "go");
+    wait_file(&dir.path().join("done"), LIMIT);
+    attach.detach();
+    touch(dir.path(), "finish");
+    let (status, out) = target.finish(LIMIT);
+    assert!(status.success(), "{}: {status} {out:?}", py.label);
+    check_capture(&py.label, &capture, dir.path(), false);
+    let profiled = blocks(&out.join("\n"));
+    assert!(
+        (profiled - plain).abs() <= BLOCKS_SLACK,
+        "{}: pymalloc counts {profiled} blocks left by churn(), {plain} without mprof",
+        py.label
+    );
 }
 
 /// The live estimates of the blocks found in CI and here (one sample of pymalloc's radix node:
