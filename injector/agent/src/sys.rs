@@ -549,6 +549,42 @@ mod tests {
         assert_eq!(slots.offset(slots.max_key + 1), None);
     }
 
+    /// The search takes a mark only where it is found exactly once, and stops at memory it
+    /// cannot read instead of faulting.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn key_marks_count_only_when_found_once() {
+        let marks = [0x5151_0000_0001usize, 0x5151_0000_0002];
+        let mut words = vec![0usize; KEY_WINDOW / 8];
+        words[10] = marks[0];
+        words[20] = marks[1];
+        let at = words.as_ptr() as usize;
+        assert_eq!(find_once(at, &marks), Some([80, 160]));
+        words[30] = marks[1];
+        assert_eq!(find_once(at, &marks), None, "a mark found twice");
+        words[30] = 0;
+        words[20] = 0;
+        assert_eq!(find_once(at, &marks), None, "a mark not found");
+        // A page whose next page is unmapped (both mapped here, the second unmapped again):
+        // the window is read up to the first page's end, no further.
+        let p = map_anon(2 * 4096);
+        assert!(!p.is_null());
+        // SAFETY: the two pages mapped above; the second one is unmapped first.
+        unsafe {
+            munmap(p.add(4096).cast(), 4096);
+            (p as *mut usize).add(3).write(marks[0]);
+            (p as *mut usize).add(500).write(marks[1]);
+        }
+        assert_eq!(
+            find_once(p as usize + 2048, &marks),
+            None,
+            "marks before the start"
+        );
+        assert_eq!(find_once(p as usize, &marks), Some([24, 4000]));
+        // SAFETY: the page mapped above, used no more.
+        unsafe { munmap(p.cast(), 4096) };
+    }
+
     /// Page faults the calling thread has taken (getrusage's `ru_minflt`).
     fn faults() -> i64 {
         let mut usage = [0i64; 18];
