@@ -70,6 +70,8 @@ pub struct Mapped {
     /// The clock's reading (`now_ns`) when the reader's detach request and heartbeat were
     /// last looked at: they are looked at again once the clock's tick moved on.
     reader_checked: u64,
+    /// The samples' clock.
+    pub clock: crate::sys::SampleClock,
 }
 
 impl Mapped {
@@ -80,6 +82,7 @@ impl Mapped {
             len,
             context: None,
             reader_checked: 0,
+            clock: crate::sys::SampleClock::new(),
         }
     }
 }

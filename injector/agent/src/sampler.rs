@@ -84,6 +84,9 @@ pub struct ThreadState {
     pub native_countdown: Cell<i64>,
     pub native_epoch: Cell<u32>,
     pub tid: Cell<u32>,
+    /// Whether the thread may read the time-stamp counter (`sys::tsc_allowed`), found with its
+    /// `tid`.
+    pub tsc: Cell<bool>,
     /// The thread's stack, `(lowest, top)`, once `--native` asked for it (see `unwind`).
     pub stack: Cell<(usize, usize)>,
 }
@@ -97,6 +100,7 @@ thread_local! {
             native_countdown: Cell::new(0),
             native_epoch: Cell::new(u32::MAX),
             tid: Cell::new(0),
+            tsc: Cell::new(false),
             stack: Cell::new((0, 0)),
         }
     };

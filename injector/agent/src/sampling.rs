@@ -9,7 +9,7 @@ use crate::lifecycle::{self, Session, ENABLED, SESSION};
 use crate::python::{Api, ThisThread};
 use crate::sample_stack::{Announcer, Stack};
 use crate::sampler::{self, ThreadState, EPOCH, IDLE_COUNTDOWN, THREAD};
-use crate::sys::{self, now_ns};
+use crate::sys;
 use mprof_common::layout::PyLayout;
 use mprof_common::record::{
     Allocator, ALLOC_NATIVE_STACK, ALLOC_TRUNCATED, KIND_FREE, MAX_NATIVE_FRAMES,
@@ -159,9 +159,12 @@ fn decide_per_thread(
     true
 }
 
+/// The thread's kernel id, and with it whether it may read the time-stamp counter: asked of
+/// the kernel at its first sample (and again in a forked child).
 fn tid(t: &ThreadState) -> u32 {
     if t.tid.get() == 0 {
         t.tid.set(sys::gettid());
+        t.tsc.set(sys::tsc_allowed());
     }
     t.tid.get()
 }
@@ -270,13 +273,13 @@ unsafe fn record_alloc_locked(
         cold_path();
         return;
     }
-    let now = now_ns();
+    let tid = tid(t);
+    let now = mapped.clock.now(t.tsc.get());
     if let Some(reason) = lifecycle::stop_reason_at(*finalizing_flag, api, mapped, now) {
         cold_path();
         lifecycle::stop_locked(shared, reason);
         return;
     }
-    let tid = tid(t);
     let mut announcer = Announcer {
         api,
         layout,

@@ -166,6 +166,7 @@ extern "C" {
     pub fn getpid() -> c_int;
     pub fn syscall(n: c_long, ...) -> c_long;
     pub fn clock_gettime(clock: c_int, ts: *mut Timespec) -> c_int;
+    pub fn prctl(option: c_int, ...) -> c_int;
     pub fn getenv(name: *const c_char) -> *mut c_char;
     pub fn execve(
         path: *const c_char,
@@ -207,6 +208,70 @@ extern "C" {
 /// of the kernel's last tick. The reader stamps its records with the same clock.
 pub fn now_ns() -> u64 {
     clock_ns(CLOCK_MONOTONIC_COARSE)
+}
+
+/// The time-stamp counter's ticks within which [`SampleClock`] gives the same reading again:
+/// a millisecond at 1 GHz, less on faster counters, where the coarse clock's tick is 4 ms.
+const CLOCK_TICKS: u64 = 1 << 20;
+/// Readings given again at most, before the clock is read anyway (a counter that stood still
+/// would otherwise stop the time of the samples, and with it the reader's heartbeat checks).
+const CLOCK_REUSES: u32 = 4096;
+
+/// [`now_ns`] for a session's samples, read again only once the processor's time-stamp
+/// counter (`rdtsc`, one instruction) moved on by [`CLOCK_TICKS`]: at `--rate 1` a thread
+/// samples thousands of times a tick of the coarse clock, and `clock_gettime` through the vDSO
+/// is some twenty instructions a sample. Never behind a reading it gave before. Used under
+/// the session lock.
+pub struct SampleClock {
+    tsc: u64,
+    ns: u64,
+    reuses_left: u32,
+}
+
+impl SampleClock {
+    pub const fn new() -> SampleClock {
+        SampleClock {
+            tsc: 0,
+            ns: 0,
+            reuses_left: 0,
+        }
+    }
+
+    /// The time, to the coarse clock's tick; `tsc`: the calling thread may read the counter
+    /// ([`tsc_allowed`]).
+    #[inline(always)]
+    pub fn now(&mut self, tsc: bool) -> u64 {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        if tsc {
+            // SAFETY: rdtsc reads a counter; the thread was found allowed to (no PR_SET_TSC
+            // fault mode).
+            let t = unsafe { std::arch::x86_64::_rdtsc() };
+            if self.reuses_left != 0 && t.wrapping_sub(self.tsc) < CLOCK_TICKS {
+                self.reuses_left -= 1;
+                return self.ns;
+            }
+            self.tsc = t;
+            self.reuses_left = CLOCK_REUSES;
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+        let _ = tsc;
+        // The coarse clock never goes back; the max keeps it so across threads whose readings
+        // came at other moments.
+        self.ns = self.ns.max(now_ns());
+        self.ns
+    }
+}
+
+/// Whether the calling thread may read the time-stamp counter: `prctl(PR_SET_TSC,
+/// PR_TSC_SIGSEGV)` makes `rdtsc` fault, per thread (inherited by the threads it starts).
+pub fn tsc_allowed() -> bool {
+    const PR_GET_TSC: c_int = 25;
+    const PR_TSC_ENABLE: c_int = 1;
+    let mut mode: c_int = 0;
+    // SAFETY: PR_GET_TSC writes an int at the address given, a local.
+    cfg!(all(target_arch = "x86_64", not(miri)))
+        && unsafe { prctl(PR_GET_TSC, &mut mode as *mut c_int) } == 0
+        && mode == PR_TSC_ENABLE
 }
 
 /// CLOCK_MONOTONIC to the nanosecond (seeding).
@@ -583,6 +648,41 @@ mod tests {
         assert_eq!(find_once(p as usize, &marks), Some([24, 4000]));
         // SAFETY: the page mapped above, used no more.
         unsafe { munmap(p.cast(), 4096) };
+    }
+
+    /// The samples' clock gives the coarse clock's reading, never goes back, reads it again
+    /// once it gave the same reading [`CLOCK_REUSES`] times (the counter moving on aside), and
+    /// reads it every time for a thread that may not read the counter.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn the_sample_clock_follows_the_coarse_clock() {
+        let tsc = tsc_allowed();
+        assert!(
+            tsc,
+            "this machine's threads may read the time-stamp counter"
+        );
+        let mut c = SampleClock::new();
+        let first = c.now(tsc);
+        assert!(first > 0 && first <= now_ns());
+        let mut last = first;
+        for _ in 0..3 * CLOCK_REUSES {
+            let t = c.now(tsc);
+            assert!(t >= last, "the clock went back");
+            last = t;
+        }
+        assert!(last <= now_ns());
+        assert!(c.reuses_left < CLOCK_REUSES, "no reading was given again");
+        let mut plain = SampleClock::new();
+        for _ in 0..10 {
+            assert_eq!(plain.now(false), plain.ns);
+            assert_eq!(
+                plain.reuses_left, 0,
+                "a thread without the counter reads the clock"
+            );
+        }
+        // Past the coarse clock's tick the reading moves on.
+        sleep_ns(20_000_000);
+        assert!(c.now(tsc) > first, "the reading stood still");
     }
 
     /// Page faults the calling thread has taken (getrusage's `ru_minflt`).
