@@ -3,6 +3,7 @@
 
 use crate::sys::{dlsym, RTLD_DEFAULT};
 use mprof_common::layout::PyLayout;
+use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicI32, AtomicIsize, AtomicU32, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -190,33 +191,64 @@ pub struct ThisThread {
     /// Where this C library keeps key values, if it keeps them at the thread pointer.
     slots: Option<crate::sys::KeySlots>,
     /// The key's value's offset from the thread pointer once it was read there as the call
-    /// answered; 0 until then, and for good where it cannot be read there.
+    /// answered, in the low 32 bits, tagged above them with this `ThisThread`'s generation (a
+    /// thread's word verified for another session's key does not match); 0 until then, and for
+    /// good where it cannot be read there.
     slot: AtomicIsize,
+    /// Which `ThisThread` of the process this is (see `slot`).
+    generation: u32,
 }
+
+/// `ThisThread`s made so far.
+static GENERATIONS: AtomicU32 = AtomicU32::new(0);
 
 const UNTRUSTED: u32 = u32::MAX;
 
 impl ThisThread {
     /// The calling thread's state, or NULL, as `PyGILState_GetThisThreadState` answers: NULL
     /// before the interpreter sets up its thread states and after it tears them down.
+    /// `verified`: the calling thread's own word (`ThreadState::key_slot`), the offset at which
+    /// its value was found as the call answered it.
+    ///
+    /// The value at the thread pointer is read only in a thread where it was once found, after
+    /// the call, as the call answered: a thread may hold there a value it gave a key deleted
+    /// since, whose slot the interpreter's key took over, and which would be no thread state.
+    /// The C library's call does not answer it (it checks the key's sequence number) and
+    /// clears it. Once the two agreed, the slot holds the key's own value: only
+    /// `pthread_setspecific` changes it.
     #[inline]
-    pub fn get(&self, api: &Api) -> *mut c_void {
+    pub fn get(&self, api: &Api, verified: &Cell<isize>) -> *mut c_void {
         let slot = self.slot.load(Ordering::Relaxed);
-        if slot != 0 {
-            // SAFETY: an offset of `KeySlots`, inside every thread's own descriptor, where the
-            // key's value was found as the call answered.
-            return unsafe { crate::sys::thread_word(slot) } as *mut c_void;
+        if slot != 0 && verified.get() == slot {
+            // SAFETY: an offset of `KeySlots` (the low 32 bits), inside every thread's own
+            // descriptor, where this thread's value was found as the call answered.
+            return unsafe { crate::sys::thread_word(slot as u32 as isize) } as *mut c_void;
         }
         match self.trusted.load(Ordering::Relaxed) {
-            0 | UNTRUSTED => self.check(api),
-            // SAFETY: the interpreter's key (see above); its value is the thread's state or NULL.
-            key => unsafe { crate::sys::pthread_getspecific(key - 1) },
+            0 | UNTRUSTED => self.check(api, verified),
+            key => Self::called(key - 1, slot, verified),
         }
+    }
+
+    /// The key's value as the C library answers it; `verified` takes `slot` (tagged, or 0) if
+    /// this thread's value is there too.
+    fn called(key: u32, slot: isize, verified: &Cell<isize>) -> *mut c_void {
+        // SAFETY: the interpreter's key (see above); its value is the thread's state or NULL.
+        let called = unsafe { crate::sys::pthread_getspecific(key) };
+        if slot != 0 {
+            // SAFETY: an offset of `KeySlots` (the low 32 bits), inside every thread's own
+            // descriptor.
+            let there = unsafe { crate::sys::thread_word(slot as u32 as isize) };
+            if there == called as usize {
+                verified.set(slot);
+            }
+        }
+        called
     }
 
     /// The call's answer, compared with the words' until they are trusted or not.
     #[cold]
-    fn check(&self, api: &Api) -> *mut c_void {
+    fn check(&self, api: &Api, verified: &Cell<isize>) -> *mut c_void {
         // SAFETY: PyGILState_GetThisThreadState has no preconditions.
         let called = unsafe { (api.this_thread_state)() };
         if self.trusted.load(Ordering::Relaxed) != 0 {
@@ -237,11 +269,13 @@ impl ThisThread {
         if read != called {
             self.trusted.store(UNTRUSTED, Ordering::Relaxed);
         } else if !called.is_null() {
-            let offset = self.slots.and_then(|s| s.offset(key)).filter(|&o| o > 0);
-            if let Some(offset) = offset {
+            let offset = self.slots.and_then(|s| s.offset(key));
+            if let Some(offset) = offset.filter(|&o| o > 0 && o <= u32::MAX as isize) {
                 // SAFETY: an offset of `KeySlots`, inside this thread's own descriptor.
                 if unsafe { crate::sys::thread_word(offset) } == called as usize {
-                    self.slot.store(offset, Ordering::Relaxed);
+                    let tagged = offset | (self.generation as isize) << 32;
+                    self.slot.store(tagged, Ordering::Relaxed);
+                    verified.set(tagged);
                 }
             }
             self.trusted.store(key + 1, Ordering::Relaxed);
@@ -285,6 +319,7 @@ pub fn this_thread(l: &PyLayout) -> Option<ThisThread> {
             trusted: AtomicU32::new(0),
             slots: crate::sys::key_slots(),
             slot: AtomicIsize::new(0),
+            generation: GENERATIONS.fetch_add(1, Ordering::Relaxed).wrapping_add(1),
         })
     }
 }
@@ -310,4 +345,62 @@ pub fn finalizing_flag(api: &Api, l: &PyLayout) -> Option<&'static AtomicUsize> 
     // SAFETY: an aligned word of the interpreter's static runtime state, which lives as long
     // as the process; the interpreter stores it with atomic (or plain, aligned) stores.
     Some(unsafe { &*(addr as *const AtomicUsize) })
+}
+
+#[cfg(all(test, target_arch = "x86_64", not(miri)))]
+mod tests {
+    use super::*;
+    use crate::sys::{key_slots, pthread_key_create, pthread_key_delete, pthread_setspecific};
+
+    /// A thread that gave a value to a key deleted since holds it still where the next key made
+    /// takes the same slot, and a read there before any call in that thread would take it for
+    /// the new key's; the call answers NULL for it and clears it, and only then, in that
+    /// thread, is the slot trusted.
+    #[test]
+    fn a_value_left_by_a_deleted_key_is_not_read() {
+        let slots = key_slots().expect("glibc keeps its first keys in the thread descriptor");
+        let mut old = 0u32;
+        // SAFETY: `old` is ours to write; no destructor.
+        assert_eq!(unsafe { pthread_key_create(&mut old, None) }, 0);
+        let (tell, told) = std::sync::mpsc::channel::<u32>();
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            // SAFETY: a key made above; the value is never dereferenced.
+            unsafe { pthread_setspecific(old, 0x5eed as *const c_void) };
+            done.send(()).unwrap();
+            let key = told.recv().unwrap();
+            let offset = slots.offset(key).expect("the key is in the array");
+            let tagged = offset | 7 << 32;
+            let verified = Cell::new(0);
+            // SAFETY: an offset of `KeySlots`.
+            let before = unsafe { crate::sys::thread_word(offset) };
+            assert_eq!(before, 0x5eed, "the value stayed");
+            // The call answers NULL for it, and (glibc) clears it: the slot holds the key's
+            // own value from then on, which `verified` may now say.
+            assert!(ThisThread::called(key, tagged, &verified).is_null());
+            // SAFETY: as above.
+            let after = unsafe { crate::sys::thread_word(offset) };
+            assert_eq!(after, 0, "the value was left");
+            assert!(verified.get() == 0 || verified.get() == tagged);
+            // SAFETY: as above.
+            unsafe { pthread_setspecific(key, 0xbeef as *const c_void) };
+            assert_eq!(ThisThread::called(key, tagged, &verified) as usize, 0xbeef);
+            assert_eq!(
+                verified.get(),
+                tagged,
+                "the value the call answers is trusted"
+            );
+        });
+        finished.recv().unwrap();
+        // SAFETY: the key made above; the thread's value stays in its slot.
+        unsafe { pthread_key_delete(old) };
+        let mut new = 0u32;
+        // SAFETY: as above.
+        assert_eq!(unsafe { pthread_key_create(&mut new, None) }, 0);
+        assert_eq!(new, old, "glibc hands out the lowest free key");
+        tell.send(new).unwrap();
+        thread.join().unwrap();
+        // SAFETY: the key made above, used no more.
+        unsafe { pthread_key_delete(new) };
+    }
 }

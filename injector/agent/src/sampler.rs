@@ -87,6 +87,10 @@ pub struct ThreadState {
     /// Whether the thread may read the time-stamp counter (`sys::tsc_allowed`), found with its
     /// `tid`.
     pub tsc: Cell<bool>,
+    /// The offset from the thread pointer at which this thread's value of the interpreter's
+    /// key was found as the C library answered it (see `python::ThisThread::get`); 0 until
+    /// then.
+    pub key_slot: Cell<isize>,
     /// The thread's stack, `(lowest, top)`, once `--native` asked for it (see `unwind`).
     pub stack: Cell<(usize, usize)>,
 }
@@ -101,6 +105,7 @@ thread_local! {
             native_epoch: Cell::new(u32::MAX),
             tid: Cell::new(0),
             tsc: Cell::new(false),
+            key_slot: Cell::new(0),
             stack: Cell::new((0, 0)),
         }
     };

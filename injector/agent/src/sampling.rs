@@ -288,7 +288,7 @@ unsafe fn record_alloc_locked(
         stacks,
         max_depth: *max_depth,
     };
-    let stack = match this_thread_state(api, this_thread.as_ref()) {
+    let stack = match this_thread_state(api, this_thread.as_ref(), &t.key_slot) {
         None => {
             cold_path();
             Stack {
@@ -436,9 +436,13 @@ unsafe fn has_own_gil(layout: &PyLayout, interp: usize) -> bool {
 /// `PyGILState_GetThisThreadState`. No `Py_IsInitialized` first: both answer NULL before the
 /// interpreter sets up its thread states and after it tears them down (3.8–3.13), and a
 /// session ends when finalization starts, before anything is torn down.
-unsafe fn this_thread_state(api: &Api, read: Option<&ThisThread>) -> Option<*const c_void> {
+unsafe fn this_thread_state(
+    api: &Api,
+    read: Option<&ThisThread>,
+    verified: &std::cell::Cell<isize>,
+) -> Option<*const c_void> {
     let tstate = match read {
-        Some(read) => read.get(api),
+        Some(read) => read.get(api, verified),
         None => (api.this_thread_state)(),
     };
     (!tstate.is_null()).then_some(tstate as *const c_void)
