@@ -416,11 +416,7 @@ pub fn stop_reason_at(
     m: &mut Mapped,
     now: u64,
 ) -> Option<EndReason> {
-    let finalizing = match finalizing_flag {
-        Some(flag) => flag.load(Ordering::Relaxed) != 0,
-        None => python::finalizing(api),
-    };
-    if finalizing {
+    if finalizing(finalizing_flag, Some(api)) {
         return Some(EndReason::Finalizing);
     }
     if m.reader_checked == now {
@@ -435,20 +431,20 @@ pub fn stop_reason_at(
 /// detach. A reader gone silent is left to the next sampled allocation.
 pub fn must_end(s: &Session) -> Option<EndReason> {
     let m = s.mapped.as_ref()?;
-    if finalizing(s) {
+    if finalizing(s.finalizing_flag, s.api) {
         return Some(EndReason::Finalizing);
     }
     detach_asked(m.ring.header())
 }
 
 /// Whether the interpreter has started finalizing: one load when the session found the
-/// runtime's word (see `python::finalizing_flag`), else a call. The API is looked up only for
-/// the call (a session runs only in an interpreter whose API resolved).
+/// runtime's word (`flag`, see `python::finalizing_flag`), else a call through the session's
+/// `api` (a session runs only in an interpreter whose API resolved).
 #[inline]
-fn finalizing(s: &Session) -> bool {
-    match s.finalizing_flag {
+fn finalizing(flag: Option<&AtomicUsize>, api: Option<&python::Api>) -> bool {
+    match flag {
         Some(flag) => flag.load(Ordering::Relaxed) != 0,
-        None => python::api().is_some_and(python::finalizing),
+        None => api.is_some_and(python::finalizing),
     }
 }
 

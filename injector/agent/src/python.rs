@@ -199,6 +199,15 @@ pub struct ThisThread {
     generation: u32,
 }
 
+/// Whether the calling thread's word at the tagged `slot` is `value`.
+///
+/// # Safety
+/// `slot`'s low 32 bits are an offset of `sys::KeySlots` (inside every thread's own
+/// descriptor).
+unsafe fn holds(slot: isize, value: *mut c_void) -> bool {
+    crate::sys::thread_word(slot as u32 as isize) == value as usize
+}
+
 /// `ThisThread`s made so far.
 static GENERATIONS: AtomicU32 = AtomicU32::new(0);
 
@@ -235,13 +244,9 @@ impl ThisThread {
     fn called(key: u32, slot: isize, verified: &Cell<isize>) -> *mut c_void {
         // SAFETY: the interpreter's key (see above); its value is the thread's state or NULL.
         let called = unsafe { crate::sys::pthread_getspecific(key) };
-        if slot != 0 {
-            // SAFETY: an offset of `KeySlots` (the low 32 bits), inside every thread's own
-            // descriptor.
-            let there = unsafe { crate::sys::thread_word(slot as u32 as isize) };
-            if there == called as usize {
-                verified.set(slot);
-            }
+        // SAFETY: a non-zero `slot` is one `check` tagged, from an offset of `KeySlots`.
+        if slot != 0 && unsafe { holds(slot, called) } {
+            verified.set(slot);
         }
         called
     }
@@ -271,9 +276,9 @@ impl ThisThread {
         } else if !called.is_null() {
             let offset = self.slots.and_then(|s| s.offset(key));
             if let Some(offset) = offset.filter(|&o| o > 0 && o <= u32::MAX as isize) {
-                // SAFETY: an offset of `KeySlots`, inside this thread's own descriptor.
-                if unsafe { crate::sys::thread_word(offset) } == called as usize {
-                    let tagged = offset | (self.generation as isize) << 32;
+                let tagged = offset | (self.generation as isize) << 32;
+                // SAFETY: `offset` is one of `KeySlots`, in the low 32 bits.
+                if unsafe { holds(tagged, called) } {
                     self.slot.store(tagged, Ordering::Relaxed);
                     verified.set(tagged);
                 }
