@@ -37,70 +37,98 @@ fn unchanged(now: &[usize], before: &[usize]) -> usize {
 }
 
 /// [`unchanged`] with AVX2, for slices of the same length of at least eight words: sixteen
-/// words a step while all of them agree, then eight words a step, each step's 8-bit mask of
-/// equal words saying where the first difference is. The last step is the last eight words,
-/// overlapping the step before (whose words agreed).
+/// words a step while all of them agree (four XORs, three ORs and one test, about one
+/// instruction a word), then eight words a step, each step's 8-bit mask of equal words saying
+/// where the first difference is. The last step is the last eight words, overlapping the step
+/// before (whose words agreed).
+///
+/// Inline assembly, inlined into the sample path: as a function of its own (compiled for
+/// AVX2, which the code around it is not) its call made the caller move the values it kept
+/// in the registers a call may change, about twenty instructions a sample around thirty of
+/// the compare's own. The assembly changes only the four vector registers it names (whose
+/// upper halves no code of the agent's keeps anything in: it is not compiled for AVX) and
+/// clears their upper halves as it ends (`vzeroupper`), as a function compiled for AVX2 does
+/// before it returns.
 ///
 /// # Safety
 /// The CPU must have AVX2; `now.len() == before.len() >= 8`.
 #[cfg(all(target_arch = "x86_64", not(miri)))]
-#[target_feature(enable = "avx2")]
+#[inline(always)]
 unsafe fn first_difference_avx2(now: &[usize], before: &[usize]) -> usize {
-    use std::arch::x86_64::{
-        __m256i, _mm256_castsi256_pd as as_pd, _mm256_cmpeq_epi64 as eq,
-        _mm256_loadu_si256 as load, _mm256_movemask_pd as mask, _mm256_or_si256 as or,
-        _mm256_testz_si256 as testz, _mm256_xor_si256 as xor,
-    };
     let n = now.len();
     debug_assert!(n >= 8 && before.len() == n);
-    let (a, b) = (now.as_ptr(), before.as_ptr());
-    let mut i = 0;
-    // Sixteen words a step while they all agree (four XORs, three ORs and one test, about one
-    // instruction a word): a deep chain is mostly the frames outside the ones that changed.
-    while i + 16 <= n {
-        // SAFETY: words i..i + 16 of both are in bounds; unaligned loads.
-        let differ = unsafe {
-            let x = |k: usize| {
-                xor(
-                    load(a.add(i + k) as *const __m256i),
-                    load(b.add(i + k) as *const __m256i),
-                )
-            };
-            let any = or(or(x(0), x(4)), or(x(8), x(12)));
-            testz(any, any) == 0
-        };
-        if differ {
-            break;
-        }
-        i += 16;
-    }
-    if i == n {
-        return n;
-    }
-    loop {
-        let at = i.min(n - 8);
-        // SAFETY: words at..at + 8 of both are in bounds (at <= n - 8); unaligned loads.
-        let equal = unsafe {
-            let low = eq(
-                load(a.add(at) as *const __m256i),
-                load(b.add(at) as *const __m256i),
-            );
-            let high = eq(
-                load(a.add(at + 4) as *const __m256i),
-                load(b.add(at + 4) as *const __m256i),
-            );
-            mask(as_pd(low)) as u32 | (mask(as_pd(high)) as u32) << 4
-        };
-        if equal != 0xff {
+    let i: usize;
+    // SAFETY: every load is of words inside both slices: a sixteen-word step only while
+    // `i + 16 <= n`, an eight-word step at `min(i, n - 8)`, and `n >= 8`.
+    unsafe {
+        std::arch::asm!(
+            "xor {i:e}, {i:e}",
+            // Sixteen words a step while they all agree.
+            "2:",
+            "lea {t}, [{i} + 16]",
+            "cmp {t}, {n}",
+            "ja 3f",
+            "vmovdqu ymm0, ymmword ptr [{a} + 8*{i}]",
+            "vmovdqu ymm1, ymmword ptr [{a} + 8*{i} + 32]",
+            "vmovdqu ymm2, ymmword ptr [{a} + 8*{i} + 64]",
+            "vmovdqu ymm3, ymmword ptr [{a} + 8*{i} + 96]",
+            "vpxor ymm0, ymm0, ymmword ptr [{b} + 8*{i}]",
+            "vpxor ymm1, ymm1, ymmword ptr [{b} + 8*{i} + 32]",
+            "vpxor ymm2, ymm2, ymmword ptr [{b} + 8*{i} + 64]",
+            "vpxor ymm3, ymm3, ymmword ptr [{b} + 8*{i} + 96]",
+            "vpor ymm0, ymm0, ymm1",
+            "vpor ymm2, ymm2, ymm3",
+            "vpor ymm0, ymm0, ymm2",
+            "vptest ymm0, ymm0",
+            "jnz 3f",
+            "mov {i}, {t}",
+            "jmp 2b",
+            // Eight words a step from `i`, the last step the last eight words.
+            "3:",
+            "cmp {i}, {n}",
+            "je 5f",
+            "4:",
+            "lea {t}, [{n} - 8]",
+            "cmp {i}, {t}",
+            "cmovb {t}, {i}",
+            "vmovdqu ymm0, ymmword ptr [{a} + 8*{t}]",
+            "vmovdqu ymm1, ymmword ptr [{a} + 8*{t} + 32]",
+            "vpcmpeqq ymm0, ymm0, ymmword ptr [{b} + 8*{t}]",
+            "vpcmpeqq ymm1, ymm1, ymmword ptr [{b} + 8*{t} + 32]",
+            "vmovmskpd {m:e}, ymm0",
+            "vmovmskpd {k:e}, ymm1",
+            "shl {k:e}, 4",
+            "or {m:e}, {k:e}",
+            "cmp {m:e}, 0xff",
+            "jne 6f",
+            "lea {i}, [{t} + 8]",
+            "cmp {i}, {n}",
+            "jb 4b",
+            "mov {i}, {n}",
+            "jmp 5f",
             // The words before `i` agreed already, so the first difference is at `i` or
-            // after it.
-            return at + (!equal).trailing_zeros() as usize;
-        }
-        i = at + 8;
-        if i >= n {
-            return n;
-        }
+            // after it: the lowest clear bit of the mask (one is, below bit 8).
+            "6:",
+            "not {m:e}",
+            "bsf {m:e}, {m:e}",
+            "lea {i}, [{t} + {m}]",
+            "5:",
+            "vzeroupper",
+            a = in(reg) now.as_ptr(),
+            b = in(reg) before.as_ptr(),
+            n = in(reg) n,
+            i = out(reg) i,
+            t = out(reg) _,
+            m = out(reg) _,
+            k = out(reg) _,
+            out("xmm0") _,
+            out("xmm1") _,
+            out("xmm2") _,
+            out("xmm3") _,
+            options(nostack, readonly),
+        );
     }
+    i
 }
 
 /// The `outer` a thread's recent frames remember for the outermost frame of a cut stack: a
