@@ -180,6 +180,12 @@ pub struct Ring {
     lap_pad: Option<u64>,
 }
 
+/// Room for one record found by [`Ring::room_here`]: its position and padded length.
+pub struct Here {
+    start: u64,
+    len: u64,
+}
+
 /// Where a record goes: an optional PAD first (position, length), then the record's position.
 struct Place {
     pad: Option<(u64, u64)>,
@@ -294,38 +300,96 @@ impl Ring {
         body_len: usize,
         fill: impl FnOnce(&mut [u8]),
     ) -> bool {
-        // In locals: `fill` writes through a raw pointer, after which fields read through
-        // `self` would be loaded again.
-        let (base, size) = (self.base, self.size);
-        // SAFETY: as in `header`.
-        let h = unsafe { &*(base as *const RingHeader) };
+        // SAFETY: as in `header` (inlined whatever the crate boundary).
+        let dropped = &unsafe { &*(self.base as *const RingHeader) }.dropped;
         let len = padded(PREAMBLE + body_len) as u64;
-        if len > size / 4 {
-            h.dropped.fetch_add(1, Ordering::Relaxed);
+        if len > self.size / 4 {
+            dropped.fetch_add(1, Ordering::Relaxed);
             return false;
         }
+        let start = match self.room_at_head(len) {
+            Ok(start) => start,
+            Err((head, tail)) => match self.place_padded(head, tail, len) {
+                Some(start) => start,
+                None => {
+                    dropped.fetch_add(1, Ordering::Relaxed);
+                    return false;
+                }
+            },
+        };
+        // SAFETY: `start` is where a record of `len` bytes goes (`room_at_head` or `place`).
+        unsafe { self.write_at(start, len, kind, aux, fill) };
+        true
+    }
+
+    /// Where a record of `body_len` bytes goes in the common case (room before the window's
+    /// end), for [`Ring::write_here`]; `None`, with nothing counted, otherwise. With it a
+    /// caller that has a way of its own for the rest calls nothing, and keeps no register
+    /// across a call.
+    #[inline(always)]
+    pub fn room_here(&self, body_len: usize) -> Option<Here> {
+        let len = padded(PREAMBLE + body_len) as u64;
+        if len > self.size / 4 {
+            return None;
+        }
+        self.room_at_head(len).ok().map(|start| Here { start, len })
+    }
+
+    /// Writes a record where [`Ring::room_here`] found room (its body by `fill`).
+    ///
+    /// # Safety
+    /// `here` is this ring's, and nothing was written to the ring since it was found.
+    #[inline(always)]
+    pub unsafe fn write_here(
+        &mut self,
+        here: Here,
+        kind: u16,
+        aux: u16,
+        fill: impl FnOnce(&mut [u8]),
+    ) {
+        // SAFETY: the caller's `here`: room for `len` bytes at `start`, still free.
+        unsafe { self.write_at(here.start, here.len, kind, aux, fill) }
+    }
+
+    /// Where a record of `len` bytes (padded, at most a quarter of the data area) goes in the
+    /// common case: `head`, when there is room before the window's end, and 8 bytes more than
+    /// the record (what `place` keeps for an escape's PAD in the lap after a short one, so
+    /// this holds whether or not the reader has passed that lap's PAD; after an escape `head`
+    /// is more than a size ahead and this fails). Otherwise `(head, tail)` for [`Ring::place`].
+    #[inline(always)]
+    fn room_at_head(&self, len: u64) -> Result<u64, (u64, u64)> {
+        // SAFETY: as in `header` (inlined whatever the crate boundary).
+        let h = unsafe { &*(self.base as *const RingHeader) };
         // Only the producer moves `head`; the reader moves `tail` (acquire: the bytes it
         // consumed are zeroed before it lets us reuse them).
         let head = h.head.load(Ordering::Relaxed);
         let tail = h.tail.load(Ordering::Acquire);
-        let pos = head & (size - 1);
-        // The common case, inline: room before the window's end, and 8 bytes more than the
-        // record (what `place` keeps for an escape's PAD in the lap after a short one, so this
-        // holds whether or not the reader has passed that lap's PAD; after an escape `head` is
-        // more than a size ahead and this fails).
-        let start = if pos + len <= self.window && (head + len + 8).wrapping_sub(tail) <= size {
-            head
+        let pos = head & (self.size - 1);
+        if pos + len <= self.window && (head + len + 8).wrapping_sub(tail) <= self.size {
+            Ok(head)
         } else {
-            match self.place_padded(head, tail, len) {
-                Some(start) => start,
-                None => {
-                    h.dropped.fetch_add(1, Ordering::Relaxed);
-                    return false;
-                }
-            }
-        };
-        // SAFETY: `start` is at a record boundary with `len` bytes to the end of the data
-        // area (`place` made sure of it), and those bytes are free: the reader is behind.
+            Err((head, tail))
+        }
+    }
+
+    /// Writes a record of `len` bytes at `start` (its body by `fill`) and makes it visible.
+    ///
+    /// # Safety
+    /// `start` is at a record boundary with `len` bytes to the end of the data area, and
+    /// those bytes are free: the reader is behind (as `room_at_head` and `place` find it).
+    #[inline(always)]
+    unsafe fn write_at(
+        &mut self,
+        start: u64,
+        len: u64,
+        kind: u16,
+        aux: u16,
+        fill: impl FnOnce(&mut [u8]),
+    ) {
+        // In locals: `fill` writes through a raw pointer, after which fields read through
+        // `self` would be loaded again.
+        let (base, size) = (self.base, self.size);
+        // SAFETY: the caller's `start`, inside the data area.
         let record = unsafe { base.add(HEADER_SIZE + (start & (size - 1)) as usize) };
         // SAFETY: the record's bytes after its preamble, as above.
         let body = unsafe {
@@ -334,8 +398,9 @@ impl Ring {
         fill(body);
         // SAFETY: the record's preamble, as above.
         unsafe { write_preamble(record, len, kind, aux) };
+        // SAFETY: as in `header`.
+        let h = unsafe { &*(base as *const RingHeader) };
         h.head.store(start + len, Ordering::Release);
-        true
     }
 
     /// [`Ring::place`], with the PAD it asks for written and counted: where the record goes.

@@ -238,12 +238,24 @@ unsafe extern "C" fn hook_free_every<const D: usize, const L: usize>(
 }
 
 /// A free whose address passed the filter. Out of line, with the release in it too, so that
-/// the fast path above keeps nothing across a call and saves no register.
+/// the fast path above keeps nothing across a call and saves no register; the common case
+/// calls nothing either (`sampling::sampled_free_here`), and saves none.
 #[cold]
 #[inline(never)]
 unsafe fn slow_free<const D: usize, const L: usize>(ptr: *mut c_void) {
     // Recorded before the block is released: once released, its address can be sampled
     // again by another thread, and that record must come after this one.
+    if !sampling::sampled_free_here(ptr as usize) {
+        return slow_free_rest::<D, L>(ptr);
+    }
+    let p = chain::prev(L, D);
+    (p.free)(p.ctx, ptr)
+}
+
+/// [`slow_free`] when its common case did not apply.
+#[cold]
+#[inline(never)]
+unsafe fn slow_free_rest<const D: usize, const L: usize>(ptr: *mut c_void) {
     sampling::sampled_free(ptr as usize);
     let p = chain::prev(L, D);
     (p.free)(p.ctx, ptr)

@@ -457,7 +457,7 @@ fn reader_stopped_at(h: &RingHeader, timeout_ns: u64, now: u64) -> Option<EndRea
     detach_asked(h).or_else(|| reader_gone_at(h, timeout_ns, now))
 }
 
-fn detach_asked(h: &RingHeader) -> Option<EndReason> {
+pub fn detach_asked(h: &RingHeader) -> Option<EndReason> {
     (h.state.load(Ordering::Acquire) == STATE_STOP_REQUESTED).then_some(EndReason::Detached)
 }
 

@@ -79,6 +79,21 @@ impl<T> SpinLock<T> {
         }
     }
 
+    /// The lock if it is free: one compare-and-swap, and nothing else (no wait, no call).
+    #[inline(always)]
+    pub fn try_lock(&self) -> Option<Guard<'_, T>> {
+        match self.holder.compare_exchange(
+            0,
+            thread_pointer(),
+            Ordering::Acquire,
+            Ordering::Relaxed,
+        ) {
+            // A guard is made only here: one made and dropped would release the lock.
+            Ok(_) => Some(Guard { lock: self }),
+            Err(_) => None,
+        }
+    }
+
     /// Takes the lock before `fork()` so that the child never inherits it held.
     pub fn raw_lock(&self) {
         std::mem::forget(self.lock());
@@ -135,6 +150,23 @@ mod tests {
             }
         });
         assert_eq!(*lock.lock(), THREADS * per_thread);
+    }
+
+    /// `try_lock` takes a free lock, and leaves a held one held, whoever holds it (a guard
+    /// made and dropped on the way would release it).
+    #[test]
+    fn try_lock_leaves_a_held_lock_held() {
+        let lock = SpinLock::new(0u32);
+        let guard = lock.try_lock().expect("a free lock is taken");
+        assert!(lock.try_lock().is_none(), "held by this thread");
+        assert_eq!(lock.holder.load(Ordering::Relaxed), thread_pointer());
+        std::thread::scope(|s| {
+            s.spawn(|| assert!(lock.try_lock().is_none(), "held by another thread"));
+        });
+        assert_eq!(lock.holder.load(Ordering::Relaxed), thread_pointer());
+        drop(guard);
+        assert_eq!(lock.holder.load(Ordering::Relaxed), 0);
+        assert!(lock.try_lock().is_some());
     }
 
     /// `raw_lock` holds the lock (as across a fork) until `raw_unlock`.

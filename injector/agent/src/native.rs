@@ -109,10 +109,21 @@ unsafe extern "C" fn hook_free(ptr: *mut c_void) {
     sys::free(ptr)
 }
 
-/// A free that passed the filter, out of line so that `hook_free` saves no register.
+/// A free that passed the filter, out of line so that `hook_free` saves no register; the
+/// common case calls nothing either (`sampling::sampled_free_here`), and saves none.
 #[cold]
 #[inline(never)]
 unsafe fn slow_free(ptr: *mut c_void) {
+    if !sampling::sampled_free_here(ptr as usize) {
+        return slow_free_rest(ptr);
+    }
+    sys::free(ptr)
+}
+
+/// [`slow_free`] when its common case did not apply.
+#[cold]
+#[inline(never)]
+unsafe fn slow_free_rest(ptr: *mut c_void) {
     sampling::sampled_free(ptr as usize);
     sys::free(ptr)
 }
