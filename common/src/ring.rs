@@ -178,6 +178,11 @@ pub struct Ring {
     window: u64,
     /// The position of the last short lap's PAD, while the reader has not passed it.
     lap_pad: Option<u64>,
+    /// How far `head` may go with the common case's room checked by one compare: the end of
+    /// the short lap `head` was in, or 8 bytes short of a size past `tail`, whichever is
+    /// lower, as `head` and `tail` were when it was found (see `room_at_head`). `tail` only
+    /// moves on, so an old bound is a safe one.
+    room_until: u64,
 }
 
 /// Room for one record found by [`Ring::room_here`]: its position and padded length.
@@ -255,6 +260,7 @@ impl Ring {
             size: data as u64,
             window: window(data) as u64,
             lap_pad: None,
+            room_until: 0,
         })
     }
 
@@ -327,7 +333,7 @@ impl Ring {
     /// caller that has a way of its own for the rest calls nothing, and keeps no register
     /// across a call.
     #[inline(always)]
-    pub fn room_here(&self, body_len: usize) -> Option<Here> {
+    pub fn room_here(&mut self, body_len: usize) -> Option<Here> {
         let len = padded(PREAMBLE + body_len) as u64;
         if len > self.size / 4 {
             return None;
@@ -356,16 +362,25 @@ impl Ring {
     /// the record (what `place` keeps for an escape's PAD in the lap after a short one, so
     /// this holds whether or not the reader has passed that lap's PAD; after an escape `head`
     /// is more than a size ahead and this fails). Otherwise `(head, tail)` for [`Ring::place`].
+    /// Checked against [`Ring::room_until`] first: one compare, where the reader's `tail` and
+    /// the lap's end took about ten instructions a record.
     #[inline(always)]
-    fn room_at_head(&self, len: u64) -> Result<u64, (u64, u64)> {
+    fn room_at_head(&mut self, len: u64) -> Result<u64, (u64, u64)> {
         // SAFETY: as in `header` (inlined whatever the crate boundary).
         let h = unsafe { &*(self.base as *const RingHeader) };
-        // Only the producer moves `head`; the reader moves `tail` (acquire: the bytes it
-        // consumed are zeroed before it lets us reuse them).
+        // Only the producer moves `head`.
         let head = h.head.load(Ordering::Relaxed);
+        if head + len <= self.room_until {
+            return Ok(head);
+        }
+        // The reader moves `tail` (acquire: the bytes it consumed are zeroed before it lets us
+        // reuse them).
         let tail = h.tail.load(Ordering::Acquire);
-        let pos = head & (self.size - 1);
-        if pos + len <= self.window && (head + len + 8).wrapping_sub(tail) <= self.size {
+        let lap_end = head - (head & (self.size - 1)) + self.window;
+        // `head` is never more than two sizes ahead of `tail`, so this does not wrap; a bound
+        // below `head` (a ring that is full) lets nothing through.
+        self.room_until = lap_end.min(tail + self.size - 8);
+        if head + len <= self.room_until {
             Ok(head)
         } else {
             Err((head, tail))

@@ -66,7 +66,9 @@ pub struct Mapped {
     len: usize,
     /// The thread and time of the last CONTEXT written to this ring (see
     /// `mprof_common::stacks`): brief samples of that thread at that time need no other.
-    pub context: Option<(u32, u64)>,
+    /// Thread 0 (no thread's id) until the first: a pair, where an `Option` of it took a
+    /// compare more a sample.
+    pub context: (u32, u64),
     /// The clock's reading (`now_ns`) when the reader's detach request and heartbeat were
     /// last looked at: they are looked at again once the clock's tick moved on.
     reader_checked: u64,
@@ -80,7 +82,7 @@ impl Mapped {
             ring,
             base,
             len,
-            context: None,
+            context: (0, 0),
             reader_checked: 0,
             clock: crate::sys::SampleClock::new(),
         }

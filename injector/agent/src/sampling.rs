@@ -320,7 +320,7 @@ unsafe fn record_alloc_locked(
         // The common case, in 24 bytes (see mprof_common::stacks): its thread and time go in
         // a CONTEXT when they are not the last one's.
         Some((aux, size)) => {
-            if mapped.context != Some((tid, now)) {
+            if mapped.context != (tid, now) {
                 let ring = &mut mapped.ring;
                 if !ring.try_write(KIND_CONTEXT, 0, CONTEXT_BODY, |b| {
                     write_context(b, tid, now)
@@ -328,7 +328,7 @@ unsafe fn record_alloc_locked(
                     cold_path();
                     return;
                 }
-                mapped.context = Some((tid, now));
+                mapped.context = (tid, now);
             }
             mapped.ring.try_write(KIND_BRIEF, aux, BRIEF_BODY, |b| {
                 write_brief(b, addr as u64, size, stack.node)
