@@ -74,14 +74,26 @@ pub struct Mapped {
     reader_checked: u64,
     /// The samples' clock.
     pub clock: crate::sys::SampleClock,
+    /// The session's layout and API (`Session::layout`, `Session::api`), here too: a sample
+    /// then checks one `Option`, this one, where checking all three took a dozen instructions.
+    pub layout: &'static PyLayout,
+    pub api: &'static python::Api,
 }
 
 impl Mapped {
-    fn new(ring: Ring, base: *mut u8, len: usize) -> Mapped {
+    fn new(
+        ring: Ring,
+        base: *mut u8,
+        len: usize,
+        layout: &'static PyLayout,
+        api: &'static python::Api,
+    ) -> Mapped {
         Mapped {
             ring,
             base,
             len,
+            layout,
+            api,
             context: (0, 0),
             reader_checked: 0,
             clock: crate::sys::SampleClock::new(),
@@ -247,7 +259,7 @@ pub unsafe fn start(
     ENABLED.store(true, Ordering::Release);
     let serial = crate::got::SERIAL.fetch_add(1, Ordering::AcqRel) + 1;
     ring.header().state.store(STATE_ACTIVE, Ordering::Release);
-    s.mapped = Some(Mapped::new(ring, base, len));
+    s.mapped = Some(Mapped::new(ring, base, len, layout, api));
     drop(s);
     // Outside the session lock: the GOT scan takes the loader's lock, which a thread inside
     // `dlopen` holds while it allocates (and may wait for the session lock in a hook).
@@ -478,6 +490,11 @@ pub fn continue_in_child(s: &mut Session, base: *mut u8, len: usize) {
         forget_in_child(s);
         return;
     };
+    // The parent's session's (set at its start, never taken away).
+    let (Some(layout), Some(api)) = (s.layout, s.api) else {
+        forget_in_child(s);
+        return;
+    };
     touch_for_samples(&ring);
     if let Some(old) = s.mapped.take() {
         // SAFETY: the child's copy of the parent's mapping, which nothing else uses.
@@ -494,7 +511,7 @@ pub fn continue_in_child(s: &mut Session, base: *mut u8, len: usize) {
         .store(unsafe { sys::getpid() } as u32, Ordering::Release);
     configure_sampling(s, h.rate, h.seed, chain::active().min(chain::LAYERS - 1));
     h.state.store(STATE_ACTIVE, Ordering::Release);
-    s.mapped = Some(Mapped::new(ring, base, len));
+    s.mapped = Some(Mapped::new(ring, base, len, layout, api));
 }
 
 /// In a forked child: drop the session without touching the shared ring (it is the parent's)

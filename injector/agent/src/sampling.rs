@@ -254,8 +254,6 @@ unsafe fn record_alloc_locked(
     // session's parts are taken once, then each is checked once.
     let Session {
         mapped: Some(mapped),
-        layout: Some(layout),
-        api: Some(api),
         finalizing_flag,
         caches,
         set,
@@ -273,6 +271,7 @@ unsafe fn record_alloc_locked(
         cold_path();
         return;
     }
+    let (layout, api) = (mapped.layout, mapped.api);
     let tid = tid(t);
     let now = mapped.clock.now(t.tsc.get());
     if let Some(reason) = lifecycle::stop_reason_at(*finalizing_flag, api, mapped, now) {
