@@ -202,21 +202,37 @@ impl Announcer<'_> {
         let ats: &[usize] = std::slice::from_raw_parts(ats.as_ptr().add(LINK_CAP - n).cast(), n);
         if !whole || n > self.max_depth {
             cold_path();
-            return self.deep(tid, tstate, ats, whole, &first);
+            return self.again().deep(tid, tstate, ats, whole, &first);
         }
         match self.cached(tid, tstate, ats, &first, false) {
             Ok(Through::Stack(stack)) => return Ok(stack),
             Ok(_) => cold_path(),
             Err(Lost::TableFull) => {
                 cold_path();
-                return self.uncached(tid, tstate);
+                return self.again().uncached(tid, tstate);
             }
             Err(lost) => {
                 cold_path();
                 return Err(lost);
             }
         }
-        self.plain(tid, tstate)
+        self.again().plain(tid, tstate)
+    }
+
+    /// A second announcer with the same borrows, for a call out of line from the sample
+    /// path's common case: made where that call is, so that the common case keeps this one's
+    /// parts in registers (a call given this one's address made every sample write them to
+    /// memory).
+    #[inline(always)]
+    fn again(&mut self) -> Announcer<'_> {
+        Announcer {
+            api: self.api,
+            layout: self.layout,
+            ring: &mut *self.ring,
+            caches: &mut *self.caches,
+            stacks: &mut *self.stacks,
+            max_depth: self.max_depth,
+        }
     }
 
     /// [`Announcer::uncached`], once more with the emptied table when the table was full: a
@@ -331,7 +347,8 @@ impl Announcer<'_> {
                 truncated: cut,
             }));
         }
-        self.changed(chain, tstate, ats, first, cut, same, Cached { node, depth })
+        self.again()
+            .changed(chain, tstate, ats, first, cut, same, Cached { node, depth })
     }
 
     /// [`Announcer::cached`] for the links `same..` of `ats` that changed, when they are not
