@@ -308,11 +308,10 @@ impl Ring {
     ) -> bool {
         // SAFETY: as in `header` (inlined whatever the crate boundary).
         let dropped = &unsafe { &*(self.base as *const RingHeader) }.dropped;
-        let len = padded(PREAMBLE + body_len) as u64;
-        if len > self.size / 4 {
+        let Some(len) = self.record_len(body_len) else {
             dropped.fetch_add(1, Ordering::Relaxed);
             return false;
-        }
+        };
         let start = match self.room_at_head(len) {
             Ok(start) => start,
             Err((head, tail)) => match self.place_padded(head, tail, len) {
@@ -334,11 +333,16 @@ impl Ring {
     /// across a call.
     #[inline(always)]
     pub fn room_here(&mut self, body_len: usize) -> Option<Here> {
-        let len = padded(PREAMBLE + body_len) as u64;
-        if len > self.size / 4 {
-            return None;
-        }
+        let len = self.record_len(body_len)?;
         self.room_at_head(len).ok().map(|start| Here { start, len })
+    }
+
+    /// The padded length of a record of `body_len` bytes, if it is one the ring takes: at most
+    /// a quarter of the data area.
+    #[inline(always)]
+    fn record_len(&self, body_len: usize) -> Option<u64> {
+        let len = padded(PREAMBLE + body_len) as u64;
+        (len <= self.size / 4).then_some(len)
     }
 
     /// Writes a record where [`Ring::room_here`] found room (its body by `fill`).

@@ -74,8 +74,9 @@ pub struct Mapped {
     reader_checked: u64,
     /// The samples' clock.
     pub clock: crate::sys::SampleClock,
-    /// The session's layout and API (`Session::layout`, `Session::api`), here too: a sample
-    /// then checks one `Option`, this one, where checking all three took a dozen instructions.
+    /// The session's layout (`Session::layout`, here too: a sample then checks one `Option`,
+    /// this one, where checking three took a dozen instructions) and the interpreter's entry
+    /// points, as `python::api` found them when the session started.
     pub layout: &'static PyLayout,
     pub api: &'static python::Api,
 }
@@ -124,8 +125,6 @@ pub struct Caches {
 pub struct Session {
     pub mapped: Option<Mapped>,
     pub layout: Option<&'static PyLayout>,
-    /// The interpreter's entry points, as `python::api` found them when the session started.
-    pub api: Option<&'static python::Api>,
     /// The runtime's finalizing word, read in place of a call (see `python::finalizing_flag`).
     pub finalizing_flag: Option<&'static AtomicUsize>,
     /// The runtime's words behind the calling thread's state (see `python::this_thread`).
@@ -154,7 +153,6 @@ unsafe impl Send for Session {}
 pub static SESSION: SpinLock<Session> = SpinLock::new(Session {
     mapped: None,
     layout: None,
-    api: None,
     finalizing_flag: None,
     this_thread: None,
     max_depth: 0,
@@ -247,7 +245,6 @@ pub unsafe fn start(
     let native = h.config_flags & CONFIG_PYTHON_ONLY == 0;
     crate::unwind::configure(h.config_flags & CONFIG_NATIVE_STACKS != 0);
     s.layout = Some(layout);
-    s.api = Some(api);
     s.finalizing_flag = python::finalizing_flag(api, layout);
     s.this_thread = python::this_thread(layout);
     s.max_depth = (max_depth as usize).clamp(1, crate::pyframes::MAX_FRAMES);
@@ -445,7 +442,20 @@ pub fn stop_reason_at(
 /// detach. A reader gone silent is left to the next sampled allocation.
 pub fn must_end(s: &Session) -> Option<EndReason> {
     let m = s.mapped.as_ref()?;
-    if finalizing(s.finalizing_flag, s.api) {
+    ends(finalizing(s.finalizing_flag, Some(m.api)), m)
+}
+
+/// [`must_end`] for a session that found the runtime's finalizing word (`flag`): it is read in
+/// place, and nothing is called.
+#[inline(always)]
+pub fn must_end_by_word(flag: &AtomicUsize, m: &Mapped) -> Option<EndReason> {
+    ends(finalizing(Some(flag), None), m)
+}
+
+/// [`must_end`]'s answer, once whether the interpreter is `finalizing` is known.
+#[inline(always)]
+fn ends(finalizing: bool, m: &Mapped) -> Option<EndReason> {
+    if finalizing {
         return Some(EndReason::Finalizing);
     }
     detach_asked(m.ring.header())
@@ -454,7 +464,7 @@ pub fn must_end(s: &Session) -> Option<EndReason> {
 /// Whether the interpreter has started finalizing: one load when the session found the
 /// runtime's word (`flag`, see `python::finalizing_flag`), else a call through the session's
 /// `api` (a session runs only in an interpreter whose API resolved).
-#[inline]
+#[inline(always)]
 fn finalizing(flag: Option<&AtomicUsize>, api: Option<&python::Api>) -> bool {
     match flag {
         Some(flag) => flag.load(Ordering::Relaxed) != 0,
@@ -471,7 +481,7 @@ fn reader_stopped_at(h: &RingHeader, timeout_ns: u64, now: u64) -> Option<EndRea
     detach_asked(h).or_else(|| reader_gone_at(h, timeout_ns, now))
 }
 
-pub fn detach_asked(h: &RingHeader) -> Option<EndReason> {
+fn detach_asked(h: &RingHeader) -> Option<EndReason> {
     (h.state.load(Ordering::Acquire) == STATE_STOP_REQUESTED).then_some(EndReason::Detached)
 }
 
@@ -490,8 +500,8 @@ pub fn continue_in_child(s: &mut Session, base: *mut u8, len: usize) {
         forget_in_child(s);
         return;
     };
-    // The parent's session's (set at its start, never taken away).
-    let (Some(layout), Some(api)) = (s.layout, s.api) else {
+    // The parent's session's (the caller continues only a running one).
+    let Some((layout, api)) = s.mapped.as_ref().map(|m| (m.layout, m.api)) else {
         forget_in_child(s);
         return;
     };

@@ -484,9 +484,7 @@ pub fn sampled_free_here(addr: usize) -> bool {
     else {
         return false;
     };
-    if finalizing.load(Ordering::Relaxed) != 0
-        || lifecycle::detach_asked(mapped.ring.header()).is_some()
-    {
+    if lifecycle::must_end_by_word(finalizing, mapped).is_some() {
         return false;
     }
     let Some(here) = mapped.ring.room_here(FREE_BODY) else {
