@@ -143,7 +143,8 @@ impl Cursor {
 }
 
 /// A loaded object's unwinding tables: its `PT_GNU_EH_FRAME` segment (`.eh_frame_hdr`) and the
-/// extent of its mapping, which every read stays in.
+/// extent of loaded memory that holds them (the object's mapping, or the segment of the tables),
+/// which every read stays in.
 pub struct Object {
     pub eh_frame_hdr: usize,
     pub start: usize,

@@ -50,6 +50,7 @@ const R_GLOB_DAT: u32 = 1025;
 const R_JUMP_SLOT: u32 = 1026;
 
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct Phdr {
     pub p_type: u32,
     p_flags: u32,
@@ -59,6 +60,23 @@ pub struct Phdr {
     p_filesz: u64,
     pub p_memsz: u64,
     p_align: u64,
+}
+
+impl Phdr {
+    /// A header of this type and extent (the rest zero), as tests make them.
+    #[cfg(test)]
+    pub fn new(p_type: u32, p_vaddr: u64, p_memsz: u64) -> Phdr {
+        Phdr {
+            p_type,
+            p_flags: 0,
+            p_offset: 0,
+            p_vaddr,
+            p_paddr: 0,
+            p_filesz: p_memsz,
+            p_memsz,
+            p_align: 0,
+        }
+    }
 }
 
 #[repr(C)]

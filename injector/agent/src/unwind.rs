@@ -102,7 +102,7 @@ pub fn unwind(out: &mut [MaybeUninit<u64>], _stack: &Cell<(usize, usize)>) -> us
 mod walk {
     use super::push;
     use crate::cfi::{Cfa, Object, Rule};
-    use crate::got::{contains, dl_iterate_phdr, DlPhdrInfo, PT_LOAD};
+    use crate::got::{contains, dl_iterate_phdr, DlPhdrInfo, Phdr, PT_LOAD};
     use std::cell::Cell;
     use std::ffi::{c_int, c_void};
     use std::mem::MaybeUninit;
@@ -147,6 +147,18 @@ mod walk {
     /// size limit below the top; 1 GiB when unlimited).
     static MAIN_TOP: AtomicUsize = AtomicUsize::new(0);
     static MAIN_LOW: AtomicUsize = AtomicUsize::new(usize::MAX);
+    /// The main program's unwinding tables (`.eh_frame_hdr`) and the loaded segment that
+    /// holds them, found from its program headers in `resolve`: `_dl_find_object` gives only
+    /// the segment of the address asked about when the program's segments leave gaps between
+    /// them (then the tables lie outside the code's segment).
+    static MAIN_TABLES: [AtomicUsize; 3] = [const { AtomicUsize::new(0) }; 3];
+
+    extern "C" {
+        fn getauxval(kind: u64) -> u64;
+    }
+    const AT_PHDR: u64 = 3;
+    const AT_PHNUM: u64 = 5;
+    const PT_PHDR: u32 = 6;
 
     /// Looks up what the walk uses from the C library (at a session's start, outside hooks).
     pub fn resolve() {
@@ -167,7 +179,40 @@ mod walk {
                 MAIN_TOP.store(top, Ordering::Relaxed);
                 MAIN_LOW.store(top.saturating_sub(room), Ordering::Relaxed);
             }
+            let phdr = getauxval(AT_PHDR) as usize;
+            let phnum = getauxval(AT_PHNUM) as usize;
+            if phdr != 0 && phnum != 0 {
+                // SAFETY: the loader maps the main program's headers where AT_PHDR says.
+                let headers = std::slice::from_raw_parts(phdr as *const Phdr, phnum);
+                if let Some((hdr, start, end)) = main_tables(phdr, headers) {
+                    MAIN_TABLES[1].store(start, Ordering::Relaxed);
+                    MAIN_TABLES[2].store(end, Ordering::Relaxed);
+                    MAIN_TABLES[0].store(hdr, Ordering::Release);
+                }
+            }
         }
+    }
+
+    /// The main program's `.eh_frame_hdr` and the extent of the loaded segment that holds it,
+    /// from its program `headers`, themselves loaded at `phdr`.
+    fn main_tables(phdr: usize, headers: &[Phdr]) -> Option<(usize, usize, usize)> {
+        let own = headers.iter().find(|h| h.p_type == PT_PHDR)?;
+        let bias = phdr.wrapping_sub(own.p_vaddr as usize);
+        let hdr = headers.iter().find(|h| h.p_type == PT_GNU_EH_FRAME)?;
+        let hdr = bias.wrapping_add(hdr.p_vaddr as usize);
+        segment_of(bias, headers, hdr).map(|(start, end)| (hdr, start, end))
+    }
+
+    /// The loaded segment of an object (at `bias`, with program `headers`) that holds `at`.
+    fn segment_of(bias: usize, headers: &[Phdr], at: usize) -> Option<(usize, usize)> {
+        headers
+            .iter()
+            .filter(|h| h.p_type == PT_LOAD)
+            .map(|h| {
+                let start = bias.wrapping_add(h.p_vaddr as usize);
+                (start, start.saturating_add(h.p_memsz as usize))
+            })
+            .find(|&(start, end)| start <= at && at < end)
     }
 
     /// The loaded object that holds `pc`, with its unwinding tables.
@@ -182,10 +227,24 @@ mod walk {
                 let found = std::mem::transmute::<usize, FindObject>(find)(pc, &mut out);
                 (found, out)
             };
-            return (found == 0 && out.eh_frame != 0).then_some(Object {
+            if found != 0 || out.eh_frame == 0 {
+                return None;
+            }
+            let (start, end) = if out.map_start <= out.eh_frame && out.eh_frame < out.map_end {
+                (out.map_start, out.map_end)
+            } else if MAIN_TABLES[0].load(Ordering::Acquire) == out.eh_frame {
+                // The main program's tables, in a segment of their own (see `MAIN_TABLES`).
+                (
+                    MAIN_TABLES[1].load(Ordering::Relaxed),
+                    MAIN_TABLES[2].load(Ordering::Relaxed),
+                )
+            } else {
+                return None;
+            };
+            return Some(Object {
                 eh_frame_hdr: out.eh_frame,
-                start: out.map_start,
-                end: out.map_end,
+                start,
+                end,
             });
         }
         by_program_headers(pc)
@@ -216,23 +275,20 @@ mod walk {
             return 0;
         }
         let headers = std::slice::from_raw_parts(info.phdr, usize::from(info.phnum));
-        let (mut start, mut end, mut hdr) = (usize::MAX, 0usize, 0usize);
-        for h in headers {
-            let at = info.addr.wrapping_add(h.p_vaddr as usize);
-            if h.p_type == PT_LOAD {
-                start = start.min(at);
-                end = end.max(at.wrapping_add(h.p_memsz as usize));
-            } else if h.p_type == PT_GNU_EH_FRAME {
-                hdr = at;
-            }
-        }
-        if hdr != 0 {
-            search.found = Some(Object {
-                eh_frame_hdr: hdr,
-                start,
-                end,
+        // The tables are read within the segment that holds them: the object's extent may
+        // have gaps between its segments, which nothing maps.
+        search.found = headers
+            .iter()
+            .find(|h| h.p_type == PT_GNU_EH_FRAME)
+            .map(|h| info.addr.wrapping_add(h.p_vaddr as usize))
+            .and_then(|hdr| {
+                let (start, end) = segment_of(info.addr, headers, hdr)?;
+                Some(Object {
+                    eh_frame_hdr: hdr,
+                    start,
+                    end,
+                })
             });
-        }
         1
     }
 
@@ -585,9 +641,35 @@ mod walk {
             ] {
                 let (a, b) = (object_of(pc).unwrap(), by_program_headers(pc).unwrap());
                 assert_eq!(a.eh_frame_hdr, b.eh_frame_hdr);
-                assert!(b.start <= pc && pc < b.end && a.start <= pc && pc < a.end);
+                for o in [&a, &b] {
+                    assert!(o.start <= o.eh_frame_hdr && o.eh_frame_hdr < o.end);
+                }
+                let row = a.row(pc);
+                assert!(row.is_some(), "no row at {pc:#x}");
+                assert_eq!(row, b.row(pc));
             }
             assert!(by_program_headers(8).is_none());
+        }
+
+        /// The main program's tables are read within the segment that holds them, found from
+        /// its program headers: here two segments with a gap between them, the tables in the
+        /// first, loaded 0x5000 above their addresses.
+        #[test]
+        fn the_main_programs_tables_are_bounded_by_their_segment() {
+            let h = |p_type, p_vaddr, p_memsz| Phdr::new(p_type, p_vaddr, p_memsz);
+            let headers = [
+                h(PT_PHDR, 0x40, 0x1c0),
+                h(PT_LOAD, 0, 0x2ffc),
+                h(PT_LOAD, 0x4000, 0x1000),
+                h(PT_GNU_EH_FRAME, 0x2b00, 0x100),
+            ];
+            assert_eq!(
+                main_tables(0x5040, &headers),
+                Some((0x7b00, 0x5000, 0x7ffc))
+            );
+            assert_eq!(segment_of(0x5000, &headers, 0x9000), Some((0x9000, 0xa000)));
+            assert_eq!(segment_of(0x5000, &headers, 0x8000), None, "the gap");
+            assert_eq!(main_tables(0x5040, &headers[1..]), None, "no PT_PHDR");
         }
 
         /// Steps come out of the cache as they went in, negative offsets and all.
