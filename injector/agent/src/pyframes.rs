@@ -117,6 +117,8 @@ pub const UNCOMPARABLE: usize = usize::MAX;
 /// goes into the pointer's lowest bit. The byte is a C `bool` (0 or 1) and the pointer is
 /// even (code units are two bytes), so the pair is told exactly; an OR where the top byte took
 /// it took a shift more a frame (testing it for zero made the walk branch at every frame).
+/// Only when `entries` (the nodes carry entry marks, which only native stacks need): without
+/// them the same instruction makes the same node either way, and the byte is not read.
 /// From 3.12 those C functions leave a frame of their own in the chain, whose `at` is the
 /// shim's. Before 3.11, `f_lasti` is an index and goes above the code object's address.
 /// [`UNCOMPARABLE`] never matches (no user-space address has its top bits set).
@@ -127,6 +129,7 @@ pub const UNCOMPARABLE: usize = usize::MAX;
 pub unsafe fn ats(
     l: &PyLayout,
     tstate: *const c_void,
+    entries: bool,
     out: &mut [MaybeUninit<usize>],
     first: &mut [MaybeUninit<usize>; FIRST],
 ) -> (usize, bool) {
@@ -142,7 +145,7 @@ pub unsafe fn ats(
                 UNCOMPARABLE
             }
         })
-    } else if l.frame_is_entry != ABSENT {
+    } else if l.frame_is_entry != ABSENT && entries {
         let entry = l.frame_is_entry;
         chain(f, back, out, first, |f| {
             read::<usize>(f, instr) | read::<u8>(f, entry) as usize

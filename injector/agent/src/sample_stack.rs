@@ -19,6 +19,7 @@ use mprof_common::stacks::{write_stack, Node, KIND_STACK, STACK_BODY, STACK_ENTR
 use std::ffi::c_void;
 use std::hint::cold_path;
 use std::mem::MaybeUninit;
+use std::num::NonZeroU64;
 
 /// How many frames, outermost first, run what they ran before: `now` and `before` are both
 /// outermost first (see `pyframes::ats`). A deep chain is mostly unchanged: with AVX2, sixteen
@@ -63,11 +64,12 @@ unsafe fn first_difference_avx2(now: &[usize], before: &[usize]) -> usize {
     unsafe {
         std::arch::asm!(
             "xor {i:e}, {i:e}",
-            // Sixteen words a step while they all agree.
+            // Sixteen words a step while they all agree: from `i` while `i <= n - 16`, the
+            // test at the loop's end.
+            "lea {t}, [{n} - 16]",
+            "cmp {n}, 16",
+            "jb 3f",
             "2:",
-            "lea {t}, [{i} + 16]",
-            "cmp {t}, {n}",
-            "ja 3f",
             "vmovdqu ymm0, ymmword ptr [{a} + 8*{i}]",
             "vmovdqu ymm1, ymmword ptr [{a} + 8*{i} + 32]",
             "vmovdqu ymm2, ymmword ptr [{a} + 8*{i} + 64]",
@@ -81,8 +83,9 @@ unsafe fn first_difference_avx2(now: &[usize], before: &[usize]) -> usize {
             "vpor ymm0, ymm0, ymm2",
             "vptest ymm0, ymm0",
             "jnz 3f",
-            "mov {i}, {t}",
-            "jmp 2b",
+            "add {i}, 16",
+            "cmp {i}, {t}",
+            "jbe 2b",
             // Eight words a step from `i`, the last step the last eight words.
             "3:",
             "cmp {i}, {n}",
@@ -158,20 +161,63 @@ pub struct Announcer<'a> {
     pub caches: &'a mut Caches,
     pub stacks: &'a mut Stacks,
     pub max_depth: usize,
+    /// Nodes carry entry marks: only native stacks, merged with them, need them (see
+    /// `pyframes::is_entry`); without, every node is no entry.
+    pub entries: bool,
 }
 
-/// A sample's stack: its innermost node and how many Python frames it has.
+/// A sample's stack: its innermost node, how many Python frames it has, and whether it was
+/// deeper than `max_depth` (cut: only the innermost frames are in it). One word that is never
+/// zero (node, depth, a bit always set and the cut as the top bit), so that
+/// `Option<Stack>` is one word too: the sample path's ways to return a stack meet in a
+/// register, where a struct of two `u32` and a `bool` was copied through the stack frame.
 #[derive(Clone, Copy)]
-pub struct Stack {
-    pub node: u32,
-    pub depth: u32,
-    /// The stack was deeper than `max_depth`: only the innermost frames are in it.
-    pub truncated: bool,
+pub struct Stack(NonZeroU64);
+
+impl Stack {
+    const TRUNCATED: u64 = 1 << 63;
+    const SET: u64 = 1 << 62;
+
+    /// No Python frame.
+    pub const NONE: Stack = Stack(NonZeroU64::new(Self::SET).unwrap());
+
+    /// # Panics
+    /// In debug builds, for a depth of 2^30 or more (stacks are at most `MAX_FRAMES` deep).
+    #[inline(always)]
+    pub fn new(node: u32, depth: u32, truncated: bool) -> Stack {
+        debug_assert!(depth < 1 << 30);
+        let cut = if truncated { Self::TRUNCATED } else { 0 };
+        Stack(NonZeroU64::new(node as u64 | (depth as u64) << 32 | Self::SET | cut).unwrap())
+    }
+
+    #[inline(always)]
+    pub fn node(self) -> u32 {
+        self.0.get() as u32
+    }
+
+    #[inline(always)]
+    pub fn depth(self) -> u32 {
+        ((self.0.get() & !(Self::TRUNCATED | Self::SET)) >> 32) as u32
+    }
+
+    #[inline(always)]
+    pub fn truncated(self) -> bool {
+        self.0.get() & Self::TRUNCATED != 0
+    }
 }
 
 /// What the thread's previous chain made of this one.
 enum Through {
     Stack(Stack),
+    /// Its links from `same` on changed, and not to the innermost alone the thread ran lately:
+    /// for [`Announcer::changed`], with what the links outside them made (`parent`). Asked
+    /// for by the caller, so that the common sample's result never shares memory with that
+    /// call's.
+    Changed {
+        chain: *mut ThreadChain,
+        same: usize,
+        parent: Cached,
+    },
     /// More Python frames than `max_depth`: the stack must be cut.
     Deeper,
     /// Not to be cached (a frame that cannot be read, no memory for the chain): walk it the
@@ -189,34 +235,48 @@ pub enum Lost {
 use Lost::RingFull;
 
 impl Announcer<'_> {
-    /// The stack of the calling thread (`tid`), whose thread state is `tstate`.
+    /// The stack of the calling thread (`tid`), whose thread state is `tstate`; `None` when
+    /// it could not be had (see [`Lost`]).
     ///
     /// # Safety
     /// `tstate` is the calling thread's own thread state.
     #[inline(always)]
-    pub unsafe fn this_thread(&mut self, tid: u32, tstate: *const c_void) -> Result<Stack, Lost> {
+    pub unsafe fn this_thread(&mut self, tid: u32, tstate: *const c_void) -> Option<Stack> {
         let mut ats = [const { MaybeUninit::<usize>::uninit() }; LINK_CAP];
         let mut first = [const { MaybeUninit::<usize>::uninit() }; FIRST];
-        let (n, whole) = frames::ats(self.layout, tstate, &mut ats, &mut first);
+        let (n, whole) = frames::ats(self.layout, tstate, self.entries, &mut ats, &mut first);
         // SAFETY: `ats` wrote the last `n`.
         let ats: &[usize] = std::slice::from_raw_parts(ats.as_ptr().add(LINK_CAP - n).cast(), n);
         if !whole || n > self.max_depth {
             cold_path();
-            return self.again().deep(tid, tstate, ats, whole, &first);
+            return self.again().deep(tid, tstate, ats, whole, &first).ok();
         }
-        match self.cached(tid, tstate, ats, &first, false) {
-            Ok(Through::Stack(stack)) => return Ok(stack),
-            Ok(_) => cold_path(),
+        let through = match self.cached(tid, ats, &first, false) {
+            Ok(Through::Stack(stack)) => return Some(stack),
+            Ok(Through::Changed {
+                chain,
+                same,
+                parent,
+            }) => self
+                .again()
+                .changed(&mut *chain, tstate, ats, &first, false, same, parent),
+            other => other,
+        };
+        match through {
+            Ok(Through::Stack(stack)) => Some(stack),
             Err(Lost::TableFull) => {
                 cold_path();
-                return self.again().uncached(tid, tstate);
+                self.again().uncached(tid, tstate).ok()
             }
-            Err(lost) => {
+            Err(Lost::RingFull) => {
                 cold_path();
-                return Err(lost);
+                None
+            }
+            Ok(_) => {
+                cold_path();
+                self.again().plain(tid, tstate).ok()
             }
         }
-        self.again().plain(tid, tstate)
     }
 
     /// A second announcer with the same borrows, for a call out of line from the sample
@@ -232,6 +292,7 @@ impl Announcer<'_> {
             caches: &mut *self.caches,
             stacks: &mut *self.stacks,
             max_depth: self.max_depth,
+            entries: self.entries,
         }
     }
 
@@ -272,7 +333,7 @@ impl Announcer<'_> {
                     Cut::Unknown => break,
                 }
             };
-            match self.cached(tid, tstate, &ats[n - links..], first, cut) {
+            match self.through(tid, tstate, &ats[n - links..], first, cut) {
                 Ok(Through::Stack(stack)) => return Ok(stack),
                 Ok(Through::Deeper) if whole_first => whole_first = false,
                 Ok(_) => break,
@@ -283,14 +344,34 @@ impl Announcer<'_> {
         self.plain(tid, tstate)
     }
 
+    /// [`Announcer::cached`], and [`Announcer::changed`] when it asks for it.
+    unsafe fn through(
+        &mut self,
+        tid: u32,
+        tstate: *const c_void,
+        ats: &[usize],
+        first: &[MaybeUninit<usize>; FIRST],
+        cut: bool,
+    ) -> Result<Through, Lost> {
+        match self.cached(tid, ats, first, cut)? {
+            Through::Changed {
+                chain,
+                same,
+                parent,
+            } => self.changed(&mut *chain, tstate, ats, first, cut, same, parent),
+            other => Ok(other),
+        }
+    }
+
     /// Through the thread's previous chain (`ats`: what its frames run now, outermost first;
     /// `first`: the addresses of the innermost of them, as `frames::ats` kept them; `cut`:
-    /// the stack is cut outside them, at `max_depth` Python frames).
+    /// the stack is cut outside them, at `max_depth` Python frames). Where links other than
+    /// the innermost alone changed, [`Through::Changed`] says so, for the caller to call
+    /// [`Announcer::changed`].
     #[inline(always)]
     unsafe fn cached(
         &mut self,
         tid: u32,
-        tstate: *const c_void,
         ats: &[usize],
         first: &[MaybeUninit<usize>; FIRST],
         cut: bool,
@@ -332,23 +413,18 @@ impl Announcer<'_> {
                 chain.ats[same] = at;
                 chain.made[same] = made;
                 chain.len = n;
-                return Ok(Through::Stack(Stack {
-                    node: made.node,
-                    depth: made.depth,
-                    truncated: cut,
-                }));
+                return Ok(Through::Stack(Stack::new(made.node, made.depth, cut)));
             }
         }
         if same == n {
             // Nothing changed: the stack of the thread's previous sample.
-            return Ok(Through::Stack(Stack {
-                node,
-                depth,
-                truncated: cut,
-            }));
+            return Ok(Through::Stack(Stack::new(node, depth, cut)));
         }
-        self.again()
-            .changed(chain, tstate, ats, first, cut, same, Cached { node, depth })
+        Ok(Through::Changed {
+            chain,
+            same,
+            parent: Cached { node, depth },
+        })
     }
 
     /// [`Announcer::cached`] for the links `same..` of `ats` that changed, when they are not
@@ -383,11 +459,7 @@ impl Announcer<'_> {
         if whole_end {
             if let Some(made) = chain.recall_end(same, end_outer, parent, &ats[same..]) {
                 if made.depth as usize <= self.max_depth {
-                    return Ok(Through::Stack(Stack {
-                        node: made.node,
-                        depth: made.depth,
-                        truncated: cut,
-                    }));
+                    return Ok(Through::Stack(Stack::new(made.node, made.depth, cut)));
                 }
                 cold_path();
                 chain.len = same;
@@ -438,7 +510,7 @@ impl Announcer<'_> {
                             cold_path();
                             return Ok(Through::Deeper);
                         }
-                        let entry = frames::is_entry(self.layout, f);
+                        let entry = self.entries && frames::is_entry(self.layout, f);
                         let raw = RawFrame {
                             code,
                             offset,
@@ -464,11 +536,7 @@ impl Announcer<'_> {
         if whole_end && chain.len == n {
             chain.remember_end(same, n - same, end_outer, parent);
         }
-        Ok(Through::Stack(Stack {
-            node,
-            depth,
-            truncated: cut,
-        }))
+        Ok(Through::Stack(Stack::new(node, depth, cut)))
     }
 
     /// Asks for the frame cache's sets of `changed` (innermost first), in the order they are
@@ -527,11 +595,7 @@ impl Announcer<'_> {
         for f in raw[..n].iter().rev() {
             node = self.node_of(node, f.assume_init())?;
         }
-        Ok(Stack {
-            node,
-            depth: n as u32,
-            truncated,
-        })
+        Ok(Stack::new(node, n as u32, truncated))
     }
 
     /// The node of frame `f` on top of `parent`, announced if new.
@@ -544,6 +608,10 @@ impl Announcer<'_> {
             };
             return self.intern(&unknown);
         }
+        let f = RawFrame {
+            entry: f.entry && self.entries,
+            ..f
+        };
         let key = FrameKey {
             parent,
             offset: f.offset,

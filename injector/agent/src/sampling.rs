@@ -241,7 +241,43 @@ pub unsafe fn sampled_realloc(
     })
 }
 
+/// Records a sample under the session lock. Whether samples carry native stacks is read
+/// once, and each case has code of its own: without them (the common session) no test of
+/// the flag is left in the sample's path, where it was tested four times.
+#[inline(always)]
 unsafe fn record_alloc_locked(
+    shared: &mut Session,
+    t: &ThreadState,
+    addr: usize,
+    size: usize,
+    allocator: Allocator,
+    native: &[u64],
+) {
+    if crate::unwind::on() {
+        cold_path();
+        record_alloc_native(shared, t, addr, size, allocator, native);
+    } else {
+        record_alloc_with::<false>(shared, t, addr, size, allocator, native);
+    }
+}
+
+/// [`record_alloc_locked`] with native stacks (`--native`). Out of line: the unwind that
+/// comes with it costs far more than the call.
+#[inline(never)]
+unsafe fn record_alloc_native(
+    shared: &mut Session,
+    t: &ThreadState,
+    addr: usize,
+    size: usize,
+    allocator: Allocator,
+    native: &[u64],
+) {
+    record_alloc_with::<true>(shared, t, addr, size, allocator, native);
+}
+
+/// [`record_alloc_locked`] for sessions with native stacks (`WITH_NATIVE`) or without.
+#[inline(always)]
+unsafe fn record_alloc_with<const WITH_NATIVE: bool>(
     shared: &mut Session,
     t: &ThreadState,
     addr: usize,
@@ -279,6 +315,7 @@ unsafe fn record_alloc_locked(
         lifecycle::stop_locked(shared, reason);
         return;
     }
+    let with_native = WITH_NATIVE;
     let mut announcer = Announcer {
         api,
         layout,
@@ -286,33 +323,33 @@ unsafe fn record_alloc_locked(
         caches,
         stacks,
         max_depth: *max_depth,
+        entries: with_native,
     };
     let stack = match this_thread_state(api, this_thread.as_ref(), &t.key_slot) {
         None => {
             cold_path();
-            Stack {
-                node: 0,
-                depth: 0,
-                truncated: false,
-            }
+            Stack::NONE
         }
         Some(tstate) => {
             notice_other_interpreter(api, layout, tstate);
             match announcer.this_thread(tid, tstate) {
-                Ok(stack) => stack,
-                Err(_) => {
+                Some(stack) => stack,
+                None => {
                     cold_path();
                     return;
                 }
             }
         }
     };
-    let with_native = crate::unwind::on();
     let flags = allocator.flags()
-        | if stack.truncated { ALLOC_TRUNCATED } else { 0 }
+        | if stack.truncated() {
+            ALLOC_TRUNCATED
+        } else {
+            0
+        }
         | if with_native { ALLOC_NATIVE_STACK } else { 0 };
     let brief = match u32::try_from(size) {
-        Ok(size) => brief_aux(stack.depth as u16, flags).map(|aux| (aux, size)),
+        Ok(size) => brief_aux(stack.depth() as u16, flags).map(|aux| (aux, size)),
         Err(_) => None,
     };
     let written = match brief {
@@ -330,7 +367,7 @@ unsafe fn record_alloc_locked(
                 mapped.context = (tid, now);
             }
             mapped.ring.try_write(KIND_BRIEF, aux, BRIEF_BODY, |b| {
-                write_brief(b, addr as u64, size, stack.node)
+                write_brief(b, addr as u64, size, stack.node())
             })
         }
         None => write_full_sample(
@@ -341,9 +378,9 @@ unsafe fn record_alloc_locked(
                 addr: addr as u64,
                 size: size as u64,
                 time_ns: now,
-                stack: stack.node,
+                stack: stack.node(),
             },
-            stack.depth,
+            stack.depth(),
             with_native.then_some(native),
         ),
     };

@@ -129,7 +129,7 @@ impl ThreadChain {
         parent: Cached,
         code: impl FnOnce() -> CodeKey,
     ) -> Option<Cached> {
-        let i = recent_slot(at, outer, parent);
+        let i = recent_slot(at, parent);
         let r = &self.recent[i];
         let used = self.recent_used[i / 64] >> (i % 64) & 1 != 0;
         if !(used && r.at == at && r.outer == outer && r.parent == parent) {
@@ -148,7 +148,7 @@ impl ThreadChain {
         parent: Cached,
         made: Cached,
     ) {
-        let i = recent_slot(at, outer, parent);
+        let i = recent_slot(at, parent);
         self.recent[i] = Recent {
             at,
             outer,
@@ -225,12 +225,13 @@ fn end_slot(outer: usize, parent: Cached, ats: &[usize]) -> usize {
     (h >> (64 - ENDS.trailing_zeros())) as usize
 }
 
-/// The slot of [`ThreadChain::recent`] of a frame running `at` inside a link running `outer`
-/// on top of `parent`.
+/// The slot of [`ThreadChain::recent`] of a frame running `at` on top of `parent`. The link
+/// outside it is compared, not hashed: its frame is in `parent` already (its code and line),
+/// and two links outside the same frame at two instructions of one line, running the same
+/// instruction inside, are rare enough to share a slot.
 #[inline(always)]
-fn recent_slot(at: usize, outer: usize, parent: Cached) -> usize {
-    let h = (at as u64 ^ (outer as u64).rotate_left(23) ^ (parent.node as u64) << 7)
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+fn recent_slot(at: usize, parent: Cached) -> usize {
+    let h = (at as u64 ^ (parent.node as u64) << 7).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     (h >> (64 - RECENT.trailing_zeros())) as usize
 }
 
@@ -626,10 +627,10 @@ mod tests {
         // Frames of other slots leave it alone, however many; the next one of its own slot
         // takes its place.
         let ats = (1..).map(|i| 0x1040 + 2 * i);
-        let mine = recent_slot(0x1040, 0x5000, parent);
+        let mine = recent_slot(0x1040, parent);
         let others: Vec<usize> = ats
             .clone()
-            .filter(|&at| recent_slot(at, 0x5000, parent) != mine)
+            .filter(|&at| recent_slot(at, parent) != mine)
             .take(4 * RECENT)
             .collect();
         for &at in &others {
@@ -638,7 +639,7 @@ mod tests {
         assert!(chain.recall(0x1040, 0x5000, parent, || code) == Some(made));
         let rival = ats
             .clone()
-            .find(|&at| recent_slot(at, 0x5000, parent) == mine)
+            .find(|&at| recent_slot(at, parent) == mine)
             .unwrap();
         let other_made = Cached { node: 10, depth: 3 };
         chain.remember(rival, 0x5000, code, parent, other_made);
@@ -663,10 +664,8 @@ mod tests {
         // Forty frames of one code object, two bytes apart, each inside the one before.
         for i in 0..40usize {
             let at = 0x7f12_3456_0000 + 2 * i;
-            let outer = at.wrapping_sub(2);
             used[recent_slot(
                 at,
-                outer,
                 Cached {
                     node: i as u32,
                     ..parent

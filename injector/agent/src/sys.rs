@@ -215,7 +215,7 @@ pub fn now_ns() -> u64 {
 const CLOCK_TICKS: u64 = 1 << 20;
 /// Readings given again at most, before the clock is read anyway (a counter that stood still
 /// would otherwise stop the time of the samples, and with it the reader's heartbeat checks).
-const CLOCK_REUSES: u32 = 4096;
+const CLOCK_REUSES: u64 = 4096;
 
 /// [`now_ns`] for a session's samples, read again only once the processor's time-stamp
 /// counter (`rdtsc`, one instruction) moved on by [`CLOCK_TICKS`]: at `--rate 1` a thread
@@ -223,17 +223,23 @@ const CLOCK_REUSES: u32 = 4096;
 /// is some twenty instructions a sample. Never behind a reading it gave before. Used under
 /// the session lock.
 pub struct SampleClock {
+    /// The counter when the clock was last read, moved back by a [`CLOCK_REUSES`]th of
+    /// [`CLOCK_TICKS`] at each reading given again: so the clock is read again after that
+    /// many readings even when the counter stands still, with one subtraction a reading
+    /// instead of a count of its own. [`NEVER_READ`] before the first reading.
     tsc: u64,
     ns: u64,
-    reuses_left: u32,
 }
+
+/// [`SampleClock::tsc`] before the clock was read: as far from any counter reading as there
+/// is (the counter starts near 0 at boot and takes a century to reach it).
+const NEVER_READ: u64 = 1 << 63;
 
 impl SampleClock {
     pub const fn new() -> SampleClock {
         SampleClock {
-            tsc: 0,
+            tsc: NEVER_READ,
             ns: 0,
-            reuses_left: 0,
         }
     }
 
@@ -245,13 +251,9 @@ impl SampleClock {
         if tsc {
             // SAFETY: rdtsc reads a counter; the thread was found allowed to (no PR_SET_TSC
             // fault mode).
-            let t = unsafe { std::arch::x86_64::_rdtsc() };
-            if self.reuses_left != 0 && t.wrapping_sub(self.tsc) < CLOCK_TICKS {
-                self.reuses_left -= 1;
+            if self.reuse(unsafe { std::arch::x86_64::_rdtsc() }) {
                 return self.ns;
             }
-            self.tsc = t;
-            self.reuses_left = CLOCK_REUSES;
         }
         #[cfg(not(all(target_arch = "x86_64", not(miri))))]
         let _ = tsc;
@@ -259,6 +261,18 @@ impl SampleClock {
         // came at other moments.
         self.ns = self.ns.max(now_ns());
         self.ns
+    }
+
+    /// Whether the last reading is given again at counter reading `t` (then counted), or the
+    /// clock must be read (then `t` is where the next readings count from).
+    #[inline(always)]
+    fn reuse(&mut self, t: u64) -> bool {
+        if t.wrapping_sub(self.tsc) < CLOCK_TICKS {
+            self.tsc = self.tsc.wrapping_sub(CLOCK_TICKS / CLOCK_REUSES);
+            return true;
+        }
+        self.tsc = t;
+        false
     }
 }
 
@@ -650,9 +664,8 @@ mod tests {
         unsafe { munmap(p.cast(), 4096) };
     }
 
-    /// The samples' clock gives the coarse clock's reading, never goes back, reads it again
-    /// once it gave the same reading [`CLOCK_REUSES`] times (the counter moving on aside), and
-    /// reads it every time for a thread that may not read the counter.
+    /// The samples' clock gives the coarse clock's reading, never goes back, and reads it
+    /// every time for a thread that may not read the counter.
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn the_sample_clock_follows_the_coarse_clock() {
@@ -671,18 +684,32 @@ mod tests {
             last = t;
         }
         assert!(last <= now_ns());
-        assert!(c.reuses_left < CLOCK_REUSES, "no reading was given again");
         let mut plain = SampleClock::new();
         for _ in 0..10 {
             assert_eq!(plain.now(false), plain.ns);
             assert_eq!(
-                plain.reuses_left, 0,
+                plain.tsc, NEVER_READ,
                 "a thread without the counter reads the clock"
             );
         }
         // Past the coarse clock's tick the reading moves on.
         sleep_ns(20_000_000);
         assert!(c.now(tsc) > first, "the reading stood still");
+    }
+
+    /// A reading is given again [`CLOCK_REUSES`] times while the counter stands still, then the
+    /// clock is read; and at once when the counter moved on by [`CLOCK_TICKS`] (or went back).
+    #[test]
+    fn the_sample_clock_reads_again_after_so_many_reuses() {
+        let mut c = SampleClock::new();
+        let t = 5_000_000_000;
+        assert!(!c.reuse(t), "the first reading is read");
+        let given = (0..2 * CLOCK_REUSES).take_while(|_| c.reuse(t)).count();
+        assert_eq!(given as u64, CLOCK_REUSES);
+        assert!(c.reuse(t + 10), "counted from the new reading");
+        assert!(c.reuse(t + CLOCK_TICKS / 2));
+        assert!(!c.reuse(t + CLOCK_TICKS + 10), "the counter moved on");
+        assert!(!c.reuse(t), "the counter went back");
     }
 
     /// Page faults the calling thread has taken (getrusage's `ru_minflt`).
