@@ -2,7 +2,8 @@
 //! and a sample names its innermost node instead of carrying every frame.
 //!
 //! ```text
-//!  STACK (kind 10), aux = flags (bit 0: the frame was an entry of the bytecode loop)
+//!  STACK (kind 10), aux = flags (bit 0: the frame was an entry of the bytecode loop; set only
+//!                                 in sessions with native stacks, which alone use it)
 //!  0      4        8            16     20     24
 //!  +------+--------+------------+------+------+
 //!  | id   | parent | code u64   | line | pad  |

@@ -116,7 +116,8 @@ impl ThreadChain {
     /// the live frame: an address reused by another code object differs in its key). The same
     /// `at` and the same link outside it say the same instruction and the same entry mark
     /// (from 3.12 the link outside an entry frame is a C-stack shim, whose `at` is the
-    /// shim's); on top of the same parent that is the same node.
+    /// shim's; 3.11's `at` carries the mark where nodes carry it); on top of the same parent
+    /// that is the same node.
     ///
     /// While every code object freed is counted (`code_dealloc::counting`) the key is not read:
     /// the frames remembered were made at the count of freed code objects the chain has now
