@@ -179,7 +179,14 @@ unsafe fn record_alloc(
     // Not when this thread holds the lock already (a fork handler allocating between the
     // agent's and the fork): the block goes unsampled, its free unrecorded.
     if let Some(mut shared) = SESSION.lock_unless_mine() {
-        record_alloc_locked(&mut shared, t, addr, size, allocator, native)
+        let block = Sampled {
+            t,
+            addr,
+            size,
+            allocator,
+            native,
+        };
+        record_alloc_locked(&mut shared, block)
     }
 }
 
@@ -225,14 +232,14 @@ pub unsafe fn sampled_realloc(
             record_free_locked(&mut shared, old);
         }
         if sample && !ptr.is_null() {
-            record_alloc_locked(
-                &mut shared,
+            let block = Sampled {
                 t,
-                ptr as usize,
+                addr: ptr as usize,
                 size,
-                allocator_of(domain),
+                allocator: allocator_of(domain),
                 native,
-            );
+            };
+            record_alloc_locked(&mut shared, block);
         }
         drop(shared);
         cycles::add(Part::Realloc, start);
@@ -241,50 +248,46 @@ pub unsafe fn sampled_realloc(
     })
 }
 
+/// A sampled block to record: the allocating thread, the block and its allocator, and the
+/// native stack unwound for it (empty without `--native`).
+struct Sampled<'a> {
+    t: &'a ThreadState,
+    addr: usize,
+    size: usize,
+    allocator: Allocator,
+    native: &'a [u64],
+}
+
 /// Records a sample under the session lock. Whether samples carry native stacks is read
 /// once, and each case has code of its own: without them (the common session) no test of
 /// the flag is left in the sample's path, where it was tested four times.
 #[inline(always)]
-unsafe fn record_alloc_locked(
-    shared: &mut Session,
-    t: &ThreadState,
-    addr: usize,
-    size: usize,
-    allocator: Allocator,
-    native: &[u64],
-) {
+unsafe fn record_alloc_locked(shared: &mut Session, block: Sampled) {
     if crate::unwind::on() {
         cold_path();
-        record_alloc_native(shared, t, addr, size, allocator, native);
+        record_alloc_native(shared, block);
     } else {
-        record_alloc_with::<false>(shared, t, addr, size, allocator, native);
+        record_alloc_with::<false>(shared, block);
     }
 }
 
 /// [`record_alloc_locked`] with native stacks (`--native`). Out of line: the unwind that
 /// comes with it costs far more than the call.
 #[inline(never)]
-unsafe fn record_alloc_native(
-    shared: &mut Session,
-    t: &ThreadState,
-    addr: usize,
-    size: usize,
-    allocator: Allocator,
-    native: &[u64],
-) {
-    record_alloc_with::<true>(shared, t, addr, size, allocator, native);
+unsafe fn record_alloc_native(shared: &mut Session, block: Sampled) {
+    record_alloc_with::<true>(shared, block);
 }
 
 /// [`record_alloc_locked`] for sessions with native stacks (`WITH_NATIVE`) or without.
 #[inline(always)]
-unsafe fn record_alloc_with<const WITH_NATIVE: bool>(
-    shared: &mut Session,
-    t: &ThreadState,
-    addr: usize,
-    size: usize,
-    allocator: Allocator,
-    native: &[u64],
-) {
+unsafe fn record_alloc_with<const WITH_NATIVE: bool>(shared: &mut Session, block: Sampled) {
+    let Sampled {
+        t,
+        addr,
+        size,
+        allocator,
+        native,
+    } = block;
     // The rare ways out are marked cold (`cold_path`), so that the compiler lays their code
     // after the common sample's: at the default rate a sample's code is fetched afresh. The
     // session's parts are taken once, then each is checked once.
