@@ -672,6 +672,30 @@ mod walk {
             assert_eq!(main_tables(0x5040, &headers[1..]), None, "no PT_PHDR");
         }
 
+        /// `resolve` finds this test program's own tables from its program headers: the
+        /// `.eh_frame_hdr` the loader's list gives for it, inside the segment found.
+        #[test]
+        fn resolve_finds_the_main_programs_tables() {
+            resolve();
+            let pc = resolve_finds_the_main_programs_tables as *const () as usize;
+            let hdr = MAIN_TABLES[0].load(Ordering::Acquire);
+            let (start, end) = (
+                MAIN_TABLES[1].load(Ordering::Relaxed),
+                MAIN_TABLES[2].load(Ordering::Relaxed),
+            );
+            assert_eq!(Some(hdr), by_program_headers(pc).map(|o| o.eh_frame_hdr));
+            assert!(
+                start <= hdr && hdr < end,
+                "{hdr:#x} outside {start:#x}..{end:#x}"
+            );
+            let tables = Object {
+                eh_frame_hdr: hdr,
+                start,
+                end,
+            };
+            assert!(tables.row(pc).is_some(), "no row at {pc:#x}");
+        }
+
         /// Steps come out of the cache as they went in, negative offsets and all.
         #[test]
         fn steps_keep_through_the_cache() {
