@@ -184,23 +184,34 @@ mod walk {
             if phdr != 0 && phnum != 0 {
                 // SAFETY: the loader maps the main program's headers where AT_PHDR says.
                 let headers = std::slice::from_raw_parts(phdr as *const Phdr, phnum);
-                if let Some((hdr, start, end)) = main_tables(phdr, headers) {
-                    MAIN_TABLES[1].store(start, Ordering::Relaxed);
-                    MAIN_TABLES[2].store(end, Ordering::Relaxed);
-                    MAIN_TABLES[0].store(hdr, Ordering::Release);
+                if let Some(tables) = main_tables(phdr, headers) {
+                    MAIN_TABLES[1].store(tables.start, Ordering::Relaxed);
+                    MAIN_TABLES[2].store(tables.end, Ordering::Relaxed);
+                    MAIN_TABLES[0].store(tables.eh_frame_hdr, Ordering::Release);
                 }
             }
         }
     }
 
-    /// The main program's `.eh_frame_hdr` and the extent of the loaded segment that holds it,
-    /// from its program `headers`, themselves loaded at `phdr`.
-    fn main_tables(phdr: usize, headers: &[Phdr]) -> Option<(usize, usize, usize)> {
+    /// The main program's unwinding tables, from its program `headers`, themselves loaded at
+    /// `phdr`.
+    fn main_tables(phdr: usize, headers: &[Phdr]) -> Option<Object> {
         let own = headers.iter().find(|h| h.p_type == PT_PHDR)?;
-        let bias = phdr.wrapping_sub(own.p_vaddr as usize);
+        tables_of(phdr.wrapping_sub(own.p_vaddr as usize), headers)
+    }
+
+    /// The unwinding tables of an object loaded at `bias` with program `headers`, to be read
+    /// within the segment that holds them: the object's extent may have gaps between its
+    /// segments, which nothing maps.
+    fn tables_of(bias: usize, headers: &[Phdr]) -> Option<Object> {
         let hdr = headers.iter().find(|h| h.p_type == PT_GNU_EH_FRAME)?;
         let hdr = bias.wrapping_add(hdr.p_vaddr as usize);
-        segment_of(bias, headers, hdr).map(|(start, end)| (hdr, start, end))
+        let (start, end) = segment_of(bias, headers, hdr)?;
+        Some(Object {
+            eh_frame_hdr: hdr,
+            start,
+            end,
+        })
     }
 
     /// The loaded segment of an object (at `bias`, with program `headers`) that holds `at`.
@@ -275,20 +286,7 @@ mod walk {
             return 0;
         }
         let headers = std::slice::from_raw_parts(info.phdr, usize::from(info.phnum));
-        // The tables are read within the segment that holds them: the object's extent may
-        // have gaps between its segments, which nothing maps.
-        search.found = headers
-            .iter()
-            .find(|h| h.p_type == PT_GNU_EH_FRAME)
-            .map(|h| info.addr.wrapping_add(h.p_vaddr as usize))
-            .and_then(|hdr| {
-                let (start, end) = segment_of(info.addr, headers, hdr)?;
-                Some(Object {
-                    eh_frame_hdr: hdr,
-                    start,
-                    end,
-                })
-            });
+        search.found = tables_of(info.addr, headers);
         1
     }
 
@@ -663,13 +661,14 @@ mod walk {
                 h(PT_LOAD, 0x4000, 0x1000),
                 h(PT_GNU_EH_FRAME, 0x2b00, 0x100),
             ];
+            let found = |o: Object| (o.eh_frame_hdr, o.start, o.end);
             assert_eq!(
-                main_tables(0x5040, &headers),
+                main_tables(0x5040, &headers).map(found),
                 Some((0x7b00, 0x5000, 0x7ffc))
             );
             assert_eq!(segment_of(0x5000, &headers, 0x9000), Some((0x9000, 0xa000)));
             assert_eq!(segment_of(0x5000, &headers, 0x8000), None, "the gap");
-            assert_eq!(main_tables(0x5040, &headers[1..]), None, "no PT_PHDR");
+            assert!(main_tables(0x5040, &headers[1..]).is_none(), "no PT_PHDR");
         }
 
         /// `resolve` finds this test program's own tables from its program headers: the
