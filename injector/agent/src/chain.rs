@@ -46,6 +46,10 @@ pub type FreeFn = unsafe extern "C" fn(*mut c_void, *mut c_void);
 pub struct HookTable {
     /// The hooks (ctx unused: set at install time).
     pub hooks: [[Allocator; 3]; LAYERS],
+    /// The MEM and OBJ hooks of a layer that wraps the allocators of its first installation
+    /// (`Hot::first`, the usual case): they call those at a fixed address, two instructions
+    /// where following the layer's pointer to them took five (see [`wrapped`]).
+    pub over_first: [[Allocator; 2]; LAYERS],
     /// The frees of a session that samples every allocation, where every address passes the
     /// filter anyway (see [`Hot::every`]).
     pub free_every: [[FreeFn; 3]; LAYERS],
@@ -122,6 +126,37 @@ pub fn gil_countdown(layer: usize) -> &'static AtomicI64 {
     &HOT[layer].countdown
 }
 
+/// Takes `size` bytes off `L`'s MEM and OBJ countdown (GIL held): false when they took it to
+/// zero or below. On x86-64 one subtraction in memory at a fixed address and a branch, as
+/// `sampler::take` is for a thread's own countdowns.
+#[inline(always)]
+pub fn gil_take<const L: usize>(size: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the countdown is a word of `HOT`, written by the thread holding the GIL (and,
+        // as a plain store, by the slow path: as the load and store this replaced were).
+        unsafe {
+            std::arch::asm!(
+                "sub qword ptr [rip + {hot} + {at}], {size}",
+                "jle {out}",
+                hot = sym HOT,
+                at = const L * std::mem::size_of::<Hot>() + std::mem::offset_of!(Hot, countdown),
+                size = in(reg) size,
+                out = label { return false },
+                options(nostack),
+            );
+        }
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let countdown = gil_countdown(L);
+        let left = countdown.load(Ordering::Relaxed).wrapping_sub(size as i64);
+        countdown.store(left, Ordering::Relaxed);
+        left > 0
+    }
+}
+
 /// Whether a layer may still be in a domain's chain: installed and not restored since.
 static IN_CHAIN: [[AtomicBool; 3]; LAYERS] =
     [const { [const { AtomicBool::new(false) }; 3] }; LAYERS];
@@ -130,6 +165,19 @@ static ACTIVE: AtomicUsize = AtomicUsize::new(NONE);
 /// pymalloc's `malloc` and `free`, learnt when the interpreter first says its allocators are its
 /// defaults; 0 while unknown.
 static PYMALLOC: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
+
+/// The allocator that `layer`'s hook of `domain` wraps, as the hook's kind reads it: with
+/// `FIRST` (the MEM and OBJ hooks of `HookTable::over_first`) the layer's first copy, at an
+/// address known when the agent is linked; otherwise through the layer's pointer.
+#[inline(always)]
+pub fn wrapped<const FIRST: bool>(layer: usize, domain: usize) -> &'static Allocator {
+    if FIRST && domain != RAW {
+        // SAFETY: these hooks are installed only over the first copy (`hook_over`), which is
+        // written before that and never again (see `Hot::first`).
+        return unsafe { (*HOT[layer].first[domain - 1].get()).assume_init_ref() };
+    }
+    prev(layer, domain)
+}
 
 /// The allocator that `layer`'s hook of `domain` wraps.
 #[inline(always)]
@@ -151,8 +199,20 @@ unsafe fn current(api: &Api, domain: usize) -> Allocator {
     a.assume_init()
 }
 
-fn same_hook(a: &Allocator, b: &Allocator) -> bool {
-    a.malloc as usize == b.malloc as usize
+impl HookTable {
+    /// The `malloc` of `layer`'s hook of `domain`, of both kinds (RAW's twice).
+    fn mallocs(&self, layer: usize, domain: usize) -> [usize; 2] {
+        let hook = self.hooks[layer][domain].malloc as usize;
+        if domain == RAW {
+            return [hook, hook];
+        }
+        [hook, self.over_first[layer][domain - 1].malloc as usize]
+    }
+
+    /// Whether `a` is `layer`'s hook of `domain` (either kind).
+    fn is_hook(&self, layer: usize, domain: usize, a: &Allocator) -> bool {
+        self.mallocs(layer, domain).contains(&(a.malloc as usize))
+    }
 }
 
 /// Whether `layer`'s MEM and OBJ frees are pymalloc's own: its sampled blocks in those
@@ -214,17 +274,24 @@ fn is_pymalloc(a: &Allocator) -> bool {
 /// The allocator that puts `layer`'s hook of `domain` in front of `prev`.
 fn hook_over(table: &HookTable, layer: usize, domain: usize, prev: &Allocator) -> Allocator {
     let hot = &HOT[layer];
+    let over_first =
+        domain != RAW && std::ptr::eq(prev, hot.first[domain - 1].get().cast::<Allocator>());
+    let hooks = if over_first {
+        &table.over_first[layer][domain - 1]
+    } else {
+        &table.hooks[layer][domain]
+    };
     let free = if domain != RAW && hot.frees_to_pymalloc.load(Ordering::Relaxed) {
         prev.free
     } else if hot.every.load(Ordering::Relaxed) {
         table.free_every[layer][domain]
     } else {
-        table.hooks[layer][domain].free
+        hooks.free
     };
     Allocator {
         ctx: prev.ctx,
         free,
-        ..table.hooks[layer][domain]
+        ..*hooks
     }
 }
 
@@ -242,7 +309,7 @@ pub unsafe fn install(api: &Api, table: &HookTable, rate: u64) -> Result<usize, 
     let every = rate <= 1;
     let now: [Allocator; 3] = [current(api, 0), current(api, 1), current(api, 2)];
     learn_pymalloc(api, &now);
-    let found = (0..LAYERS).find(|&l| (0..3).all(|d| same_hook(&now[d], &table.hooks[l][d])));
+    let found = (0..LAYERS).find(|&l| (0..3).all(|d| table.is_hook(l, d, &now[d])));
     if let Some(layer) = found {
         let hot = &HOT[layer];
         let bypass = frees_may_go_to(fast_frees, [prev(layer, 1), prev(layer, 2)]);
@@ -271,9 +338,9 @@ pub unsafe fn install(api: &Api, table: &HookTable, rate: u64) -> Result<usize, 
         .store(bypass, Ordering::Release);
     HOT[layer].every.store(every, Ordering::Release);
     let kept = HOT[layer].keep(&now);
-    for (d, prev) in now.iter().enumerate() {
+    for (d, prev) in kept.into_iter().enumerate() {
         HOT[layer].prev[d].store(
-            kept[d] as *const Allocator as *mut Allocator,
+            prev as *const Allocator as *mut Allocator,
             Ordering::Release,
         );
         (api.set_allocator)(d as i32, &hook_over(table, layer, d, prev));
@@ -295,7 +362,7 @@ pub unsafe fn still_reached(api: &Api, table: &HookTable) -> bool {
     }
     (0..3).all(|d| {
         let now = current(api, d);
-        same_hook(&now, &table.hooks[layer][d]) || reaches(&now, &table.hooks[layer][d])
+        table.is_hook(layer, d, &now) || reaches(&now, table.mallocs(layer, d))
     })
 }
 
@@ -324,23 +391,23 @@ pub unsafe fn uninstall(api: &Api, table: &HookTable) -> Lost {
     if layer == NONE {
         return lost;
     }
-    for (d, hook) in table.hooks[layer].iter().enumerate() {
+    for (d, in_chain) in IN_CHAIN[layer].iter().enumerate() {
         let now = current(api, d);
-        if same_hook(&now, hook) {
+        if table.is_hook(layer, d, &now) {
             (api.set_allocator)(d as i32, prev(layer, d));
-            IN_CHAIN[layer][d].store(false, Ordering::Relaxed);
+            in_chain.store(false, Ordering::Relaxed);
         } else {
-            lost.domains[d] = !reaches(&now, hook);
+            lost.domains[d] = !reaches(&now, table.mallocs(layer, d));
         }
     }
     lost
 }
 
-/// Whether the chain that starts at `top` still calls `hook`, as far as can be told: PEP 445
-/// wrappers (tracemalloc, the debug hooks) keep the allocator they wrap in or behind their
-/// `ctx`. Memory is read with `process_vm_readv`, which fails instead of faulting.
-fn reaches(top: &Allocator, hook: &Allocator) -> bool {
-    let target = hook.malloc as usize;
+/// Whether the chain that starts at `top` still calls the hook whose `malloc` is one of
+/// `targets`, as far as can be told: PEP 445 wrappers (tracemalloc, the debug hooks) keep the
+/// allocator they wrap in or behind their `ctx`. Memory is read with `process_vm_readv`, which
+/// fails instead of faulting.
+fn reaches(top: &Allocator, targets: [usize; 2]) -> bool {
     let mut ctx = top.ctx as usize;
     for _ in 0..4 {
         if ctx == 0 {
@@ -350,7 +417,7 @@ fn reaches(top: &Allocator, hook: &Allocator) -> bool {
         if !crate::sys::read_own(ctx, &mut words) {
             return false;
         }
-        if words.contains(&target) {
+        if words.iter().any(|w| targets.contains(w)) {
             return true;
         }
         // `{ctx, malloc, ...}` at the start (tracemalloc) or after a one-character word (the
@@ -358,4 +425,42 @@ fn reaches(top: &Allocator, hook: &Allocator) -> bool {
         ctx = if words[0] < 4096 { words[1] } else { words[0] };
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hooks::TABLE;
+
+    #[test]
+    fn hooks_over_the_first_copies_are_the_kind_that_reads_them_in_place() {
+        // The last layer, which no other test installs. Its first installation keeps the MEM
+        // and OBJ allocators in `Hot::first`; any later one in copies of its own.
+        let layer = LAYERS - 1;
+        let now = [TABLE.hooks[0][0], TABLE.hooks[0][1], TABLE.hooks[0][2]];
+        // SAFETY: the layer is in no chain, and no other test touches it.
+        let first = unsafe { HOT[layer].keep(&now) };
+        // SAFETY: as above.
+        let again = unsafe { HOT[layer].keep(&now) };
+        for d in 0..3 {
+            let over = hook_over(&TABLE, layer, d, first[d]);
+            let expected = if d == RAW {
+                &TABLE.hooks[layer][d]
+            } else {
+                assert!(std::ptr::eq(wrapped::<true>(layer, d), first[d]));
+                &TABLE.over_first[layer][d - 1]
+            };
+            assert_eq!(over.malloc as usize, expected.malloc as usize, "domain {d}");
+            assert_eq!(
+                over.realloc as usize, expected.realloc as usize,
+                "domain {d}"
+            );
+            assert!(TABLE.is_hook(layer, d, &over));
+            assert!(!TABLE.is_hook(0, d, &over));
+            // Copies elsewhere are wrapped by the hooks that follow the layer's pointer.
+            let later = hook_over(&TABLE, layer, d, again[d]);
+            assert_eq!(later.malloc as usize, TABLE.hooks[layer][d].malloc as usize);
+            assert!(TABLE.is_hook(layer, d, &later));
+        }
+    }
 }

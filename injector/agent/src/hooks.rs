@@ -12,7 +12,7 @@
 use crate::addrset::maybe_sampled;
 use crate::chain::{self, FreeFn, HookTable, LAYERS, SMALL_MAX};
 use crate::python::Allocator;
-use crate::sampler::THREAD;
+use crate::sampler::{self, THREAD};
 use crate::sampling::{self, MEM, OBJ, RAW};
 use crate::sys;
 use std::ffi::c_void;
@@ -73,19 +73,11 @@ fn count_down<const D: usize, const L: usize>(size: usize) -> bool {
         if passed_from_above() {
             return true;
         }
-        return THREAD.with(|t| {
-            if t.busy.get() {
-                return true;
-            }
-            let c = t.countdown[L].get() - size as i64;
-            t.countdown[L].set(c);
-            c > 0
-        });
+        // SAFETY: the thread's own countdown.
+        return THREAD
+            .with(|t| t.busy.get() || unsafe { sampler::take(t.countdown[L].as_ptr(), size) });
     }
-    let countdown = chain::gil_countdown(L);
-    let c = countdown.load(Ordering::Relaxed) - size as i64;
-    countdown.store(c, Ordering::Relaxed);
-    c > 0
+    chain::gil_take::<L>(size)
 }
 
 /// A MEM or OBJ call that pymalloc will pass to RAW, guarded (see `PASSING`). Out of line, with
@@ -102,12 +94,12 @@ unsafe fn calloc_passed(p: &Allocator, nelem: usize, elsize: usize) -> *mut c_vo
     nested(|| (p.calloc)(p.ctx, nelem, elsize))
 }
 
-unsafe extern "C" fn hook_malloc<const D: usize, const L: usize>(
+unsafe extern "C" fn hook_malloc<const D: usize, const L: usize, const F: bool>(
     _ctx: *mut c_void,
     size: usize,
 ) -> *mut c_void {
     if count_down::<D, L>(size) {
-        let p = chain::prev(L, D);
+        let p = chain::wrapped::<F>(L, D);
         if passes_to_raw(D, size) {
             return malloc_passed(p, size);
         }
@@ -123,13 +115,13 @@ unsafe fn slow_malloc<const D: usize, const L: usize>(size: usize) -> *mut c_voi
     sampling::sampled_alloc(D, L, size, |n| (p.malloc)(p.ctx, n))
 }
 
-unsafe extern "C" fn hook_calloc<const D: usize, const L: usize>(
+unsafe extern "C" fn hook_calloc<const D: usize, const L: usize, const F: bool>(
     _ctx: *mut c_void,
     nelem: usize,
     elsize: usize,
 ) -> *mut c_void {
     let size = nelem.saturating_mul(elsize);
-    let p = chain::prev(L, D);
+    let p = chain::wrapped::<F>(L, D);
     if count_down::<D, L>(size) {
         if passes_to_raw(D, size) {
             return calloc_passed(p, nelem, elsize);
@@ -165,12 +157,12 @@ unsafe fn slow_calloc<const D: usize, const L: usize>(
     })
 }
 
-unsafe extern "C" fn hook_realloc<const D: usize, const L: usize>(
+unsafe extern "C" fn hook_realloc<const D: usize, const L: usize, const F: bool>(
     _ctx: *mut c_void,
     ptr: *mut c_void,
     size: usize,
 ) -> *mut c_void {
-    let p = chain::prev(L, D);
+    let p = chain::wrapped::<F>(L, D);
     // A realloc may move a block between pymalloc and the RAW domain whatever its size.
     let call = |n| {
         if D == RAW {
@@ -204,7 +196,7 @@ fn may_hold_sampled<const D: usize, const L: usize>() -> bool {
     D == RAW || !chain::frees_to_pymalloc(L)
 }
 
-unsafe extern "C" fn hook_free<const D: usize, const L: usize>(
+unsafe extern "C" fn hook_free<const D: usize, const L: usize, const F: bool>(
     _ctx: *mut c_void,
     ptr: *mut c_void,
 ) {
@@ -216,7 +208,7 @@ unsafe extern "C" fn hook_free<const D: usize, const L: usize>(
     if maybe_sampled(ptr as usize) {
         return slow_free::<D, L>(ptr);
     }
-    let p = chain::prev(L, D);
+    let p = chain::wrapped::<F>(L, D);
     (p.free)(p.ctx, ptr)
 }
 
@@ -229,7 +221,7 @@ unsafe extern "C" fn hook_free_every<const D: usize, const L: usize>(
     ptr: *mut c_void,
 ) {
     if !crate::addrset::holds_everything() {
-        return hook_free::<D, L>(ctx, ptr);
+        return hook_free::<D, L, false>(ctx, ptr);
     }
     if D == RAW && escape::owns(ptr) {
         return escape::free(ptr);
@@ -338,18 +330,27 @@ pub mod escape {
     }
 }
 
-const fn hooks<const D: usize, const L: usize>() -> Allocator {
+/// `F`: the kind that wraps the layer's first copy (see `chain::wrapped`).
+const fn hooks<const D: usize, const L: usize, const F: bool>() -> Allocator {
     Allocator {
         ctx: std::ptr::null_mut(),
-        malloc: hook_malloc::<D, L>,
-        calloc: hook_calloc::<D, L>,
-        realloc: hook_realloc::<D, L>,
-        free: hook_free::<D, L>,
+        malloc: hook_malloc::<D, L, F>,
+        calloc: hook_calloc::<D, L, F>,
+        realloc: hook_realloc::<D, L, F>,
+        free: hook_free::<D, L, F>,
     }
 }
 
 const fn layer<const L: usize>() -> [Allocator; 3] {
-    [hooks::<RAW, L>(), hooks::<MEM, L>(), hooks::<OBJ, L>()]
+    [
+        hooks::<RAW, L, false>(),
+        hooks::<MEM, L, false>(),
+        hooks::<OBJ, L, false>(),
+    ]
+}
+
+const fn over_first<const L: usize>() -> [Allocator; 2] {
+    [hooks::<MEM, L, true>(), hooks::<OBJ, L, true>()]
 }
 
 const fn frees_every<const L: usize>() -> [FreeFn; 3] {
@@ -363,6 +364,12 @@ const fn frees_every<const L: usize>() -> [FreeFn; 3] {
 /// Every hook, by layer and domain.
 pub static TABLE: HookTable = HookTable {
     hooks: [layer::<0>(), layer::<1>(), layer::<2>(), layer::<3>()],
+    over_first: [
+        over_first::<0>(),
+        over_first::<1>(),
+        over_first::<2>(),
+        over_first::<3>(),
+    ],
     free_every: [
         frees_every::<0>(),
         frees_every::<1>(),

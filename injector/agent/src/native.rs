@@ -11,7 +11,7 @@
 
 use crate::addrset::maybe_sampled;
 use crate::got::{self, Hook, Scope};
-use crate::sampler::THREAD;
+use crate::sampler::{self, THREAD};
 use crate::sampling::{self, MMAP, NATIVE};
 use crate::sys;
 use std::ffi::{c_char, c_int, c_void};
@@ -29,14 +29,8 @@ pub fn on() -> bool {
 
 #[inline(always)]
 fn count_down(size: usize) -> bool {
-    THREAD.with(|t| {
-        if t.busy.get() {
-            return true;
-        }
-        let c = t.native_countdown.get() - size as i64;
-        t.native_countdown.set(c);
-        c > 0
-    })
+    // SAFETY: the thread's own countdown.
+    THREAD.with(|t| t.busy.get() || unsafe { sampler::take(t.native_countdown.as_ptr(), size) })
 }
 
 #[inline(always)]
