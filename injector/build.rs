@@ -78,13 +78,23 @@ fn main() {
         "-C",
         "codegen-units=1",
     ];
+    let mut opt = opt.to_vec();
+    if target.starts_with("x86_64") {
+        // The agent's thread-locals through TLS descriptors: where the loader finds room in
+        // the static TLS block (as it does for a small dlopen'ed module), a hook's access is a
+        // call of a two-instruction function and a load at the thread pointer, where
+        // `__tls_get_addr` read the thread's vector of modules (about ten instructions, and
+        // two or three data lines the interpreter's own work evicts between calls). Elsewhere
+        // the descriptor's function looks the block up as `__tls_get_addr` did.
+        opt.extend(["-C", "llvm-args=-enable-tlsdesc"]);
+    }
     let mut args = vec![
         "--edition=2021",
         &target_arg,
         "--crate-type=rlib",
         "--crate-name=mprof_common",
     ];
-    args.extend(opt);
+    args.extend(&opt);
     args.extend([
         "-o",
         common_rlib.to_str().unwrap(),
@@ -99,7 +109,7 @@ fn main() {
         "--crate-type=cdylib",
         "--crate-name=mprof_agent",
     ];
-    args.extend(opt);
+    args.extend(&opt);
     if cycles {
         args.extend(["--cfg", "mprof_cycles"]);
     }
