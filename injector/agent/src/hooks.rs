@@ -73,9 +73,7 @@ fn count_down<const D: usize, const L: usize>(size: usize) -> bool {
         if passed_from_above() {
             return true;
         }
-        // SAFETY: the thread's own countdown.
-        return THREAD
-            .with(|t| t.busy.get() || unsafe { sampler::take(t.countdown[L].as_ptr(), size) });
+        return THREAD.with(|t| t.busy.get() || sampler::take(&t.countdown[L], size));
     }
     chain::gil_take::<L>(size)
 }

@@ -29,8 +29,7 @@ pub fn on() -> bool {
 
 #[inline(always)]
 fn count_down(size: usize) -> bool {
-    // SAFETY: the thread's own countdown.
-    THREAD.with(|t| t.busy.get() || unsafe { sampler::take(t.native_countdown.as_ptr(), size) })
+    THREAD.with(|t| t.busy.get() || sampler::take(&t.native_countdown, size))
 }
 
 #[inline(always)]

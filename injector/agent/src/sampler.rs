@@ -111,32 +111,15 @@ thread_local! {
     };
 }
 
-/// Takes `size` bytes off the countdown at `c`: false when they took it to zero or below.
-/// On x86-64 one subtraction in memory and a branch on its flags, where a load, subtraction,
-/// store and test took four instructions (the hooks' fast path is little else).
-///
-/// # Safety
-/// `c` is valid for reads and writes, and only this thread writes it meanwhile.
+/// Takes `size` bytes off a thread's own countdown: false when they took it to zero or below.
+/// Plain Rust (a load, a subtraction, a store and a test): the compiler addresses the cell
+/// at the thread pointer, which an instruction written by hand could not (see
+/// `chain::gil_take` for the countdown at a fixed address).
 #[inline(always)]
-pub unsafe fn take(c: *mut i64, size: usize) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::asm!(
-            "sub qword ptr [{c}], {size}",
-            "jle {out}",
-            c = in(reg) c,
-            size = in(reg) size,
-            out = label { return false },
-            options(nostack),
-        );
-        true
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let left = c.read().wrapping_sub(size as i64);
-        c.write(left);
-        left > 0
-    }
+pub fn take(c: &Cell<i64>, size: usize) -> bool {
+    let left = c.get().wrapping_sub(size as i64);
+    c.set(left);
+    left > 0
 }
 
 fn splitmix(mut z: u64) -> u64 {
