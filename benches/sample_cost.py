@@ -116,10 +116,11 @@ def run(args, rate, iterations, tmp):
     return c
 
 
-def agent_counters(profile):
+def agent_counters(profile, agent):
     """Instructions and misses at the agent's own code, from a callgrind profile with the
-    cache simulated. The agent is loaded from a memfd, which callgrind cannot name: its
-    object is the one called `???` (nothing else in these runs is)."""
+    cache simulated and instruction addresses. The agent is loaded from a memfd, which
+    callgrind cannot name: its code is at the addresses of the object called `???` that lie in
+    `agent`, the agent's mappings (the shared libraries' PLT stubs are `???` too, elsewhere)."""
     events, cost, current, skip, positions = None, [0] * 9, None, False, 1
     with open(profile, errors="replace") as f:
         for line in f:
@@ -135,9 +136,11 @@ def agent_counters(profile):
                 if skip:
                     skip = False
                 elif current == "???":
-                    fields = line.split()[positions:]
-                    for i, v in enumerate(fields):
-                        cost[i] += int(v)
+                    words = line.split()
+                    at = int(words[0], 16)
+                    if any(lo <= at < hi for lo, hi in agent):
+                        for i, v in enumerate(words[positions:]):
+                            cost[i] += int(v)
     by = dict(zip(events, cost))
     return {
         "instr": by["Ir"],
@@ -145,6 +148,33 @@ def agent_counters(profile):
         "d1": by["D1mr"] + by["D1mw"],
         "ll": by["ILmr"] + by["DLmr"] + by["DLmw"],
     }
+
+
+def agent_mappings(pid):
+    """The address ranges of the agent in the process under valgrind, a child of `pid` (the
+    `mprof record` that runs it), read while it runs."""
+    ranges = []
+    for child in children_of(pid):
+        try:
+            with open("/proc/%d/maps" % child) as f:
+                for line in f:
+                    if "mprof-agent" in line:
+                        lo, hi = line.split()[0].split("-")
+                        ranges.append((int(lo, 16), int(hi, 16)))
+        except OSError:
+            continue
+    return ranges
+
+
+def children_of(pid):
+    found = []
+    for task in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/children" % (pid, task)) as f:
+                found += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return found
 
 
 def run_web(args, rate, requests, tmp):
@@ -158,15 +188,20 @@ def run_web(args, rate, requests, tmp):
     # deletes once it has measured it: the samples are read from it here.
     config = runner.Config("mprof under callgrind", lambda py, _cap: [
         args.mprof, "record", "--quiet", "--rate", str(rate), *seed, "-o", capture,
-        "--", "valgrind", "--tool=callgrind", "--cache-sim=yes", "--compress-strings=no",
-        "--compress-pos=no", "--callgrind-out-file=" + profile, "--log-file=" + profile + ".log", py,
+        "--", "valgrind", "--tool=callgrind", "--cache-sim=yes", "--dump-instr=yes",
+        "--compress-strings=no", "--compress-pos=no", "--callgrind-out-file=" + profile,
+        "--log-file=" + profile + ".log", py,
     ])
+    agent = []
     driver = argparse.Namespace(python=args.python, timeout=600, connections=1)
     env = dict(os.environ, PYTHONHASHSEED="0")
-    result = runner.run_tornado(config, driver, os.path.join(tmp, "unused"), env, requests, warmup=0)
+    result = runner.run_tornado(config, driver, os.path.join(tmp, "unused"), env, requests, warmup=0,
+                                at_client_exit=lambda server: agent.extend(agent_mappings(server.pid)))
     if result.error is not None:
         sys.exit("the tornado server under valgrind: %s (pip install -r benches/requirements.txt)" % result.error)
-    c = agent_counters(profile)
+    if not agent:
+        sys.exit("the tornado server under valgrind: no mapping of the agent found in it")
+    c = agent_counters(profile, agent)
     c["samples"] = samples_in(args.mprof, capture)
     c["capture"] = os.path.getsize(capture)
     return c
