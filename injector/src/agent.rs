@@ -43,7 +43,41 @@ pub fn inherited_path(fd: &OwnedFd) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::AGENT_LAYOUT;
+    use super::{AGENT_LAYOUT, AGENT_SO};
+    use object::{Object, ObjectSymbol};
+
+    /// The agent reaches its thread-locals through TLS descriptors on x86-64 (`build.rs`):
+    /// no call of `__tls_get_addr`, which reads the thread's module vector at every RAW and
+    /// native hook, where a descriptor the loader put in the static TLS block is answered in
+    /// two instructions.
+    #[test]
+    fn the_agent_reads_its_thread_locals_through_descriptors() {
+        if !cfg!(all(target_arch = "x86_64", target_os = "linux")) {
+            eprintln!("SKIPPED: TLS descriptors are asked for on x86-64 only");
+            return;
+        }
+        let elf = object::File::parse(AGENT_SO).expect("the agent is an ELF object");
+        let imports: Vec<String> = elf
+            .dynamic_symbols()
+            .filter(|s| s.is_undefined())
+            .filter_map(|s| s.name().ok().map(str::to_owned))
+            .collect();
+        assert!(
+            !imports.iter().any(|n| n == "__tls_get_addr"),
+            "the agent calls __tls_get_addr: {imports:?}"
+        );
+        let descriptors = elf
+            .dynamic_relocations()
+            .expect("the agent has dynamic relocations")
+            .filter(|(_, r)| {
+                r.flags()
+                    == object::RelocationFlags::Elf {
+                        r_type: object::elf::R_X86_64_TLSDESC,
+                    }
+            })
+            .count();
+        assert!(descriptors > 0, "the agent has no TLS descriptor");
+    }
 
     /// The agent shipped from this checkout is laid out by its profile: a profile this
     /// compiler cannot read, or one missing from the checkout, would leave the agent's code to
