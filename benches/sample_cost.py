@@ -151,30 +151,20 @@ def agent_counters(profile, agent):
 
 
 def agent_mappings(pid):
-    """The address ranges of the agent in the process under valgrind, a child of `pid` (the
-    `mprof record` that runs it), read while it runs."""
+    """The address ranges of the agent in process `pid` (the server under valgrind), read
+    while it runs; none when `pid` is None or cannot be read."""
     ranges = []
-    for child in children_of(pid):
-        try:
-            with open("/proc/%d/maps" % child) as f:
-                for line in f:
-                    if "mprof-agent" in line:
-                        lo, hi = line.split()[0].split("-")
-                        ranges.append((int(lo, 16), int(hi, 16)))
-        except OSError:
-            continue
+    if pid is None:
+        return ranges
+    try:
+        with open("/proc/%d/maps" % pid) as f:
+            for line in f:
+                if "mprof-agent" in line:
+                    lo, hi = line.split()[0].split("-")
+                    ranges.append((int(lo, 16), int(hi, 16)))
+    except OSError:
+        return []
     return ranges
-
-
-def children_of(pid):
-    found = []
-    for task in os.listdir("/proc/%d/task" % pid):
-        try:
-            with open("/proc/%d/task/%s/children" % (pid, task)) as f:
-                found += [int(c) for c in f.read().split()]
-        except OSError:
-            continue
-    return found
 
 
 def run_web(args, rate, requests, tmp):
@@ -196,7 +186,8 @@ def run_web(args, rate, requests, tmp):
     driver = argparse.Namespace(python=args.python, timeout=600, connections=1)
     env = dict(os.environ, PYTHONHASHSEED="0")
     result = runner.run_tornado(config, driver, os.path.join(tmp, "unused"), env, requests, warmup=0,
-                                at_client_exit=lambda server: agent.extend(agent_mappings(server.pid)))
+                                at_client_exit=lambda server: agent.extend(
+                                    agent_mappings(runner.server_pid(server, profiled=True))))
     if result.error is not None:
         sys.exit("the tornado server under valgrind: %s (pip install -r benches/requirements.txt)" % result.error)
     if not agent:

@@ -47,7 +47,7 @@ pub struct HookTable {
     /// The hooks (ctx unused: set at install time).
     pub hooks: [[Allocator; 3]; LAYERS],
     /// The MEM and OBJ hooks of a layer that wraps the allocators of its first installation
-    /// (`Hot::first`, the usual case): they call those at a fixed address, two instructions
+    /// (`Hot::first`, the usual case): they call those at a fixed address, three instructions
     /// where following the layer's pointer to them took five (see [`wrapped`]).
     pub over_first: [[Allocator; 2]; LAYERS],
     /// The frees of a session that samples every allocation, where every address passes the

@@ -200,6 +200,16 @@ mod walk {
         tables_of(phdr.wrapping_sub(own.p_vaddr as usize), headers)
     }
 
+    /// The main program's tables as `resolve` found them (see `MAIN_TABLES`), if it did.
+    fn found_main_tables() -> Option<Object> {
+        let hdr = MAIN_TABLES[0].load(Ordering::Acquire);
+        (hdr != 0).then(|| Object {
+            eh_frame_hdr: hdr,
+            start: MAIN_TABLES[1].load(Ordering::Relaxed),
+            end: MAIN_TABLES[2].load(Ordering::Relaxed),
+        })
+    }
+
     /// The unwinding tables of an object loaded at `bias` with program `headers`, to be read
     /// within the segment that holds them: the object's extent may have gaps between its
     /// segments, which nothing maps.
@@ -243,12 +253,11 @@ mod walk {
             }
             let (start, end) = if out.map_start <= out.eh_frame && out.eh_frame < out.map_end {
                 (out.map_start, out.map_end)
-            } else if MAIN_TABLES[0].load(Ordering::Acquire) == out.eh_frame {
+            } else if let Some(main) =
+                found_main_tables().filter(|main| main.eh_frame_hdr == out.eh_frame)
+            {
                 // The main program's tables, in a segment of their own (see `MAIN_TABLES`).
-                (
-                    MAIN_TABLES[1].load(Ordering::Relaxed),
-                    MAIN_TABLES[2].load(Ordering::Relaxed),
-                )
+                (main.start, main.end)
             } else {
                 return None;
             };
@@ -677,21 +686,13 @@ mod walk {
         fn resolve_finds_the_main_programs_tables() {
             resolve();
             let pc = resolve_finds_the_main_programs_tables as *const () as usize;
-            let hdr = MAIN_TABLES[0].load(Ordering::Acquire);
-            let (start, end) = (
-                MAIN_TABLES[1].load(Ordering::Relaxed),
-                MAIN_TABLES[2].load(Ordering::Relaxed),
-            );
+            let tables = found_main_tables().expect("resolve found the main program's tables");
+            let (hdr, start, end) = (tables.eh_frame_hdr, tables.start, tables.end);
             assert_eq!(Some(hdr), by_program_headers(pc).map(|o| o.eh_frame_hdr));
             assert!(
                 start <= hdr && hdr < end,
                 "{hdr:#x} outside {start:#x}..{end:#x}"
             );
-            let tables = Object {
-                eh_frame_hdr: hdr,
-                start,
-                end,
-            };
             assert!(tables.row(pc).is_some(), "no row at {pc:#x}");
         }
 
