@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Overhead as simultaneous pinned pairs: the way to read a few percent on a noisy machine.
 
-    python3 benches/pairs.py [--python PATH] [--pairs N] [--workloads alloc,tornado]
+    python3 benches/pairs.py [--python PATH] [--pairs N] [--readings K] [--workloads alloc,tornado]
                              [--configs mprof,mprof --rate 1,mprof --rate 128KiB,memray,...]
                              [--against OTHER_MPROF | --base CONFIG]
 
@@ -22,6 +22,12 @@ build instead of with the unprofiled program: the ratio is this build's cost ove
 runs of the table an hour apart differ by more than a small change does. With `--base CONFIG`
 each configuration is paired with CONFIG instead (`--base "mprof --rate 1099511627776"`: what
 the samples add to the hooks, side by side).
+
+The median of 40 pairs of the web server moves by about a percent from one reading to the next
+on this project's VM, as much as a goal of 1.02 leaves. `--readings K` takes K readings of every
+configuration, in turns (the floor, then each configuration, K times over), and prints beside
+them the mean of their medians with its standard error: `--pairs 40 --readings 5 --workloads
+tornado --configs none,mprof` is how the README's web server figure is read (about 50 minutes).
 """
 
 import argparse
@@ -102,6 +108,9 @@ def parse_args():
                                 epilog=__doc__.split("\n", 2)[2])
     overhead.add_target_args(p)
     p.add_argument("--pairs", type=int, default=12, help="pairs per configuration (default 12)")
+    p.add_argument("--readings", type=int, default=1,
+                   help="readings of --pairs pairs per configuration, in turns (default 1); with two "
+                        "or more, also the mean of their medians and its standard error")
     p.add_argument("--slots", type=int, default=1, help="pairs run at once, on cores 2k and 2k+1")
     p.add_argument("--workloads", default="alloc,tornado", help="comma-separated: alloc, tornado, native")
     p.add_argument("--configs", default="none,mprof,mprof --rate 1,memray,memray --trace-python-allocators",
@@ -117,6 +126,8 @@ def parse_args():
     p.add_argument("--base", metavar="CONFIG",
                    help="pair each configuration with this one (of this build), not with the unprofiled program")
     args = p.parse_args()
+    if args.readings < 1:
+        p.error("--readings: at least 1")
     if args.against and args.base:
         p.error("--against and --base: one or the other")
     if (os.cpu_count() or 1) < 2 * args.slots:
@@ -141,30 +152,36 @@ def main():
             sys.exit("pairs.py: --base %r is no configuration" % args.base)
     env = runner.bench_env()
     workloads = overhead.runnable(args.python, args.workloads)
-    rows = []
+    rows, medians = [], {}
     try:
         with tempfile.TemporaryDirectory(prefix="mprof-pairs-") as tmpdir:
-            for workload in workloads:
-                for name in args.configs:
-                    config = runner.config_named(mprof, name, with_memray)
-                    if config is None:
-                        print("skipping %r: not available (memray not importable?)" % name, file=sys.stderr)
-                        continue
-                    # What `config` is paired with: the unprofiled program (and so "none" with
-                    # itself), or what --against or --base names.
-                    other, label = unprofiled, name
-                    if name == "none":
-                        label = "none (noise floor)"
-                    elif args.against:
-                        other = runner.config_named(os.path.abspath(args.against), name, with_memray)
-                        label += " (over --against)"
-                    elif base is not None:
-                        other = base
-                        label += " (over %s)" % args.base
-                    ratios, failures = pairs_of(workload, other, config, args, tmpdir, env)
-                    rows.append([workload, label, str(len(ratios))] + summary(ratios))
-                    for failure in failures[:2]:
-                        print("  failed: %s" % failure, file=sys.stderr)
+            for reading in range(1, args.readings + 1):
+                for workload in workloads:
+                    for name in args.configs:
+                        config = runner.config_named(mprof, name, with_memray)
+                        if config is None:
+                            if reading == 1:
+                                print("skipping %r: not available (memray not importable?)" % name,
+                                      file=sys.stderr)
+                            continue
+                        # What `config` is paired with: the unprofiled program (and so "none"
+                        # with itself), or what --against or --base names.
+                        other, label = unprofiled, name
+                        if name == "none":
+                            label = "none (noise floor)"
+                        elif args.against:
+                            other = runner.config_named(os.path.abspath(args.against), name, with_memray)
+                            label += " (over --against)"
+                        elif base is not None:
+                            other = base
+                            label += " (over %s)" % args.base
+                        ratios, failures = pairs_of(workload, other, config, args, tmpdir, env)
+                        shown = label if args.readings == 1 else "%s, reading %d" % (label, reading)
+                        rows.append([workload, shown, str(len(ratios))] + summary(ratios))
+                        if ratios:
+                            medians.setdefault((workload, label), []).append(statistics.median(ratios))
+                        for failure in failures[:2]:
+                            print("  failed: %s" % failure, file=sys.stderr)
     finally:
         runner.kill_all_groups()
     print()
@@ -175,7 +192,22 @@ def main():
     print()
     overhead.print_table(rows, args.markdown,
                          ["workload", "configuration", "pairs", "median ratio", "quartiles", "min..max"])
+    if args.readings > 1:
+        print()
+        overhead.print_table(readings_table(medians), args.markdown,
+                             ["workload", "configuration", "readings", "mean of the medians",
+                              "standard error", "mean + 2 SE"])
 
+
+def readings_table(medians):
+    """One row per workload and configuration: the mean of its readings' medians, with the
+    standard error of that mean (the readings' spread over the square root of their number)."""
+    rows = []
+    for (workload, label), ms in medians.items():
+        mean = statistics.fmean(ms)
+        se = statistics.stdev(ms) / len(ms) ** 0.5 if len(ms) > 1 else float("nan")
+        rows.append([workload, label, str(len(ms)), "%.4f" % mean, "%.4f" % se, "%.4f" % (mean + 2 * se)])
+    return rows
 
 if __name__ == "__main__":
     main()
