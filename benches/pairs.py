@@ -26,12 +26,14 @@ the samples add to the hooks, side by side).
 The median of 40 pairs of the web server moves by about a percent from one reading to the next
 on this project's VM, as much as a goal of 1.02 leaves. `--readings K` takes K readings of every
 configuration, in turns (the floor, then each configuration, K times over), and prints beside
-them the mean of their medians with its standard error: `--pairs 40 --readings 5 --workloads
-tornado --configs none,mprof` is how the README's web server figure is read (about 50 minutes).
+them the mean of their medians with its standard error, and the median of all their pairs with
+an interval from resampling whole readings: `--pairs 40 --readings 5 --workloads tornado
+--configs none,mprof` is how the README's web server figure is read (about 25 minutes).
 """
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -110,7 +112,7 @@ def parse_args():
     p.add_argument("--pairs", type=int, default=12, help="pairs per configuration (default 12)")
     p.add_argument("--readings", type=int, default=1,
                    help="readings of --pairs pairs per configuration, in turns (default 1); with two "
-                        "or more, also the mean of their medians and its standard error")
+                        "or more, also the mean of their medians and the median of all their pairs")
     p.add_argument("--slots", type=int, default=1, help="pairs run at once, on cores 2k and 2k+1")
     p.add_argument("--workloads", default="alloc,tornado", help="comma-separated: alloc, tornado, native")
     p.add_argument("--configs", default="none,mprof,mprof --rate 1,memray,memray --trace-python-allocators",
@@ -152,7 +154,7 @@ def main():
             sys.exit("pairs.py: --base %r is no configuration" % args.base)
     env = runner.bench_env()
     workloads = overhead.runnable(args.python, args.workloads)
-    rows, medians = [], {}
+    rows, readings = [], {}
     try:
         with tempfile.TemporaryDirectory(prefix="mprof-pairs-") as tmpdir:
             for reading in range(1, args.readings + 1):
@@ -179,7 +181,7 @@ def main():
                         shown = label if args.readings == 1 else "%s, reading %d" % (label, reading)
                         rows.append([workload, shown, str(len(ratios))] + summary(ratios))
                         if ratios:
-                            medians.setdefault((workload, label), []).append(statistics.median(ratios))
+                            readings.setdefault((workload, label), []).append(ratios)
                         for failure in failures[:2]:
                             print("  failed: %s" % failure, file=sys.stderr)
     finally:
@@ -194,19 +196,33 @@ def main():
                          ["workload", "configuration", "pairs", "median ratio", "quartiles", "min..max"])
     if args.readings > 1:
         print()
-        overhead.print_table(readings_table(medians), args.markdown,
+        overhead.print_table(readings_table(readings), args.markdown,
                              ["workload", "configuration", "readings", "mean of the medians",
-                              "standard error", "mean + 2 SE"])
+                              "standard error", "median of all pairs", "its 95% interval"])
 
 
-def readings_table(medians):
-    """One row per workload and configuration: the mean of its readings' medians, with the
-    standard error of that mean (the readings' spread over the square root of their number)."""
+def readings_table(readings):
+    """One row per workload and configuration, from its readings' ratios: the mean of the
+    readings' medians with the standard error of that mean (their spread over the square root of
+    their number), and the median of all their pairs with a 95% interval found by resampling
+    whole readings (the pairs of one reading share its hour of the machine, so they are not
+    resampled one by one), with five readings or more."""
     rows = []
-    for (workload, label), ms in medians.items():
-        mean = statistics.fmean(ms)
-        se = statistics.stdev(ms) / len(ms) ** 0.5 if len(ms) > 1 else float("nan")
-        rows.append([workload, label, str(len(ms)), "%.4f" % mean, "%.4f" % se, "%.4f" % (mean + 2 * se)])
+    rng = random.Random(0)
+    for (workload, label), rs in readings.items():
+        medians = [statistics.median(r) for r in rs]
+        mean = statistics.fmean(medians)
+        se = statistics.stdev(medians) / len(medians) ** 0.5 if len(medians) > 1 else float("nan")
+        pooled = statistics.median([x for r in rs for x in r])
+        if len(rs) < 5:
+            # Too few readings to resample: their few combinations say nothing.
+            rows.append([workload, label, str(len(rs)), "%.4f" % mean, "%.4f" % se, "%.4f" % pooled, "-"])
+            continue
+        resampled = sorted(
+            statistics.median([x for _ in rs for x in rs[rng.randrange(len(rs))]])
+            for _ in range(2000))
+        rows.append([workload, label, str(len(rs)), "%.4f" % mean, "%.4f" % se, "%.4f" % pooled,
+                     "%.4f..%.4f" % (resampled[49], resampled[1949])])
     return rows
 
 if __name__ == "__main__":
