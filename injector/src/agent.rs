@@ -46,17 +46,25 @@ mod tests {
     use super::{AGENT_LAYOUT, AGENT_SO};
     use object::{Object, ObjectSymbol};
 
+    /// The shipped agent as an ELF object, where build.rs compiles it for x86-64 Linux with
+    /// what `what` checks; elsewhere `None`, said as a skip.
+    fn x86_64_agent(what: &str) -> Option<object::File<'static>> {
+        if !cfg!(all(target_arch = "x86_64", target_os = "linux")) {
+            eprintln!("SKIPPED: {what} on x86-64 Linux only");
+            return None;
+        }
+        Some(object::File::parse(AGENT_SO).expect("the agent is an ELF object"))
+    }
+
     /// The agent reaches its thread-locals through TLS descriptors on x86-64 (`build.rs`):
     /// no call of `__tls_get_addr`, which reads the thread's module vector at every RAW and
     /// native hook, where a descriptor the loader put in the static TLS block is answered in
     /// two instructions.
     #[test]
     fn the_agent_reads_its_thread_locals_through_descriptors() {
-        if !cfg!(all(target_arch = "x86_64", target_os = "linux")) {
-            eprintln!("SKIPPED: TLS descriptors are asked for on x86-64 only");
+        let Some(elf) = x86_64_agent("TLS descriptors are asked for") else {
             return;
-        }
-        let elf = object::File::parse(AGENT_SO).expect("the agent is an ELF object");
+        };
         let imports: Vec<String> = elf
             .dynamic_symbols()
             .filter(|s| s.is_undefined())
@@ -84,11 +92,9 @@ mod tests {
     #[test]
     fn the_agents_functions_start_on_cache_lines() {
         use object::SymbolKind;
-        if !cfg!(all(target_arch = "x86_64", target_os = "linux")) {
-            eprintln!("SKIPPED: the functions are aligned on x86-64 only");
+        let Some(elf) = x86_64_agent("the functions are aligned") else {
             return;
-        }
-        let elf = object::File::parse(AGENT_SO).expect("the agent is an ELF object");
+        };
         // The agent's own functions: the C library's start files are not compiled with it.
         let own: Vec<(String, u64)> = elf
             .symbols()
