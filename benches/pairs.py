@@ -154,29 +154,30 @@ def main():
             sys.exit("pairs.py: --base %r is no configuration" % args.base)
     env = runner.bench_env()
     workloads = overhead.runnable(args.python, args.workloads)
+    # What each configuration is paired with: the unprofiled program (and so "none"
+    # with itself), or what --against or --base names.
+    paired = []
+    for name in args.configs:
+        config = runner.config_named(mprof, name, with_memray)
+        if config is None:
+            print("skipping %r: not available (memray not importable?)" % name, file=sys.stderr)
+            continue
+        other, label = unprofiled, name
+        if name == "none":
+            label = "none (noise floor)"
+        elif args.against:
+            other = runner.config_named(os.path.abspath(args.against), name, with_memray)
+            label += " (over --against)"
+        elif base is not None:
+            other = base
+            label += " (over %s)" % args.base
+        paired.append((config, other, label))
     rows, readings = [], {}
     try:
         with tempfile.TemporaryDirectory(prefix="mprof-pairs-") as tmpdir:
             for reading in range(1, args.readings + 1):
                 for workload in workloads:
-                    for name in args.configs:
-                        config = runner.config_named(mprof, name, with_memray)
-                        if config is None:
-                            if reading == 1:
-                                print("skipping %r: not available (memray not importable?)" % name,
-                                      file=sys.stderr)
-                            continue
-                        # What `config` is paired with: the unprofiled program (and so "none"
-                        # with itself), or what --against or --base names.
-                        other, label = unprofiled, name
-                        if name == "none":
-                            label = "none (noise floor)"
-                        elif args.against:
-                            other = runner.config_named(os.path.abspath(args.against), name, with_memray)
-                            label += " (over --against)"
-                        elif base is not None:
-                            other = base
-                            label += " (over %s)" % args.base
+                    for config, other, label in paired:
                         ratios, failures = pairs_of(workload, other, config, args, tmpdir, env)
                         shown = label if args.readings == 1 else "%s, reading %d" % (label, reading)
                         rows.append([workload, shown, str(len(ratios))] + summary(ratios))
@@ -214,16 +215,16 @@ def readings_table(readings):
         mean = statistics.fmean(medians)
         se = statistics.stdev(medians) / len(medians) ** 0.5 if len(medians) > 1 else float("nan")
         pooled = statistics.median([x for r in rs for x in r])
-        if len(rs) < 5:
-            # Too few readings to resample: their few combinations say nothing.
-            rows.append([workload, label, str(len(rs)), "%.4f" % mean, "%.4f" % se, "%.4f" % pooled, "-"])
-            continue
-        resampled = sorted(
-            statistics.median([x for _ in rs for x in rs[rng.randrange(len(rs))]])
-            for _ in range(2000))
-        rows.append([workload, label, str(len(rs)), "%.4f" % mean, "%.4f" % se, "%.4f" % pooled,
-                     "%.4f..%.4f" % (resampled[49], resampled[1949])])
+        # Too few readings to resample: their few combinations say nothing.
+        interval = "-"
+        if len(rs) >= 5:
+            resampled = sorted(
+                statistics.median([x for _ in rs for x in rs[rng.randrange(len(rs))]])
+                for _ in range(2000))
+            interval = "%.4f..%.4f" % (resampled[49], resampled[1949])
+        rows.append([workload, label, str(len(rs)), "%.4f" % mean, "%.4f" % se, "%.4f" % pooled, interval])
     return rows
+
 
 if __name__ == "__main__":
     main()
