@@ -34,6 +34,7 @@ an interval from resampling whole readings: `--pairs 40 --readings 5 --workloads
 import argparse
 import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -144,6 +145,9 @@ def parse_args():
 
 def main():
     args = parse_args()
+    # Killed (SIGTERM), the run still kills the programs it started (the `finally` below): the
+    # default action would leave a server and its client running for up to --timeout seconds.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with_memray = overhead.importable(args.python, "memray")
     mprof = os.path.abspath(args.mprof)
     unprofiled = runner.config_named(mprof, "none")
