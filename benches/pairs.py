@@ -29,6 +29,11 @@ configuration, in turns (the floor, then each configuration, K times over), and 
 them the mean of their medians with its standard error, and the median of all their pairs with
 an interval from resampling whole readings: `--pairs 40 --readings 5 --workloads tornado
 --configs none,mprof` is how the README's web server figure is read (about 25 minutes).
+
+On a noisy VM one vCPU runs slower than the other for seconds at a time, which a pair pinned for
+its whole run cannot tell from overhead: `--swap-every 20` swaps the two sides' cores every 20 ms
+(cpuset cgroups, root only; benches/swapcores.py), so that each side gets both cores for half its
+run; there the web server's floor narrows from quartiles 20 points apart to 2.
 """
 
 import argparse
@@ -43,17 +48,20 @@ import threading
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import overhead  # noqa: E402  (the set-up and the table)
 import runner  # noqa: E402  (the workloads, configurations and runners)
+import swapcores  # noqa: E402  (--swap-every)
 
 
 def run_pinned(workload, config, args, tmpdir, env, core, out, key):
-    wrapper = ["taskset", "-c", str(core)]
+    swapper = getattr(args, "swapper", None)
+    wrapper = swapper.wrapper(core) if swapper else ["taskset", "-c", str(core)]
     capture = os.path.join(tmpdir, "capture-%s.out" % key)
     if workload in runner.TIMED:
         # The workload's own arguments, when the caller has some (benches/native.py's sizes).
         script_args = getattr(args, "script_args", ())
         result = runner.run_timed(workload, config, args, capture, env, script_args=script_args, wrapper=wrapper)
     else:
-        result = runner.run_tornado(config, args, capture, env, args.requests, wrapper=wrapper)
+        result = runner.run_tornado(config, args, capture, env, args.requests, wrapper=wrapper,
+                                    client_wrapper=wrapper)
     out[key] = result
 
 
@@ -122,6 +130,10 @@ def parse_args():
     p.add_argument("--requests", type=int, default=10000)
     p.add_argument("--connections", type=int, default=8)
     p.add_argument("--timeout", type=int, default=300)
+    p.add_argument("--swap-every", type=float, default=0, metavar="MS",
+                   help="swap the two sides' cores every MS milliseconds while they run (cpuset "
+                        "cgroups; needs root), so that each side gets both cores for half its run; "
+                        "0 (the default): each side pinned to one core for its whole run")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--against", metavar="OTHER_MPROF",
                    help="pair each configuration with the same one of this other mprof build, "
@@ -136,6 +148,8 @@ def parse_args():
     if (os.cpu_count() or 1) < 2 * args.slots:
         p.error("%d slot(s) need %d CPUs, this machine has %d" % (args.slots, 2 * args.slots, os.cpu_count()))
     overhead.check_target_args(p, args)
+    if args.swap_every < 0:
+        p.error("--swap-every: 0 or more milliseconds")
     if args.against and not os.access(args.against, os.X_OK):
         p.error("--against: %s is not an executable" % args.against)
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -177,6 +191,11 @@ def main():
             label += " (over %s)" % args.base
         paired.append((config, other, label))
     rows, readings = [], {}
+    if args.swap_every:
+        try:
+            args.swapper = swapcores.CoreSwapper(range(2 * args.slots), args.swap_every / 1000)
+        except OSError as e:
+            sys.exit("pairs.py: --swap-every: %s" % e)
     try:
         with tempfile.TemporaryDirectory(prefix="mprof-pairs-") as tmpdir:
             for reading in range(1, args.readings + 1):
@@ -191,9 +210,13 @@ def main():
                             print("  failed: %s" % failure, file=sys.stderr)
     finally:
         runner.kill_all_groups()
+        if args.swap_every:
+            args.swapper.close()
     print()
-    print("python: %s; %d pair(s) per row, one slot = cores 0 and 1, sides swapped every other pair; "
-          "load average %.2f" % (args.python, args.pairs, os.getloadavg()[0]))
+    print("python: %s; %d pair(s) per row, one slot = cores 0 and 1, sides swapped every other pair%s; "
+          "load average %.2f" % (args.python, args.pairs,
+                                 ", cores swapped every %g ms" % args.swap_every if args.swap_every else "",
+                                 os.getloadavg()[0]))
     if args.against:
         print("each configuration of %s paired with the same one of %s" % (args.mprof, args.against))
     print()

@@ -190,8 +190,9 @@ WARMUP = 500
 
 
 def run_tornado(config, args, capture, env, requests, warmup=WARMUP, wrapper=(), at_client_exit=None,
-                at_client_start=None):
-    """One run of the tornado workload; `at_client_exit(server)`, if given, is called with the
+                at_client_start=None, client_wrapper=()):
+    """One run of the tornado workload, the server under `wrapper` and its client under
+    `client_wrapper`; `at_client_exit(server)`, if given, is called with the
     server's Popen (the profiler's, under one) once the client is done, before the server stops;
     `at_client_start(server, port)` once the server listens on `port`, before the client starts."""
     script = [os.path.join(WORKLOADS, "tornado_server.py"), "--max-seconds", str(args.timeout)]
@@ -200,7 +201,7 @@ def run_tornado(config, args, capture, env, requests, warmup=WARMUP, wrapper=(),
     server = start_group(cmd, stdout=subprocess.PIPE, stderr=errfile, env=env)
     try:
         result, cpu_at_client_exit = drive_server(
-            server, errfile, args, env, requests, warmup, wrapper, at_client_exit, at_client_start
+            server, errfile, args, env, requests, warmup, client_wrapper, at_client_exit, at_client_start
         )
     finally:
         kill_group(server)
@@ -212,7 +213,7 @@ def run_tornado(config, args, capture, env, requests, warmup=WARMUP, wrapper=(),
     return result
 
 
-def drive_server(server, errfile, args, env, requests, warmup, wrapper=(), at_client_exit=None,
+def drive_server(server, errfile, args, env, requests, warmup, client_wrapper=(), at_client_exit=None,
                  at_client_start=None):
     """Wait for the server's port, run the client against it, stop the server, collect its VmHWM.
 
@@ -225,9 +226,7 @@ def drive_server(server, errfile, args, env, requests, warmup, wrapper=(), at_cl
         return Result(error="server printed no PORT line: %s" % server_error(server, errfile)), None
     if at_client_start is not None:
         at_client_start(server, port)
-    client_cmd = list(wrapper if wrapper[:1] == ["taskset"] else []) + client_command(
-        args, port, requests, warmup
-    )
+    client_cmd = list(client_wrapper) + client_command(args, port, requests, warmup)
     try:
         client = subprocess.run(
             client_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=args.timeout + 30, env=env
