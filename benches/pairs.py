@@ -51,17 +51,34 @@ import runner  # noqa: E402  (the workloads, configurations and runners)
 import swapcores  # noqa: E402  (--swap-every)
 
 
-def run_pinned(workload, config, args, tmpdir, env, core, out, key):
+def run_pinned(workload, config, args, tmpdir, env, core, out, key, start_together):
+    """One side of a pair; a web server's client starts only once the other side's server
+    listens too (`start_together`, a barrier of the pair's two sides): otherwise the side whose
+    server is ready first (the unprofiled one, or in the floor the one started first) runs
+    ahead and, at its end, leaves the other side the machine to itself for its last requests,
+    which reads as the other side going faster."""
     swapper = getattr(args, "swapper", None)
     wrapper = swapper.wrapper(core) if swapper else ["taskset", "-c", str(core)]
     capture = os.path.join(tmpdir, "capture-%s.out" % key)
-    if workload in runner.TIMED:
-        # The workload's own arguments, when the caller has some (benches/native.py's sizes).
-        script_args = getattr(args, "script_args", ())
-        result = runner.run_timed(workload, config, args, capture, env, script_args=script_args, wrapper=wrapper)
-    else:
-        result = runner.run_tornado(config, args, capture, env, args.requests, wrapper=wrapper,
-                                    client_wrapper=wrapper)
+
+    def wait_for_the_other_side(server, port):
+        try:
+            start_together.wait(timeout=args.timeout)
+        except threading.BrokenBarrierError:
+            pass  # the other side failed (its pair is dropped) or never came
+
+    try:
+        if workload in runner.TIMED:
+            # The workload's own arguments, when the caller has some (benches/native.py's sizes).
+            script_args = getattr(args, "script_args", ())
+            result = runner.run_timed(workload, config, args, capture, env, script_args=script_args,
+                                      wrapper=wrapper)
+        else:
+            result = runner.run_tornado(config, args, capture, env, args.requests, wrapper=wrapper,
+                                        client_wrapper=wrapper, at_client_start=wait_for_the_other_side)
+    finally:
+        # Past the barrier, or failed before it: either way the other side must not wait on it.
+        start_together.abort()
     out[key] = result
 
 
@@ -82,10 +99,11 @@ def pairs_of(workload, base_config, config, args, tmpdir, env):
             a, b = 2 * slot, 2 * slot + 1
             if rep % 2:
                 a, b = b, a
+            start_together = threading.Barrier(2)
             for cfg, core, side in ((base_config, a, "a"), (config, b, "b")):
                 key = "%d%s" % (slot, side)
                 threads.append(threading.Thread(
-                    target=run_pinned, args=(workload, cfg, args, tmpdir, env, core, out, key)))
+                    target=run_pinned, args=(workload, cfg, args, tmpdir, env, core, out, key, start_together)))
         for t in threads:
             t.start()
         for t in threads:
