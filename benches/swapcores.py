@@ -25,17 +25,16 @@ def _write(path, text):
 
 
 def _cpuset_root():
-    """(root directory, whether it is cgroup v1), or an error string."""
+    """(root directory, whether it is cgroup v1); OSError where there is no cpuset controller."""
     if os.path.exists(os.path.join(V1, "cgroup.procs")):
         return V1, True
     try:
         with open(os.path.join(V2, "cgroup.controllers")) as f:
-            controllers = f.read().split()
+            if "cpuset" in f.read().split():
+                return V2, False
     except OSError:
-        controllers = []
-    if "cpuset" in controllers:
-        return V2, False
-    return "no cpuset cgroup controller (neither %s nor cpuset in %s/cgroup.controllers)" % (V1, V2)
+        pass
+    raise OSError("no cpuset cgroup controller (neither %s nor cpuset in %s/cgroup.controllers)" % (V1, V2))
 
 
 class CoreSwapper:
@@ -43,30 +42,25 @@ class CoreSwapper:
     command prefix that starts a program in the cgroup that begins on `core`."""
 
     def __init__(self, cores, period):
-        found = _cpuset_root()
-        if isinstance(found, str):
-            raise OSError(found)
-        root, v1 = found
-        self.period = period
-        self.groups = {}
-        if not v1:
-            _write(os.path.join(root, "cgroup.subtree_control"), "+cpuset")
-        mems = None
+        root, v1 = _cpuset_root()
         if v1:
             with open(os.path.join(root, "cpuset.mems")) as f:
                 mems = f.read().strip()
+        else:
+            _write(os.path.join(root, "cgroup.subtree_control"), "+cpuset")
+        self.period = period
+        self.groups = {}
         try:
             for core in cores:
                 path = os.path.join(root, "mprof-pairs-%d-core%d" % (os.getpid(), core))
                 os.mkdir(path)
                 self.groups[core] = path
-                if mems is not None:
+                if v1:
                     _write(os.path.join(path, "cpuset.mems"), mems)
                 _write(os.path.join(path, "cpuset.cpus"), str(core))
         except OSError:
-            self.close()
+            self._remove_groups()
             raise
-        self.swapped = False
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -76,18 +70,21 @@ class CoreSwapper:
         return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', procs]
 
     def _run(self):
+        swapped = False
         while not self.stop.wait(self.period):
-            self.swapped = not self.swapped
+            swapped = not swapped
             for core, path in self.groups.items():
                 try:
-                    _write(os.path.join(path, "cpuset.cpus"), str(core ^ 1 if self.swapped else core))
+                    _write(os.path.join(path, "cpuset.cpus"), str(core ^ 1 if swapped else core))
                 except OSError:
                     pass  # written again at the next swap
 
     def close(self):
-        if hasattr(self, "stop"):
-            self.stop.set()
-            self.thread.join()
+        self.stop.set()
+        self.thread.join()
+        self._remove_groups()
+
+    def _remove_groups(self):
         for path in self.groups.values():
             try:
                 os.rmdir(path)
