@@ -335,6 +335,18 @@ pub fn detach_followed(s: &mut Session, only: Option<&[u32]>, timeout: Duration)
     Ok(())
 }
 
+/// What became of a target that is no longer the program attached: it exited, or replaced its
+/// program (`exec`), which ends the capture too.
+fn left_while_attached(liveness: &Liveness, pid: u32) -> String {
+    match liveness.left() {
+        Some(mprof_injector::AttachError::Execed { from, to, .. }) => format!(
+            "mprof: PID {pid} replaced its program while attached ({from} exec'd {to}); the \
+             capture ends there"
+        ),
+        _ => format!("mprof: PID {pid} exited while attached"),
+    }
+}
+
 /// Whether the target exits within a moment (an agent that stopped by itself usually means the
 /// interpreter is shutting down).
 fn exits_soon(liveness: &Liveness) -> bool {
@@ -489,9 +501,9 @@ pub fn run(o: Options) -> Result<ExitCode> {
     }
     drop(session);
     match ending {
-        Ending::TargetExited => crate::say!("mprof: PID {pid} exited while attached"),
+        Ending::TargetExited => crate::say!("{}", left_while_attached(&attached.liveness, pid)),
         Ending::AgentStopped if exits_soon(&attached.liveness) => {
-            crate::say!("mprof: PID {pid} exited while attached")
+            crate::say!("{}", left_while_attached(&attached.liveness, pid))
         }
         Ending::AgentStopped => crate::say!("mprof: the agent in PID {pid} stopped by itself"),
         _ if !stopped => crate::say!(

@@ -45,12 +45,19 @@ pub struct Chosen {
     pub in_syscall: Option<i64>,
 }
 
+/// Why a step failed with `e`: the target exited, or exec'd (see [`Process::left`]), or else
+/// `what` failed.
 pub fn gone_or(t: &Process, e: std::io::Error, what: &str) -> AttachError {
-    if !remote::alive(t.pid, t.start_time) {
-        AttachError::Exited(t.pid)
-    } else {
-        other(what, e)
+    t.liveness().why_gone(e, what)
+}
+
+/// [`gone_or`] for a request about traced thread `tid`, whose death is collected first if it
+/// vanished (see [`ptrace::reap`]).
+pub fn thread_gone_or(t: &Process, tid: u32, e: std::io::Error, what: &str) -> AttachError {
+    if e.raw_os_error() == Some(libc::ESRCH) {
+        ptrace::reap(tid);
     }
+    gone_or(t, e, what)
 }
 
 /// What each thread was doing when it was last looked at, for the message when no thread
@@ -68,17 +75,23 @@ pub fn choose_thread(
     let started = Instant::now();
     let mut seen = Sightings::new();
     loop {
-        let tids = remote::threads(t.pid).map_err(|_| AttachError::Exited(t.pid))?;
+        let tids = t
+            .proc
+            .threads()
+            .map_err(|e| gone_or(t, e, "listing the threads"))?;
         for tid in tids {
             if cancelled() {
                 return Err(AttachError::Interrupted(t.pid));
+            }
+            if let Some(left) = t.left() {
+                return Err(left);
             }
             if let Some(chosen) = try_thread(t, mem, tid, &mut seen)? {
                 return Ok(chosen);
             }
         }
-        if !remote::alive(t.pid, t.start_time) {
-            return Err(AttachError::Exited(t.pid));
+        if let Some(left) = t.left() {
+            return Err(left);
         }
         if started.elapsed() >= deadline {
             return Err(AttachError::NoSafePoint {
@@ -122,15 +135,15 @@ fn may_trace_anyone() -> bool {
 /// refuses tracing too).
 fn seize_refused(t: &Process, tid: u32) -> Option<AttachError> {
     std::thread::sleep(Duration::from_millis(20));
-    if !remote::alive(t.pid, t.start_time) {
-        return Some(AttachError::Exited(t.pid));
+    if let Some(left) = t.left() {
+        return Some(left);
     }
-    match remote::thread_status(t.pid, tid) {
+    match t.proc.thread_status(tid) {
         Err(_) => return None,
         Ok(s) if matches!(s.state, 'Z' | 'X') => return None,
         Ok(_) => {}
     }
-    Some(match remote::thread_status(t.pid, tid).map(|s| s.tracer) {
+    Some(match t.proc.thread_status(tid).map(|s| s.tracer) {
         Ok(tracer) if tracer != 0 => already_traced(t.pid, tracer),
         // Allowed to trace anyone: someone else was tracing it a moment ago.
         _ if may_trace_anyone() => AttachError::AlreadyTraced {
@@ -149,7 +162,7 @@ fn try_thread(
     tid: u32,
     seen: &mut Sightings,
 ) -> Result<Option<(Chosen, Hijack)>, AttachError> {
-    let Ok(status) = remote::thread_status(t.pid, tid) else {
+    let Ok(status) = t.proc.thread_status(tid) else {
         return Ok(None); // gone
     };
     if status.tracer != 0 {
@@ -174,13 +187,21 @@ fn try_thread(
             _ => Err(other("PTRACE_SEIZE", e)),
         };
     }
-    ptrace::interrupt(tid).map_err(|e| gone_or(t, e, "PTRACE_INTERRUPT"))?;
+    // The thread seized is this process's (a thread id freed by one of its threads that
+    // ended may have gone to a thread of any process since it was listed): the directory held
+    // lists only this process's threads, and one traced by mprof keeps its id until mprof
+    // has waited for it.
+    if !t.proc.has_thread(tid) {
+        let _ = ptrace::detach(tid, 0);
+        return Ok(None);
+    }
+    ptrace::interrupt(tid).map_err(|e| thread_gone_or(t, tid, e, "PTRACE_INTERRUPT"))?;
     let mut stashed = Vec::new();
     if !wait_interrupted(t, tid, &mut stashed)? {
         return Ok(None);
     }
-    let regs = ptrace::get_regs(tid).map_err(|e| gone_or(t, e, "PTRACE_GETREGS"))?;
-    let status = remote::thread_status(t.pid, tid).unwrap_or(status);
+    let regs = ptrace::get_regs(tid).map_err(|e| thread_gone_or(t, tid, e, "PTRACE_GETREGS"))?;
+    let status = t.proc.thread_status(tid).unwrap_or(status);
     let safe_regs = safepoint::restartable(&regs, &status);
     let verdict = if stashed.is_empty() {
         safepoint::judge(t, mem, &regs, &status)
@@ -204,7 +225,7 @@ fn try_thread(
     let resume_regs = hijack::resume_regs(&regs, resume.rip, resume.rax);
     match Hijack::begin(
         mem,
-        t.pid,
+        t.liveness(),
         tid,
         t.libc.restore_rt,
         resume_regs,
@@ -258,16 +279,24 @@ fn wait_interrupted(t: &Process, tid: u32, stashed: &mut Vec<i32>) -> Result<boo
             Some(Stop::Signal(sig)) => {
                 // Keep the thread stopped for our interrupt; the signal goes in on release.
                 stashed.push(sig);
-                ptrace::cont(tid, 0).map_err(|e| gone_or(t, e, "PTRACE_CONT"))?;
+                ptrace::cont(tid, 0).map_err(|e| thread_gone_or(t, tid, e, "PTRACE_CONT"))?;
             }
             Some(Stop::Syscall) => {
-                ptrace::cont(tid, 0).map_err(|e| gone_or(t, e, "PTRACE_CONT"))?;
+                ptrace::cont(tid, 0).map_err(|e| thread_gone_or(t, tid, e, "PTRACE_CONT"))?;
             }
             Some(Stop::Group(_)) => {
                 let _ = ptrace::detach(tid, 0);
                 return Err(AttachError::Stopped(t.pid));
             }
-            Some(Stop::Gone) => return Ok(false),
+            Some(Stop::Exec) => {
+                ptrace::let_exec_go(t.pid);
+                return Err(t.execed());
+            }
+            Some(Stop::Gone) if ptrace::exec_stop_of(t.pid, tid, &t.proc) => {
+                ptrace::let_exec_go(t.pid);
+                return Err(t.execed());
+            }
+            Some(Stop::Gone) => return t.left().map_or(Ok(false), Err),
             None => {
                 return Err(other(
                     "stopping a thread",

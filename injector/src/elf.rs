@@ -25,10 +25,10 @@ pub struct Elf {
 }
 
 impl Elf {
-    /// Parses an ELF image in memory.
-    pub fn parse(data: &[u8]) -> io::Result<Elf> {
+    /// Parses an ELF image: in memory, or a file read as needed (`mapped_file::Reader`).
+    pub fn parse<'data, R: object::ReadRef<'data>>(data: R) -> io::Result<Elf> {
         let invalid = |e: object::Error| io::Error::new(io::ErrorKind::InvalidData, e.to_string());
-        let file = ElfFile64::<Endianness>::parse(data).map_err(invalid)?;
+        let file = ElfFile64::<Endianness, R>::parse(data).map_err(invalid)?;
         let endian = file.endian();
         let loads = file
             .elf_program_headers()

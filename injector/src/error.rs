@@ -29,8 +29,15 @@ pub enum AttachError {
         tracer: u32,
         name: String,
     },
-    /// The target exited (or exec'd) while mprof was attaching.
+    /// The target exited while mprof was attaching.
     Exited(u32),
+    /// The target replaced its program (`execve`) while mprof was attaching: mprof let the
+    /// new program go untouched.
+    Execed {
+        pid: u32,
+        from: String,
+        to: String,
+    },
     NoSafePoint {
         pid: u32,
         waited: Duration,
@@ -136,6 +143,11 @@ impl fmt::Display for AttachError {
                  mprof attach is in progress"
             ),
             Exited(pid) => write!(f, "PID {pid} exited during the attach"),
+            Execed { pid, from, to } => write!(
+                f,
+                "PID {pid} replaced its program during the attach ({from} exec'd {to}); mprof \
+                 let the new program go untouched"
+            ),
             NoSafePoint {
                 pid,
                 waited,

@@ -25,6 +25,7 @@
 use crate::error::{other, AttachError};
 use crate::ptrace::{self, Regs, Stop};
 use crate::remote::Mem;
+use crate::target::Liveness;
 use std::mem::{offset_of, size_of};
 use std::time::Duration;
 
@@ -157,6 +158,8 @@ pub fn frame_span(fp_len: usize) -> u64 {
 /// resumes it as `resume`.
 pub struct Hijack {
     pid: u32,
+    /// Tells whether the process exited or replaced its program.
+    target: Liveness,
     tid: u32,
     /// `__restore_rt`: `mov $15, %rax; syscall`.
     gadget: u64,
@@ -180,14 +183,19 @@ impl Hijack {
     /// `stack_low` is the lowest address the frame may use (the bottom of its stack mapping).
     pub fn begin(
         mem: &Mem,
-        pid: u32,
+        target: Liveness,
         tid: u32,
         gadget: u64,
         resume: Regs,
         blocked: u64,
         stack_low: u64,
     ) -> Result<Hijack, AttachError> {
-        let fp = fp_state(tid).map_err(|e| other("reading the thread's vector state", e))?;
+        let fp = fp_state(tid).map_err(|e| {
+            if e.raw_os_error() == Some(libc::ESRCH) {
+                ptrace::reap(tid);
+            }
+            target.why_gone(e, "reading the thread's vector state")
+        })?;
         if resume.rsp < stack_low + frame_span(fp.bytes.len()) {
             return Err(other(
                 "controlling the chosen thread",
@@ -233,14 +241,15 @@ impl Hijack {
         };
         let write = |at, bytes: &[u8]| {
             mem.write(at, bytes)
-                .map_err(|e| other("writing a signal frame on the thread's stack", e))
+                .map_err(|e| target.why_gone(e, "writing a signal frame on the thread's stack"))
         };
         // The frame lies below the red zone, in stack the thread does not use: were mprof to
         // die right here, nothing would have changed.
         write(fp_at, &fp.bytes)?;
         write(frame_at, frame.as_bytes())?;
         let h = Hijack {
-            pid,
+            pid: target.pid(),
+            target,
             tid,
             gadget,
             hop_rsp: frame_at + 8,
@@ -257,11 +266,10 @@ impl Hijack {
     }
 
     fn failed(&self, e: std::io::Error) -> AttachError {
-        if crate::remote::stat(self.pid).is_err() {
-            AttachError::Exited(self.pid)
-        } else {
-            other("controlling the chosen thread", e)
+        if e.raw_os_error() == Some(libc::ESRCH) {
+            ptrace::reap(self.tid);
         }
+        self.target.why_gone(e, "controlling the chosen thread")
     }
 
     /// Resumes the thread up to its next system-call stop, delivering signals that arrive on
@@ -277,7 +285,14 @@ impl Hijack {
                 Some(Stop::Signal(s)) => sig = s,
                 Some(Stop::Interrupted) => sig = 0,
                 Some(Stop::Group(_)) => return Err(AttachError::Stopped(self.pid)),
-                Some(Stop::Gone) => return Err(AttachError::Exited(self.pid)),
+                // The thread ran a signal handler that exec'd: the new program is let go.
+                Some(Stop::Exec) => {
+                    ptrace::let_exec_go(self.pid);
+                    return Err(self.target.execed());
+                }
+                Some(Stop::Gone) => {
+                    return Err(self.target.left().unwrap_or_else(|| self.lost("vanished")))
+                }
                 None => return Err(self.lost("did not reach a system call")),
             }
         }

@@ -14,17 +14,21 @@
 //! died, goes on as if it had only been interrupted (or runs the self-contained trampoline):
 //! the worst mprof's death can leave is two open memory files and an unused page.
 
-use crate::choose::{already_traced, choose_thread, gone_or, permission_denied, Chosen};
+use crate::choose::{
+    self, already_traced, choose_thread, gone_or, permission_denied, thread_gone_or, Chosen,
+};
 use crate::error::{other, AttachError};
 use crate::hijack::Hijack;
 use crate::ptrace::{self, Regs};
-use crate::remote::{self, Mem};
+use crate::remote::{Mem, Proc};
 use crate::safepoint;
+pub use crate::target::Liveness;
 use crate::target::Process;
 use crate::trampoline::{self, Data};
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const SYS_MMAP: u64 = 9;
@@ -47,7 +51,7 @@ enum Job {
 /// A target inspected and ready to be prepared.
 pub struct Injector {
     target: Process,
-    mem: Mem,
+    mem: Arc<Mem>,
     job: Job,
 }
 
@@ -72,18 +76,31 @@ impl Injector {
         Ok(injector)
     }
 
+    /// Takes hold of process `pid` first (every later step reaches this process or fails,
+    /// never another that reused its PID), opens its memory, then inspects it.
     fn open(pid: u32, job: Job) -> Result<Injector, AttachError> {
-        let mut target = Process::inspect(pid)?;
-        let status = remote::process_status(pid).map_err(|_| AttachError::Exited(pid))?;
+        let proc = Arc::new(Proc::open(pid).map_err(|e| match e.raw_os_error() {
+            Some(libc::ESRCH) | Some(libc::ENOENT) => AttachError::NoSuchProcess(pid),
+            Some(libc::ENOSYS) => other(
+                "pidfd_open",
+                "this kernel is too old for mprof attach (Linux 5.6 or newer is needed)",
+            ),
+            _ => other("opening the process", out_of_descriptors(e)),
+        })?);
+        let mem = open_mem(&proc)?;
+        let mem = Arc::new(mem);
+        let mut target = Process::inspect(proc, mem.clone())?;
+        let status = target
+            .proc
+            .status()
+            .map_err(|e| choose::gone_or(&target, e, "reading the status"))?;
         if status.tracer != 0 {
             return Err(already_traced(pid, status.tracer));
         }
-        let mem = Mem::open(pid).map_err(|e| match e.raw_os_error() {
-            Some(libc::EACCES) | Some(libc::EPERM) => permission_denied(pid),
-            Some(libc::ENOENT) | Some(libc::ESRCH) => AttachError::Exited(pid),
-            _ => other("opening the target's memory", e),
-        })?;
         target.find_leftovers(&mem)?;
+        if let Some(left) = target.left() {
+            return Err(left);
+        }
         Ok(Injector { target, mem, job })
     }
 
@@ -110,14 +127,12 @@ impl Injector {
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Prepared, AttachError> {
         let started = Instant::now();
-        let pidfd = pidfd_open(self.target.pid)?;
         let (chosen, hijack) = choose_thread(&self.target, &self.mem, deadline, cancelled)?;
         let chose_in = started.elapsed();
         let mut p = Prepared {
             target: self.target,
             mem: self.mem,
             job: self.job,
-            pidfd,
             chosen,
             hijack: Some(hijack),
             region: 0,
@@ -133,30 +148,45 @@ impl Injector {
     }
 }
 
-fn pidfd_open(pid: u32) -> Result<OwnedFd, AttachError> {
-    // SAFETY: pidfd_open takes a pid and flags; the result is checked.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(match e.raw_os_error() {
-            Some(libc::ESRCH) => AttachError::Exited(pid),
-            Some(libc::ENOSYS) => other(
-                "pidfd_open",
-                "this kernel is too old for mprof attach (Linux 5.6 or newer is needed)",
-            ),
-            _ => other("pidfd_open", e),
-        });
+/// Opens the process's memory. A main thread that is a zombie for the moment (an `exec` from
+/// another thread is replacing it) has none to open: that is waited out, briefly.
+fn open_mem(proc: &Proc) -> Result<Mem, AttachError> {
+    let pid = proc.pid;
+    let mut tries = 0;
+    loop {
+        let e = match proc.mem() {
+            Ok(mem) => return Ok(mem),
+            Err(e) => e,
+        };
+        match e.raw_os_error() {
+            Some(libc::EACCES) | Some(libc::EPERM) => return Err(permission_denied(pid)),
+            Some(libc::ENOENT) | Some(libc::ESRCH) if proc.exited() => {
+                return Err(AttachError::Exited(pid))
+            }
+            Some(libc::ENOENT) | Some(libc::ESRCH) if tries < 20 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            _ => return Err(other("opening the target's memory", out_of_descriptors(e))),
+        }
     }
-    // SAFETY: a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// An error that says so when mprof ran out of file descriptors.
+fn out_of_descriptors(e: std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EMFILE) | Some(libc::ENFILE) => format!(
+            "{e}: mprof ran out of file descriptors (it needs a few dozen; raise `ulimit -n`)"
+        ),
+        _ => e.to_string(),
+    }
 }
 
 /// A target with one thread hijacked at a safe point and everything ready for the trampoline.
 pub struct Prepared {
     target: Process,
-    mem: Mem,
+    mem: Arc<Mem>,
     job: Job,
-    pidfd: OwnedFd,
     chosen: Chosen,
     /// `None` once the thread was launched (or let go).
     hijack: Option<Hijack>,
@@ -207,7 +237,14 @@ impl Prepared {
     /// mprof never reopens `/proc/PID/fd/N`, and writes nothing before this check.
     fn take_fd(&self, fd: i64, name: &str) -> Result<OwnedFd, AttachError> {
         // SAFETY: pidfd_getfd on our pidfd; the result is checked.
-        let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, self.pidfd.as_raw_fd(), fd, 0) };
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_getfd,
+                self.target.proc.pidfd().as_raw_fd(),
+                fd,
+                0,
+            )
+        };
         if r < 0 {
             let e = std::io::Error::last_os_error();
             return Err(gone_or(&self.target, e, "taking the target's memory file"));
@@ -237,7 +274,7 @@ impl Prepared {
         data.magic = trampoline::MAGIC;
         self.mem
             .write(trampoline::slot_data(base, 0), data.as_bytes())
-            .map_err(|e| other("writing the trampoline region", e))?;
+            .map_err(|e| gone_or(&self.target, e, "writing the trampoline region"))?;
         Ok(base)
     }
 
@@ -245,7 +282,7 @@ impl Prepared {
     fn pick_slot(&mut self) -> Result<(), AttachError> {
         let read = |i| {
             trampoline::slot_state(&self.mem, self.region, i)
-                .map_err(|e| other("reading the trampoline region", e))
+                .map_err(|e| gone_or(&self.target, e, "reading the trampoline region"))
         };
         let states = [read(0)?, read(1)?];
         let slot = if states[0].generation <= states[1].generation {
@@ -272,7 +309,7 @@ impl Prepared {
         for off in [trampoline::OFF_STAGE, trampoline::OFF_DONE] {
             self.mem
                 .write(trampoline::field(self.region, slot, off), &zero)
-                .map_err(|e| other("writing the trampoline region", e))?;
+                .map_err(|e| gone_or(&self.target, e, "writing the trampoline region"))?;
         }
         Ok(())
     }
@@ -284,7 +321,7 @@ impl Prepared {
         bytes.push(0);
         self.mem
             .write(at, &bytes)
-            .map_err(|e| other("writing the trampoline region", e))?;
+            .map_err(|e| gone_or(&self.target, e, "writing the trampoline region"))?;
         let mut r = if exec {
             self.syscall(SYS_MEMFD_CREATE, [at, MFD_CLOEXEC | MFD_EXEC, 0, 0, 0, 0])?
         } else {
@@ -380,7 +417,7 @@ impl Prepared {
         let write = |addr, bytes: &[u8]| {
             self.mem
                 .write(addr, bytes)
-                .map_err(|e| other("writing the trampoline", e))
+                .map_err(|e| gone_or(&self.target, e, "writing the trampoline"))
         };
         let written = write(trampoline::slot_data(base, slot), data.as_bytes())
             .and_then(|()| write(trampoline::slot_code(base, slot), code));
@@ -392,16 +429,18 @@ impl Prepared {
         r.rip = trampoline::slot_code(base, slot);
         r.rsp = trampoline::slot_stack(base, slot);
         r.orig_rax = u64::MAX;
-        ptrace::set_regs(tid, &r).map_err(|e| gone_or(&self.target, e, "PTRACE_SETREGS"))?;
-        ptrace::detach(tid, 0).map_err(|e| gone_or(&self.target, e, "PTRACE_DETACH"))?;
+        ptrace::set_regs(tid, &r)
+            .map_err(|e| thread_gone_or(&self.target, tid, e, "PTRACE_SETREGS"))?;
+        ptrace::detach(tid, 0)
+            .map_err(|e| thread_gone_or(&self.target, tid, e, "PTRACE_DETACH"))?;
         Ok(Launched {
             pid: self.target.pid,
-            start_time: self.target.start_time,
             region: base,
             slot,
             loading: data.dlopen != 0,
-            mem: Mem::open(self.target.pid).map_err(|_| AttachError::Exited(self.target.pid))?,
+            mem: self.mem.clone(),
             launched_at: Instant::now(),
+            target: self.target.liveness(),
         })
     }
 
@@ -465,12 +504,12 @@ fn check_fresh_memfd(fd: &OwnedFd, name: &str) -> Result<(), String> {
 /// The trampoline is running in the target.
 pub struct Launched {
     pid: u32,
-    start_time: u64,
     region: u64,
     slot: usize,
     loading: bool,
-    mem: Mem,
+    mem: Arc<Mem>,
     launched_at: Instant,
+    target: Liveness,
 }
 
 /// What the trampoline reports.
@@ -487,11 +526,11 @@ impl Launched {
         let state = trampoline::slot_state(&self.mem, self.region, self.slot);
         let state = match state {
             Ok(s) => s,
-            Err(_) => return Err(AttachError::Exited(self.pid)),
+            Err(e) => return Err(self.target.why_gone(e, "reading the trampoline's result")),
         };
         if !state.done {
-            if !remote::alive(self.pid, self.start_time) {
-                return Err(AttachError::Exited(self.pid));
+            if let Some(left) = self.target.left() {
+                return Err(left);
             }
             if self.launched_at.elapsed() > CALL_TIMEOUT {
                 return Err(AttachError::Timeout {
@@ -502,7 +541,7 @@ impl Launched {
             return Ok(None);
         }
         let data = trampoline::read_data(&self.mem, self.region, self.slot)
-            .map_err(|_| AttachError::Exited(self.pid))?;
+            .map_err(|e| self.target.why_gone(e, "reading the trampoline's result"))?;
         if self.loading && data.handle == 0 {
             let message = std::ffi::CStr::from_bytes_until_nul(&data.error)
                 .map(|c| c.to_string_lossy().into_owned())
@@ -522,24 +561,8 @@ impl Launched {
     }
 }
 
-/// Tells whether the target is still the process that was attached (not a reused pid).
-#[derive(Clone, Copy, Debug)]
-pub struct Liveness {
-    pid: u32,
-    start_time: u64,
-}
-
-impl Liveness {
-    pub fn alive(&self) -> bool {
-        remote::alive(self.pid, self.start_time)
-    }
-}
-
 impl Injector {
     pub fn liveness(&self) -> Liveness {
-        Liveness {
-            pid: self.target.pid,
-            start_time: self.target.start_time,
-        }
+        self.target.liveness()
     }
 }

@@ -19,8 +19,7 @@ pub mod mapped_file;
 pub mod procmaps;
 #[cfg(target_arch = "x86_64")]
 mod ptrace;
-#[cfg(target_arch = "x86_64")]
-mod remote;
+pub mod remote;
 #[cfg(target_arch = "x86_64")]
 mod safepoint;
 #[cfg(target_arch = "x86_64")]

@@ -1,5 +1,6 @@
 //! `/proc/PID/maps`: what the target has mapped where.
 
+use crate::remote::Proc;
 use std::io;
 use std::path::PathBuf;
 
@@ -80,20 +81,18 @@ fn parse_line(line: &str) -> Option<Mapping> {
 }
 
 /// Reads the target's mappings.
-pub fn read(pid: u32) -> io::Result<Vec<Mapping>> {
-    Ok(parse(&std::fs::read_to_string(format!(
-        "/proc/{pid}/maps"
-    ))?))
+pub fn read(proc: &Proc) -> io::Result<Vec<Mapping>> {
+    Ok(parse(&proc.read_to_string("maps")?))
 }
 
 /// Where to read the file behind `m` from this process: the mapping itself (the very file,
 /// even deleted; needs CAP_SYS_ADMIN), through the target's root (a target in a container),
 /// else the path. The caller checks that what it opens is the mapped file.
-pub fn file_paths(pid: u32, m: &Mapping) -> Vec<PathBuf> {
+pub fn file_paths(proc: &Proc, m: &Mapping) -> Vec<PathBuf> {
     let path = m.path.strip_suffix(" (deleted)").unwrap_or(&m.path);
     vec![
-        PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end)),
-        PathBuf::from(format!("/proc/{pid}/root{path}")),
+        PathBuf::from(proc.path(&format!("map_files/{:x}-{:x}", m.start, m.end))),
+        PathBuf::from(proc.path(&format!("root{path}"))),
         PathBuf::from(path),
     ]
 }

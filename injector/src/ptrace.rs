@@ -24,9 +24,12 @@ unsafe fn request(req: libc::c_uint, tid: u32, addr: usize, data: usize) -> io::
 /// Traces `tid` without stopping it (no SIGSTOP is sent). System-call stops report
 /// `SIGTRAP | 0x80` (`PTRACE_O_TRACESYSGOOD`): should mprof die while the thread sits in one,
 /// the kernel resumes it and finds no valid signal to deliver, where a plain `SIGTRAP` would
-/// kill it.
+/// kill it. An `execve` of the thread stops it in the new program before it runs a line of it
+/// (`PTRACE_O_TRACEEXEC`, [`Stop::Exec`]): without it, a thread that mprof seized just as it
+/// called `execve` (a setuid program, say) would reach mprof's next stop in the new program,
+/// and mprof would work on it with the old program's addresses.
 pub fn seize(tid: u32) -> io::Result<()> {
-    let options = libc::PTRACE_O_TRACESYSGOOD as usize;
+    let options = (libc::PTRACE_O_TRACESYSGOOD | libc::PTRACE_O_TRACEEXEC) as usize;
     // SAFETY: no memory is passed.
     unsafe { request(libc::PTRACE_SEIZE, tid, 0, options) }.map(drop)
 }
@@ -170,6 +173,10 @@ pub enum Stop {
     Signal(i32),
     /// The whole process is being stopped (SIGSTOP, SIGTSTP...).
     Group(i32),
+    /// The thread has just replaced the process's program (`execve`): nothing of what mprof
+    /// knew of the process holds any more. It is stopped under the process's id (which the
+    /// thread takes if it had another) and must be let go untouched ([`let_exec_go`]).
+    Exec,
     /// The thread exited or was killed.
     Gone,
 }
@@ -181,7 +188,9 @@ fn decode(status: i32) -> Stop {
         return Stop::Gone;
     }
     let sig = libc::WSTOPSIG(status);
-    if status >> 16 == PTRACE_EVENT_STOP {
+    if status >> 16 == libc::PTRACE_EVENT_EXEC {
+        Stop::Exec
+    } else if status >> 16 == PTRACE_EVENT_STOP {
         if sig == libc::SIGTRAP {
             Stop::Interrupted
         } else {
@@ -191,6 +200,37 @@ fn decode(status: i32) -> Stop {
         Stop::Syscall
     } else {
         Stop::Signal(sig)
+    }
+}
+
+/// Lets the thread that stopped at an `execve` ([`Stop::Exec`]) of process `pid` go on
+/// untouched: it is stopped under id `pid` now, whatever id it had. Its registers and memory
+/// are the new program's, and mprof neither reads nor writes them.
+pub fn let_exec_go(pid: u32) {
+    let _ = detach(pid, 0);
+}
+
+/// After `tid` seemed to vanish: whether it was a thread of process `pid` (not its main
+/// thread) that exec'd, and now waits in [`Stop::Exec`] under id `pid`, traced by mprof.
+pub fn exec_stop_of(pid: u32, tid: u32, proc: &crate::remote::Proc) -> bool {
+    if tid == pid {
+        return false;
+    }
+    let ours = proc.status().is_ok_and(|s| s.tracer == std::process::id());
+    ours && matches!(wait(pid, Duration::from_millis(200)), Ok(Some(Stop::Exec)))
+}
+
+/// Collects the death of traced thread `tid` after a request found it gone (ESRCH): a thread
+/// killed while traced stays a zombie until its tracer waits for it, and an `exec` by another
+/// thread of the process waits for that before it replaces the program.
+pub fn reap(tid: u32) {
+    for _ in 0..100 {
+        match wait(tid, Duration::ZERO) {
+            Ok(Some(Stop::Gone)) | Err(_) => return,
+            // A stop reported late (not ours to act on now) or nothing yet: the kill that
+            // ends the thread is on its way.
+            Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+        }
     }
 }
 

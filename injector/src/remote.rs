@@ -1,25 +1,20 @@
 //! Reading and writing the target's memory (`/proc/PID/mem`) and what `/proc` says about its
-//! threads.
+//! threads, always through a [`Proc`]: a handle on the very process mprof was asked for, which
+//! never reaches another process that reuses its PID once it has died.
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 
-/// The target's address space.
+/// The target's address space, as it was when opened: after an `exec`, reads and writes through
+/// it fail (the kernel ties the file to the memory it was opened on), so nothing mprof writes
+/// can reach the program the target became.
 pub struct Mem {
     file: File,
 }
 
 impl Mem {
-    /// Opens `/proc/PID/mem` for reading and writing (allowed to a process that may trace it).
-    pub fn open(pid: u32) -> io::Result<Mem> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(format!("/proc/{pid}/mem"))?;
-        Ok(Mem { file })
-    }
-
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
         self.file.read_exact_at(buf, addr)
     }
@@ -38,6 +33,125 @@ impl Mem {
 
     pub fn write(&self, addr: u64, bytes: &[u8]) -> io::Result<()> {
         self.file.write_all_at(bytes, addr)
+    }
+}
+
+/// One process, held from the first look at it: a pidfd (which tells when this process, and no
+/// other, has exited) and a descriptor of its `/proc` directory (through which every file is
+/// read: once the process is gone, they fail, even if another process has taken its PID).
+pub struct Proc {
+    pub pid: u32,
+    dir: OwnedFd,
+    pidfd: OwnedFd,
+}
+
+impl Proc {
+    /// Takes hold of process `pid`: the pidfd first, then its `/proc` directory, then checks
+    /// that the process the pidfd holds has not exited meanwhile (so the directory is its own).
+    pub fn open(pid: u32) -> io::Result<Proc> {
+        if pid == 0 || pid > i32::MAX as u32 {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        // SAFETY: pidfd_open takes a pid and flags; the result is checked.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor that nothing else owns.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let dir = File::open(format!("/proc/{pid}"))?;
+        let p = Proc {
+            pid,
+            dir: dir.into(),
+            pidfd,
+        };
+        if p.exited() {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        Ok(p)
+    }
+
+    /// The path of `rel` inside the process's `/proc` directory, as this process can open it
+    /// (through the directory's descriptor: never another process's).
+    pub fn path(&self, rel: &str) -> String {
+        format!("/proc/self/fd/{}/{rel}", self.dir.as_raw_fd())
+    }
+
+    pub fn read_to_string(&self, rel: &str) -> io::Result<String> {
+        std::fs::read_to_string(self.path(rel))
+    }
+
+    /// Whether the process has exited (a zombie counts as exited).
+    pub fn exited(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one pollfd, a local; no waiting.
+        let r = unsafe { libc::poll(&mut p, 1, 0) };
+        r != 0 && (r < 0 || p.revents != 0)
+    }
+
+    /// The pidfd, for `pidfd_getfd`.
+    pub fn pidfd(&self) -> &OwnedFd {
+        &self.pidfd
+    }
+
+    /// Opens the process's memory for reading and writing (allowed to a process that may trace
+    /// it).
+    pub fn mem(&self) -> io::Result<Mem> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(self.path("mem"))?;
+        Ok(Mem { file })
+    }
+
+    pub fn thread_status(&self, tid: u32) -> io::Result<ThreadStatus> {
+        Ok(parse_status(
+            &self.read_to_string(&format!("task/{tid}/status"))?,
+        ))
+    }
+
+    pub fn status(&self) -> io::Result<ThreadStatus> {
+        Ok(parse_status(&self.read_to_string("status")?))
+    }
+
+    /// Whether thread `tid` is one of this process's.
+    pub fn has_thread(&self, tid: u32) -> bool {
+        std::fs::metadata(self.path(&format!("task/{tid}"))).is_ok()
+    }
+
+    /// The thread ids of the process, main thread first.
+    pub fn threads(&self) -> io::Result<Vec<u32>> {
+        let pid = self.pid;
+        let mut tids: Vec<u32> = std::fs::read_dir(self.path("task"))?
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect();
+        tids.sort_by_key(|&t| (t != pid, t));
+        Ok(tids)
+    }
+
+    /// The state letter and start time from the process's `stat`.
+    pub fn stat(&self) -> io::Result<(char, u64)> {
+        parse_stat(&self.read_to_string("stat")?)
+    }
+
+    /// The process's command name (`comm`: the program's file name, up to 15 bytes, unless
+    /// the program renamed itself); still there while it is a zombie.
+    pub fn comm(&self) -> io::Result<String> {
+        Ok(self
+            .read_to_string("comm")?
+            .trim_end_matches('\n')
+            .to_string())
+    }
+
+    /// The program the process runs now (`exe`), " (deleted)" removed.
+    pub fn exe(&self) -> io::Result<String> {
+        let exe = std::fs::read_link(self.path("exe"))?.display().to_string();
+        Ok(exe.strip_suffix(" (deleted)").unwrap_or(&exe).to_string())
     }
 }
 
@@ -81,28 +195,6 @@ pub fn parse_status(text: &str) -> ThreadStatus {
     s
 }
 
-pub fn thread_status(pid: u32, tid: u32) -> io::Result<ThreadStatus> {
-    Ok(parse_status(&std::fs::read_to_string(format!(
-        "/proc/{pid}/task/{tid}/status"
-    ))?))
-}
-
-pub fn process_status(pid: u32) -> io::Result<ThreadStatus> {
-    Ok(parse_status(&std::fs::read_to_string(format!(
-        "/proc/{pid}/status"
-    ))?))
-}
-
-/// The thread ids of the target, main thread first.
-pub fn threads(pid: u32) -> io::Result<Vec<u32>> {
-    let mut tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect();
-    tids.sort_by_key(|&t| (t != pid, t));
-    Ok(tids)
-}
-
 /// A thread's name (`comm`), empty if it is gone.
 pub fn thread_name(pid: u32, tid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
@@ -110,10 +202,8 @@ pub fn thread_name(pid: u32, tid: u32) -> String {
         .unwrap_or_default()
 }
 
-/// The state letter and start time (clock ticks since boot) from `/proc/PID/stat`; the start
-/// time tells a process from a later one that reused its pid.
-pub fn stat(pid: u32) -> io::Result<(char, u64)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+/// Parses `/proc/PID/stat`: the state letter and start time (clock ticks since boot).
+fn parse_stat(text: &str) -> io::Result<(char, u64)> {
     // The command name may hold spaces and parentheses: fields resume after the last ')'.
     let rest = text
         .rsplit_once(')')
@@ -123,11 +213,6 @@ pub fn stat(pid: u32) -> io::Result<(char, u64)> {
     let state = fields.first().and_then(|s| s.chars().next()).unwrap_or('?');
     let start = fields.get(19).and_then(|s| s.parse().ok()).unwrap_or(0);
     Ok((state, start))
-}
-
-/// Whether the process that had `start_time` is still there (and not a zombie).
-pub fn alive(pid: u32, start_time: u64) -> bool {
-    matches!(stat(pid), Ok((state, start)) if start == start_time && state != 'Z' && state != 'X')
 }
 
 #[cfg(test)]
@@ -146,10 +231,23 @@ mod tests {
     }
 
     #[test]
-    fn stat_of_this_process() {
-        let (state, start) = stat(std::process::id()).unwrap();
+    fn a_handle_reads_its_own_process_and_tells_when_it_exited() {
+        let me = Proc::open(std::process::id()).unwrap();
+        let (state, start) = me.stat().unwrap();
         assert!(state == 'R' || state == 'S');
         assert!(start > 0);
-        assert!(alive(std::process::id(), start));
+        assert!(!me.exited());
+        assert!(me.has_thread(std::process::id()));
+        let mut child = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .unwrap();
+        let held = Proc::open(child.id()).unwrap();
+        assert!(!held.exited());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(held.exited());
+        // Reaped: the directory held no longer reads, whoever has the number now.
+        assert!(held.stat().is_err());
     }
 }

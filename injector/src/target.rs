@@ -4,13 +4,14 @@
 
 use crate::elf::{Elf, Sym};
 use crate::error::{other, AttachError};
-use crate::mapped_file::load_elf;
+use crate::mapped_file::{load_elf, MappedFile};
 use crate::procmaps::{self, Mapping};
-use crate::remote::{self, Mem};
+use crate::remote::{self, Mem, Proc};
 use crate::trampoline;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
+use std::sync::Arc;
 
 /// `mov $15, %rax; syscall`: the body of `__restore_rt`, where a signal handler returns to
 /// (glibc and musl alike).
@@ -107,7 +108,15 @@ pub struct LoadedAgent {
 
 pub struct Process {
     pub pid: u32,
-    pub start_time: u64,
+    /// The process itself, held since the first look (see [`Proc`]).
+    pub proc: Arc<Proc>,
+    /// The program it ran when first looked at (an `exec` since is noticed by the ptrace
+    /// events and by the memory file, which no longer reads; this names it in messages).
+    pub exe: String,
+    /// The memory of the program it ran when first looked at: after an `exec` it no longer
+    /// reads (see [`Process::left`]).
+    pub mem: Arc<Mem>,
+    comm: String,
     pub maps: Vec<Mapping>,
     pub python: Python,
     pub libc: Libc,
@@ -159,16 +168,25 @@ fn abs(bias: u64, s: Sym) -> (u64, u64) {
 }
 
 impl Process {
-    /// Reads everything needed from /proc and the target's files. Changes nothing.
-    pub fn inspect(pid: u32) -> Result<Process, AttachError> {
-        let (state, start_time) =
-            remote::stat(pid).map_err(|e| io_error(pid, "reading stat", e))?;
-        match state {
-            'Z' | 'X' => return Err(AttachError::Exited(pid)),
+    /// Reads everything needed from /proc and the target's files. Changes nothing. `mem` is
+    /// the process's memory, opened before anything was read.
+    pub fn inspect(proc: Arc<Proc>, mem: Arc<Mem>) -> Result<Process, AttachError> {
+        let pid = proc.pid;
+        match settled_state(&proc)? {
+            'Z' | 'X' if proc.exited() => return Err(AttachError::Exited(pid)),
+            'Z' | 'X' => {
+                return Err(other(
+                    "inspecting the process",
+                    format!(
+                        "the main thread of PID {pid} has ended while other threads run on; \
+                         mprof cannot attach to such a process"
+                    ),
+                ))
+            }
             // A tracing stop ('t') of another tracer (another mprof attach, say) is not a
             // stopped program.
             'T' | 't' => {
-                return Err(match remote::process_status(pid).map(|s| s.tracer) {
+                return Err(match proc.status().map(|s| s.tracer) {
                     Ok(tracer) if tracer != 0 => AttachError::AlreadyTraced {
                         pid,
                         tracer,
@@ -181,23 +199,26 @@ impl Process {
         }
         // A running program whose file was deleted (every python3 after a package upgrade)
         // reads as "/usr/bin/python3.11 (deleted)".
-        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
-            .map(|p| p.display().to_string())
+        let exe = proc
+            .exe()
             .map_err(|e| io_error(pid, "reading the executable path", e))?;
-        let exe = exe.strip_suffix(" (deleted)").unwrap_or(&exe).to_string();
-        let maps = procmaps::read(pid).map_err(|e| io_error(pid, "reading the memory map", e))?;
-        let python = find_python(pid, &exe, &maps)?;
+        let maps = procmaps::read(&proc).map_err(|e| io_error(pid, "reading the memory map", e))?;
+        let python = find_python(&proc, &exe, &maps)?;
         if let Some(v) = python.version {
             let (lo, hi) = mprof_common::layout::supported_range();
             if v < lo || v > hi {
                 return Err(AttachError::Unsupported { pid, version: v });
             }
         }
-        let (libc, dl_iterate_phdr) = find_libc(pid, &maps)?;
+        let (libc, dl_iterate_phdr) = find_libc(&proc, &maps)?;
         let locking = locking_code(&maps, dl_iterate_phdr);
+        let comm = proc.comm().unwrap_or_default();
         Ok(Process {
             pid,
-            start_time,
+            proc,
+            exe,
+            mem,
+            comm,
             maps,
             python,
             libc,
@@ -255,6 +276,27 @@ impl Process {
         Ok(())
     }
 
+    /// What tells whether the process is still the one inspected.
+    pub fn liveness(&self) -> Liveness {
+        Liveness {
+            proc: self.proc.clone(),
+            mem: self.mem.clone(),
+            exe: self.exe.clone(),
+            comm: self.comm.clone(),
+            probe: self.python.text.first().map_or(0, |r| r.0),
+        }
+    }
+
+    /// Why the process is no longer the one inspected, if it is not (see [`Liveness::left`]).
+    pub fn left(&self) -> Option<AttachError> {
+        self.liveness().left()
+    }
+
+    /// The error of a target that replaced its program.
+    pub fn execed(&self) -> AttachError {
+        self.liveness().execed()
+    }
+
     pub fn mapping_at(&self, addr: u64) -> Option<&Mapping> {
         self.maps.iter().find(|m| m.contains(addr))
     }
@@ -263,7 +305,7 @@ impl Process {
     /// since (the stack of a thread started later), from `/proc/PID/maps` again.
     pub fn mapping_now(&self, addr: u64) -> Option<Mapping> {
         self.mapping_at(addr).cloned().or_else(|| {
-            procmaps::read(self.pid)
+            procmaps::read(&self.proc)
                 .ok()?
                 .into_iter()
                 .find(|m| m.contains(addr))
@@ -322,7 +364,7 @@ impl Process {
         if let Some(&known) = self.allocators.borrow().get(&key) {
             return known;
         }
-        let defines = load_elf(self.pid, m)
+        let defines = load_elf(&self.proc, m)
             .map(|(elf, _)| elf.symbol("malloc").is_some() || elf.symbol("free").is_some())
             .unwrap_or(true);
         self.allocators.borrow_mut().insert(key, defines);
@@ -342,7 +384,7 @@ impl Process {
         if let Some(&known) = self.extensions.borrow().get(&key) {
             return known;
         }
-        let is_ext = load_elf(self.pid, m)
+        let is_ext = load_elf(&self.proc, m)
             .map(|(elf, _)| elf.with_prefix("PyInit_").next().is_some())
             .unwrap_or(false);
         self.extensions.borrow_mut().insert(key, is_ext);
@@ -350,7 +392,98 @@ impl Process {
     }
 }
 
-fn find_python(pid: u32, exe: &str, maps: &[Mapping]) -> Result<Python, AttachError> {
+/// Tells whether the target is still the process, and the program, that was attached: not
+/// exited, not another process that reused its PID, not replaced by an `exec`.
+#[derive(Clone)]
+pub struct Liveness {
+    proc: Arc<Proc>,
+    mem: Arc<Mem>,
+    exe: String,
+    /// The command name when the process was inspected.
+    comm: String,
+    /// An address of the program attached (its interpreter's code): readable while the
+    /// process runs that program.
+    probe: u64,
+}
+
+impl Liveness {
+    pub fn pid(&self) -> u32 {
+        self.proc.pid
+    }
+
+    /// Whether the process attached still runs the program attached.
+    pub fn alive(&self) -> bool {
+        self.left().is_none()
+    }
+
+    /// Why the process is no longer the program attached: it exited, or it exec'd.
+    pub fn left(&self) -> Option<AttachError> {
+        if self.proc.exited() {
+            // A program that replaced the one attached, and exited since, left its name.
+            return Some(match self.proc.comm() {
+                Ok(now) if !now.is_empty() && now != self.comm => AttachError::Execed {
+                    pid: self.proc.pid,
+                    from: self.exe.clone(),
+                    to: format!("{now}, which has exited since"),
+                },
+                _ => AttachError::Exited(self.proc.pid),
+            });
+        }
+        let mut byte = [0u8];
+        if self.probe != 0 && self.mem.read(self.probe, &mut byte).is_err() {
+            return Some(self.execed());
+        }
+        None
+    }
+
+    /// The error of a target that replaced its program.
+    pub fn execed(&self) -> AttachError {
+        AttachError::Execed {
+            pid: self.proc.pid,
+            from: self.exe.clone(),
+            to: self.proc.exe().unwrap_or_else(|_| "another program".into()),
+        }
+    }
+
+    /// Why reading the process, or tracing its thread, failed with `e` while doing `what`. A
+    /// thread that vanished (ESRCH) is looked at for a moment: a thread killed by another's
+    /// `exec` vanishes before the process's memory is replaced.
+    pub fn why_gone(&self, e: std::io::Error, what: &str) -> AttachError {
+        let tries = if e.raw_os_error() == Some(libc::ESRCH) {
+            20
+        } else {
+            1
+        };
+        for i in 0..tries {
+            if let Some(left) = self.left() {
+                return left;
+            }
+            if i + 1 < tries {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+        other(what, e)
+    }
+}
+
+/// The process's state letter; a main thread seen as a zombie while the process lives (for
+/// the moment an `exec` from another thread takes, or for good) is looked at again for a
+/// moment.
+fn settled_state(proc: &Proc) -> Result<char, AttachError> {
+    let pid = proc.pid;
+    let mut state = '?';
+    for _ in 0..20 {
+        state = proc.stat().map_err(|e| io_error(pid, "reading stat", e))?.0;
+        if !matches!(state, 'Z' | 'X') || proc.exited() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Ok(state)
+}
+
+fn find_python(proc: &Proc, exe: &str, maps: &[Mapping]) -> Result<Python, AttachError> {
+    let pid = proc.pid;
     let lib = maps
         .iter()
         .find(|m| m.is_file() && m.file_name().starts_with("libpython"));
@@ -368,7 +501,7 @@ fn find_python(pid: u32, exe: &str, maps: &[Mapping]) -> Result<Python, AttachEr
             (m, version_in_name(m.file_name(), "python"))
         }
     };
-    let (elf, _) = load_elf(pid, image).map_err(|e| match e.kind() {
+    let (elf, _) = load_elf(proc, image).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound if image.path.ends_with(" (deleted)") => other(
             "reading the interpreter",
             format!(
@@ -448,7 +581,8 @@ fn locking_code(maps: &[Mapping], dl_iterate_phdr: Option<(u64, u64)>) -> Lockin
     code
 }
 
-fn find_libc(pid: u32, maps: &[Mapping]) -> Result<(Libc, Option<(u64, u64)>), AttachError> {
+fn find_libc(proc: &Proc, maps: &[Mapping]) -> Result<(Libc, Option<(u64, u64)>), AttachError> {
+    let pid = proc.pid;
     let m = maps
         .iter()
         .find(|m| m.is_file() && is_libc(m.file_name()))
@@ -458,15 +592,15 @@ fn find_libc(pid: u32, maps: &[Mapping]) -> Result<(Libc, Option<(u64, u64)>), A
                 format!("no libc mapped in PID {pid}"),
             )
         })?;
-    let (elf, bytes) = load_elf(pid, m).map_err(|e| io_error(pid, "reading the C library", e))?;
+    let (elf, file) = load_elf(proc, m).map_err(|e| io_error(pid, "reading the C library", e))?;
     let b = bias(maps, m, &elf);
     let at = |name: &str| elf.symbol(name).map(|s| b + s.value);
     let (dlopen, dlopen_flags, dlerror) = match (at("dlopen"), at("__libc_dlopen_mode")) {
         (Some(d), _) => (d, RTLD_NOW, at("dlerror").unwrap_or(0)),
         (None, Some(d)) => (d, RTLD_NOW | RTLD_DLOPEN_PRIVATE, 0),
-        _ => find_libdl(pid, maps)?,
+        _ => find_libdl(proc, maps)?,
     };
-    let restore_rt = find_bytes(maps, m, bytes.bytes(), &RESTORE_RT).ok_or_else(|| {
+    let restore_rt = find_bytes(maps, m, &file, &RESTORE_RT).ok_or_else(|| {
         other(
             "reading the C library",
             format!("no signal return stub (__restore_rt) in {}", m.path),
@@ -490,13 +624,14 @@ fn find_libc(pid: u32, maps: &[Mapping]) -> Result<(Libc, Option<(u64, u64)>), A
 }
 
 /// glibc before 2.34 keeps `dlopen` in libdl.
-fn find_libdl(pid: u32, maps: &[Mapping]) -> Result<(u64, u64, u64), AttachError> {
+fn find_libdl(proc: &Proc, maps: &[Mapping]) -> Result<(u64, u64, u64), AttachError> {
+    let pid = proc.pid;
     let missing = || other("finding dlopen", format!("PID {pid} has no dlopen"));
     let m = maps
         .iter()
         .find(|m| m.is_file() && m.file_name().starts_with("libdl.so"))
         .ok_or_else(missing)?;
-    let (elf, _) = load_elf(pid, m).map_err(|e| io_error(pid, "reading libdl", e))?;
+    let (elf, _) = load_elf(proc, m).map_err(|e| io_error(pid, "reading libdl", e))?;
     let b = bias(maps, m, &elf);
     let dlopen = elf.symbol("dlopen").ok_or_else(missing)?;
     let dlerror = elf.symbol("dlerror").map_or(0, |s| b + s.value);
@@ -504,13 +639,12 @@ fn find_libdl(pid: u32, maps: &[Mapping]) -> Result<(u64, u64, u64), AttachError
 }
 
 /// The address of the first occurrence of `needle` in the executable mappings of `m`'s file.
-fn find_bytes(maps: &[Mapping], m: &Mapping, file: &[u8], needle: &[u8]) -> Option<u64> {
+fn find_bytes(maps: &[Mapping], m: &Mapping, file: &MappedFile, needle: &[u8]) -> Option<u64> {
     maps.iter()
         .filter(|o| o.exec && o.path == m.path && o.inode == m.inode)
         .find_map(|o| {
-            let from = o.offset as usize;
-            let to = (from + o.len() as usize).min(file.len());
-            let hay = file.get(from..to)?;
+            let len = o.len().min(file.len().checked_sub(o.offset)?);
+            let hay = file.read_at(o.offset, len).ok()?;
             let at = hay.windows(needle.len()).position(|w| w == needle)?;
             Some(o.start + at as u64)
         })

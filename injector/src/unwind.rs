@@ -246,7 +246,7 @@ fn tables_for(t: &Process, mem: &Mem, pc: u64, cache: &mut Cache) -> Option<Rc<T
     // The ELF header: at the object's mapping of file offset 0 (the vDSO: its only mapping).
     let header = if m.is_file() {
         crate::procmaps::file_base(&t.maps, &m).or_else(|| {
-            let maps = crate::procmaps::read(t.pid).ok()?;
+            let maps = crate::procmaps::read(&t.proc).ok()?;
             crate::procmaps::file_base(&maps, &m)
         })?
     } else if m.offset == 0 {

@@ -89,8 +89,8 @@ impl Symbols {
     }
 }
 
-/// The GNU build id of an ELF image.
-pub fn build_id(data: &[u8]) -> Option<Vec<u8>> {
+/// The GNU build id of an ELF image (in memory, or a file read as needed).
+pub fn build_id<'a, R: object::ReadRef<'a>>(data: R) -> Option<Vec<u8>> {
     let file = object::File::parse(data).ok()?;
     let id = file.build_id().ok()??;
     (!id.is_empty() && id.len() <= 64).then(|| id.to_vec())
@@ -118,7 +118,7 @@ pub fn has_dwarf(data: &[u8]) -> bool {
 /// is `offset` (an executable one first: linkers such as lld start the code in the page where
 /// the read-only data ends), else one that holds `offset`. An address of the file plus the
 /// bias is the address in the process.
-pub fn bias(data: &[u8], start: u64, offset: u64) -> Option<u64> {
+pub fn bias<'a, R: object::ReadRef<'a>>(data: R, start: u64, offset: u64) -> Option<u64> {
     let loads = loads(data)?;
     let page = |s: &Load| s.offset & !0xfff;
     let exact = |exec: bool| loads.iter().find(|s| page(s) == offset && s.exec == exec);
@@ -140,9 +140,11 @@ struct Load {
 }
 
 /// The PT_LOAD segments of an ELF image (at most 256 kept).
-fn loads(data: &[u8]) -> Option<Vec<Load>> {
-    fn of<H: FileHeader<Endian = object::Endianness>>(data: &[u8]) -> Option<Vec<Load>> {
-        let f = ElfFile::<H>::parse(data).ok()?;
+fn loads<'a, R: object::ReadRef<'a>>(data: R) -> Option<Vec<Load>> {
+    fn of<'a, H: FileHeader<Endian = object::Endianness>, R: object::ReadRef<'a>>(
+        data: R,
+    ) -> Option<Vec<Load>> {
+        let f = ElfFile::<H, R>::parse(data).ok()?;
         let e = f.endian();
         let headers = f.elf_header().program_headers(e, data).ok()?;
         Some(
@@ -160,8 +162,8 @@ fn loads(data: &[u8]) -> Option<Vec<Load>> {
         )
     }
     match object::FileKind::parse(data).ok()? {
-        object::FileKind::Elf64 => of::<object::elf::FileHeader64<object::Endianness>>(data),
-        object::FileKind::Elf32 => of::<object::elf::FileHeader32<object::Endianness>>(data),
+        object::FileKind::Elf64 => of::<object::elf::FileHeader64<object::Endianness>, R>(data),
+        object::FileKind::Elf32 => of::<object::elf::FileHeader32<object::Endianness>, R>(data),
         _ => None,
     }
 }

@@ -20,7 +20,7 @@ use super::elf;
 use mprof_common::record::{
     Module, ModuleRange, Record, MODULE_BIAS_FROM_ELF, MODULE_DELETED, MODULE_MAIN,
 };
-use mprof_injector::mapped_file::FileMap;
+use mprof_injector::mapped_file::{self, MappedFile};
 use mprof_injector::procmaps::{self, Mapping};
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
@@ -244,10 +244,10 @@ fn describe(pid: u32, mappings: &[Mapping], main: bool) -> Module {
         ..Module::default()
     };
     if let Some(file) = open_mapped(pid, exec[0]) {
-        let data = file.bytes();
-        module.file_size = data.len() as u64;
-        module.build_id = elf::build_id(data).unwrap_or_default();
-        if let Some(bias) = elf::bias(data, exec[0].start, exec[0].offset) {
+        let reader = file.reader();
+        module.file_size = file.len();
+        module.build_id = elf::build_id(&reader).unwrap_or_default();
+        if let Some(bias) = elf::bias(&reader, exec[0].start, exec[0].offset) {
             module.bias = bias;
             module.flags |= MODULE_BIAS_FROM_ELF;
         }
@@ -255,11 +255,11 @@ fn describe(pid: u32, mappings: &[Mapping], main: bool) -> Module {
     module
 }
 
-/// The very file a mapping maps, if it can still be opened.
-fn open_mapped(pid: u32, m: &Mapping) -> Option<FileMap> {
-    procmaps::file_paths(pid, m)
-        .into_iter()
-        .find_map(|path| FileMap::open(&path, m).ok())
+/// The very file a mapping maps, if it can still be opened: read as needed, never mapped (a
+/// target that truncates it meanwhile makes a read fail, not mprof die of SIGBUS).
+fn open_mapped(pid: u32, m: &Mapping) -> Option<MappedFile> {
+    let proc = mprof_injector::remote::Proc::open(pid).ok()?;
+    mapped_file::open_mapped(&proc, m).ok()
 }
 
 #[cfg(test)]

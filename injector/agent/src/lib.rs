@@ -28,6 +28,7 @@ mod lifecycle;
 mod lock;
 mod map_request;
 mod native;
+mod own_name;
 mod pyframes;
 mod python;
 mod sample_stack;
@@ -132,6 +133,7 @@ unsafe fn claim_and_start(base: *mut u8, len: usize) -> c_int {
 /// Record mode: runs when the dynamic loader loads the agent through `LD_PRELOAD`, before
 /// `main`, so the hooks are in place before the interpreter runs a line of Python.
 extern "C" fn preload_init() {
+    own_name::rename();
     let follow_text = env_text(ENV_FOLLOW);
     let follow = follow_text.as_deref().and_then(|text| {
         let (name, ring) = mprof_common::children::parse_follow_env(text)?;
@@ -325,6 +327,7 @@ static AGENT_FINI: extern "C" fn() = agent_fini;
 /// `fd` must be a descriptor of a ring made by mprof.
 #[no_mangle]
 pub unsafe extern "C" fn mprof_agent_start(fd: c_int) -> c_int {
+    own_name::rename();
     match map_ring(fd) {
         Some((base, len)) => claim_and_start(base, len),
         None => 2,
