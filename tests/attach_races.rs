@@ -8,10 +8,12 @@
 
 mod common;
 
-use common::procs::{attach_once, is_root, Target, LIMIT};
-use common::{main_python, pythons, script, Python};
+use common::procs::{attach_once, is_root, signal, Target, LIMIT};
+use common::{main_python, mprof, pythons, run_with_timeout, script, tools, Python};
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::{Command, ExitStatus};
+use std::time::Duration;
 
 /// A small deterministic generator, so a failing trial can be replayed from its seed.
 struct Lcg(u64);
@@ -177,4 +179,78 @@ fn an_exec_during_the_attach_is_not_called_an_exit() {
         "{}: no exec happened during an attach: {said:?}",
         py.label
     );
+}
+
+/// `gdb -p PID` lists the target's libraries and detaches, within a deadline; the target is
+/// running again afterwards.
+fn gdb_lists_libraries(gdb: &Path, pid: u32, what: &str) {
+    let out = run_with_timeout(
+        Command::new(gdb).args([
+            "-nx",
+            "-batch",
+            "-p",
+            &pid.to_string(),
+            "-ex",
+            "info sharedlibrary",
+        ]),
+        Duration::from_secs(60),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("libc.so"),
+        "{what}: gdb -p {pid} failed or hung ({}): {text}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    if maps.contains("mprof-agent") {
+        assert!(
+            text.contains("/memfd:mprof-agent.so (deleted)") && !text.contains("/proc/self/fd/"),
+            "{what}: the agent is not listed under its memory file's name: {text}"
+        );
+    }
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = state
+        .rsplit_once(") ")
+        .map_or(' ', |(_, r)| r.chars().next().unwrap());
+    assert!(
+        !matches!(state, 'T' | 't'),
+        "{what}: PID {pid} was left stopped ({state})"
+    );
+}
+
+/// Point 7: a debugger after mprof. The agent was loaded as `/proc/self/fd/N`, the name the
+/// loader kept and debuggers read: `gdb -p` opened it in its own process, where N was its own
+/// pipe, and hung for ever with the target stopped (6 of 6 before; memray's attach drives gdb
+/// and hung the same way). The agent now renames itself after its memory file. Checked on a
+/// target never profiled (the control), after an attach and detach, and under `record`.
+#[test]
+fn a_debugger_attaches_after_mprof_as_if_mprof_had_never_come() {
+    let Some(gdb) = tools::gdb("gdb after mprof") else {
+        return;
+    };
+    for py in &pythons() {
+        let target = Target::python(&py.path, "attach_idle.py", &["sleep"]);
+        gdb_lists_libraries(&gdb, target.pid, &format!("{}: never profiled", py.label));
+        let dir = common::tempdir();
+        let capture = dir.path().join("c.mprof");
+        let (status, err) = attach_once(
+            target.pid,
+            &["--duration", "0.2", "-q", "-o", capture.to_str().unwrap()],
+        );
+        assert!(status.success(), "{}: {err}", py.label);
+        gdb_lists_libraries(&gdb, target.pid, &format!("{}: after attach", py.label));
+        let recorded = Target::start(
+            mprof()
+                .args(["record", "-q", "-o"])
+                .arg(dir.path().join("r.mprof"))
+                .arg("--")
+                .arg(&py.path)
+                .arg(script("attach_idle.py"))
+                .arg("sleep"),
+        );
+        gdb_lists_libraries(&gdb, recorded.pid, &format!("{}: under record", py.label));
+        signal(recorded.pid, 9);
+        eprintln!("{}: gdb -p after attach and under record: ok", py.label);
+    }
 }

@@ -81,6 +81,15 @@ pub fn run_chromium(browser: &Path, url: &str, args: &[&str], offline: bool) -> 
     out
 }
 
+/// `gdb`, or `None` after printing why the test is skipped.
+pub fn gdb(test: &str) -> Option<PathBuf> {
+    let found = find(&["gdb"], &[]);
+    if found.is_none() {
+        eprintln!("SKIPPED {test}: no gdb on PATH (apt-get install -y gdb; .ci/run does)");
+    }
+    found
+}
+
 /// `go`, or `None` after printing why the test is skipped.
 pub fn go(test: &str) -> Option<PathBuf> {
     let found = find(&["go"], &["/usr/local/go/bin/go"]);
