@@ -71,3 +71,19 @@ fn build(py: &Python, dir: &Path, name: &str, flags: &[&str]) -> Option<PathBuf>
     );
     Some(so)
 }
+
+/// Builds `tests/c/NAME.c`, a plain C library (no Python headers), into `dir/libNAME.so`.
+pub fn build_library(dir: &Path, name: &str) -> PathBuf {
+    let so = dir.join(format!("lib{name}.so"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-pthread", "-Wl,-z,relro,-z,now"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&so)
+        .arg("-ldl")
+        .status()
+        .expect("cc");
+    assert!(status.success(), "building {name} failed");
+    so
+}

@@ -195,6 +195,7 @@ impl AddrSet {
     }
 
     /// Whether `addr` is in the set.
+    #[cfg(test)]
     pub fn contains(&self, addr: usize) -> bool {
         if self.everything {
             return true;

@@ -193,14 +193,80 @@ fn announce(f: &Follow, fd: c_int, born: u32, ppid: u32) -> bool {
     };
     // SAFETY: a new socket of this process; every buffer lives on this stack frame.
     unsafe {
-        let s = sys::socket(sys::AF_UNIX, sys::SOCK_SEQPACKET | sys::SOCK_CLOEXEC, 0);
+        let s = sys::socket(
+            sys::AF_UNIX,
+            sys::SOCK_SEQPACKET | sys::SOCK_CLOEXEC | sys::SOCK_NONBLOCK,
+            0,
+        );
         if s < 0 {
             return false;
         }
-        let sent = sys::connect(s, &addr, addr_len) == 0
-            && sys::sendmsg(s, &msg, sys::MSG_NOSIGNAL) == hello.len() as isize;
+        let sent = connect_within(s, &addr, addr_len, ANNOUNCE_WAIT_NS)
+            && sys::sendmsg(s, &msg, sys::MSG_NOSIGNAL | sys::MSG_DONTWAIT) == hello.len() as isize;
         sys::close(s);
         sent
+    }
+}
+
+/// How long a child waits for mprof to take its ring: a stopped mprof, or one whose backlog is
+/// full, must not hang the program's `fork()` (the child then runs on unprofiled).
+const ANNOUNCE_WAIT_NS: u64 = 500_000_000;
+
+/// Connects the non-blocking socket `s` to `addr`, trying again while the listener's backlog
+/// is full, for at most `wait_ns`.
+///
+/// # Safety
+/// `s` is a socket of this process; `addr` holds `len` bytes of address.
+unsafe fn connect_within(s: c_int, addr: &sys::SockaddrUn, len: u32, wait_ns: u64) -> bool {
+    let start = sys::now_ns();
+    loop {
+        if sys::connect(s, addr, len) == 0 {
+            return true;
+        }
+        // A full backlog says EAGAIN at once (Unix sockets never say EINPROGRESS).
+        if *sys::errno() != sys::EAGAIN || sys::now_ns().saturating_sub(start) >= wait_ns {
+            return false;
+        }
+        sys::sleep_ns(5_000_000);
+    }
+}
+
+/// Connects to a listener named `name` (abstract) whose backlog is full, and returns how long
+/// the connect took to give up (for the locks' tests); `None` when no such listener can be
+/// made here.
+#[cfg(test)]
+pub fn connect_to_full_backlog_for_test(name: &str) -> Option<std::time::Duration> {
+    let mut addr = sys::SockaddrUn {
+        family: sys::AF_UNIX as u16,
+        path: [0; 108],
+    };
+    addr.path[1..1 + name.len()].copy_from_slice(name.as_bytes());
+    let len = (2 + 1 + name.len()) as u32;
+    let kind = sys::SOCK_SEQPACKET | sys::SOCK_CLOEXEC | sys::SOCK_NONBLOCK;
+    // SAFETY: sockets of this test, closed at the end; every buffer lives on this frame.
+    unsafe {
+        let listener = sys::socket(sys::AF_UNIX, kind, 0);
+        if listener < 0 || sys::bind(listener, &addr, len) != 0 || sys::listen(listener, 0) != 0 {
+            return None;
+        }
+        // Fill the backlog: connects succeed until it is full.
+        let mut filled = Vec::new();
+        for _ in 0..64 {
+            let s = sys::socket(sys::AF_UNIX, kind, 0);
+            if sys::connect(s, &addr, len) != 0 {
+                sys::close(s);
+                break;
+            }
+            filled.push(s);
+        }
+        let s = sys::socket(sys::AF_UNIX, kind, 0);
+        let start = std::time::Instant::now();
+        let connected = connect_within(s, &addr, len, ANNOUNCE_WAIT_NS);
+        let took = start.elapsed();
+        for fd in filled.into_iter().chain([s, listener]) {
+            sys::close(fd);
+        }
+        (!connected).then_some(took)
     }
 }
 

@@ -8,19 +8,31 @@
 //!   allocator function (a function pointer a library calls through: libxml2's `xmlMalloc`,
 //!   glib's and libcurl's tables) is redirected too, while it still holds that function.
 //! - Entries under RELRO are read-only once relocated: the page is made writable for the write
-//!   and read-only again after it.
+//!   and given back the protection it had (as `/proc/self/maps` shows it, read at the scan)
+//!   after it.
+//! - Racing the loader: another thread's `dlopen` lists an object before it relocates it, and
+//!   writes its GOT and makes its RELRO read-only only then. A scan (inside `dl_iterate_phdr`,
+//!   whose lock keeps every listed object mapped and the list as it is) leaves an object whose
+//!   RELRO is still writable alone: the loader is still relocating it (making that page
+//!   read-only under the loader killed the process with SIGSEGV in `ld.so`). An entry is
+//!   redirected only while it holds the address of code (relocated: a function, or the
+//!   object's own lazy-binding stub), never a value the loader has not written yet.
 //! - Objects loaded later are caught by the hook of `dlopen`, which scans again; a scan leaves
 //!   entries that already point to a hook alone, so it can run any number of times.
+//! - Entries are put back inside `dl_iterate_phdr` too, only in objects still listed (an object
+//!   unloaded since may have another in its place), and never with the session lock held (it
+//!   runs once that lock is released, see `lock::Guard::defer`).
 //! - Not patched: the agent itself, the dynamic loader, and, for the allocator family, the
 //!   interpreter's own image (libpython, or the executable of a static Python): its calls of
 //!   `malloc` serve `PyMem_RawMalloc` and pymalloc's arenas, which the PEP 445 hooks count
 //!   already. Its `dlopen` is patched, to see extension modules being imported.
 //!
 //! `GOT_LOCK` serializes scans and restores. It is never taken under the loader's lock (scans
-//! call `dl_iterate_phdr` with it held, never the other way round), and the hooks' fast and slow
-//! paths never take it.
+//! call `dl_iterate_phdr` with it held, never the other way round), nor under the session lock,
+//! and the hooks' fast and slow paths never take it (see `locks.rs` for the order).
 
 use crate::lock::SpinLock;
+use crate::prot::Protections;
 use crate::sys;
 use std::ffi::{c_char, c_int, c_void, CStr};
 
@@ -53,7 +65,7 @@ const R_JUMP_SLOT: u32 = 1026;
 #[derive(Clone, Copy)]
 pub struct Phdr {
     pub p_type: u32,
-    p_flags: u32,
+    pub p_flags: u32,
     p_offset: u64,
     pub p_vaddr: u64,
     p_paddr: u64,
@@ -143,14 +155,14 @@ fn is_extension_module(name: &[u8]) -> bool {
     name.ends_with(b".so") && (has(b".cpython-") || has(b".abi3.") || has(b"/lib-dynload/"))
 }
 
-/// A GOT entry the agent changed: where it is and what it held.
+/// A GOT entry the agent changed: where it is, what it held, and the object it is in (its
+/// load address and program headers, as the loader lists it).
 #[derive(Clone, Copy)]
 struct Slot {
+    object: (usize, usize),
     addr: usize,
     original: usize,
     hook: usize,
-    /// Under RELRO: read-only but while the agent writes it.
-    read_only: bool,
 }
 
 struct Patched {
@@ -245,6 +257,8 @@ struct Scan<'a> {
     seen: &'a mut Seen,
     /// Whether the first object was met (the scan's count of unloads is known then).
     started: bool,
+    /// The pages' protections, read when the first object was met.
+    prot: Option<Protections>,
 }
 
 pub const PT_LOAD: u32 = 1;
@@ -295,25 +309,89 @@ fn scan(p: &mut Patched, hooks: &[Hook], agent: usize, interpreter: usize) {
         slots,
         seen,
         started: false,
+        prot: None,
     };
     // SAFETY: the callback only reads the program headers and dynamic sections the loader
     // hands it, and writes GOT entries it found there.
     unsafe { dl_iterate_phdr(visit, &mut s as *mut Scan as *mut c_void) };
 }
 
-/// Puts back every entry that still points to a hook. Entries of objects unloaded meanwhile
-/// are skipped (their memory is checked to be readable first).
-pub fn restore_all() {
+/// Puts back every entry that still points to a hook, unless session `serial` is over already
+/// (a later session wants them), in the objects the loader still lists; entries of objects
+/// unloaded since are forgotten. Called without the session lock.
+pub fn restore_all(serial: u64) {
     let mut p = GOT_LOCK.lock();
+    if SERIAL.load(std::sync::atomic::Ordering::Acquire) != serial {
+        return;
+    }
     p.wanted = false;
     p.seen.forget();
-    for slot in p.slots.drain(..) {
-        let mut now = [0usize];
-        if sys::read_own(slot.addr, &mut now) && now[0] == slot.hook {
-            // SAFETY: a GOT entry (still mapped, as just read) that the agent wrote itself.
-            unsafe { write_entry(slot.addr, slot.original, slot.read_only) };
+    let mut slots = std::mem::take(&mut p.slots);
+    slots.sort_unstable_by_key(|s| (s.object, s.addr));
+    let mut r = Restore {
+        slots: &slots,
+        prot: None,
+        started: false,
+    };
+    // SAFETY: the callback only reads the program headers the loader hands it and writes
+    // entries the agent wrote itself, of objects the loader lists (and so keeps mapped).
+    unsafe { dl_iterate_phdr(restore_visit, &mut r as *mut Restore as *mut c_void) };
+}
+
+/// What a restore needs: the entries changed, sorted by object.
+struct Restore<'a> {
+    slots: &'a [Slot],
+    prot: Option<Protections>,
+    started: bool,
+}
+
+unsafe extern "C" fn restore_visit(info: *mut DlPhdrInfo, _: usize, data: *mut c_void) -> c_int {
+    let r = &mut *(data as *mut Restore);
+    if !r.started {
+        r.started = true;
+        r.prot = Protections::read();
+    }
+    let Some(prot) = &r.prot else {
+        return 1; // no protections known: nothing is written
+    };
+    let info = &*info;
+    let key = (info.addr, info.phdr as usize);
+    let from = r.slots.partition_point(|s| s.object < key);
+    let to = r.slots.partition_point(|s| s.object <= key);
+    if from == to || relocating(info, prot) {
+        return 0;
+    }
+    for slot in &r.slots[from..to] {
+        let Some(page) = prot.at(slot.addr) else {
+            continue;
+        };
+        if std::ptr::read_volatile(slot.addr as *const usize) == slot.hook {
+            write_entry(slot.addr, slot.original, page.prot(), page.write);
         }
     }
+    0
+}
+
+/// Serializes the unit tests that change the agent's global state (the session, the GOT).
+#[cfg(test)]
+pub static TEST_SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Whether `GOT_LOCK` is free now (for the lock-order tests).
+#[cfg(test)]
+pub fn lock_is_free() -> bool {
+    GOT_LOCK.try_lock().is_some()
+}
+
+/// Whether a session wants the hooks (for the tests).
+#[cfg(test)]
+pub fn hooks_wanted() -> bool {
+    GOT_LOCK.lock().wanted
+}
+
+/// Says that hooks are wanted, without a scan (for the tests).
+#[cfg(test)]
+pub fn want_hooks_for_test() {
+    GOT_LOCK.lock().wanted = true;
 }
 
 /// Holds the lock across `fork()` (from the prepare handler), so that the child never inherits
@@ -343,6 +421,17 @@ unsafe extern "C" fn visit(info: *mut DlPhdrInfo, size: usize, data: *mut c_void
         s.started = true;
         let counted = size >= std::mem::offset_of!(DlPhdrInfo, subs) + 8;
         s.seen.start(counted.then_some(info.subs));
+        // Read under the loader's list lock: every object listed stays mapped, and an
+        // object's RELRO only goes from writable (being relocated) to read-only meanwhile.
+        s.prot = Protections::read();
+    }
+    let Some(prot) = &s.prot else {
+        return 1; // the protections cannot be read: nothing is patched
+    };
+    // Being relocated by another thread's `dlopen`: left for the scan its `dlopen` hook makes
+    // once it returns (not noted as seen).
+    if relocating(info, prot) {
+        return 0;
     }
     if !s.seen.must_scan((info.addr, info.phdr as usize)) {
         return 0;
@@ -373,18 +462,32 @@ fn fix(ptr: u64, bias: usize) -> usize {
     }
 }
 
+/// The part of an object's RELRO region the loader makes read-only once it has relocated the
+/// object (whole pages: the last partial page stays writable), if any.
+unsafe fn relro_pages(info: &DlPhdrInfo) -> Option<(usize, usize)> {
+    let phdrs = std::slice::from_raw_parts(info.phdr, info.phnum as usize);
+    let p = phdrs.iter().find(|p| p.p_type == PT_GNU_RELRO)?;
+    let mask = !(page_size() - 1);
+    let start = (info.addr + p.p_vaddr as usize) & mask;
+    let end = (info.addr + (p.p_vaddr + p.p_memsz) as usize) & mask;
+    (start < end).then_some((start, end))
+}
+
+/// Whether the loader is still relocating the object: it has a RELRO region that is not
+/// read-only yet.
+unsafe fn relocating(info: &DlPhdrInfo, prot: &Protections) -> bool {
+    relro_pages(info).is_some_and(|(start, end)| !prot.read_only(start, end))
+}
+
 unsafe fn patch_object(s: &mut Scan, info: &DlPhdrInfo, extension: bool) {
     let phdrs = std::slice::from_raw_parts(info.phdr, info.phnum as usize);
     let bias = info.addr;
     let Some(dynamic) = phdrs.iter().find(|p| p.p_type == PT_DYNAMIC) else {
         return;
     };
-    let relro = phdrs.iter().find(|p| p.p_type == PT_GNU_RELRO).map(|p| {
-        (
-            bias + p.p_vaddr as usize,
-            bias + (p.p_vaddr + p.p_memsz) as usize,
-        )
-    });
+    let Some(prot) = &s.prot else {
+        return;
+    };
     let (mut strtab, mut strsz, mut symtab) = (0, 0, 0);
     let (mut jmprel, mut pltrelsz, mut rela, mut relasz) = (0, 0, 0, 0);
     let mut d = (bias + dynamic.p_vaddr as usize) as *const Dyn;
@@ -434,7 +537,10 @@ unsafe fn patch_object(s: &mut Scan, info: &DlPhdrInfo, extension: bool) {
                 continue;
             };
             let addr = bias + r.offset as usize;
-            let original = *(addr as *const usize);
+            let Some(page) = prot.at(addr) else {
+                continue;
+            };
+            let original = std::ptr::read_volatile(addr as *const usize);
             if original == hook.addr {
                 continue; // patched by an earlier scan
             }
@@ -443,39 +549,37 @@ unsafe fn patch_object(s: &mut Scan, info: &DlPhdrInfo, extension: bool) {
             if data && (r.addend != 0 || hook.real == 0 || original != hook.real) {
                 continue;
             }
-            let read_only = relro.is_some_and(|(lo, hi)| lo <= addr && addr < hi);
-            write_entry(addr, hook.addr, read_only);
+            // Only an entry the loader has relocated: it holds the address of code (the
+            // function, or the object's own lazy-binding stub). An entry not relocated yet
+            // holds nothing, or an offset in its file. (Not "the function the process resolves
+            // for the name": a static Python's executable exports a stub of its own for
+            // `malloc`, which lookups answer, while the other objects call the C library's.)
+            if !prot.at(original).is_some_and(|r| r.exec) {
+                continue;
+            }
+            write_entry(addr, hook.addr, page.prot(), page.write);
             s.slots.retain(|slot| slot.addr != addr);
             s.slots.push(Slot {
+                object: (info.addr, info.phdr as usize),
                 addr,
                 original,
                 hook: hook.addr,
-                read_only,
             });
         }
     }
 }
 
-/// Makes the page of a RELRO entry writable (`true`) or read-only again.
-unsafe fn make_writable(addr: usize, writable: bool) {
-    let page = addr & !(page_size() - 1);
-    let prot = if writable {
-        sys::PROT_READ | sys::PROT_WRITE
-    } else {
-        sys::PROT_READ
-    };
-    sys::mprotect(page as *mut c_void, page_size(), prot);
-}
-
 /// Writes a GOT entry (an aligned word: threads calling through it see the old or the new
-/// function, never a mix), making a read-only page writable for the time of the write.
-unsafe fn write_entry(addr: usize, value: usize, read_only: bool) {
-    if read_only {
-        make_writable(addr, true);
+/// function, never a mix). A page that is not `writable` is made writable for the time of the
+/// write and given back its protection `prot` after it.
+unsafe fn write_entry(addr: usize, value: usize, prot: c_int, writable: bool) {
+    let page = (addr & !(page_size() - 1)) as *mut c_void;
+    if !writable && sys::mprotect(page, page_size(), prot | sys::PROT_WRITE) != 0 {
+        return;
     }
     std::ptr::write_volatile(addr as *mut usize, value);
-    if read_only {
-        make_writable(addr, false);
+    if !writable {
+        sys::mprotect(page, page_size(), prot);
     }
 }
 

@@ -26,9 +26,11 @@ mod hooks;
 mod layout_check;
 mod lifecycle;
 mod lock;
+mod locks;
 mod map_request;
 mod native;
 mod own_name;
+mod prot;
 mod pyframes;
 mod python;
 mod sample_stack;
@@ -381,25 +383,26 @@ static FORK_HANDLERS: Once = Once::new();
 /// program's.
 static FORKED_BY: AtomicU32 = AtomicU32::new(0);
 
-extern "C" fn before_fork() {
+pub(crate) extern "C" fn before_fork() {
     // SAFETY: getpid has no preconditions.
     FORKED_BY.store(unsafe { sys::getpid() } as u32, Ordering::Relaxed);
-    got::lock_for_fork();
+    // The locks' order (see `locks`): the session's, then the GOT scans'.
     SESSION.raw_lock();
+    got::lock_for_fork();
 }
 
-extern "C" fn after_fork_parent() {
+pub(crate) extern "C" fn after_fork_parent() {
+    got::unlock_after_fork();
     // SAFETY: taken by `before_fork` on this thread.
     unsafe { SESSION.raw_unlock() };
-    got::unlock_after_fork();
 }
 
 /// The child of a fork shares the parent's ring but is not the parent: it stops writing there.
 /// When children are followed it goes on in a ring of its own, handed to mprof.
 extern "C" fn after_fork_child() {
+    got::unlock_after_fork();
     // SAFETY: the child's copies of the locks `before_fork` took in the parent.
     unsafe { SESSION.raw_unlock() };
-    got::unlock_after_fork();
     // The forking thread's cached id is its parent's: the child's records must carry its own.
     let _ = sampler::THREAD.try_with(|t| t.tid.set(0));
     let mut s = SESSION.lock();

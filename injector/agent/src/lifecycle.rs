@@ -121,6 +121,58 @@ pub struct Caches {
     pub lines: [Option<LineEntry>; LINE_CACHE],
 }
 
+/// Sampled blocks whose realloc runs now, outside the session lock: out of the set (no free of
+/// them is recorded meanwhile), not yet recorded as freed (a realloc that fails leaves its block
+/// live). A sample that another thread takes at one of these addresses proves that realloc
+/// released the block: that thread writes the block's FREE first (see
+/// `sampling::record_alloc_with`).
+pub struct Moving {
+    len: usize,
+    addrs: [usize; Moving::CAP],
+}
+
+impl Moving {
+    /// At most this many at once (a realloc that finds no room keeps the lock across its call).
+    pub const CAP: usize = 16;
+
+    const fn new() -> Moving {
+        Moving {
+            len: 0,
+            addrs: [0; Moving::CAP],
+        }
+    }
+
+    /// Whether any block is moving: the one test a sample makes.
+    #[inline(always)]
+    pub fn any(&self) -> bool {
+        self.len != 0
+    }
+
+    /// Notes `addr` as moving; false when there is no room.
+    pub fn add(&mut self, addr: usize) -> bool {
+        if self.len == Self::CAP {
+            return false;
+        }
+        self.addrs[self.len] = addr;
+        self.len += 1;
+        true
+    }
+
+    /// Takes `addr` out if it is moving; whether it was.
+    pub fn take(&mut self, addr: usize) -> bool {
+        let Some(i) = self.addrs[..self.len].iter().position(|&a| a == addr) else {
+            return false;
+        };
+        self.len -= 1;
+        self.addrs[i] = self.addrs[self.len];
+        true
+    }
+
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
 /// Everything a session owns. Only touched under `SESSION`'s lock.
 pub struct Session {
     pub mapped: Option<Mapped>,
@@ -132,6 +184,8 @@ pub struct Session {
     pub max_depth: usize,
     /// The sampled blocks that are still live.
     pub set: AddrSet,
+    /// Sampled blocks being reallocated now, outside the lock (see `sampling::sampled_realloc`).
+    pub moving: Moving,
     pub caches: Caches,
     /// Node ids of the stacks announced so far, and each thread's previous chain.
     pub stacks: Stacks,
@@ -144,6 +198,10 @@ pub struct Session {
     /// The ring of a session that ended because the process ends, kept mapped until
     /// [`at_exit`] has waited for the reader's answer to map request `.1`.
     leaving: Option<(Mapped, u32)>,
+    /// Rings let go while threads wait in [`before_unload`] on them without the lock: kept
+    /// mapped until the last of those threads is done (at most a few: sessions started and
+    /// stopped within one bounded wait; one more than fit stays mapped for good).
+    parked: [Option<Mapped>; 4],
 }
 
 // SAFETY: the raw pointers in `Session` (the ring mapping, the address set's table) are
@@ -157,6 +215,7 @@ pub static SESSION: SpinLock<Session> = SpinLock::new(Session {
     this_thread: None,
     max_depth: 0,
     set: AddrSet::new(),
+    moving: Moving::new(),
     caches: Caches {
         generation: 0,
         codes: [None; CODE_CACHE],
@@ -167,6 +226,7 @@ pub static SESSION: SpinLock<Session> = SpinLock::new(Session {
     native_samples: 0,
     native_samples_mapped: 0,
     leaving: None,
+    parked: [None, None, None, None],
 });
 
 /// Why a session could not start; the text goes into the ring's message.
@@ -317,8 +377,8 @@ pub fn stop(reason: EndReason) -> bool {
 pub fn stop_locked(s: &mut Session, reason: EndReason) {
     ENABLED.store(false, Ordering::Release);
     sampler::idle();
-    crate::got::SERIAL.fetch_add(1, Ordering::AcqRel);
-    crate::native::uninstall(reason != EndReason::Finalizing);
+    let serial = crate::got::SERIAL.fetch_add(1, Ordering::AcqRel) + 1;
+    crate::native::uninstall(reason != EndReason::Finalizing, serial);
     let lost = match (s.table, python::api()) {
         (Some(table), Some(api)) if reason != EndReason::Finalizing => {
             // SAFETY: under the session lock.
@@ -330,6 +390,7 @@ pub fn stop_locked(s: &mut Session, reason: EndReason) {
         crate::code_dealloc::unwrap(layout, api.code_type);
     }
     s.set.clear();
+    s.moving.clear();
     s.stacks.release();
     let Some(mut m) = s.mapped.take() else { return };
     if lost.any() {
@@ -367,10 +428,26 @@ pub fn stop_locked(s: &mut Session, reason: EndReason) {
     match request {
         Some(n) => {
             if let Some((old, _)) = s.leaving.replace((m, n)) {
-                unmap(old);
+                let_go(s, old);
             }
         }
-        None => unmap(m),
+        None => let_go(s, m),
+    }
+}
+
+/// Threads waiting in [`before_unload`] without the session lock, on a ring they read: while
+/// there are any, a ring the session lets go is parked (`Session::parked`), and the last of
+/// them unmaps it. Changed under the session lock.
+static UNLOAD_WAITERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Unmaps a ring the session lets go, or parks it while a thread may still read it.
+fn let_go(s: &mut Session, m: Mapped) {
+    if UNLOAD_WAITERS.load(Ordering::Relaxed) == 0 {
+        return unmap(m);
+    }
+    // No room left: the ring stays mapped for good (dropping `m` does not unmap it).
+    if let Some(free) = s.parked.iter_mut().find(|p| p.is_none()) {
+        *free = Some(m);
     }
 }
 
@@ -401,8 +478,9 @@ pub fn at_exit() {
 
 /// A library is about to be unloaded (`dlclose`): if samples with a native stack were written
 /// since the reader was last asked, asks it to read the memory map while the library is still
-/// there, and waits for its answer (bounded) with the session lock held, which keeps the ring
-/// mapped. The caller is not inside the agent (a hook's `busy` flag is clear).
+/// there, and waits for its answer (bounded). The wait holds no lock (the other threads'
+/// samples go on meanwhile); the ring it reads stays mapped while it waits (see
+/// [`UNLOAD_WAITERS`]). The caller is not inside the agent (a hook's `busy` flag is clear).
 pub fn before_unload() {
     let mut s = SESSION.lock();
     let Some(m) = &s.mapped else { return };
@@ -411,8 +489,19 @@ pub fn before_unload() {
         return;
     }
     let n = map_request::ask(h);
-    map_request::wait(h, n);
+    let header = h as *const RingHeader;
     s.native_samples_mapped = s.native_samples;
+    UNLOAD_WAITERS.fetch_add(1, Ordering::Relaxed);
+    drop(s);
+    // SAFETY: the ring stays mapped while UNLOAD_WAITERS counts this thread: a session that
+    // lets it go meanwhile parks it instead of unmapping it.
+    map_request::wait(unsafe { &*header }, n);
+    let mut s = SESSION.lock();
+    if UNLOAD_WAITERS.fetch_sub(1, Ordering::Relaxed) == 1 {
+        for m in s.parked.iter_mut().filter_map(Option::take) {
+            unmap(m);
+        }
+    }
 }
 
 /// Why the session should end now (`now`, from `now_ns`), if it should: the interpreter is
@@ -512,6 +601,7 @@ pub fn continue_in_child(s: &mut Session, base: *mut u8, len: usize) {
     }
     forget_leaving(s);
     s.set.clear();
+    s.moving.clear();
     s.caches.generation = s.caches.generation.wrapping_add(1);
     s.stacks.reset();
     (s.native_samples, s.native_samples_mapped) = (0, 0);
@@ -539,6 +629,7 @@ pub fn forget_in_child(s: &mut Session) {
     }
     forget_leaving(s);
     s.set.clear();
+    s.moving.clear();
     s.stacks.release();
 }
 

@@ -14,6 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub struct SpinLock<T> {
     /// The holder's thread pointer, 0 when free.
     holder: AtomicUsize,
+    /// Work to run once the lock is released (a `fn()`, 0 when none): what must not run with
+    /// the lock held (see [`Guard::defer`]). Beside `holder`, on the line a release writes.
+    deferred: AtomicUsize,
     value: UnsafeCell<T>,
 }
 
@@ -29,6 +32,7 @@ impl<T> SpinLock<T> {
     pub const fn new(value: T) -> SpinLock<T> {
         SpinLock {
             holder: AtomicUsize::new(0),
+            deferred: AtomicUsize::new(0),
             value: UnsafeCell::new(value),
         }
     }
@@ -94,6 +98,14 @@ impl<T> SpinLock<T> {
         }
     }
 
+    /// Runs `work` on the calling thread, which holds the lock, once it releases it (drops its
+    /// guard): for work that must not run with the lock held (it takes a lock that comes
+    /// before this one, or waits). A later `defer` before the release replaces it.
+    pub fn defer(&self, work: fn()) {
+        debug_assert!(self.held_by_me());
+        self.deferred.store(work as usize, Ordering::Relaxed);
+    }
+
     /// Takes the lock before `fork()` so that the child never inherits it held.
     pub fn raw_lock(&self) {
         std::mem::forget(self.lock());
@@ -124,8 +136,19 @@ impl<T> DerefMut for Guard<'_, T> {
 }
 
 impl<T> Drop for Guard<'_, T> {
+    #[inline(always)]
     fn drop(&mut self) {
+        // Taken while the lock is held: only its holder stores there.
+        let work = self.lock.deferred.load(Ordering::Relaxed);
+        if work != 0 {
+            self.lock.deferred.store(0, Ordering::Relaxed);
+        }
         self.lock.holder.store(0, Ordering::Release);
+        if work != 0 {
+            // SAFETY: stored by `defer` from a `fn()`.
+            let work: fn() = unsafe { std::mem::transmute::<usize, fn()>(work) };
+            work();
+        }
     }
 }
 
@@ -167,6 +190,35 @@ mod tests {
         drop(guard);
         assert_eq!(lock.holder.load(Ordering::Relaxed), 0);
         assert!(lock.try_lock().is_some());
+    }
+
+    static RAN: AtomicUsize = AtomicUsize::new(0);
+    static FREE_WHEN_RUN: AtomicUsize = AtomicUsize::new(0);
+    static LOCK: SpinLock<u32> = SpinLock::new(0);
+
+    fn note_run() {
+        RAN.fetch_add(1, Ordering::Relaxed);
+        FREE_WHEN_RUN.store(
+            (LOCK.holder.load(Ordering::Relaxed) == 0) as usize,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Work deferred under the lock runs once, after the release, on the releasing thread.
+    #[test]
+    fn deferred_work_runs_once_after_the_release() {
+        let guard = LOCK.lock();
+        LOCK.defer(note_run);
+        assert_eq!(RAN.load(Ordering::Relaxed), 0);
+        drop(guard);
+        assert_eq!(RAN.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            FREE_WHEN_RUN.load(Ordering::Relaxed),
+            1,
+            "the lock was free"
+        );
+        drop(LOCK.lock());
+        assert_eq!(RAN.load(Ordering::Relaxed), 1, "once");
     }
 
     /// `raw_lock` holds the lock (as across a fork) until `raw_unlock`.

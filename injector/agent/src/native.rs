@@ -397,11 +397,32 @@ pub fn install(interpreter: *const c_void, serial: u64) {
     }
 }
 
-/// Stops sampling native allocations; with `restore`, puts every patched GOT entry back.
-/// Called with the session lock held, after the session serial moved on.
-pub fn uninstall(restore: bool) {
+/// Stops sampling native allocations; with `restore`, the patched GOT entries are put back
+/// once the session lock is released (the restore takes the loader's list lock, which a thread
+/// may hold while it waits for the session lock in a hook). Called with the session lock held,
+/// after the session serial moved on to `serial`.
+pub fn uninstall(restore: bool, serial: u64) {
     ON.store(false, Ordering::Release);
     if restore {
-        got::restore_all();
+        RESTORE_SERIAL.store(serial, Ordering::Relaxed);
+        crate::lifecycle::SESSION.defer(restore_deferred);
+    }
+}
+
+/// The session serial a deferred restore is for.
+static RESTORE_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Puts the GOT entries back, after the session lock was released (see [`uninstall`]); not if
+/// another session started meanwhile.
+fn restore_deferred() {
+    let serial = RESTORE_SERIAL.load(Ordering::Relaxed);
+    // Busy: what the restore allocates is the agent's own.
+    let done = THREAD.try_with(|t| {
+        let was = t.busy.replace(true);
+        got::restore_all(serial);
+        t.busy.set(was);
+    });
+    if done.is_err() {
+        got::restore_all(serial); // a thread whose locals are gone: it is exiting
     }
 }

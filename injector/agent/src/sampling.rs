@@ -190,10 +190,13 @@ unsafe fn record_alloc(
     }
 }
 
-/// Slow path of a realloc that may free a sampled block, or whose countdown ran out. The call
-/// runs under the session lock: the old block's FREE is recorded only if the realloc
-/// succeeded (a failed one leaves the block live), and still before any other thread can
-/// record an allocation at the released address. `call` reallocates to the size it is given.
+/// Slow path of a realloc that may free a sampled block, or whose countdown ran out. `call`
+/// reallocates to the size it is given, with no lock of the agent's held (the real allocator
+/// never runs under one: see `locks`). A sampled old block is taken out of the set and noted
+/// as moving (`lifecycle::Moving`) before the call; after it, its FREE is written if the
+/// realloc released it, and it goes back into the set if the realloc failed (the block is
+/// live as it was). Should another thread sample an allocation at its address meanwhile (the
+/// realloc released it), that thread writes the FREE first, so the records keep their order.
 #[cold]
 #[inline(never)]
 pub unsafe fn sampled_realloc(
@@ -221,31 +224,79 @@ pub unsafe fn sampled_realloc(
         } else {
             &[]
         };
-        let mut shared = SESSION.lock();
         // A realloc of NULL allocates (how a `bytearray` gets its first buffer: most of a
         // tornado server's samples): no block to look up, whose slot is a line the cache
         // no longer has.
-        let was_sampled = old != 0 && shared.set.contains(old);
+        let mut moving = false;
+        if old != 0 {
+            let mut shared = SESSION.lock();
+            if shared.set.remove(old) {
+                moving = shared.moving.add(old);
+                if !moving {
+                    // No room to note it: the call is made under the lock, as a last resort.
+                    cold_path();
+                    let ptr = call(asked(domain, layer, size, sample));
+                    finish_realloc(&mut shared, t, old, true, ptr, size, domain, native, sample);
+                    drop(shared);
+                    t.busy.set(was_busy);
+                    return ptr;
+                }
+            }
+        }
         let ptr = call(asked(domain, layer, size, sample));
-        if was_sampled && (!ptr.is_null() || size == 0) {
-            shared.set.remove(old);
-            record_free_locked(&mut shared, old);
-        }
-        if sample && !ptr.is_null() {
-            let block = Sampled {
+        if moving || (sample && !ptr.is_null()) {
+            let mut shared = SESSION.lock();
+            let still_moving = moving && shared.moving.take(old);
+            finish_realloc(
+                &mut shared,
                 t,
-                addr: ptr as usize,
+                old,
+                still_moving,
+                ptr,
                 size,
-                allocator: allocator_of(domain),
+                domain,
                 native,
-            };
-            record_alloc_locked(&mut shared, block);
+                sample,
+            );
         }
-        drop(shared);
         cycles::add(Part::Realloc, start);
         t.busy.set(was_busy);
         ptr
     })
+}
+
+/// After a sampled realloc's call, under the lock: the old block (`sampled`: out of the set,
+/// its FREE not written by another thread) freed or live again, and the new block recorded.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn finish_realloc(
+    shared: &mut Session,
+    t: &ThreadState,
+    old: usize,
+    sampled: bool,
+    ptr: *mut c_void,
+    size: usize,
+    domain: usize,
+    native: &[u64],
+    sample: bool,
+) {
+    if sampled {
+        if ptr.is_null() && size != 0 {
+            shared.set.insert(old); // the realloc failed: the block is live as it was
+        } else {
+            record_free_locked(shared, old);
+        }
+    }
+    if sample && !ptr.is_null() {
+        let block = Sampled {
+            t,
+            addr: ptr as usize,
+            size,
+            allocator: allocator_of(domain),
+            native,
+        };
+        record_alloc_locked(shared, block);
+    }
 }
 
 /// A sampled block to record: the allocating thread, the block and its allocator, and the
@@ -291,6 +342,12 @@ unsafe fn record_alloc_with<const WITH_NATIVE: bool>(shared: &mut Session, block
     // The rare ways out are marked cold (`cold_path`), so that the compiler lays their code
     // after the common sample's: at the default rate a sample's code is fetched afresh. The
     // session's parts are taken once, then each is checked once.
+    // A block reallocated right now by another thread was at this address: the realloc has
+    // released it, and its FREE comes first.
+    if shared.moving.any() && shared.moving.take(addr) {
+        cold_path();
+        record_free_locked(shared, addr);
+    }
     let Session {
         mapped: Some(mapped),
         finalizing_flag,

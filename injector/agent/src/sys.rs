@@ -6,6 +6,9 @@ use std::ffi::{c_char, c_int, c_long, c_void};
 pub const RTLD_DEFAULT: *mut c_void = std::ptr::null_mut();
 pub const PROT_READ: c_int = 1;
 pub const PROT_WRITE: c_int = 2;
+pub const PROT_EXEC: c_int = 4;
+pub const O_RDONLY: c_int = 0;
+pub const O_CLOEXEC: c_int = 0o2000000;
 pub const MAP_SHARED: c_int = 1;
 pub const MAP_PRIVATE: c_int = 2;
 pub const MAP_ANONYMOUS: c_int = 0x20;
@@ -32,6 +35,9 @@ pub const SOCK_CLOEXEC: c_int = 0o2000000;
 pub const SOL_SOCKET: c_int = 1;
 pub const SCM_RIGHTS: c_int = 1;
 pub const MSG_NOSIGNAL: c_int = 0x4000;
+pub const MSG_DONTWAIT: c_int = 0x40;
+pub const SOCK_NONBLOCK: c_int = 0o4000;
+pub const EAGAIN: c_int = 11;
 pub const F_ADD_SEALS: c_int = 1033;
 pub const F_SEAL_SHRINK: c_int = 2;
 pub const F_SEAL_GROW: c_int = 4;
@@ -115,6 +121,10 @@ pub fn symbol_extent(name: &std::ffi::CStr) -> Option<(usize, usize)> {
 extern "C" {
     pub fn socket(domain: c_int, kind: c_int, protocol: c_int) -> c_int;
     pub fn connect(fd: c_int, addr: *const SockaddrUn, len: u32) -> c_int;
+    #[cfg(test)]
+    pub fn bind(fd: c_int, addr: *const SockaddrUn, len: u32) -> c_int;
+    #[cfg(test)]
+    pub fn listen(fd: c_int, backlog: c_int) -> c_int;
     pub fn sendmsg(fd: c_int, msg: *const Msghdr, flags: c_int) -> isize;
     pub fn ftruncate(fd: c_int, len: i64) -> c_int;
     pub fn fcntl(fd: c_int, cmd: c_int, ...) -> c_int;
@@ -192,6 +202,10 @@ extern "C" {
     pub fn setenv(name: *const c_char, value: *const c_char, overwrite: c_int) -> c_int;
     pub fn unsetenv(name: *const c_char) -> c_int;
     pub fn close(fd: c_int) -> c_int;
+    #[link_name = "__errno_location"]
+    pub fn errno() -> *mut c_int;
+    pub fn open(path: *const c_char, flags: c_int, ...) -> c_int;
+    pub fn read(fd: c_int, buf: *mut c_void, len: usize) -> isize;
     pub fn lseek(fd: c_int, off: i64, whence: c_int) -> i64;
     pub fn sched_yield() -> c_int;
     pub fn nanosleep(req: *const Timespec, rem: *mut Timespec) -> c_int;
