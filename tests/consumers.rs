@@ -8,7 +8,7 @@ mod common;
 use common::tools::{chromium, go, js_packages, run_chromium, Server};
 use common::views::{fixture, ok};
 use common::{mprof, pythons, run_with_timeout, script};
-use mprof::testing::CaptureBuilder;
+use mprof::capture::testing::CaptureBuilder;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
