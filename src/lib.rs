@@ -43,14 +43,7 @@ macro_rules! say {
 
 pub mod analysis;
 pub mod base;
-/// The capture stage (its files are in `src/capture/`).
-pub mod capture {
-    pub mod file;
-    pub mod meta;
-    pub mod pack;
-    pub mod processes;
-    pub mod testing;
-}
+pub mod capture;
 #[cfg(any(test, fuzzing))]
 pub mod fuzzing;
 pub mod sessions;

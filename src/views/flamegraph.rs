@@ -18,14 +18,14 @@
 //! written instead of an SVG. When the view has no bytes at all (e.g. `live` for a program that
 //! freed everything), a small valid SVG that says so is written, with a warning.
 
-use crate::analysis::allocators::{Allocator, Allocators};
+use crate::analysis::allocators::Allocators;
 use crate::analysis::frames::{self, Kind};
 use crate::analysis::profile::{Estimate, Profile, View};
 use crate::base::text::xml_escape;
 use crate::base::units::human_bytes;
 use crate::capture::processes::{CaptureSet, Pick};
 use crate::views::about::{rate_text, view_title};
-use crate::views::export::folded;
+use crate::views::export::folded::{self, allocator_frame, frame_name};
 use crate::views::formats::{check_output, write_file, Format};
 use anyhow::{bail, Context, Result};
 pub use boxes::fitted_label;
@@ -67,11 +67,6 @@ impl Settings {
             allocators: Allocators::ALL,
         }
     }
-}
-
-/// The root frame of an allocator's stacks under `--by-allocator` (folded stacks too).
-pub fn allocator_frame(a: Allocator) -> String {
-    format!("<allocator {}>", a.name())
 }
 
 /// `mprof flamegraph`: writes the flamegraph of `path` (the processes `pick` says; or its
@@ -317,17 +312,6 @@ fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<String>, Drawn> {
         entry.split[allocator as usize].merge(&estimate);
     }
     out
-}
-
-/// A frame name that cannot break a folded line: no `;` (the separator), no control
-/// characters, no surrounding blanks (inferno trims lines), never empty.
-pub fn frame_name(name: &str) -> String {
-    let name = crate::base::text::printable(name).replace(';', ",");
-    match name.trim() {
-        "" => "<no name>".to_owned(),
-        trimmed if trimmed.len() == name.len() => name,
-        trimmed => trimmed.to_owned(),
-    }
 }
 
 /// The fill of a frame: its kind's colour, a little lighter or darker by name so that

@@ -5,8 +5,8 @@
 //! read it. With `--by-allocator` every stack starts with its allocator's frame
 //! (`<allocator native>`).
 
+use crate::analysis::allocators::Allocator;
 use crate::analysis::profile::{Profile, View};
-use crate::views::flamegraph::{allocator_frame, frame_name};
 use anyhow::Result;
 use std::collections::BTreeMap;
 
@@ -51,4 +51,21 @@ pub fn lines_by(p: &Profile, view: View, by_allocator: bool) -> Vec<String> {
         .into_iter()
         .map(|(stack, bytes)| format!("{stack} {bytes}"))
         .collect()
+}
+
+/// The root frame of an allocator's stacks under `--by-allocator` (in the flamegraph and
+/// speedscope too).
+pub fn allocator_frame(a: Allocator) -> String {
+    format!("<allocator {}>", a.name())
+}
+
+/// A frame name that cannot break a folded line (nor a flamegraph's): no `;` (the separator), no control
+/// characters, no surrounding blanks (inferno trims lines), never empty.
+pub fn frame_name(name: &str) -> String {
+    let name = crate::base::text::printable(name).replace(';', ",");
+    match name.trim() {
+        "" => "<no name>".to_owned(),
+        trimmed if trimmed.len() == name.len() => name,
+        trimmed => trimmed.to_owned(),
+    }
 }

@@ -8,7 +8,7 @@
 use crate::analysis::profile::{Profile, View};
 use crate::base::text::printable;
 use crate::views::about::view_title;
-use crate::views::flamegraph::allocator_frame;
+use crate::views::export::folded::allocator_frame;
 use anyhow::Result;
 use serde::Serialize;
 use std::collections::HashMap;
