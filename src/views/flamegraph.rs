@@ -1,7 +1,10 @@
-//! Flamegraphs: one view of a capture as an interactive SVG, drawn by `inferno`.
+//! Flamegraphs: one view of a capture as an interactive SVG. mprof lays the boxes out once
+//! ([`boxes`]) and draws the picture from that layout ([`svg`]), with a script of its own for
+//! zooming and searching.
 //!
-//! Frames are labelled `function (short/file.py:line)` (see [`crate::analysis::frames`]) and truncated
-//! from the right, so the function name is what survives in a narrow box. Each box's tooltip
+//! Frames are labelled `function (short/file.py:line)` (see [`crate::analysis::frames`]); a
+//! narrow box drops the directories, then the place, then cuts the function name from the
+//! right, so the function name is what survives ([`fitted_label`]). Each box's tooltip
 //! has the full path, the estimated bytes ± standard error, the estimated allocations, the
 //! samples behind it and its share. Import-system frames are folded away unless asked for
 //! (an import of a module that allocates shows as the importer calling the module), colours
@@ -27,11 +30,9 @@ use crate::capture::processes::{CaptureSet, Pick};
 use crate::views::about::{rate_text, view_title};
 use crate::views::export::folded::{self, allocator_frame, frame_name};
 use crate::views::formats::{check_output, write_file, Format};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 pub use boxes::fitted_label;
-use boxes::{attr, layout, retitle, total_of};
-use inferno::flamegraph::color::{Color, PaletteMap};
-use inferno::flamegraph::{self as inferno_fg, Direction, Options, TextTruncateDirection};
+use boxes::{layout, Placed};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -125,6 +126,17 @@ pub fn run(
 
 /// The flamegraph as SVG text; with `base`, the difference from it.
 pub fn svg(p: &Profile, settings: &Settings, base: Option<&Profile>) -> Result<String> {
+    Ok(picture(p, settings, base)?.svg)
+}
+
+/// A flamegraph drawn: the SVG text and its height in pixels (its width is [`WIDTH`]).
+pub struct Picture {
+    pub svg: String,
+    pub height: usize,
+}
+
+/// The flamegraph of `p` (with `base`, the difference from it) and its height.
+pub fn picture(p: &Profile, settings: &Settings, base: Option<&Profile>) -> Result<Picture> {
     let mut stacks = drawn(p, settings);
     if let Some(base) = base {
         for (labels, b) in drawn(base, settings) {
@@ -145,64 +157,47 @@ pub fn svg(p: &Profile, settings: &Settings, base: Option<&Profile>) -> Result<S
             "mprof: warning: no {} in this capture; the flamegraph is empty",
             view_title(settings.view)
         );
-        return Ok(empty_svg(p, settings.view));
+        return Ok(Picture {
+            svg: empty_svg(p, settings.view),
+            height: EMPTY_HEIGHT,
+        });
     }
-    let unit = unit_of(&stacks);
-    // inferno takes the lines sorted as strings (it checks); the layout follows the same order.
-    let mut lines: Vec<(String, &Drawn)> = stacks
-        .iter()
-        .map(|(labels, s)| {
-            let line = match s.base {
-                Some(b) => format!(
-                    "{} {} {}",
-                    labels.join(";"),
-                    width(b.bytes, unit),
-                    width(s.new.bytes, unit)
-                ),
-                None => format!("{} {}", labels.join(";"), width(s.new.bytes, unit)),
-            };
-            (line, s)
-        })
-        .collect();
-    lines.sort_by(|a, b| a.0.cmp(&b.0));
-    let boxes = layout(lines.iter().map(|(_, s)| *s), unit);
-    let mut palette = PaletteMap::default();
-    for s in stacks.values() {
-        for f in &s.frames {
-            palette.insert(&f.label, colour(f.kind, &f.label));
-        }
-    }
-    let mut options = Options::default();
-    options.title = match base {
+    let layout = layout(&stacks, unit_of(&stacks));
+    let title = match base {
         Some(_) => format!(
             "mprof: growth of {} since the base capture",
             view_title(settings.view)
         ),
         None => format!("mprof: {}", view_title(settings.view)),
     };
-    options.subtitle = Some(subtitle(p, settings));
-    options.count_name = "bytes".to_owned();
-    options.deterministic = true;
-    options.no_sort = true;
-    options.image_width = Some(WIDTH);
-    options.text_truncate_direction = TextTruncateDirection::Right;
-    options.palette_map = Some(&mut palette);
-    if settings.inverted {
-        options.direction = Direction::Inverted;
-    }
-    let mut out = Vec::new();
-    inferno_fg::from_lines(
-        &mut options,
-        lines.iter().map(|(l, _)| l.as_str()),
-        &mut out,
-    )
-    .context("drawing the flamegraph")?;
-    let svg = String::from_utf8(out).context("inferno wrote invalid UTF-8")?;
-    let total = total_of(&stacks, unit);
-    Ok(add_legend(
-        &retitle(&svg, &boxes, &total, unit),
-        base.is_some(),
-    ))
+    let legend: Vec<((u8, u8, u8), &str)> = match base {
+        Some(_) => vec![
+            (GREW, "grew since the base"),
+            (SHRANK, "shrank since the base"),
+        ],
+        None => Kind::ALL.iter().map(|k| (k.rgb(), k.name())).collect(),
+    };
+    let page = svg::Page {
+        title: &title,
+        subtitle: &subtitle(p, settings),
+        legend: &legend,
+        inverted: settings.inverted,
+    };
+    let (svg, height) = match base {
+        Some(_) => {
+            let largest = layout
+                .boxes
+                .iter()
+                .map(|b| b.own_change.abs())
+                .fold(0.0, f64::max);
+            svg::draw(&page, &layout, |b| growth_colour(b, largest))
+        }
+        None => svg::draw(&page, &layout, |b| match b.kind {
+            Some(kind) => colour(kind, &b.label),
+            None => ROOT_COLOUR,
+        }),
+    };
+    Ok(Picture { svg, height })
 }
 
 /// One frame as drawn.
@@ -233,7 +228,7 @@ fn whole(x: f64) -> u64 {
     x.round().max(0.0) as u64
 }
 
-/// Largest sum of widths handed to inferno, which adds them up in a `u64`.
+/// Largest sum of widths laid out (they add up in a `u64`).
 const MAX_WIDTHS: f64 = (1u64 << 60) as f64;
 
 /// Bytes per unit of width: 1, unless the widths would not add up in a `u64` (only a crafted
@@ -246,12 +241,12 @@ fn unit_of(stacks: &BTreeMap<Vec<String>, Drawn>) -> f64 {
     (sum / MAX_WIDTHS).ceil().max(1.0)
 }
 
-/// The width inferno draws `bytes` with.
+/// The width `bytes` are drawn with, in units of width.
 fn width(bytes: f64, unit: f64) -> u64 {
     whole(bytes / unit)
 }
 
-/// The stacks of `p` as drawn, by their labels (the order inferno merges them in).
+/// The stacks of `p` as drawn, by their labels (the order they are laid out in).
 fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<String>, Drawn> {
     let mut out: BTreeMap<Vec<String>, Drawn> = BTreeMap::new();
     for (id, figures) in p.stacks_of(settings.thread) {
@@ -316,98 +311,39 @@ fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<String>, Drawn> {
 
 /// The fill of a frame: its kind's colour, a little lighter or darker by name so that
 /// neighbours stand apart.
-fn colour(kind: Kind, label: &str) -> Color {
+fn colour(kind: Kind, label: &str) -> (u8, u8, u8) {
     let (r, g, b) = kind.rgb();
     let hash = label
         .bytes()
         .fold(0u32, |h, c| h.wrapping_mul(31).wrapping_add(c as u32));
     let shift = (hash % 31) as i32 - 15;
     let adjust = |c: u8| (c as i32 + shift).clamp(0, 255) as u8;
-    Color {
-        r: adjust(r),
-        g: adjust(g),
-        b: adjust(b),
-    }
+    (adjust(r), adjust(g), adjust(b))
 }
 
-/// Pixels added under the subtitle for the legend.
-const LEGEND_HEIGHT: usize = 18;
+/// The fill of the root box (`all`).
+const ROOT_COLOUR: (u8, u8, u8) = (200, 200, 190);
+/// A difference's colours at their strongest: grew, shrank, and no change.
+const GREW: (u8, u8, u8) = (230, 80, 80);
+const SHRANK: (u8, u8, u8) = (80, 120, 230);
+const UNCHANGED: (u8, u8, u8) = (250, 250, 250);
 
-/// The legend: one swatch per kind of code (or the diff's two colours), under the subtitle.
-/// The picture grows by [`LEGEND_HEIGHT`] and the frames and the bottom line move down.
-fn add_legend(svg: &str, diff: bool) -> String {
-    let Some(height) = svg
-        .find("<svg version=")
-        .and_then(|at| attr(&svg[at..at + svg[at..].find('>').unwrap_or(0)], "height"))
-    else {
-        return svg.to_owned();
-    };
-    let grown = height as usize + LEGEND_HEIGHT;
-    let mut legend = String::from("<g id=\"legend\" font-size=\"11\" font-family=\"Verdana\">");
-    let entries: Vec<((u8, u8, u8), &str)> = if diff {
-        vec![
-            ((230, 80, 80), "grew since the base"),
-            ((80, 120, 230), "shrank since the base"),
-        ]
-    } else {
-        Kind::ALL.iter().map(|k| (k.rgb(), k.name())).collect()
-    };
-    let mut x = 10usize;
-    for ((r, g, b), name) in entries {
-        let _ = write!(
-            legend,
-            "<rect x=\"{x}\" y=\"58\" width=\"10\" height=\"10\" fill=\"rgb({r},{g},{b})\"/>\
-             <text x=\"{}\" y=\"67\">{}</text>",
-            x + 14,
-            xml_escape(name)
-        );
-        x += 14 + 7 * name.len() + 18;
+/// The fill of a box of a difference, by the change of its own bytes (those of the stacks that
+/// end in it, as differential flamegraphs colour): red for growth, blue for shrinking, the
+/// stronger the larger the change against the `largest` such change of any box.
+fn growth_colour(b: &Placed, largest: f64) -> (u8, u8, u8) {
+    let change = b.own_change;
+    if largest <= 0.0 || change == 0.0 {
+        return UNCHANGED;
     }
-    legend.push_str("</g>");
-    let mut out = svg
-        .replacen(
-            &format!("height=\"{height}\""),
-            &format!("height=\"{grown}\""),
-            1,
-        )
-        .replacen(
-            &format!("viewBox=\"0 0 {WIDTH} {height}\""),
-            &format!("viewBox=\"0 0 {WIDTH} {grown}\""),
-            1,
-        )
-        .replacen(
-            &format!("height=\"{height}\" fill=\"url(#background)\""),
-            &format!("height=\"{grown}\" fill=\"url(#background)\""),
-            1,
-        );
-    for id in ["details", "matched"] {
-        let key = format!("<text id=\"{id}\"");
-        if let Some(at) = out.find(&key) {
-            let end = at + out[at..].find('>').unwrap_or(0);
-            let element = &out[at..end];
-            if let Some(y) = element
-                .split("y=\"")
-                .nth(1)
-                .and_then(|v| v.split('"').next())
-                .and_then(|v| v.parse::<f64>().ok())
-            {
-                let moved = element.replace(
-                    &format!("y=\"{y:.2}\""),
-                    &format!("y=\"{:.2}\"", y + LEGEND_HEIGHT as f64),
-                );
-                out.replace_range(at..end, &moved);
-            }
-        }
-    }
-    match out.find("<svg id=\"frames\" x=\"10\"") {
-        Some(at) => {
-            let frames = format!("<svg id=\"frames\" x=\"10\" y=\"{LEGEND_HEIGHT}\"");
-            out.replace_range(at..at + "<svg id=\"frames\" x=\"10\"".len(), &frames);
-            out.insert_str(at, &legend);
-            out
-        }
-        None => svg.to_owned(),
-    }
+    let to = if change > 0.0 { GREW } else { SHRANK };
+    let t = (change.abs() / largest).clamp(0.0, 1.0);
+    let mix = |a: u8, b: u8| (a as f64 + (b as f64 - a as f64) * t).round() as u8;
+    (
+        mix(UNCHANGED.0, to.0),
+        mix(UNCHANGED.1, to.1),
+        mix(UNCHANGED.2, to.2),
+    )
 }
 
 fn subtitle(p: &Profile, settings: &Settings) -> String {
@@ -438,6 +374,9 @@ fn subtitle(p: &Profile, settings: &Settings) -> String {
     text
 }
 
+/// The height of [`empty_svg`].
+const EMPTY_HEIGHT: usize = 90;
+
 /// A valid SVG that says the view has nothing to draw.
 fn empty_svg(p: &Profile, view: View) -> String {
     let title = format!("mprof: {}", view_title(view));
@@ -449,10 +388,10 @@ fn empty_svg(p: &Profile, view: View) -> String {
     format!(
         concat!(
             "<?xml version=\"1.0\" standalone=\"no\"?>\n",
-            "<svg version=\"1.1\" width=\"1200\" height=\"90\" viewBox=\"0 0 1200 90\" ",
+            "<svg version=\"1.1\" width=\"{WIDTH}\" height=\"{h}\" viewBox=\"0 0 {WIDTH} {h}\" ",
             "xmlns=\"http://www.w3.org/2000/svg\">\n",
             "<title>{title}</title>\n",
-            "<rect x=\"0\" y=\"0\" width=\"1200\" height=\"90\" fill=\"#eef2ee\"/>\n",
+            "<rect x=\"0\" y=\"0\" width=\"{WIDTH}\" height=\"{h}\" fill=\"#eef2ee\"/>\n",
             "<text x=\"600\" y=\"30\" text-anchor=\"middle\" font-family=\"Verdana\" ",
             "font-size=\"17\">{title}</text>\n",
             "<text x=\"600\" y=\"60\" text-anchor=\"middle\" font-family=\"Verdana\" ",
@@ -460,10 +399,13 @@ fn empty_svg(p: &Profile, view: View) -> String {
             "</svg>\n"
         ),
         title = xml_escape(&title),
-        note = xml_escape(&note)
+        note = xml_escape(&note),
+        h = EMPTY_HEIGHT,
+        WIDTH = WIDTH,
     )
 }
 
 mod boxes;
+mod svg;
 #[cfg(test)]
 mod tests;

@@ -2,7 +2,7 @@
 //! view behind a selector, and the top sites table (sortable by view).
 //!
 //! Nothing is fetched when the page is viewed: the pictures are inline (the timeline as SVG,
-//! each flamegraph as a `data:` frame, since inferno's script expects its own document), the
+//! each flamegraph as a `data:` frame, since its script expects its own document), the
 //! table is built by a short inline script from JSON embedded in the page, and a
 //! Content-Security-Policy forbids every network request.
 
@@ -147,13 +147,9 @@ fn flamegraphs(html: &mut String, p: &Profile) -> Result<()> {
     html.push_str("</select></label>\n");
     for (i, view) in View::ALL.into_iter().enumerate() {
         let settings = Settings::of(view);
-        let svg = flamegraph::svg(p, &settings, None)?;
-        let height = svg
-            .find("height=\"")
-            .and_then(|at| svg[at + 8..].split('"').next())
-            .and_then(|h| h.parse::<u32>().ok())
-            .unwrap_or(400);
-        let data = base64::engine::general_purpose::STANDARD.encode(svg.as_bytes());
+        let picture = flamegraph::picture(p, &settings, None)?;
+        let height = picture.height;
+        let data = base64::engine::general_purpose::STANDARD.encode(picture.svg.as_bytes());
         let _ = writeln!(
             html,
             "<iframe id=\"fg-{}\" title=\"flamegraph of {}\" height=\"{}\" {} \

@@ -1,44 +1,81 @@
-//! Which box of inferno's picture stands for what, and the rewriting of each box: mprof's
-//! tooltip (full path, bytes ± standard error, allocations, samples, share) instead of
-//! inferno's, and a label that fits the box.
+//! The flamegraph's layout, computed once: where each box of the picture goes and what it
+//! stands for (its frame, its figures, its tooltip), and the label that fits it.
 
-use super::{whole, width, Drawn, WIDTH};
-use crate::analysis::allocators::Allocator;
+use super::{whole, width, Drawn};
+use crate::analysis::allocators::{self, Allocator};
+use crate::analysis::frames::Kind;
 use crate::analysis::profile::Estimate;
-use crate::base::text::xml_escape;
 use crate::base::units::human_bytes;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+/// Boxes narrower than this share of the whole width are not drawn (nor their callees).
+const MIN_SHARE: f64 = 1e-4;
 
 /// What one box of the picture stands for.
 #[derive(Clone, Debug, Default)]
 pub(super) struct BoxInfo {
-    new: Estimate,
+    pub new: Estimate,
     /// `new` per allocator.
     split: [Estimate; 3],
-    base: Option<Estimate>,
+    pub base: Option<Estimate>,
     place: String,
 }
 
-/// The boxes inferno will draw, keyed by (first byte, width in bytes, label), found by merging
-/// the stacks in the order of their lines exactly as inferno does (`no_sort`): consecutive
-/// lines that share a prefix share its boxes. Boxes of zero width are not drawn and not listed.
-pub(super) fn layout<'a>(
-    stacks: impl Iterator<Item = &'a Drawn>,
-    unit: f64,
-) -> HashMap<(u64, u64, String), BoxInfo> {
-    let mut done = HashMap::new();
-    // Open boxes: (label, start, info).
-    let mut open: Vec<(String, u64, BoxInfo)> = Vec::new();
-    let mut t = 0u64;
-    let mut close = |open: &mut Vec<(String, u64, BoxInfo)>, keep: usize, t: u64| {
-        while open.len() > keep {
-            let (label, start, info) = open.pop().unwrap();
-            if t > start {
-                done.insert((start, t - start, label), info);
-            }
-        }
+/// One box of the picture.
+#[derive(Clone, Debug)]
+pub(super) struct Placed {
+    pub label: String,
+    /// The kind of code of its frame; `None` for the root box (`all`).
+    pub kind: Option<Kind>,
+    /// 0 for the root box, 1 for the frames next to it, and so on.
+    pub depth: usize,
+    /// Where the box starts and how wide it is, in units of width.
+    pub start: u64,
+    pub width: u64,
+    pub info: BoxInfo,
+    /// The change since the base (a difference) of the stacks that end in this box: its own
+    /// growth, not its callees'.
+    pub own_change: f64,
+}
+
+/// The boxes to draw, the root first.
+pub(super) struct Layout {
+    pub boxes: Vec<Placed>,
+    /// The root's width in units of width (at least 1).
+    pub total: u64,
+    /// The deepest box drawn.
+    pub depth: usize,
+}
+
+impl Layout {
+    /// The root box's figures (the sum of the stacks drawn).
+    pub fn root(&self) -> &BoxInfo {
+        &self.boxes[0].info
+    }
+}
+
+/// Lays the stacks out side by side in their order (the map's: by frames, so stacks that share
+/// a prefix are neighbours and share its boxes), each `width(bytes, unit)` units wide, under a
+/// root box `all`. Stacks of zero width, and boxes narrower than [`MIN_SHARE`] of the root, are
+/// left out.
+pub(super) fn layout(stacks: &BTreeMap<Vec<String>, Drawn>, unit: f64) -> Layout {
+    let mut root = Placed {
+        label: "all".into(),
+        kind: None,
+        depth: 0,
+        start: 0,
+        width: 0,
+        info: BoxInfo {
+            place: "all".into(),
+            ..BoxInfo::default()
+        },
+        own_change: 0.0,
     };
-    for s in stacks {
+    let mut done: Vec<Placed> = Vec::new();
+    // The boxes of the previous stack, still open to the next one that shares their frames.
+    let mut open: Vec<Placed> = Vec::new();
+    let mut t = 0u64;
+    for s in stacks.values() {
         let width = width(s.new.bytes, unit);
         if width == 0 {
             continue;
@@ -46,47 +83,57 @@ pub(super) fn layout<'a>(
         let shared = open
             .iter()
             .zip(&s.frames)
-            .take_while(|((label, _, _), f)| *label == f.label)
+            .take_while(|(b, f)| b.label == f.label)
             .count();
-        close(&mut open, shared, t);
+        close(&mut open, &mut done, shared, t);
         for f in &s.frames[shared..] {
-            let info = BoxInfo {
-                place: f.place.clone(),
-                base: s.base.map(|_| Estimate::default()),
-                ..BoxInfo::default()
-            };
-            open.push((f.label.clone(), t, info));
+            open.push(Placed {
+                label: f.label.clone(),
+                kind: Some(f.kind),
+                depth: open.len() + 1,
+                start: t,
+                width: 0,
+                info: BoxInfo {
+                    place: f.place.clone(),
+                    base: s.base.map(|_| Estimate::default()),
+                    ..BoxInfo::default()
+                },
+                own_change: 0.0,
+            });
         }
-        for (_, _, info) in open.iter_mut() {
+        if let (Some(innermost), Some(b)) = (open.last_mut(), s.base) {
+            innermost.own_change += s.new.bytes - b.bytes;
+        }
+        for info in open.iter_mut().map(|b| &mut b.info).chain([&mut root.info]) {
             info.new.merge(&s.new);
             merge_split(&mut info.split, &s.split);
-            if let (Some(b), Some(sb)) = (info.base.as_mut(), s.base) {
-                b.merge(&sb);
+            if let Some(sb) = s.base {
+                info.base.get_or_insert_with(Estimate::default).merge(&sb);
             }
         }
         t += width;
     }
-    close(&mut open, 0, t);
-    done
+    close(&mut open, &mut done, 0, t);
+    root.width = t;
+    let total = t.max(1);
+    let min = (total as f64 * MIN_SHARE).ceil() as u64;
+    let mut boxes = vec![root];
+    boxes.extend(done.into_iter().filter(|b| b.width >= min));
+    let depth = boxes.iter().map(|b| b.depth).max().unwrap_or(0);
+    Layout {
+        boxes,
+        total,
+        depth,
+    }
 }
 
-/// Totals of the drawn stacks (the root box).
-pub(super) fn total_of(stacks: &BTreeMap<Vec<String>, Drawn>, unit: f64) -> BoxInfo {
-    let mut total = BoxInfo {
-        place: "all".into(),
-        ..BoxInfo::default()
-    };
-    for s in stacks.values() {
-        if width(s.new.bytes, unit) == 0 {
-            continue;
-        }
-        total.new.merge(&s.new);
-        merge_split(&mut total.split, &s.split);
-        if let Some(b) = s.base {
-            total.base.get_or_insert_with(Estimate::default).merge(&b);
-        }
+/// Closes the open boxes beyond the first `keep`: they end at `t`.
+fn close(open: &mut Vec<Placed>, done: &mut Vec<Placed>, keep: usize, t: u64) {
+    while open.len() > keep {
+        let mut b = open.pop().unwrap();
+        b.width = t - b.start;
+        done.push(b);
     }
-    total
 }
 
 fn merge_split(into: &mut [Estimate; 3], from: &[Estimate; 3]) {
@@ -97,16 +144,16 @@ fn merge_split(into: &mut [Estimate; 3], from: &[Estimate; 3]) {
 /// Python's; empty otherwise.
 fn allocator_shares(split: &[Estimate; 3]) -> String {
     let bytes = Allocator::ALL.map(|a| (a, split[a as usize].bytes));
-    match crate::analysis::allocators::shares(&bytes) {
+    match allocators::shares(&bytes) {
         s if s.is_empty() => s,
         s if s.contains('%') => format!("; {s}"),
         s => format!("; {s} 100%"),
     }
 }
 
-/// A tooltip's figures. Parentheses are avoided inside: inferno's script finds a box's label
-/// by removing the last parenthesised group of its title.
-fn tooltip(info: &BoxInfo, total: f64) -> String {
+/// A tooltip's figures; `total` is the root's bytes. Parentheses are avoided inside: the
+/// picture's script finds a box's label by removing the last parenthesised group of its title.
+pub(super) fn tooltip(info: &BoxInfo, total: f64) -> String {
     let place = info.place.replace(['(', ')'], "");
     let share = if total > 0.0 {
         100.0 * info.new.bytes / total
@@ -145,77 +192,16 @@ fn tooltip(info: &BoxInfo, total: f64) -> String {
     }
 }
 
-/// Rewrites inferno's boxes: mprof's tooltip instead of `label (N bytes, P%)`, and a label
-/// that fits the box (see [`fitted_label`]).
-pub(super) fn retitle(
-    svg: &str,
-    boxes: &HashMap<(u64, u64, String), BoxInfo>,
-    total: &BoxInfo,
-    unit: f64,
-) -> String {
-    let frames_width = (WIDTH - 20) as f64;
-    let root_width = width(total.new.bytes, unit).max(1) as f64;
-    let mut out = String::with_capacity(svg.len() + svg.len() / 2);
-    let mut rest = svg;
-    while let Some(at) = rest.find("<g><title>") {
-        let (before, after) = rest.split_at(at);
-        out.push_str(before);
-        let Some(end) = after.find("</g>") else {
-            break;
-        };
-        let (group, tail) = after.split_at(end);
-        rest = tail;
-        let Some(rewritten) = rewrite_box(group, boxes, total, |w| {
-            w as f64 / root_width * frames_width
-        }) else {
-            out.push_str(group);
-            continue;
-        };
-        out.push_str(&rewritten);
-    }
-    out.push_str(rest);
-    out
-}
-
-/// One `<g><title>…</title><rect …/><text …>…</text>` group rewritten, if it is a box mprof
-/// knows.
-fn rewrite_box(
-    group: &str,
-    boxes: &HashMap<(u64, u64, String), BoxInfo>,
-    total: &BoxInfo,
-    pixels: impl Fn(u64) -> f64,
-) -> Option<String> {
-    let title_end = group.find("</title>")?;
-    let title = &group["<g><title>".len()..title_end];
-    let rect_end = title_end + group[title_end..].find("/>")? + 2;
-    let rect = &group[title_end + "</title>".len()..rect_end];
-    let text_start = rect_end + group[rect_end..].find('>')? + 1;
-    let text_end = text_start + group[text_start..].find("</text>")?;
-    let (x, w) = (attr(rect, "fg:x")?, attr(rect, "fg:w")?);
-    let label = unescape(title.rsplit_once(" (").map_or(title, |(l, _)| l));
-    let (label, info) = match boxes.get(&(x, w, label.clone())) {
-        Some(info) => (label, info),
-        None if title.starts_with("all (") => ("all".to_owned(), total),
-        None => return None,
-    };
-    Some(format!(
-        "<g><title>{} ({})</title>{rect}{}{}{}",
-        xml_escape(&label),
-        xml_escape(&tooltip(info, total.new.bytes)),
-        &group[rect_end..text_start],
-        xml_escape(&fitted_label(&label, pixels(w))),
-        &group[text_end..]
-    ))
-}
-
-/// Characters of inferno's font (12 px, 0.59 em wide) that fit in `pixels`, less its margin.
+/// Characters of the picture's font (12 px monospace, 0.59 em wide) that fit in `pixels`, less
+/// a margin of 3 pixels.
 fn chars_that_fit(pixels: f64) -> usize {
     ((pixels - 3.0) / (12.0 * 0.59)).max(0.0) as usize
 }
 
 /// The label shown in a box `pixels` wide: `function (pkg/file.py:line)` when it fits, else
 /// `function (file.py:line)`, else the function alone, else the function cut from the right.
-/// The function name is the last thing to go.
+/// The function name is the last thing to go. (The picture's script does the same when a zoom
+/// widens the box.)
 pub fn fitted_label(label: &str, pixels: f64) -> String {
     let fit = chars_that_fit(pixels);
     let len = |s: &str| s.chars().count();
@@ -237,22 +223,4 @@ pub fn fitted_label(label: &str, pixels: f64) -> String {
     }
     let kept: String = label.chars().take(fit - 2).collect();
     format!("{kept}..")
-}
-
-/// The numeric value of `name="…"` in an element's text.
-pub(super) fn attr(element: &str, name: &str) -> Option<u64> {
-    let key = format!("{name}=\"");
-    let start = element.find(&key)? + key.len();
-    let len = element[start..].find('"')?;
-    element[start..start + len].parse().ok()
-}
-
-/// XML text back to the string inferno was given.
-fn unescape(s: &str) -> String {
-    s.replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&apos;", "'")
-        .replace("&#39;", "'")
-        .replace("&amp;", "&")
 }

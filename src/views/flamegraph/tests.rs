@@ -52,10 +52,72 @@ fn svg_has_title_frames_and_tooltips_with_errors() {
     assert!(svg.contains("<title>all (all: 22 B ± 0 B, 3 allocations, 3 samples, 100.00%)</title>"));
     assert!(
         !svg.contains(" bytes, "),
-        "an inferno tooltip was left: {svg}"
+        "a tooltip without mprof's figures: {svg}"
     );
     assert!(svg.contains("id=\"legend\""));
-    assert!(svg.contains("truncate_text_right = true"));
+    // The script zooms and refits labels from each box's place in units of width.
+    assert!(svg.contains("function zoom(") && svg.contains("function fit("));
+    assert!(svg.contains("data-total=\"22\""), "{svg}");
+    assert!(svg.contains(
+        "width=\"100.0000%\" height=\"15\" fill=\"rgb(200,200,190)\" data-x=\"0\" data-w=\"22\""
+    ));
+}
+
+#[test]
+fn narrow_boxes_keep_the_function_name() {
+    let p = Profile::from_records(&[
+        meta("rate=1"),
+        code(1, "/srv/app/pkg/module.py", "small_function", 1),
+        code(2, "big.py", "big", 1),
+        alloc(1, 1, 1000, 0, &[(2, 2)]),
+        alloc(1, 2, 120, 0, &[(1, 7)]),
+    ]);
+    let svg = svg(&p, &settings(View::Allocated), None).unwrap();
+    // 120 of 1120 bytes: 126 of 1180 pixels, 17 characters: the function fits, its place not.
+    assert!(svg.contains(">small_function</text>"), "{svg}");
+    assert!(svg.contains(">big (big.py:2)</text>"), "{svg}");
+    assert_eq!(
+        fitted_label("small_function (pkg/module.py:7)", 126.0),
+        "small_function"
+    );
+    assert_eq!(
+        fitted_label("small_function (pkg/module.py:7)", 220.0),
+        "small_function (module.py:7)"
+    );
+    assert_eq!(
+        fitted_label("small_function (pkg/module.py:7)", 60.0),
+        "small_.."
+    );
+}
+
+#[test]
+fn callees_lie_within_their_callers() {
+    let p = profile();
+    for inverted in [false, true] {
+        let s = Settings {
+            inverted,
+            ..settings(View::Allocated)
+        };
+        let stacks = drawn(&p, &s);
+        let layout = boxes::layout(&stacks, 1.0);
+        assert_eq!(layout.total, 22);
+        assert_eq!(layout.boxes[0].label, "all");
+        for b in &layout.boxes[1..] {
+            let caller = layout.boxes.iter().find(|c| {
+                c.depth + 1 == b.depth
+                    && c.start <= b.start
+                    && b.start + b.width <= c.start + c.width
+            });
+            assert!(caller.is_some(), "{} has no caller", b.label);
+        }
+        let widths: u64 = layout
+            .boxes
+            .iter()
+            .filter(|b| b.depth == 1)
+            .map(|b| b.width)
+            .sum();
+        assert_eq!(widths, 22);
+    }
 }
 
 #[test]
@@ -149,7 +211,7 @@ fn hostile_names_are_escaped_in_every_picture() {
 #[test]
 fn stacks_that_sort_otherwise_as_lines_still_draw() {
     // By frames `<unknown>:3` comes before `<unknown>:30`; as lines `<unknown>:3;…` comes
-    // after `<unknown>:30 …`, and inferno refuses lines out of order.
+    // after `<unknown>:30 …` (the order inferno needed; mprof lays out by frames).
     let p = Profile::from_records(&[
         meta("rate=1"),
         code(1, "a.py", "f", 1),
