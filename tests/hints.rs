@@ -2,7 +2,8 @@
 //! an attach to a parent whose Python children do the work names them; a fast-growing
 //! capture is announced once (the threshold is lowered through `MPROF_TEST_GROWTH_NOTE`, so
 //! the test does not depend on the machine's speed; the default threshold is unit-tested in
-//! `src/sessions/hints.rs`); and the command line's conveniences: `--view leaks`, size units, `--help`.
+//! `src/sessions/hints.rs`); and the command line's conveniences: `--view leaks`, size units,
+//! `--help`.
 
 mod common;
 

@@ -5,10 +5,10 @@
 //! replaces the old block (its `Free` was lost).
 //!
 //! Records can come from several processes (a capture with followed children, merged by
-//! `crate::capture::processes`): [`Aggregator::enter`] says which process the next records belong to.
-//! Each process has its own addresses, code objects, rate and metadata; the stacks, the live
-//! heap and its peak are those of all processes together, and [`ProcessFigures`] keeps what
-//! each process did alone. Process 0 is the capture's own (the root): its metadata is the
+//! `crate::capture::processes`): [`Aggregator::enter`] says which process the next records
+//! belong to. Each process has its own addresses, code objects, rate and metadata; the stacks,
+//! the live heap and its peak are those of all processes together, and [`ProcessFigures`] keeps
+//! what each process did alone. Process 0 is the capture's own (the root): its metadata is the
 //! capture's.
 //!
 //! Metadata and thread names are kept exact but bounded (a capture is untrusted input): at

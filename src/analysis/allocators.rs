@@ -4,9 +4,9 @@
 //!
 //! The agent names the allocator in each ALLOC record's flags
 //! ([`Allocator::of_flags`]); the aggregation keeps it as part of the stack (each allocator has
-//! its own root in the trie, see [`crate::analysis::names`]), so every estimate can be split by allocator
-//! ([`ByAllocator`]) and a view can keep only some of them ([`Allocators`], the `--allocator`
-//! option).
+//! its own root in the trie, see [`crate::analysis::names`]), so every estimate can be split by
+//! allocator ([`ByAllocator`]) and a view can keep only some of them ([`Allocators`], the
+//! `--allocator` option).
 
 pub use mprof_common::record::Allocator;
 

@@ -8,10 +8,10 @@
 //! `<no Python frame>`. A stack the agent cut at `max_depth` gets the pseudo-frame
 //! `<truncated stack>` as its outermost frame, so it does not pass for a whole stack.
 //!
-//! Each allocator (see [`crate::analysis::allocators`]) has its own root, so a stack also says which
-//! allocator its blocks came from: the same Python frames calling `malloc` and making Python
-//! objects are two stacks with the same frames. The roots are no frames: [`Names::frames`]
-//! stops at them.
+//! Each allocator (see [`crate::analysis::allocators`]) has its own root, so a stack also says
+//! which allocator its blocks came from: the same Python frames calling `malloc` and making
+//! Python objects are two stacks with the same frames. The roots are no frames:
+//! [`Names::frames`] stops at them.
 //!
 //! A capture is untrusted input: every string enters through [`Names::string`], which keeps
 //! it exact but cuts it to [`MAX_NAME`] bytes ([`crate::base::text::elide`]); the views make names
@@ -394,8 +394,8 @@ impl StackResolver {
     }
 
     /// The stack of `frames` (innermost first) under `allocator`'s root, merged with the
-    /// native stack when there is one (see [`crate::analysis::symbols::merge`]); `truncated` when the
-    /// agent cut it. A stack deeper than [`MAX_DEPTH`] is cut here.
+    /// native stack when there is one (see [`crate::analysis::symbols::merge`]); `truncated`
+    /// when the agent cut it. A stack deeper than [`MAX_DEPTH`] is cut here.
     pub(crate) fn stack(
         &mut self,
         frames: &[Frame],

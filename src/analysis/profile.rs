@@ -6,11 +6,11 @@
 //! stacks in [`crate::analysis::names`], the replay rules in [`crate::analysis::aggregate`].
 //!
 //! A capture is untrusted input. It is read through one descriptor and only as far as it
-//! reached when opened ([`crate::capture::file::CaptureFile`]); a digest of the records notices a file rewritten
-//! between the two passes ([`LoadError::Changed`]); names, stacks and metadata are bounded
-//! where they are interned ([`MAX_NAME`], [`MAX_DEPTH`], [`MAX_META_VALUE`]); and the reader's
-//! memory is checked record by record against [`MEMORY_PER_BYTE`] times the capture's size
-//! plus [`MEMORY_FIXED`] (`Budget`, counted by [`crate::base::memory`]).
+//! reached when opened ([`crate::capture::file::CaptureFile`]); a digest of the records notices
+//! a file rewritten between the two passes ([`LoadError::Changed`]); names, stacks and metadata
+//! are bounded where they are interned ([`MAX_NAME`], [`MAX_DEPTH`], [`MAX_META_VALUE`]); and
+//! the reader's memory is checked record by record against [`MEMORY_PER_BYTE`] times the
+//! capture's size plus [`MEMORY_FIXED`] (`Budget`, counted by [`crate::base::memory`]).
 
 use crate::analysis::aggregate::ProcessFigures;
 pub use crate::analysis::aggregate::{MAX_META_KEYS, MAX_META_VALUE};
@@ -443,8 +443,8 @@ impl Profile {
         self.names.innermost(stack.0)
     }
 
-    /// Which files are your code, for [`crate::analysis::grouping::Grouping::YourCode`]: the capture's
-    /// metadata (`cwd`, `program_dir`) and the paths given to [`Profile::set_focus`].
+    /// Which files are your code, for [`crate::analysis::grouping::Grouping::YourCode`]: the
+    /// capture's metadata (`cwd`, `program_dir`) and the paths given to [`Profile::set_focus`].
     pub fn focus(&self) -> &Focus {
         &self.focus
     }

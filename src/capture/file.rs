@@ -9,8 +9,8 @@
 //! Records are written as they arrive, so a run that dies leaves a file that reads up to the
 //! last flushed record. A truncated or corrupt tail is skipped with a warning. New record kinds
 //! are only ever added, so a reader accepts every older format version. Runs of samples and
-//! frees (BRIEF and FREE records) are written packed (see [`super::pack`]): a sample and its free take
-//! about 12 bytes of the file, where the ring holds them in 40.
+//! frees (BRIEF and FREE records) are written packed (see [`super::pack`]): a sample and its
+//! free take about 12 bytes of the file, where the ring holds them in 40.
 
 use crate::base::output::{self, Access, Pending};
 use anyhow::{bail, Context, Result};
@@ -45,7 +45,8 @@ const FILE_HEADER: usize = 16;
 
 /// Writes a capture file as records arrive. The file is created under a temporary name (mode
 /// 0600: a capture holds the command line) and appears at its final name on
-/// [`CaptureWriter::place`]; dropped before that, it leaves nothing behind (see `crate::base::output`).
+/// [`CaptureWriter::place`]; dropped before that, it leaves nothing behind (see
+/// `crate::base::output`).
 pub struct CaptureWriter {
     out: BufWriter<File>,
     pending: Pending,
@@ -239,8 +240,8 @@ impl CaptureFile {
     }
 
     /// The records one at a time, read through a buffer of `buffer` bytes (at most the
-    /// file's size): for readers that interleave several captures (see `crate::capture::processes`).
-    /// A file that is not a capture is an error.
+    /// file's size): for readers that interleave several captures (see
+    /// `crate::capture::processes`). A file that is not a capture is an error.
     pub fn records(&self, buffer: usize) -> Result<Records<'_>> {
         use std::io::{Read, Seek};
         let path = &self.path;

@@ -333,6 +333,16 @@ fn scan_meta(file: &CaptureFile) -> Result<(Option<u32>, Option<String>)> {
     Ok((pid, dir))
 }
 
+/// The metadata that names a capture's children's directory (`children_dir=CAPTURE.d`, by its
+/// name beside the capture: that may be the user's own symlink to the directory).
+pub fn children_dir_meta(capture: &Path) -> String {
+    let dir = children_dir(capture);
+    format!(
+        "children_dir={}\n",
+        dir.file_name().unwrap_or_default().to_string_lossy()
+    )
+}
+
 /// Where the captures of a capture's followed children go: `CAPTURE.d`.
 pub fn children_dir(capture: &Path) -> PathBuf {
     let mut name = capture.as_os_str().to_owned();

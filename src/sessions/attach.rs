@@ -411,12 +411,8 @@ pub fn run(o: Options) -> Result<ExitCode> {
     }
     let followed = match rendezvous.zip(children_dir) {
         Some((rendezvous, children_dir)) => {
-            let dir = crate::capture::processes::children_dir(output);
             capture.write(&Record::Meta {
-                text: format!(
-                    "children_dir={}\n",
-                    dir.file_name().unwrap_or_default().to_string_lossy()
-                ),
+                text: crate::capture::processes::children_dir_meta(output),
             })?;
             let mut children = Children::new(children_dir, pid, command, sampling);
             attach_descendants(

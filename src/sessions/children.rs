@@ -385,9 +385,10 @@ impl Children {
         Ok((pid, command))
     }
 
-    /// What counts as `pid`'s own code, as metadata lines (see `crate::analysis::focus::meta_lines`):
-    /// read from its command line and directory, as the program's are, so that `report --pid`
-    /// of a child run as `python -c` or from standard input counts `<string>` or `<stdin>`.
+    /// What counts as `pid`'s own code, as metadata lines (see
+    /// `crate::analysis::focus::meta_lines`): read from its command line and directory, as the
+    /// program's are, so that `report --pid` of a child run as `python -c` or from standard
+    /// input counts `<string>` or `<stdin>`.
     fn your_code(&self, pid: u32) -> String {
         let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok();
         crate::analysis::focus::meta_lines(

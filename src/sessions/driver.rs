@@ -14,9 +14,9 @@
 //! rate a ring takes seconds to fill; a round that moves anything worth a note brings the
 //! sleep back to [`POLL`].
 //!
-//! What differs between the commands is only how a session starts and stops: `crate::sessions::record`
-//! spawns the program and waits for it, `crate::sessions::attach` injects the agent and detaches; both
-//! hand the rest to [`Session`].
+//! What differs between the commands is only how a session starts and stops:
+//! `crate::sessions::record` spawns the program and waits for it, `crate::sessions::attach`
+//! injects the agent and detaches; both hand the rest to [`Session`].
 
 use crate::sessions::children::{Children, Event, Rendezvous};
 use crate::sessions::hints::GrowthWatch;

@@ -315,13 +315,8 @@ pub fn run(
         ),
     })?;
     if children.is_some() {
-        // The name beside the capture (which may be the user's own symlink to the directory).
-        let dir = crate::capture::processes::children_dir(output);
         capture.write(&Record::Meta {
-            text: format!(
-                "children_dir={}\n",
-                dir.file_name().unwrap_or_default().to_string_lossy()
-            ),
+            text: crate::capture::processes::children_dir_meta(output),
         })?;
     }
     let view = match program_output.as_ref().map(|out| {

@@ -117,8 +117,8 @@ pub const NOT_NATIVE: &str =
 
 /// How many processes the figures of a followed capture come from, and who they are in words:
 /// `the program and 16 followed child process(es)`, and when some of them ran a new Python by
-/// exec (one capture per program, see `crate::capture::processes`), `…; they ran 2 more program(s) by
-/// exec`.
+/// exec (one capture per program, see `crate::capture::processes`), `…; they ran 2 more
+/// program(s) by exec`.
 pub fn members(p: &Profile) -> (usize, String) {
     let programs = p.processes.len();
     let mut pids: Vec<Option<u32>> = p.processes.iter().map(|m| m.pid).collect();

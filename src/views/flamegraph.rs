@@ -17,9 +17,10 @@
 //! in its tooltip (`native 80%, python 20%`); `--by-allocator` puts the allocator at the root
 //! of every stack instead (`<allocator native>`), and `--allocator` keeps only some.
 //!
-//! When the output path ends in `.folded`, the folded stacks of [`crate::views::export::folded`] are
-//! written instead of an SVG. When the view has no bytes at all (e.g. `live` for a program that
-//! freed everything), a small valid SVG that says so is written, with a warning.
+//! When the output path ends in `.folded`, the folded stacks of
+//! [`crate::views::export::folded`] are written instead of an SVG. When the view has no bytes
+//! at all (e.g. `live` for a program that freed everything), a small valid SVG that says so is
+//! written, with a warning.
 
 use crate::analysis::allocators::Allocators;
 use crate::analysis::frames::{self, Kind};

@@ -1,6 +1,6 @@
 //! The text report: a capture's allocation sites, grouped and sorted by one view (the rows come
-//! from [`crate::analysis::sites`]), and the short summary `record` and `attach` print at the end. The
-//! text report leaves out rows whose bytes in the view are zero; `--json` (see
+//! from [`crate::analysis::sites`]), and the short summary `record` and `attach` print at the
+//! end. The text report leaves out rows whose bytes in the view are zero; `--json` (see
 //! [`crate::views::export::json`]) keeps them, at the end.
 
 use crate::analysis::allocators::split_text;

@@ -83,8 +83,8 @@ impl Budget {
     }
 }
 
-/// One pass over the records: hands each, with its process (see [`crate::capture::processes`]) and the
-/// digest of the bytes up to it, to the callback until it returns false. See
+/// One pass over the records: hands each, with its process (see [`crate::capture::processes`])
+/// and the digest of the bytes up to it, to the callback until it returns false. See
 /// [`Profile::build`].
 pub(super) type PassFn<'a> = dyn FnMut(u32, &Record, Digest) -> bool + 'a;
 

@@ -261,8 +261,8 @@ impl RingMem {
         })
     }
 
-    /// Writes where followed children hand their rings (see `crate::sessions::children`) into the header,
-    /// before the agent starts.
+    /// Writes where followed children hand their rings (see `crate::sessions::children`) into
+    /// the header, before the agent starts.
     pub fn set_rendezvous(&self, name: &str) {
         let bytes = name.as_bytes();
         assert!(bytes.len() < 64);

@@ -59,8 +59,8 @@ pub fn allocator_frame(a: Allocator) -> String {
     format!("<allocator {}>", a.name())
 }
 
-/// A frame name that cannot break a folded line (nor a flamegraph's): no `;` (the separator), no control
-/// characters, no surrounding blanks (inferno trims lines), never empty.
+/// A frame name that cannot break a folded line (nor a flamegraph's): no `;` (the separator),
+/// no control characters, no surrounding blanks (inferno trims lines), never empty.
 pub fn frame_name(name: &str) -> String {
     let name = crate::base::text::printable(name).replace(';', ",");
     match name.trim() {

@@ -136,8 +136,8 @@ fn legend(out: &mut String, entries: &[((u8, u8, u8), &str)]) {
     for ((r, g, b), name) in entries {
         let _ = write!(
             out,
-            "<rect x=\"{x}\" y=\"{LEGEND_Y}\" width=\"10\" height=\"10\" fill=\"rgb({r},{g},{b})\"/>\
-             <text x=\"{}\" y=\"{}\">{}</text>",
+            "<rect x=\"{x}\" y=\"{LEGEND_Y}\" width=\"10\" height=\"10\" \
+             fill=\"rgb({r},{g},{b})\"/><text x=\"{}\" y=\"{}\">{}</text>",
             x + 14,
             LEGEND_Y + 9,
             xml_escape(name)

@@ -17,7 +17,7 @@
 //!
 //! Feeding the view, once a round (what `crate::sessions::driver` does):
 //! ```ignore
-//! let mut view = Some(Live::start(target)?);             // None without --live
+//! let mut live = Live::start(target)?;                   // with --live
 //! let mut feed = live.program_feed(|| ring.fill());      // the program's records
 //! reader.pump_observed(|bytes| feed.record(bytes))?;     // written, then shown
 //! live.ring_status(ring.dropped(), || ring.python_version());
