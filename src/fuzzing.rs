@@ -10,10 +10,10 @@
 //!   longer.
 //! - cargo-fuzz (long runs, nightly): `fuzz/fuzz_targets/capture.rs` (see `fuzz/README.md`).
 
-use crate::export::folded;
-use crate::grouping::Grouping;
-use crate::profile::{Profile, View, MEMORY_FIXED, MEMORY_PER_BYTE};
-use crate::report::render;
+use crate::analysis::grouping::Grouping;
+use crate::analysis::profile::{Profile, View, MEMORY_FIXED, MEMORY_PER_BYTE};
+use crate::views::export::folded;
+use crate::views::report::render;
 use std::path::Path;
 
 /// The most a report limited to its default 20 rows may print, whatever the capture: 20 rows
@@ -58,13 +58,13 @@ pub fn check(bytes: &[u8], path: &Path) -> Cost {
 /// slower) only if `views`.
 pub fn check_some(bytes: &[u8], path: &Path, views: bool) -> Cost {
     std::fs::write(path, bytes).expect("writing the fuzz input");
-    let base = crate::memory::in_use();
-    crate::memory::reset_peak();
-    let unpacked = crate::capture::expansion();
+    let base = crate::base::memory::in_use();
+    crate::base::memory::reset_peak();
+    let unpacked = crate::capture::file::expansion();
     let loaded = Profile::read(path).map(|(p, _warnings)| p);
-    let peak_memory = (crate::memory::peak() - base).max(0) as usize;
+    let peak_memory = (crate::base::memory::peak() - base).max(0) as usize;
     // Packed records count at the size of what they stand for, as the reader's allowance does.
-    let counted = bytes.len() + (crate::capture::expansion() - unpacked) as usize;
+    let counted = bytes.len() + (crate::capture::file::expansion() - unpacked) as usize;
     assert!(
         peak_memory <= memory_bound(counted),
         "the reader took {peak_memory} bytes for {} bytes of capture ({counted} counted)",
@@ -104,7 +104,7 @@ pub fn check_some(bytes: &[u8], path: &Path, views: bool) -> Cost {
         .map(|l| l.len() + 1)
         .sum();
     cost.all_output = cost.all_output.max(lines);
-    let summary = crate::report::summary(&p);
+    let summary = crate::views::report::summary(&p);
     assert!(!summary.contains('\x1b'));
     if views {
         other_views(&p, path);
@@ -127,33 +127,35 @@ pub fn check_some(bytes: &[u8], path: &Path, views: bool) -> Cost {
 /// Renders every other view of `p` (read from `path`), asserting that each succeeds and that no
 /// control character reaches the ones people read.
 fn other_views(p: &Profile, path: &Path) {
-    use crate::export::{exporter, Format, Options};
+    use crate::views::export::{exporter, Options};
+    use crate::views::formats::Format;
     let mut outputs: Vec<(&str, Vec<u8>)> = Vec::new();
     // The HTML report draws the plain flamegraph of every view (and the timeline): this one
     // takes the other paths (one thread, inverted, imports kept, a difference).
-    let settings = crate::flamegraph::Settings {
+    let settings = crate::views::flamegraph::Settings {
         thread: p.thread_ids().first().copied(),
         keep_imports: true,
         inverted: true,
         by_allocator: true,
-        ..crate::flamegraph::Settings::of(View::Allocated)
+        ..crate::views::flamegraph::Settings::of(View::Allocated)
     };
     if settings.thread.is_some() {
-        let svg = crate::flamegraph::svg(p, &settings, Some(p)).expect("flamegraph");
+        let svg = crate::views::flamegraph::svg(p, &settings, Some(p)).expect("flamegraph");
         outputs.push(("flamegraph", svg.into_bytes()));
     }
-    let set = crate::processes::CaptureSet::open(path, crate::processes::Pick::All)
-        .expect("the input is still there");
-    let timeline = crate::timeline::load(&set, p, 5).expect("timeline");
+    let set =
+        crate::capture::processes::CaptureSet::open(path, crate::capture::processes::Pick::All)
+            .expect("the input is still there");
+    let timeline = crate::views::timeline::load(&set, p, 5).expect("timeline");
     outputs.push((
         "timeline",
-        crate::timeline::svg(p, &timeline)
+        crate::views::timeline::svg(p, &timeline)
             .expect("timeline")
             .into_bytes(),
     ));
-    let html = crate::html::page(p, &timeline).expect("html");
+    let html = crate::views::html::page(p, &timeline).expect("html");
     outputs.push(("html", html.into_bytes()));
-    let diff = crate::diff::text(p, p, View::Live, Grouping::Stack, 0);
+    let diff = crate::views::diff::text(p, p, View::Live, Grouping::Stack, 0);
     outputs.push(("diff", diff.into_bytes()));
     for format in [Format::Speedscope, Format::Json, Format::Pprof] {
         let options = Options {
@@ -169,7 +171,9 @@ fn other_views(p: &Profile, path: &Path) {
             outputs.push((format.name(), bytes));
         }
     }
-    let strings = crate::export::pprof::profile(p).string_table.join("\n");
+    let strings = crate::views::export::pprof::profile(p)
+        .string_table
+        .join("\n");
     outputs.push(("pprof", strings.into_bytes()));
     for (what, bytes) in &outputs {
         let text = String::from_utf8_lossy(bytes);

@@ -1,16 +1,19 @@
 //! mprof: a low-overhead sampling memory profiler for CPython. This is the command-line front
-//! end; everything it runs lives in the `mprof` library.
+//! end (clap's arguments, one call per command); everything it runs lives in the `mprof`
+//! library, whose stages are `sessions` (record, attach) and `views` (the rest).
 
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use mprof::allocators::{self, Allocator, Allocators};
-use mprof::export::Format;
-use mprof::grouping::Grouping;
-use mprof::processes::{Pick, PidArgs};
-use mprof::profile::{Lens, View};
-use mprof::{attach, diff, export, flamegraph, html, record, report, timeline, SamplingArgs};
+use mprof::analysis::allocators::{self, Allocator, Allocators};
+use mprof::analysis::grouping::Grouping;
+use mprof::analysis::profile::{Lens, View};
+use mprof::capture::processes::{Pick, PidArgs};
+use mprof::sessions::sampling::SamplingArgs;
+use mprof::sessions::{attach, record};
+use mprof::views::formats::Format;
+use mprof::views::{diff, export, flamegraph, html, report, timeline};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -378,7 +381,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    mprof::symbols::set_show_interpreter_frames(cli.show_interpreter_frames);
+    mprof::analysis::symbols::set_show_interpreter_frames(cli.show_interpreter_frames);
     match run(cli) {
         Ok(code) => code,
         Err(e) => {

@@ -1,5 +1,5 @@
 //! Which allocator the bytes came from, in every view, on a fixed sampled capture built with
-//! `mprof::testing` (golden files in `tests/golden/`, `MPROF_BLESS=1` rewrites them): the
+//! `mprof::capture::testing` (golden files in `tests/golden/`, `MPROF_BLESS=1` rewrites them): the
 //! per-allocator totals and row tags of the text report, the JSON split, `--allocator`, the
 //! flamegraph's tooltips and `--by-allocator`, pprof's `allocator` label, the diff, and what a
 //! `--python-only` capture says.
@@ -7,8 +7,8 @@
 mod common;
 
 use common::views::{golden, json, mprof, ok, stderr, stdout};
-use mprof::export::pprof::PprofProfile;
-use mprof::testing::CaptureBuilder as Capture;
+use mprof::capture::testing::CaptureBuilder as Capture;
+use mprof::views::export::pprof::PprofProfile;
 use mprof_common::record::{Allocator, Record};
 use prost::Message;
 use serde_json::Value;
@@ -82,7 +82,7 @@ fn fixture(native: &str) -> Capture {
         6_000_000_000,
         &[(MAP, 41), (MODULE, 52)],
     )
-    .push(mprof::testing::alloc_from(
+    .push(mprof::capture::testing::alloc_from(
         Native,
         WORKER,
         0x700,

@@ -8,7 +8,7 @@ mod common;
 use common::tools::{chromium, go, js_packages, run_chromium, Server};
 use common::views::{fixture, ok};
 use common::{mprof, pythons, run_with_timeout, script};
-use mprof::testing::CaptureBuilder;
+use mprof::capture::testing::CaptureBuilder;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -396,6 +396,108 @@ fn quick_start_flamegraph_labels_are_readable_at_1200_px() {
         );
         assert_png(&shot);
     }
+}
+
+/// Drives the flamegraph's own script in the SVG document, once it has loaded: zooms into a
+/// box, resets, searches (the prompt answered), points at a box, and writes what it saw into
+/// the document as JSON, for `--dump-dom`.
+const FLAMEGRAPH_DRIVER: &str = r#"<script type="text/ecmascript"><![CDATA[
+window.addEventListener("load", function () { setTimeout(function () {
+    var out = { init: !!frames };
+    var find = function (label) {
+        return Array.prototype.find.call(boxes(), function (b) { return labelOf(b) === label; });
+    };
+    var g = find("load_rows (app.py:33)"), rect = g.querySelector("rect");
+    zoom(g);
+    out.zoomed = [rect.getAttribute("x"), rect.getAttribute("width")];
+    out.parents = frames.querySelectorAll(":scope > g.parent").length;
+    out.hidden = frames.querySelectorAll(":scope > g.hide").length;
+    out.unzoomShown = !unzoomButton.classList.contains("hide");
+    var narrow = find("<module> (app.py:51)");
+    unzoom();
+    out.unzoomed = [rect.getAttribute("x"), rect.getAttribute("width")];
+    out.narrowText = narrow.querySelector("text").textContent;
+    window.prompt = function () { return "build_index"; };
+    search();
+    out.matched = matched.nodeValue;
+    out.marked = frames.querySelectorAll("rect[data-fill]").length;
+    clearSearch();
+    out.cleared = frames.querySelectorAll("rect[data-fill]").length;
+    rect.dispatchEvent(new MouseEvent("mouseover", { bubbles: true }));
+    out.details = details.nodeValue;
+    var t = document.createElementNS("http://www.w3.org/2000/svg", "text");
+    t.setAttribute("id", "driven");
+    t.textContent = JSON.stringify(out);
+    document.documentElement.appendChild(t);
+}, 0); });
+]]></script>
+"#;
+
+#[test]
+fn flamegraph_zooms_searches_and_shows_figures_in_chromium() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let capture = fixture().write(d, "app.mprof");
+    let svg_path = d.join("app.svg");
+    ok(&["flamegraph", path_str(&capture), "-o", path_str(&svg_path)]);
+    let Some(browser) = chromium("flamegraph_zooms_searches_and_shows_figures_in_chromium") else {
+        return;
+    };
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    let end = svg.rfind("</svg>").unwrap();
+    let driven = d.join("driven.svg");
+    std::fs::write(
+        &driven,
+        format!("{}{FLAMEGRAPH_DRIVER}{}", &svg[..end], &svg[end..]),
+    )
+    .unwrap();
+    let out = run_chromium(
+        &browser,
+        &format!("file://{}", driven.display()),
+        &["--virtual-time-budget=5000", "--dump-dom"],
+        true,
+    );
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let json = dom
+        .split("<text id=\"driven\">")
+        .nth(1)
+        .and_then(|t| t.split("</text>").next())
+        .unwrap_or_else(|| panic!("the script did not run: {dom}"));
+    let v: serde_json::Value = serde_json::from_str(
+        &json
+            .replace("&quot;", "\"")
+            .replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&amp;", "&"),
+    )
+    .unwrap_or_else(|e| panic!("{e}: {json}"));
+    assert_eq!(v["init"], true, "{v}");
+    // load_rows fills the width; its three callers (build_index, <module>, all) stay, faded.
+    assert_eq!(
+        v["zoomed"],
+        serde_json::json!(["0.0000%", "100.0000%"]),
+        "{v}"
+    );
+    assert_eq!(v["parents"], 3, "{v}");
+    assert_eq!(v["hidden"], 12, "{v}");
+    assert_eq!(v["unzoomShown"], true, "{v}");
+    assert_eq!(
+        v["unzoomed"],
+        serde_json::json!(["11.9153%", "72.7030%"]),
+        "{v}"
+    );
+    // Labels are fitted again after the zoom, as mprof first drew them.
+    assert_eq!(v["narrowText"], "<module>", "{v}");
+    // build_index's three boxes hold 124,584 of 137,546 units of width.
+    assert_eq!(v["matched"], "Matched: 90.6%", "{v}");
+    assert_eq!(v["marked"], 3, "{v}");
+    assert_eq!(v["cleared"], 0, "{v}");
+    assert!(
+        v["details"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("load_rows (app.py:33) (app.py:33: 97.66 KiB")),
+        "{v}"
+    );
 }
 
 #[test]

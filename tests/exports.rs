@@ -6,8 +6,8 @@
 mod common;
 
 use common::views::{fixture, golden, json, mprof, ok, stderr, stdout, BUILD, MODULE};
-use mprof::export::pprof::PprofProfile;
-use mprof::testing::CaptureBuilder as Capture;
+use mprof::capture::testing::CaptureBuilder as Capture;
+use mprof::views::export::pprof::PprofProfile;
 use mprof_common::record::Record;
 use prost::Message;
 use std::io::Read;

@@ -9,7 +9,7 @@ mod common;
 
 use common::procs::{touch, wait_file, Attach, Target, LIMIT};
 use common::{by_function, mprof, pythons, report_json, run_with_timeout, script, Python};
-use mprof::estimate::Sample;
+use mprof::analysis::estimate::Sample;
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;

@@ -2,7 +2,8 @@
 //! an attach to a parent whose Python children do the work names them; a fast-growing
 //! capture is announced once (the threshold is lowered through `MPROF_TEST_GROWTH_NOTE`, so
 //! the test does not depend on the machine's speed; the default threshold is unit-tested in
-//! `src/hints.rs`); and the command line's conveniences: `--view leaks`, size units, `--help`.
+//! `src/sessions/hints.rs`); and the command line's conveniences: `--view leaks`, size units,
+//! `--help`.
 
 mod common;
 
@@ -135,7 +136,7 @@ fn a_fast_growing_capture_is_announced_once() {
 #[test]
 fn leaks_is_another_name_for_the_live_view() {
     let dir = tempfile::tempdir().unwrap();
-    let mut c = mprof::testing::CaptureBuilder::new();
+    let mut c = mprof::capture::testing::CaptureBuilder::new();
     c.meta("rate=1\n")
         .code(1, "a.py", "f", 1)
         .alloc(1, 100, 1, &[(1, 2)])

@@ -271,7 +271,7 @@ fn hostile_module_records_and_files_are_warnings_not_crashes() {
     .unwrap();
     let real = std::fs::read(std::env::current_exe().unwrap()).unwrap();
     std::fs::write(d.join("cut.so"), &real[..real.len().min(4096)]).unwrap();
-    mprof::testing::make_fifo(&d.join("fifo.so"));
+    mprof::base::make_fifo(&d.join("fifo.so"));
     std::fs::create_dir(d.join("dir.so")).unwrap();
     let paths = [
         d.join("junk.so"),

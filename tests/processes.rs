@@ -6,7 +6,7 @@
 mod common;
 
 use common::{by_function, mprof, pythons, report_json, run_with_timeout, script, Python};
-use mprof::export::pprof::PprofProfile;
+use mprof::views::export::pprof::PprofProfile;
 use prost::Message;
 use serde_json::Value;
 use std::collections::HashMap;

@@ -811,7 +811,7 @@ fn fork_subprocess_and_tracemalloc_are_unharmed() {
 /// The RSS records of a capture (the readings taken while the program ran), in order.
 fn rss_readings(capture: &Path) -> Vec<u64> {
     let mut readings = Vec::new();
-    mprof::capture::CaptureFile::open(capture)
+    mprof::capture::file::CaptureFile::open(capture)
         .expect("a capture")
         .for_each(|record, _| {
             if let mprof_common::record::Record::Rss { rss_bytes, .. } = record {

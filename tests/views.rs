@@ -1,5 +1,5 @@
 //! The views (`report`, `flamegraph`) run as the real binary on hand-built captures (built
-//! with the library's `mprof::testing` builders).
+//! with the library's `mprof::capture::testing` builders).
 //!
 //! Golden files live in `tests/golden/`; `MPROF_BLESS=1 cargo test --test views` rewrites them
 //! from the current output (review the diff before committing).
@@ -7,7 +7,7 @@
 mod common;
 
 use common::views::{fixture, golden, json, mprof, ok, stderr, stdout};
-use mprof::testing::CaptureBuilder as Capture;
+use mprof::capture::testing::CaptureBuilder as Capture;
 use mprof_common::record::Record;
 use serde_json::Value;
 /// `s / (1 - exp(-s/r))`: what one sample of `s` bytes stands for.

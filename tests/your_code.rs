@@ -9,7 +9,7 @@ mod common;
 
 use common::views::{golden, json, ok, stdout};
 use common::{pythons, report_json, run_with_timeout};
-use mprof::testing::CaptureBuilder as Capture;
+use mprof::capture::testing::CaptureBuilder as Capture;
 use mprof_common::record::Record;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

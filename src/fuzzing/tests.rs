@@ -482,11 +482,14 @@ fn a_giant_stack_over_a_giant_name_is_cut() {
     let stack: Vec<_> = p.frames(id).collect();
     assert_eq!(
         stack.len(),
-        crate::profile::MAX_DEPTH + 1,
+        crate::analysis::profile::MAX_DEPTH + 1,
         "cut, plus the pseudo-frame"
     );
-    assert_eq!(stack.last().unwrap().file, crate::profile::TRUNCATED);
-    assert!(stack[0].function.len() <= crate::profile::MAX_NAME);
+    assert_eq!(
+        stack.last().unwrap().file,
+        crate::analysis::profile::TRUNCATED
+    );
+    assert!(stack[0].function.len() <= crate::analysis::profile::MAX_NAME);
     eprintln!(
         "giant stack: {} bytes in, {} bytes of memory, {} bytes of JSON at most",
         bytes.len(),
@@ -653,7 +656,7 @@ fn a_capture_that_changes_between_passes_is_corrupt() {
         calls += 1;
         let records = if calls == 1 { &before } else { &after };
         for (i, r) in records.iter().enumerate() {
-            if !apply(0, r, crate::capture::Digest::for_test(i as u64)) {
+            if !apply(0, r, crate::capture::file::Digest::for_test(i as u64)) {
                 break;
             }
         }

@@ -1,7 +1,7 @@
 //! Shared by the tests of the views: a fixed capture that exercises every rule, running the
 //! real binary, and golden files (`MPROF_BLESS=1` rewrites them).
 
-use mprof::testing::CaptureBuilder as Capture;
+use mprof::capture::testing::CaptureBuilder as Capture;
 use mprof_common::record::Record;
 use serde_json::Value;
 use std::path::Path;

@@ -1,0 +1,263 @@
+//! How allocation sites are grouped into rows: one type for the reports, the diff, the HTML
+//! report and the live view.
+
+use crate::analysis::focus::{Focus, Memo};
+use crate::analysis::names::Location;
+use std::collections::{BTreeMap, HashMap};
+
+/// How rows are grouped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Grouping {
+    /// The innermost frame in your code (not the standard library, site-packages or the import
+    /// system; see `--focus`), with the innermost frame beside it.
+    YourCode,
+    /// The innermost frame's file, function and line.
+    Line,
+    /// The innermost frame's function (its line is the function's first line).
+    Function,
+    /// The innermost frame's file (line 0, function empty).
+    File,
+    /// The whole stack.
+    Stack,
+    /// The thread that allocated.
+    Thread,
+}
+
+impl Grouping {
+    /// The name used on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Grouping::YourCode => "your-code",
+            Grouping::Line => "line",
+            Grouping::Function => "function",
+            Grouping::File => "file",
+            Grouping::Stack => "stack",
+            Grouping::Thread => "thread",
+        }
+    }
+
+    /// What text reports say after "by": the name, or for [`Grouping::YourCode`] what it means.
+    pub fn title(self) -> &'static str {
+        match self {
+            Grouping::YourCode => "your code's line (innermost frame beside it)",
+            other => other.name(),
+        }
+    }
+
+    /// The next grouping in the order the live view's `g` key cycles: your code, line,
+    /// function, file.
+    pub fn next_in_live_view(self) -> Grouping {
+        match self {
+            Grouping::YourCode => Grouping::Line,
+            Grouping::Line => Grouping::Function,
+            Grouping::Function => Grouping::File,
+            _ => Grouping::YourCode,
+        }
+    }
+
+    /// The row key of one frame: (file, function, line). By function the line is the
+    /// function's first line, by file the function is empty and the line 0. Groupings that
+    /// are not by frame (your code, stack, thread) key the frame by its line.
+    pub fn frame_key<'a>(self, loc: &Location<'a>) -> (&'a str, &'a str, u32) {
+        match self {
+            Grouping::Function => (loc.file, loc.function, loc.firstline),
+            Grouping::File => (loc.file, "", 0),
+            _ => (loc.file, loc.function, loc.line),
+        }
+    }
+}
+
+/// What a row grouped by your code shows beside its frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Beside<'a> {
+    /// Whether the row's frame is in your code. False when none of the row's stacks has a
+    /// frame of yours: the row is then their innermost frame.
+    pub yours: bool,
+    /// The innermost frame below the row's frame with the most bytes, when the row's stacks
+    /// go deeper than its frame and it has more bytes than the row's frame allocated itself
+    /// (else naming it would point away from where most of the bytes come from).
+    pub innermost: Option<Location<'a>>,
+    /// How many other innermost frames below the row's frame its stacks end in (all of them
+    /// when `innermost` is none).
+    pub more: usize,
+}
+
+/// A row key: (file, function, line).
+pub type Key<'a> = (&'a str, &'a str, u32);
+
+/// One group of [`YourCodeGroups`].
+struct Group<'a, F> {
+    figures: F,
+    /// The figures of the stacks that end at the group's own frame.
+    direct: F,
+    yours: bool,
+    innermost: BTreeMap<Location<'a>, F>,
+}
+
+/// Stacks grouped by their innermost frame in your code ([`Grouping::YourCode`]), with
+/// figures of type `F` per group and per innermost frame below it.
+pub struct YourCodeGroups<'a, 'f, F> {
+    focus: &'f Focus,
+    memo: Memo<'a>,
+    groups: HashMap<Key<'a>, Group<'a, F>>,
+}
+
+impl<'a, 'f, F: Default> YourCodeGroups<'a, 'f, F> {
+    /// No groups yet; `focus` says which files are yours.
+    pub fn new(focus: &'f Focus) -> Self {
+        YourCodeGroups {
+            focus,
+            memo: Memo::new(),
+            groups: HashMap::new(),
+        }
+    }
+
+    /// Adds one stack, given by its frames innermost first, with its figures (`merge` adds
+    /// figures up).
+    pub fn add(
+        &mut self,
+        frames: impl IntoIterator<Item = Location<'a>>,
+        figures: &F,
+        merge: impl Fn(&mut F, &F),
+    ) {
+        let mut frames = frames.into_iter();
+        let Some(innermost) = frames.next() else {
+            return;
+        };
+        let at = match self.focus.is_yours(&innermost, &mut self.memo) {
+            true => Some(innermost),
+            false => self.focus.first_yours(frames, &mut self.memo),
+        };
+        let yours = at.is_some();
+        let at = at.unwrap_or(innermost);
+        let group = self
+            .groups
+            .entry(Grouping::Line.frame_key(&at))
+            .or_insert_with(|| Group {
+                figures: F::default(),
+                direct: F::default(),
+                yours,
+                innermost: BTreeMap::new(),
+            });
+        merge(&mut group.figures, figures);
+        if Grouping::Line.frame_key(&innermost) != Grouping::Line.frame_key(&at) {
+            merge(group.innermost.entry(innermost).or_default(), figures);
+        } else {
+            merge(&mut group.direct, figures);
+        }
+    }
+
+    /// The groups: key, figures, and what goes beside; the innermost frame shown is the one
+    /// with the largest `weight` (ties: the first in file, function, line order), if it
+    /// outweighs what the group's own frame allocated.
+    pub fn finish(self, weight: impl Fn(&F) -> u64) -> Vec<(Key<'a>, F, Beside<'a>)> {
+        self.groups
+            .into_iter()
+            .map(|(key, g)| {
+                let mut top: Option<(&Location, u64)> = None;
+                for (loc, f) in &g.innermost {
+                    let w = weight(f);
+                    if top.is_none_or(|(_, best)| w > best) {
+                        top = Some((loc, w));
+                    }
+                }
+                let top = top.filter(|&(_, w)| w > weight(&g.direct));
+                let beside = Beside {
+                    yours: g.yours,
+                    innermost: top.map(|(loc, _)| *loc),
+                    more: g.innermost.len() - top.is_some() as usize,
+                };
+                (key, g.figures, beside)
+            })
+            .collect()
+    }
+}
+
+/// `← function (short/file.py:line) +N more` for a row's [`Beside`], or `← (no frame in your
+/// code)`; empty when there is nothing to say. Not yet made printable.
+pub fn beside_text(beside: &Beside, pseudo: bool) -> String {
+    let mut out = String::new();
+    if let Some(loc) = &beside.innermost {
+        out = format!("← {}", crate::analysis::frames::label(loc));
+        if beside.more > 0 {
+            out.push_str(&format!(" +{} more", beside.more));
+        }
+    } else if !beside.yours && !pseudo {
+        out = "← (no frame in your code)".to_owned();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loc(file: &'static str, line: u32) -> Location<'static> {
+        Location {
+            module: None,
+            file,
+            function: "f",
+            line,
+            firstline: 1,
+        }
+    }
+
+    #[test]
+    fn stacks_group_at_your_first_frame_with_the_largest_innermost_beside() {
+        let focus = Focus::default();
+        let json = "/usr/lib/python3.11/json/encoder.py";
+        let mut g = YourCodeGroups::new(&focus);
+        let add = |g: &mut YourCodeGroups<u64>, frames: &[Location<'static>], n: u64| {
+            g.add(frames.iter().copied(), &n, |a, b| *a += b)
+        };
+        add(
+            &mut g,
+            &[loc(json, 200), loc("app.py", 9), loc("app.py", 1)],
+            10,
+        );
+        add(
+            &mut g,
+            &[loc(json, 258), loc("app.py", 9), loc("app.py", 2)],
+            30,
+        );
+        add(&mut g, &[loc("app.py", 9), loc("app.py", 2)], 20);
+        add(&mut g, &[loc("app.py", 12)], 5);
+        // Line 30 allocates most of its bytes itself: the frame below it is not named.
+        add(&mut g, &[loc("app.py", 30)], 90);
+        add(&mut g, &[loc(json, 258), loc("app.py", 30)], 9);
+        add(&mut g, &[loc(json, 200), loc("app.py", 30)], 1);
+        add(&mut g, &[loc(json, 7)], 1);
+        let mut rows = g.finish(|n| *n);
+        rows.sort_by_key(|(k, _, _)| *k);
+        let app9 = &rows[1];
+        assert_eq!(app9.0, ("app.py", "f", 9));
+        assert_eq!(app9.1, 60);
+        assert_eq!(app9.2.innermost, Some(loc(json, 258)));
+        assert_eq!((app9.2.yours, app9.2.more), (true, 1));
+        assert_eq!(
+            beside_text(&app9.2, false),
+            "← f (json/encoder.py:258) +1 more"
+        );
+        assert_eq!(rows[2].2.innermost, None);
+        assert_eq!(beside_text(&rows[2].2, false), "");
+        let app30 = &rows[3];
+        assert_eq!((app30.0, app30.1), (("app.py", "f", 30), 100));
+        assert_eq!((app30.2.innermost, app30.2.more), (None, 2));
+        assert_eq!(beside_text(&app30.2, false), "");
+        let lib = &rows[0];
+        assert_eq!((lib.0, lib.2.yours), ((json, "f", 7), false));
+        assert_eq!(beside_text(&lib.2, false), "← (no frame in your code)");
+    }
+
+    #[test]
+    fn the_live_view_cycles_through_every_frame_grouping() {
+        let mut g = Grouping::YourCode;
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            seen.push(g.name());
+            g = g.next_in_live_view();
+        }
+        assert_eq!(g, Grouping::YourCode);
+        assert_eq!(seen, ["your-code", "line", "function", "file"]);
+    }
+}

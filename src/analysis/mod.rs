@@ -1,0 +1,22 @@
+//! The analysis stage: from a capture's records to figures per stack, site and process.
+//!
+//! - [`estimate`]: what a sample stands for (bytes, count, standard error);
+//! - [`allocators`]: which allocator the bytes came from;
+//! - [`names`]: interning of names and stacks (the trie), native stacks resolved into it;
+//! - [`symbols`]: native stacks: the target's modules, symbolization, the merge with Python
+//!   frames;
+//! - [`frames`]: labels and kinds of code; [`focus`]: which code is yours;
+//! - [`aggregate`]: records replayed one at a time (the live view uses it directly);
+//! - [`profile`]: a whole capture (or set of captures), within its memory allowance;
+//! - [`grouping`] and [`sites`]: the rows every table shows.
+
+pub mod aggregate;
+pub mod allocators;
+pub mod estimate;
+pub mod focus;
+pub mod frames;
+pub mod grouping;
+pub mod names;
+pub mod profile;
+pub mod sites;
+pub mod symbols;

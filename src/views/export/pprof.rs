@@ -1,0 +1,277 @@
+//! pprof: a gzipped protobuf `Profile` per pprof's `profile.proto`, read by `go tool pprof`,
+//! Grafana Pyroscope, Parca and Polar Signals.
+//!
+//! Sample types, in order: `alloc_objects`/`alloc_space` (allocated), `inuse_objects`/
+//! `inuse_space` (live at the end, the default, as in Go's heap profiles) and `peak_objects`/
+//! `peak_space` (live at the peak). One sample per stack and thread, with a `thread` label
+//! (and `thread_name` when known), an `allocator` label (`python`, `native` or `mmap`) and the
+//! capture's `mode`, `pid`, `command` and `python`; values are the estimates rounded to whole
+//! bytes and allocations. The period is the sampling rate (`space`/`bytes`). The capture's
+//! meta goes in the profile's comments as `key=value` (`go tool pprof -comments`). Messages
+//! are declared here with prost's derive, field numbers as in profile.proto.
+
+use crate::analysis::profile::{Profile, View};
+use anyhow::Result;
+use flate2::write::GzEncoder;
+use prost::Message;
+use std::collections::HashMap;
+use std::io::Write;
+
+/// Meta keys that also label every sample (what tools that group by labels, like Pyroscope,
+/// can filter on); all of the meta is in the comments.
+const META_LABELS: [&str; 4] = ["mode", "pid", "command", "python"];
+
+/// The pprof export.
+pub struct Pprof;
+
+impl super::Exporter for Pprof {
+    fn format(&self) -> super::Format {
+        super::Format::Pprof
+    }
+
+    fn export(&self, p: &Profile, _: &super::Options) -> Result<Vec<u8>> {
+        let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(&profile(p).encode_to_vec())?;
+        Ok(gz.finish()?)
+    }
+}
+
+/// profile.proto's `Profile` (the fields mprof writes).
+#[derive(Clone, PartialEq, Message)]
+pub struct PprofProfile {
+    #[prost(message, repeated, tag = "1")]
+    pub sample_type: Vec<ValueType>,
+    #[prost(message, repeated, tag = "2")]
+    pub sample: Vec<Sample>,
+    #[prost(message, repeated, tag = "4")]
+    pub location: Vec<PprofLocation>,
+    #[prost(message, repeated, tag = "5")]
+    pub function: Vec<Function>,
+    #[prost(string, repeated, tag = "6")]
+    pub string_table: Vec<String>,
+    #[prost(int64, tag = "9")]
+    pub time_nanos: i64,
+    #[prost(int64, tag = "10")]
+    pub duration_nanos: i64,
+    #[prost(message, optional, tag = "11")]
+    pub period_type: Option<ValueType>,
+    #[prost(int64, tag = "12")]
+    pub period: i64,
+    #[prost(int64, repeated, tag = "13")]
+    pub comment: Vec<i64>,
+    #[prost(int64, tag = "14")]
+    pub default_sample_type: i64,
+}
+
+/// profile.proto's `ValueType`: string-table indices of a type and its unit.
+#[derive(Clone, PartialEq, Message)]
+pub struct ValueType {
+    #[prost(int64, tag = "1")]
+    pub r#type: i64,
+    #[prost(int64, tag = "2")]
+    pub unit: i64,
+}
+
+/// profile.proto's `Sample`: locations innermost first, one value per sample type.
+#[derive(Clone, PartialEq, Message)]
+pub struct Sample {
+    #[prost(uint64, repeated, tag = "1")]
+    pub location_id: Vec<u64>,
+    #[prost(int64, repeated, tag = "2")]
+    pub value: Vec<i64>,
+    #[prost(message, repeated, tag = "3")]
+    pub label: Vec<Label>,
+}
+
+/// profile.proto's `Label`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Label {
+    #[prost(int64, tag = "1")]
+    pub key: i64,
+    #[prost(int64, tag = "2")]
+    pub str: i64,
+    #[prost(int64, tag = "3")]
+    pub num: i64,
+}
+
+/// profile.proto's `Location`: here one Python frame (function and line), no mapping.
+#[derive(Clone, PartialEq, Message)]
+pub struct PprofLocation {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(message, repeated, tag = "4")]
+    pub line: Vec<Line>,
+}
+
+/// profile.proto's `Line`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Line {
+    #[prost(uint64, tag = "1")]
+    pub function_id: u64,
+    #[prost(int64, tag = "2")]
+    pub line: i64,
+}
+
+/// profile.proto's `Function`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Function {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(int64, tag = "2")]
+    pub name: i64,
+    #[prost(int64, tag = "3")]
+    pub system_name: i64,
+    #[prost(int64, tag = "4")]
+    pub filename: i64,
+    #[prost(int64, tag = "5")]
+    pub start_line: i64,
+}
+
+/// The string table under construction (index 0 is the empty string, as the format wants).
+struct Strings {
+    table: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl Strings {
+    fn new() -> Strings {
+        Strings {
+            table: vec![String::new()],
+            index: HashMap::from([(String::new(), 0)]),
+        }
+    }
+
+    /// The index of `s`, made printable (`go tool pprof` shows the strings on a terminal).
+    fn id(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        let i = self.table.len() as i64;
+        self.table
+            .push(crate::base::text::printable(s).into_owned());
+        self.index.insert(s.to_owned(), i);
+        i
+    }
+}
+
+fn whole(x: f64) -> i64 {
+    x.round().max(0.0) as i64
+}
+
+/// The profile message of a capture.
+pub fn profile(p: &Profile) -> PprofProfile {
+    let mut strings = Strings::new();
+    let value_type = |s: &mut Strings, t: &str, u: &str| ValueType {
+        r#type: s.id(t),
+        unit: s.id(u),
+    };
+    let sample_type = vec![
+        value_type(&mut strings, "alloc_objects", "count"),
+        value_type(&mut strings, "alloc_space", "bytes"),
+        value_type(&mut strings, "inuse_objects", "count"),
+        value_type(&mut strings, "inuse_space", "bytes"),
+        value_type(&mut strings, "peak_objects", "count"),
+        value_type(&mut strings, "peak_space", "bytes"),
+    ];
+    let period_type = Some(value_type(&mut strings, "space", "bytes"));
+    let mut functions: HashMap<(String, String, u32), u64> = HashMap::new();
+    let mut function = Vec::new();
+    let mut locations: HashMap<(u64, u32), u64> = HashMap::new();
+    let mut location = Vec::new();
+    let mut sample = Vec::new();
+    for ((stack, tid), figures) in p.sites() {
+        let mut ids = Vec::new();
+        for loc in p.frames(*stack) {
+            let key = (loc.file.to_owned(), loc.function.to_owned(), loc.firstline);
+            let next = functions.len() as u64 + 1;
+            let function_id = *functions.entry(key).or_insert_with(|| {
+                function.push(Function {
+                    id: next,
+                    name: strings.id(loc.function),
+                    // pprof demangles a system name as C++, turning `<module>` into
+                    // nothing: Python names have no system form.
+                    system_name: 0,
+                    filename: strings.id(loc.file),
+                    start_line: loc.firstline as i64,
+                });
+                next
+            });
+            let next = locations.len() as u64 + 1;
+            let id = *locations.entry((function_id, loc.line)).or_insert_with(|| {
+                location.push(PprofLocation {
+                    id: next,
+                    line: vec![Line {
+                        function_id,
+                        line: loc.line as i64,
+                    }],
+                });
+                next
+            });
+            ids.push(id);
+        }
+        let mut value = Vec::new();
+        for view in [View::Allocated, View::Live, View::Peak] {
+            let e = figures.get(view);
+            value.push(whole(e.count));
+            value.push(whole(e.bytes));
+        }
+        let mut label = vec![Label {
+            key: strings.id("thread"),
+            num: *tid as i64,
+            ..Label::default()
+        }];
+        if let Some(name) = p.threads.get(tid) {
+            label.push(Label {
+                key: strings.id("thread_name"),
+                str: strings.id(name),
+                ..Label::default()
+            });
+        }
+        label.push(Label {
+            key: strings.id("allocator"),
+            str: strings.id(p.allocator(*stack).name()),
+            ..Label::default()
+        });
+        for key in META_LABELS {
+            if let Some(value) = p.meta.get(key) {
+                label.push(Label {
+                    key: strings.id(key),
+                    str: strings.id(value),
+                    ..Label::default()
+                });
+            }
+        }
+        sample.push(Sample {
+            location_id: ids,
+            value,
+            label,
+        });
+    }
+    let mut comment: Vec<i64> = p
+        .meta
+        .iter()
+        .map(|(k, v)| strings.id(&format!("{k}={v}")))
+        .collect();
+    if let Some(w) = p.incomplete() {
+        comment.push(strings.id(&w));
+    }
+    let start_ms: i64 = p
+        .meta
+        .get("start_unix_ms")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let default_sample_type = strings.id("inuse_space");
+    PprofProfile {
+        sample_type,
+        sample,
+        location,
+        function,
+        time_nanos: start_ms.saturating_mul(1_000_000),
+        duration_nanos: (p.duration_seconds * 1e9) as i64,
+        period_type,
+        period: p.rate as i64,
+        comment,
+        default_sample_type,
+        string_table: strings.table,
+    }
+}

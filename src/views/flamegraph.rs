@@ -1,0 +1,412 @@
+//! Flamegraphs: one view of a capture as an interactive SVG. mprof lays the boxes out once
+//! ([`boxes`]) and draws the picture from that layout ([`svg`]), with a script of its own for
+//! zooming and searching.
+//!
+//! Frames are labelled `function (short/file.py:line)` (see [`crate::analysis::frames`]); a
+//! narrow box drops the directories, then the place, then cuts the function name from the
+//! right, so the function name is what survives ([`fitted_label`]). Each box's tooltip
+//! has the full path, the estimated bytes ± standard error, the estimated allocations, the
+//! samples behind it and its share. Import-system frames are folded away unless asked for
+//! (an import of a module that allocates shows as the importer calling the module), colours
+//! say which kind of code a frame runs (a legend is drawn under the title), `--inverted`
+//! puts the allocation sites on top, `--thread` keeps one thread. `--diff BASE` draws the new
+//! capture's boxes coloured by their growth since BASE (red grew, blue shrank), with the change
+//! ± its combined standard error in the tooltip.
+//!
+//! A box whose bytes are not all from Python's allocators says how the allocators share them
+//! in its tooltip (`native 80%, python 20%`); `--by-allocator` puts the allocator at the root
+//! of every stack instead (`<allocator native>`), and `--allocator` keeps only some.
+//!
+//! When the output path ends in `.folded`, the folded stacks of
+//! [`crate::views::export::folded`] are written instead of an SVG. When the view has no bytes
+//! at all (e.g. `live` for a program that freed everything), a small valid SVG that says so is
+//! written, with a warning.
+
+use crate::analysis::allocators::Allocators;
+use crate::analysis::frames::{self, Kind};
+use crate::analysis::profile::{Estimate, Profile, View};
+use crate::base::text::xml_escape;
+use crate::base::units::human_bytes;
+use crate::capture::processes::{CaptureSet, Pick};
+use crate::views::about::{rate_text, view_title};
+use crate::views::export::folded::{self, allocator_frame, frame_name};
+use crate::views::formats::{check_output, write_file, Format};
+use anyhow::{bail, Result};
+pub use boxes::fitted_label;
+use boxes::{layout, Placed};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// Width of the picture in pixels.
+pub const WIDTH: usize = 1200;
+
+/// What to draw.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub view: View,
+    /// Only this thread's allocations.
+    pub thread: Option<u32>,
+    /// Keep the import system's frames instead of folding them away.
+    pub keep_imports: bool,
+    /// Allocation sites on top (an icicle of callers).
+    pub inverted: bool,
+    /// The allocator as the root frame of every stack.
+    pub by_allocator: bool,
+    /// The allocators drawn (the caller selects them in the profile, see [`Profile::select`]).
+    pub allocators: Allocators,
+}
+
+impl Settings {
+    /// The plain flamegraph of `view`: every thread and allocator, import frames folded.
+    pub fn of(view: View) -> Settings {
+        Settings {
+            view,
+            thread: None,
+            keep_imports: false,
+            inverted: false,
+            by_allocator: false,
+            allocators: Allocators::ALL,
+        }
+    }
+}
+
+/// `mprof flamegraph`: writes the flamegraph of `path` (the processes `pick` says; or its
+/// folded stacks) to `out`; with `diff`, the growth since that base capture (all its
+/// processes).
+pub fn run(
+    path: &Path,
+    out: &Path,
+    settings: &Settings,
+    diff: Option<&Path>,
+    pick: Pick,
+) -> Result<()> {
+    let folded_out = Format::of_path(out) == Some(Format::Folded);
+    check_output(
+        out,
+        if folded_out {
+            Format::Folded
+        } else {
+            Format::Svg
+        },
+    )?;
+    if folded_out && (diff.is_some() || settings.thread.is_some() || settings.inverted) {
+        bail!(
+            "{}: folded stacks hold one whole view; --diff, --thread and --inverted draw SVG",
+            out.display()
+        );
+    }
+    let mut p = Profile::load_set(&CaptureSet::open(path, pick)?)?;
+    p.select(settings.allocators);
+    if let Some(tid) = settings.thread {
+        let tids = p.thread_ids();
+        if !tids.contains(&tid) {
+            let known: Vec<String> = tids.iter().map(|&t| p.thread_label(t)).collect();
+            bail!(
+                "thread {tid} allocated nothing in {}; its threads: {}",
+                path.display(),
+                known.join(", ")
+            );
+        }
+    }
+    let bytes = if folded_out {
+        folded::lines_by(&p, settings.view, settings.by_allocator)
+            .iter()
+            .flat_map(|l| [l.as_str(), "\n"])
+            .collect::<String>()
+            .into_bytes()
+    } else {
+        let mut base = diff.map(Profile::load).transpose()?;
+        if let Some(base) = &mut base {
+            base.select(settings.allocators);
+        }
+        svg(&p, settings, base.as_ref())?.into_bytes()
+    };
+    write_file(out, "flamegraph", &bytes)
+}
+
+/// The flamegraph as SVG text; with `base`, the difference from it.
+pub fn svg(p: &Profile, settings: &Settings, base: Option<&Profile>) -> Result<String> {
+    Ok(picture(p, settings, base)?.svg)
+}
+
+/// A flamegraph drawn: the SVG text and its height in pixels (its width is [`WIDTH`]).
+pub struct Picture {
+    pub svg: String,
+    pub height: usize,
+}
+
+/// The flamegraph of `p` (with `base`, the difference from it) and its height.
+pub fn picture(p: &Profile, settings: &Settings, base: Option<&Profile>) -> Result<Picture> {
+    let mut stacks = drawn(p, settings);
+    if let Some(base) = base {
+        for (labels, b) in drawn(base, settings) {
+            let entry = stacks.entry(labels).or_insert_with(|| Drawn {
+                frames: b.frames.clone(),
+                new: Estimate::default(),
+                split: Default::default(),
+                base: None,
+            });
+            entry.base = Some(b.new);
+        }
+        for s in stacks.values_mut() {
+            s.base.get_or_insert_with(Estimate::default);
+        }
+    }
+    if stacks.values().all(|s| whole(s.new.bytes) == 0) {
+        crate::say!(
+            "mprof: warning: no {} in this capture; the flamegraph is empty",
+            view_title(settings.view)
+        );
+        return Ok(Picture {
+            svg: empty_svg(p, settings.view),
+            height: EMPTY_HEIGHT,
+        });
+    }
+    let layout = layout(&stacks, unit_of(&stacks));
+    let title = match base {
+        Some(_) => format!(
+            "mprof: growth of {} since the base capture",
+            view_title(settings.view)
+        ),
+        None => format!("mprof: {}", view_title(settings.view)),
+    };
+    let legend: Vec<((u8, u8, u8), &str)> = match base {
+        Some(_) => vec![
+            (GREW, "grew since the base"),
+            (SHRANK, "shrank since the base"),
+        ],
+        None => Kind::ALL.iter().map(|k| (k.rgb(), k.name())).collect(),
+    };
+    let page = svg::Page {
+        title: &title,
+        subtitle: &subtitle(p, settings),
+        legend: &legend,
+        inverted: settings.inverted,
+    };
+    let (svg, height) = match base {
+        Some(_) => {
+            let largest = layout
+                .boxes
+                .iter()
+                .map(|b| b.own_change.abs())
+                .fold(0.0, f64::max);
+            svg::draw(&page, &layout, |b| growth_colour(b, largest))
+        }
+        None => svg::draw(&page, &layout, |b| match b.kind {
+            Some(kind) => colour(kind, &b.label),
+            None => ROOT_COLOUR,
+        }),
+    };
+    Ok(Picture { svg, height })
+}
+
+/// One frame as drawn.
+#[derive(Clone, Debug)]
+struct DrawnFrame {
+    label: String,
+    /// `/full/path.py:line` (or the pseudo-frame's name), for the tooltip.
+    place: String,
+    kind: Kind,
+}
+
+/// One stack as drawn: frames from the bottom of the picture up, and its figures.
+#[derive(Clone, Debug)]
+struct Drawn {
+    frames: Vec<DrawnFrame>,
+    new: Estimate,
+    /// `new` per allocator.
+    split: [Estimate; 3],
+    /// The base capture's figures, when drawing a difference.
+    base: Option<Estimate>,
+}
+
+fn labels_of(frames: &[DrawnFrame]) -> Vec<String> {
+    frames.iter().map(|f| f.label.clone()).collect()
+}
+
+fn whole(x: f64) -> u64 {
+    x.round().max(0.0) as u64
+}
+
+/// Largest sum of widths laid out (they add up in a `u64`).
+const MAX_WIDTHS: f64 = (1u64 << 60) as f64;
+
+/// Bytes per unit of width: 1, unless the widths would not add up in a `u64` (only a crafted
+/// capture comes near; then every width is scaled down alike).
+fn unit_of(stacks: &BTreeMap<Vec<String>, Drawn>) -> f64 {
+    let sum: f64 = stacks
+        .values()
+        .map(|s| s.new.bytes.max(s.base.map_or(0.0, |b| b.bytes)).max(0.0))
+        .sum();
+    (sum / MAX_WIDTHS).ceil().max(1.0)
+}
+
+/// The width `bytes` are drawn with, in units of width.
+fn width(bytes: f64, unit: f64) -> u64 {
+    whole(bytes / unit)
+}
+
+/// The stacks of `p` as drawn, by their labels (the order they are laid out in).
+fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<String>, Drawn> {
+    let mut out: BTreeMap<Vec<String>, Drawn> = BTreeMap::new();
+    for (id, figures) in p.stacks_of(settings.thread) {
+        let estimate = *figures.get(settings.view);
+        if estimate.samples == 0 {
+            continue;
+        }
+        let mut frames: Vec<DrawnFrame> = Vec::new();
+        let all: Vec<_> = p.frames(id).collect(); // innermost first
+        let mut caller_is_site = false;
+        for loc in all.iter().rev() {
+            // A `.pth` line runs as `<string>` code called from site.py: import system too.
+            let import = frames::is_import(loc) || (caller_is_site && loc.file == "<string>");
+            caller_is_site =
+                frames::is_site(loc.file) || (caller_is_site && loc.file == "<string>");
+            if !settings.keep_imports && import {
+                continue;
+            }
+            frames.push(DrawnFrame {
+                label: frame_name(&frames::label(loc)),
+                place: if loc.file == loc.function {
+                    loc.function.to_owned()
+                } else {
+                    format!("{}:{}", loc.file, loc.line)
+                },
+                kind: frames::kind_of(loc),
+            });
+        }
+        if frames.is_empty() {
+            // Only import frames: the allocation happened in the import system itself.
+            frames.push(DrawnFrame {
+                label: "<import system>".into(),
+                place: "importlib".into(),
+                kind: Kind::Import,
+            });
+        }
+        if settings.inverted {
+            frames.reverse();
+        }
+        let allocator = p.allocator(id);
+        if settings.by_allocator {
+            frames.insert(
+                0,
+                DrawnFrame {
+                    label: allocator_frame(allocator),
+                    place: format!("{} allocations", allocator.name()),
+                    kind: Kind::Pseudo,
+                },
+            );
+        }
+        let entry = out.entry(labels_of(&frames)).or_insert_with(|| Drawn {
+            frames,
+            new: Estimate::default(),
+            split: Default::default(),
+            base: None,
+        });
+        entry.new.merge(&estimate);
+        entry.split[allocator as usize].merge(&estimate);
+    }
+    out
+}
+
+/// The fill of a frame: its kind's colour, a little lighter or darker by name so that
+/// neighbours stand apart.
+fn colour(kind: Kind, label: &str) -> (u8, u8, u8) {
+    let (r, g, b) = kind.rgb();
+    let hash = label
+        .bytes()
+        .fold(0u32, |h, c| h.wrapping_mul(31).wrapping_add(c as u32));
+    let shift = (hash % 31) as i32 - 15;
+    let adjust = |c: u8| (c as i32 + shift).clamp(0, 255) as u8;
+    (adjust(r), adjust(g), adjust(b))
+}
+
+/// The fill of the root box (`all`).
+const ROOT_COLOUR: (u8, u8, u8) = (200, 200, 190);
+/// A difference's colours at their strongest: grew, shrank, and no change.
+const GREW: (u8, u8, u8) = (230, 80, 80);
+const SHRANK: (u8, u8, u8) = (80, 120, 230);
+const UNCHANGED: (u8, u8, u8) = (250, 250, 250);
+
+/// The fill of a box of a difference, by the change of its own bytes (those of the stacks that
+/// end in it, as differential flamegraphs colour): red for growth, blue for shrinking, the
+/// stronger the larger the change against the `largest` such change of any box.
+fn growth_colour(b: &Placed, largest: f64) -> (u8, u8, u8) {
+    let change = b.own_change;
+    if largest <= 0.0 || change == 0.0 {
+        return UNCHANGED;
+    }
+    let to = if change > 0.0 { GREW } else { SHRANK };
+    let t = (change.abs() / largest).clamp(0.0, 1.0);
+    let mix = |a: u8, b: u8| (a as f64 + (b as f64 - a as f64) * t).round() as u8;
+    (
+        mix(UNCHANGED.0, to.0),
+        mix(UNCHANGED.1, to.1),
+        mix(UNCHANGED.2, to.2),
+    )
+}
+
+fn subtitle(p: &Profile, settings: &Settings) -> String {
+    let total = p.totals().get(settings.view);
+    let mut text = format!(
+        "{}, {} samples, {} dropped; total {} ± {}",
+        rate_text(p),
+        p.samples,
+        p.dropped,
+        human_bytes(total.bytes),
+        human_bytes(total.stderr())
+    );
+    if let Some(tid) = settings.thread {
+        let _ = write!(text, "; thread {}", p.thread_label(tid));
+    }
+    if !p.selection().is_all() {
+        let _ = write!(text, "; {} allocations only", p.selection().names());
+    }
+    if p.native_recorded() == Some(false) {
+        text.push_str("; native allocations not recorded");
+    }
+    if !settings.keep_imports {
+        text.push_str("; import frames folded");
+    }
+    if p.incomplete().is_some() {
+        text.push_str("; INCOMPLETE capture (no END record)");
+    }
+    text
+}
+
+/// The height of [`empty_svg`].
+const EMPTY_HEIGHT: usize = 90;
+
+/// A valid SVG that says the view has nothing to draw.
+fn empty_svg(p: &Profile, view: View) -> String {
+    let title = format!("mprof: {}", view_title(view));
+    let settings = Settings {
+        keep_imports: true,
+        ..Settings::of(view)
+    };
+    let note = format!("No samples in this view ({})", subtitle(p, &settings));
+    format!(
+        concat!(
+            "<?xml version=\"1.0\" standalone=\"no\"?>\n",
+            "<svg version=\"1.1\" width=\"{WIDTH}\" height=\"{h}\" viewBox=\"0 0 {WIDTH} {h}\" ",
+            "xmlns=\"http://www.w3.org/2000/svg\">\n",
+            "<title>{title}</title>\n",
+            "<rect x=\"0\" y=\"0\" width=\"{WIDTH}\" height=\"{h}\" fill=\"#eef2ee\"/>\n",
+            "<text x=\"600\" y=\"30\" text-anchor=\"middle\" font-family=\"Verdana\" ",
+            "font-size=\"17\">{title}</text>\n",
+            "<text x=\"600\" y=\"60\" text-anchor=\"middle\" font-family=\"Verdana\" ",
+            "font-size=\"12\">{note}</text>\n",
+            "</svg>\n"
+        ),
+        title = xml_escape(&title),
+        note = xml_escape(&note),
+        h = EMPTY_HEIGHT,
+        WIDTH = WIDTH,
+    )
+}
+
+mod boxes;
+mod svg;
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,410 @@
+//! The timeline: RSS and the estimated live heap over the capture, with the top allocation
+//! sites' live bytes as stacked areas and the peak marked (the moment `--view peak` shows),
+//! drawn as SVG by `plotters`.
+//!
+//! The capture is read once more, through the same descriptors as its profile
+//! ([`CaptureSet`]: with followed children, all their captures merged, so RSS is the sum of
+//! the processes' and the heap theirs together), the same [`Aggregator`] as every view and
+//! the same memory allowance
+//! (`Budget`): after each timed record (samples, RSS readings, the END) that is at least
+//! 1/[`POINTS`] of the capture after the previous point, a point is taken: the last RSS
+//! reading, the live heap, and the live bytes of each top site (by line, ranked by their
+//! bytes at the peak).
+
+use crate::analysis::aggregate::{Aggregator, Change};
+use crate::analysis::grouping::Grouping;
+use crate::analysis::names::StackId;
+use crate::analysis::profile::{Budget, FastMap, Profile, View};
+use crate::analysis::sites::rows;
+use crate::base::units::human_bytes;
+use crate::capture::processes::{CaptureSet, Pick};
+use crate::views::about::rate_text;
+use crate::views::formats::{check_output, write_file, Format};
+use anyhow::{anyhow, Result};
+use mprof_common::record::Record;
+use plotters::prelude::*;
+use std::path::Path;
+
+/// Points taken over a capture, at most (plus the last one).
+pub const POINTS: usize = 800;
+/// Size of the picture in pixels.
+pub const SIZE: (u32, u32) = (1200, 500);
+
+/// One moment of the capture.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Point {
+    /// Seconds since the first timed record.
+    pub seconds: f64,
+    /// The last RSS reading (bytes), if there was one yet.
+    pub rss: Option<f64>,
+    /// The estimated live heap (bytes).
+    pub heap: f64,
+    /// Live bytes of each top site, in the order of [`Timeline::sites`].
+    pub sites: Vec<f64>,
+}
+
+/// A capture over time.
+#[derive(Clone, Debug, Default)]
+pub struct Timeline {
+    pub points: Vec<Point>,
+    /// Labels of the top sites (`function (file:line)`), largest at the peak first.
+    pub sites: Vec<String>,
+    /// (seconds, bytes) of the peak live heap.
+    pub peak: Option<(f64, f64)>,
+}
+
+/// Reads the timeline of the captures `set`, whose profile is `p`, with `top` sites.
+pub fn load(set: &CaptureSet, p: &Profile, top: usize) -> Result<Timeline> {
+    let keys: Vec<(String, String, u32)> = rows(p, View::Peak, Grouping::Line)
+        .iter()
+        .filter(|r| r.figures.peak.bytes >= 0.5)
+        .take(top)
+        .map(|r| (r.file.to_owned(), r.function.to_owned(), r.line))
+        .collect();
+    let mut builder = Builder::new(p, keys.len());
+    let mut key_of: FastMap<StackId, Option<usize>> = FastMap::default();
+    let budget = Budget::new(Some(set.size()));
+    let mut failure = None;
+    set.for_each(|process, record, _| {
+        builder.agg.enter(process);
+        let change = builder.agg.apply(&record);
+        let mut site = |agg: &Aggregator, stack: StackId| {
+            *key_of.entry(stack).or_insert_with(|| {
+                let loc = agg.innermost(stack);
+                keys.iter().position(|(f, n, l)| {
+                    (f.as_str(), n.as_str(), *l) == (loc.file, loc.function, loc.line)
+                })
+            })
+        };
+        match change {
+            Change::Alloc {
+                block,
+                sample,
+                replaced,
+            } => {
+                if let Some(old) = replaced {
+                    if let Some(k) = site(&builder.agg, old.stack) {
+                        builder.live[k] -= old.sample().bytes();
+                    }
+                }
+                if let Some(k) = site(&builder.agg, block.stack) {
+                    builder.live[k] += sample.bytes();
+                }
+            }
+            Change::Free(old) => {
+                if let Some(k) = site(&builder.agg, old.stack) {
+                    builder.live[k] -= old.sample().bytes();
+                }
+            }
+            Change::Ended(blocks) => {
+                for old in &builder.agg.ended[blocks] {
+                    if let Some(k) = site(&builder.agg, old.stack) {
+                        builder.live[k] -= old.sample().bytes();
+                    }
+                }
+            }
+            Change::Other => {}
+        }
+        if let Record::Alloc { time_ns, .. }
+        | Record::Rss { time_ns, .. }
+        | Record::End { time_ns, .. } = record
+        {
+            builder.at(time_ns, false);
+        }
+        // The debug information of the files on this machine that the native frames need is
+        // not the capture's (as in `Profile::build`).
+        failure = budget
+            .check_apart(builder.agg.resolver.symbol_memory())
+            .err();
+        failure.is_none()
+    })?;
+    if let Some(e) = failure {
+        return Err(e.into());
+    }
+    builder.finish();
+    let sites = keys
+        .iter()
+        .map(|(file, function, line)| {
+            crate::analysis::frames::label(&crate::analysis::names::Location {
+                file,
+                function,
+                line: *line,
+                firstline: *line,
+                module: None,
+            })
+        })
+        .collect();
+    Ok(Timeline {
+        points: builder.points,
+        sites,
+        peak: p.peak_seconds.map(|s| (s, p.totals().peak.bytes)),
+    })
+}
+
+/// Collects points while the records are applied.
+struct Builder {
+    agg: Aggregator,
+    live: Vec<f64>,
+    points: Vec<Point>,
+    start_ns: u64,
+    step_ns: u64,
+    last_ns: Option<u64>,
+    last_point_ns: Option<u64>,
+}
+
+impl Builder {
+    fn new(p: &Profile, sites: usize) -> Builder {
+        Builder {
+            agg: Aggregator::new(p.rate),
+            live: vec![0.0; sites],
+            points: Vec::new(),
+            start_ns: p.start_ns.unwrap_or(0),
+            step_ns: ((p.duration_seconds * 1e9) as u64 / POINTS as u64).max(1),
+            last_ns: None,
+            last_point_ns: None,
+        }
+    }
+
+    /// Takes a point at `time_ns` if it is far enough from the last one (or `always`).
+    fn at(&mut self, time_ns: u64, always: bool) {
+        self.last_ns = Some(time_ns);
+        if !always
+            && self
+                .last_point_ns
+                .is_some_and(|t| time_ns.saturating_sub(t) < self.step_ns)
+        {
+            return;
+        }
+        self.last_point_ns = Some(time_ns);
+        self.points.push(Point {
+            seconds: time_ns.saturating_sub(self.start_ns) as f64 / 1e9,
+            rss: self.agg.last_rss.map(|r| r as f64),
+            heap: self.agg.live_bytes.max(0.0),
+            sites: self.live.iter().map(|b| b.max(0.0)).collect(),
+        });
+    }
+
+    /// The last point: the state after the last record.
+    fn finish(&mut self) {
+        if let Some(t) = self.last_ns {
+            if self.last_point_ns != Some(t) || self.points.is_empty() {
+                self.at(t, true);
+            } else if let Some(last) = self.points.last_mut() {
+                last.heap = self.agg.live_bytes.max(0.0);
+                last.rss = self.agg.last_rss.map(|r| r as f64);
+                last.sites = self.live.iter().map(|b| b.max(0.0)).collect();
+            }
+        }
+    }
+}
+
+/// Colours of the top sites' areas.
+const SITE_COLOURS: [RGBColor; 8] = [
+    RGBColor(235, 130, 60),
+    RGBColor(90, 150, 215),
+    RGBColor(95, 180, 95),
+    RGBColor(165, 110, 200),
+    RGBColor(220, 190, 60),
+    RGBColor(70, 190, 190),
+    RGBColor(215, 95, 140),
+    RGBColor(140, 140, 100),
+];
+
+/// The timeline as SVG text.
+pub fn svg(p: &Profile, t: &Timeline) -> Result<String> {
+    let mut out = String::new();
+    draw(p, t, &mut out).map_err(|e| anyhow!("drawing the timeline: {e}"))?;
+    Ok(out)
+}
+
+/// The width of the legend, right of the plot: the legend never covers the curves.
+const LEGEND_WIDTH: u32 = 340;
+
+/// What a legend entry shows beside its label.
+enum Mark {
+    Area(RGBColor),
+    Line(RGBColor),
+    Tick(RGBColor),
+}
+
+fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::error::Error>> {
+    let root = SVGBackend::with_string(out, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut caption = format!("mprof timeline: {}", rate_text(p));
+    if p.incomplete().is_some() {
+        caption.push_str(" — INCOMPLETE capture (no END record)");
+    }
+    let root = root.titled(&caption, ("sans-serif", 18))?;
+    let (plot, legend) = root.split_horizontally(SIZE.0 - LEGEND_WIDTH);
+    let end = t.points.last().map_or(0.0, |pt| pt.seconds).max(1e-3);
+    let top = t
+        .points
+        .iter()
+        .map(|pt| pt.heap.max(pt.rss.unwrap_or(0.0)))
+        .fold(1.0f64, f64::max)
+        * 1.08;
+    // The y axis counts in one binary unit, so that its ticks fall on round numbers of it
+    // (20 MiB, 40 MiB), not on round numbers of bytes printed in MiB (47.68 MiB).
+    let (scale, unit) = crate::base::units::binary_unit(top);
+    let top = top / scale;
+    let mut chart = ChartBuilder::on(&plot)
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(90)
+        .build_cartesian_2d(0f64..end, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_desc("bytes")
+        .y_label_formatter(&|v| format!("{} {unit}", round_tick(*v)))
+        .light_line_style(WHITE.mix(0.0))
+        .draw()?;
+    let series = |f: &dyn Fn(&Point) -> f64| -> Vec<(f64, f64)> {
+        t.points
+            .iter()
+            .map(|pt| (pt.seconds, f(pt) / scale))
+            .collect()
+    };
+    let grey = RGBColor(200, 200, 200);
+    chart.draw_series(AreaSeries::new(series(&|pt| pt.heap), 0.0, grey.mix(0.5)))?;
+    let mut entries = vec![(Mark::Area(grey), "other sites".to_owned())];
+    // The legend lists the sites largest first; the areas are stacked by drawing the largest
+    // cumulative area first and each smaller one over it.
+    for (k, site) in t.sites.iter().enumerate() {
+        entries.push((
+            Mark::Area(SITE_COLOURS[k % SITE_COLOURS.len()]),
+            site.clone(),
+        ));
+    }
+    for k in (0..t.sites.len()).rev() {
+        let colour = SITE_COLOURS[k % SITE_COLOURS.len()];
+        chart.draw_series(AreaSeries::new(
+            series(&|pt| pt.sites[..=k].iter().sum()),
+            0.0,
+            colour.mix(0.85),
+        ))?;
+    }
+    chart.draw_series(LineSeries::new(
+        series(&|pt| pt.heap),
+        BLACK.stroke_width(2),
+    ))?;
+    entries.push((Mark::Line(BLACK), "live heap (estimated)".to_owned()));
+    let rss: Vec<(f64, f64)> = t
+        .points
+        .iter()
+        .filter_map(|pt| pt.rss.map(|r| (pt.seconds, r / scale)))
+        .collect();
+    if !rss.is_empty() {
+        chart.draw_series(LineSeries::new(rss, RED.stroke_width(2)))?;
+        entries.push((Mark::Line(RED), "RSS".to_owned()));
+    }
+    if let Some((at, bytes)) = t.peak {
+        chart.draw_series(LineSeries::new(
+            vec![(at, 0.0), (at, top)],
+            BLUE.mix(0.6).stroke_width(1),
+        ))?;
+        entries.push((
+            Mark::Tick(BLUE),
+            format!("peak {} at {at:.2} s (--view peak)", human_bytes(bytes)),
+        ));
+    }
+    draw_legend(&legend, &entries)?;
+    root.present()?;
+    Ok(())
+}
+
+/// The legend, one entry a line from the top of its panel; labels cut to the panel's width.
+fn draw_legend(
+    area: &DrawingArea<SVGBackend, plotters::coord::Shift>,
+    entries: &[(Mark, String)],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let font = ("sans-serif", 13).into_font().color(&BLACK);
+    // About 7 pixels a character at 13 px, after the mark.
+    let chars = (LEGEND_WIDTH as usize - 40) / 7;
+    for (i, (mark, label)) in entries.iter().enumerate() {
+        let y = 24 + 20 * i as i32;
+        match mark {
+            Mark::Area(c) => {
+                area.draw(&Rectangle::new([(4, y - 5), (16, y + 5)], c.filled()))?;
+            }
+            Mark::Line(c) => {
+                area.draw(&PathElement::new(vec![(4, y), (16, y)], c.stroke_width(2)))?;
+            }
+            Mark::Tick(c) => {
+                area.draw(&PathElement::new(vec![(10, y - 6), (10, y + 6)], *c))?;
+            }
+        }
+        let text = crate::base::text::elide(label, chars);
+        area.draw(&Text::new(text.into_owned(), (24, y - 7), font.clone()))?;
+    }
+    Ok(())
+}
+
+/// A tick's value as the axis prints it: whole numbers bare, others with what they need.
+fn round_tick(v: f64) -> String {
+    let s = format!("{v:.2}");
+    s.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
+/// `mprof timeline`: writes the timeline of `path` (the processes `pick` says) to `out` (SVG).
+pub fn run(path: &Path, out: &Path, top: usize, pick: Pick) -> Result<()> {
+    check_output(out, Format::Svg)?;
+    let set = CaptureSet::open(path, pick)?;
+    let p = Profile::load_set(&set)?;
+    let t = load(&set, &p, top)?;
+    if t.points.is_empty() {
+        crate::say!("mprof: warning: the capture has no timed record; the timeline is empty");
+    }
+    write_file(out, "timeline", svg(&p, &t)?.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::testing::CaptureBuilder;
+
+    #[test]
+    fn the_y_axis_ticks_are_round() {
+        assert_eq!(round_tick(20.0), "20");
+        assert_eq!(round_tick(2.5), "2.5");
+        assert_eq!(round_tick(0.0), "0");
+    }
+
+    #[test]
+    fn points_follow_the_heap_rss_and_top_sites() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = CaptureBuilder::new();
+        c.meta("rate=1")
+            .code(1, "a.py", "f", 1)
+            .code(2, "a.py", "g", 5);
+        c.alloc(1, 1000, 1_000_000_000, &[(1, 2)]);
+        c.push(Record::Rss {
+            time_ns: 1_500_000_000,
+            rss_bytes: 10_000,
+        });
+        c.alloc(2, 300, 2_000_000_000, &[(2, 6)]);
+        c.free(1);
+        c.alloc(3, 100, 3_000_000_000, &[(2, 6)]);
+        let path = c.write(dir.path(), "t.mprof");
+        let set = CaptureSet::open(&path, Pick::All).unwrap();
+        let p = Profile::load_set(&set).unwrap();
+        let t = load(&set, &p, 5).unwrap();
+        assert_eq!(t.sites, ["f (a.py:2)", "g (a.py:6)"]);
+        let at = |s: f64| {
+            t.points
+                .iter()
+                .find(|pt| (pt.seconds - s).abs() < 1e-9)
+                .unwrap()
+        };
+        assert_eq!(at(0.0).heap, 1000.0);
+        assert_eq!(at(0.0).rss, None);
+        assert_eq!(at(0.5).rss, Some(10_000.0));
+        assert_eq!(at(1.0).sites, [1000.0, 300.0]);
+        assert_eq!(at(2.0).heap, 400.0);
+        assert_eq!(at(2.0).sites, [0.0, 400.0]);
+        assert_eq!(t.peak, Some((1.0, 1300.0)));
+        let svg = svg(&p, &t).unwrap();
+        assert!(svg.contains("<svg") && svg.contains("f (a.py:2)"));
+        assert!(svg.contains("peak 1.27 KiB at 1.00 s"), "{svg}");
+    }
+}
