@@ -390,6 +390,7 @@ pub fn run(
     // Children may outlive the program a moment (a pool's workers exiting with it).
     session.finish(Duration::from_secs(2))?;
     let children_note = session.children_note();
+    let stopped = session.reader.capture.stopped().cloned();
     drop(session);
     drop(agent);
     let state = ring.state()?;
@@ -428,6 +429,15 @@ pub fn run(
     }
     if let Some(out) = &program_output {
         crate::say!("mprof: the program's output is in {}", out.display());
+    }
+    if let Some(s) = stopped {
+        crate::say!(
+            "mprof: warning: the capture stopped at {} ({}): {} of records from then on were \
+             lost; the program ran to its end, and its exit status is mprof's",
+            crate::base::units::human_bytes(s.kept as f64),
+            s.why,
+            crate::base::units::human_bytes(s.lost as f64)
+        );
     }
     Ok(ExitCode::from(exit_code(status)))
 }
