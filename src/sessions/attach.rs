@@ -363,6 +363,10 @@ pub struct Options<'a> {
 
 /// Attaches to `pid`, samples until `duration` or a signal, detaches and prints the summary.
 pub fn run(o: Options) -> Result<ExitCode> {
+    crate::base::limits::ensure_descriptors(
+        crate::base::limits::SESSION_DESCRIPTORS,
+        "mprof attach",
+    )?;
     let Options {
         pid,
         duration,

@@ -251,6 +251,10 @@ pub fn run(
     live: bool,
     follow_children: bool,
 ) -> Result<ExitCode> {
+    crate::base::limits::ensure_descriptors(
+        crate::base::limits::SESSION_DESCRIPTORS,
+        "mprof record",
+    )?;
     if live {
         Live::check_terminal()?;
     }
