@@ -16,7 +16,8 @@
 //! [`MAX_META_VALUE`] and [`MAX_NAME`] bytes.
 
 use crate::analysis::estimate::{Estimate, Sample};
-use crate::analysis::names::{FastMap, Location, StackId, StackResolver, MAX_NAME};
+use crate::analysis::live::LiveTable;
+use crate::analysis::names::{Location, StackId, StackResolver, MAX_NAME};
 use crate::base::text::elide;
 use crate::capture::meta::{ended_by_exec, meta_pairs, meta_rate, meta_u64};
 use crate::capture::stacks::{Brief, Stacks};
@@ -104,7 +105,7 @@ pub(crate) enum Change {
 pub(crate) struct Aggregator {
     pub(crate) resolver: StackResolver,
     /// Live sampled blocks, per process by address.
-    pub(crate) live: Vec<FastMap<u64, Block>>,
+    pub(crate) live: Vec<LiveTable>,
     /// Blocks still live when their process's records ended ([`Aggregator::leave`]): live at
     /// its end, but no longer in the live heap.
     pub(crate) ended: Vec<Block>,
@@ -188,7 +189,7 @@ impl Aggregator {
     pub fn new(rate: u64) -> Aggregator {
         Aggregator {
             resolver: StackResolver::new(),
-            live: vec![FastMap::default()],
+            live: vec![LiveTable::default()],
             ended: Vec::new(),
             meta: BTreeMap::new(),
             rate,
@@ -230,7 +231,7 @@ impl Aggregator {
                     ..ProcessFigures::default()
                 });
             self.live
-                .resize_with(process as usize + 1, FastMap::default);
+                .resize_with(process as usize + 1, LiveTable::default);
             self.node_stacks
                 .resize_with(process as usize + 1, || NodeStacks {
                     stamp: 1,
@@ -277,8 +278,12 @@ impl Aggregator {
 
     /// Every block live at the end of its process: those of processes still running, then
     /// those of processes whose records ended.
-    pub(crate) fn live_blocks(&self) -> impl Iterator<Item = &Block> + '_ {
-        self.live.iter().flat_map(|m| m.values()).chain(&self.ended)
+    #[cfg(test)]
+    pub(crate) fn live_blocks(&self) -> impl Iterator<Item = Block> + '_ {
+        self.live
+            .iter()
+            .flat_map(|m| m.values())
+            .chain(self.ended.iter().copied())
     }
 
     /// What each process did, by index.
@@ -348,7 +353,7 @@ impl Aggregator {
                 return self.alloc(index, *tid, *addr, *size, *time_ns, StackId(stack));
             }
             Record::Free { addr } => {
-                if let Some(old) = self.live[self.process as usize].remove(addr) {
+                if let Some(old) = self.live[self.process as usize].remove(*addr) {
                     self.take_live(&old);
                     return Change::Free(old);
                 }

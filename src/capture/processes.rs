@@ -250,6 +250,9 @@ impl CaptureSet {
     /// [`CaptureSet::members`], and its capture's reader), until it returns false. Returns
     /// each capture's [`Pass`].
     pub fn for_each(&self, mut f: impl FnMut(Event, &Reading) -> bool) -> Result<Vec<Pass>> {
+        if let [only] = &self.members[..] {
+            return Ok(vec![for_each_alone(&only.file, f)?]);
+        }
         let mut heads = Vec::with_capacity(self.members.len());
         let mut queue = BinaryHeap::new();
         let buffer = match self.members.len() {
@@ -303,6 +306,31 @@ impl CaptureSet {
         }
         Ok(passes)
     }
+}
+
+/// [`CaptureSet::for_each`] of a set of one capture: no interleaving.
+fn for_each_alone(file: &CaptureFile, mut f: impl FnMut(Event, &Reading) -> bool) -> Result<Pass> {
+    let mut records = file.records(1 << 20)?;
+    let mut events = 0u64;
+    let mut read = 0;
+    while let Some(event) = records.next_event()? {
+        events += 1;
+        if events % PROGRESS_EVERY == 0 {
+            read = records.position();
+        }
+        let at = Reading {
+            process: 0,
+            records: &records,
+            declared: *records.declared(),
+            read,
+        };
+        if !f(event, &at) {
+            break;
+        }
+    }
+    let mut pass = records.finish();
+    pass.changed |= file.changed();
+    Ok(pass)
 }
 
 /// Events between two updates of [`Reading::read`].

@@ -138,8 +138,10 @@ const CHECK_EVERY: u32 = 256;
 pub(super) struct Builder {
     agg: Aggregator,
     first_rate: Option<u64>,
-    /// Site of each (stack, thread), and its key.
+    /// Site of each (stack, thread), and its key; per stack, the thread and site it was
+    /// last seen with (most stacks are one thread's).
     site_ids: FastMap<(StackId, u32), u32>,
+    last_site: Vec<(u32, u32)>,
     keys: Vec<(StackId, u32)>,
     allocated: Vec<Estimate>,
     /// The live heap now, per site.
@@ -163,6 +165,7 @@ impl Builder {
             agg: Aggregator::new(first_rate.unwrap_or(1)),
             first_rate,
             site_ids: FastMap::default(),
+            last_site: Vec::new(),
             keys: Vec::new(),
             allocated: Vec::new(),
             live: Vec::new(),
@@ -227,6 +230,18 @@ impl Builder {
     }
 
     fn site(&mut self, stack: StackId, tid: u32) -> usize {
+        let s = stack.0 as usize;
+        match self.last_site.get(s) {
+            Some(&(t, site)) if t == tid && site != u32::MAX => return site as usize,
+            Some(_) => {}
+            None => self.last_site.resize(s + 1, (0, u32::MAX)),
+        }
+        let site = self.new_site(stack, tid);
+        self.last_site[s] = (tid, site as u32);
+        site
+    }
+
+    fn new_site(&mut self, stack: StackId, tid: u32) -> usize {
         let next = self.keys.len() as u32;
         let id = *self.site_ids.entry((stack, tid)).or_insert(next);
         if id == next {
