@@ -150,7 +150,7 @@ mod tests {
             let block = Block {
                 stack: StackId(i as u32),
                 tid: 1,
-                size: i << (i % 40),
+                size: i << (i % 30),
                 rate: 1 + i % 3 * 4096,
             };
             let key = |b: Block| (b.stack, b.size, b.rate);

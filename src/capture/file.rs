@@ -224,237 +224,192 @@ pub(super) fn tail_warning(e: &DecodeError, at: u64, size: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capture::frame::frame_of;
+    use mprof_common::record;
+    use mprof_common::stacks::{encode_brief, encode_context, encode_stack, Node};
 
-    /// A capture file parsed in memory: the reference the streaming reader is checked against.
-    pub struct Capture {
-        pub records: Vec<Record>,
-        /// Why reading stopped early, if it did (a truncated or corrupt tail).
-        pub warning: Option<String>,
+    /// The records of a capture, read by the streaming reader, and its pass.
+    fn read(path: &Path) -> Result<(Vec<Record>, Pass)> {
+        let mut out = Vec::new();
+        let pass = CaptureFile::open(path)?.for_each(|r| {
+            out.push(r);
+            true
+        })?;
+        Ok((out, pass))
     }
 
-    /// Parses the bytes of a capture file.
-    pub fn parse(bytes: &[u8]) -> Result<Capture> {
-        let mut warning = check_header(bytes)?;
-        let mut records = Vec::new();
-        let mut at = FILE_HEADER;
-        while at < bytes.len() {
-            match record::decode(&bytes[at..]) {
-                Ok((Record::Unknown { kind: KIND_PACKED }, used)) => {
-                    let mut entries =
-                        Unpacker::new(bytes[at + record::PREAMBLE..at + used].to_vec());
-                    while let Some(entry) = entries.next_entry() {
-                        match entry
-                            .map_err(DecodeError::Corrupt)
-                            .and_then(|e| record::decode(e.bytes()))
-                        {
-                            Ok((Record::Unknown { .. }, _)) => {}
-                            Ok((r, _)) => records.push(r),
-                            Err(e) => {
-                                let warning = Some(tail_warning(&e, at as u64, bytes.len() as u64));
-                                return Ok(Capture { records, warning });
-                            }
-                        }
-                    }
-                    at += used;
-                }
-                Ok((Record::Unknown { .. }, used)) => at += used,
-                Ok((r, used)) => {
-                    records.push(r);
-                    at += used;
-                }
-                Err(e) => {
-                    warning = Some(tail_warning(&e, at as u64, bytes.len() as u64));
-                    break;
-                }
-            }
-        }
-        Ok(Capture { records, warning })
-    }
-
-    fn sample_file() -> Vec<u8> {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("x.mprof");
-        let mut w = CaptureWriter::create(&path).unwrap();
-        w.write(&Record::Meta {
-            text: "pid=1\n".into(),
-        })
-        .unwrap();
-        for addr in [7, 4096, 4112] {
-            w.write(&Record::Free { addr }).unwrap();
-        }
-        w.flush().unwrap();
-        w.place().unwrap();
-        std::fs::read(&path).unwrap()
-    }
-
-    #[test]
-    fn a_written_file_reads_back() {
-        let c = parse(&sample_file()).unwrap();
-        assert_eq!(c.records.len(), 4);
-        assert_eq!(c.records[3], Record::Free { addr: 4112 });
-        assert!(c.warning.is_none());
-    }
-
-    #[test]
-    fn every_truncation_point_reads_or_warns_never_panics() {
-        let bytes = sample_file();
-        for cut in 0..bytes.len() {
-            match parse(&bytes[..cut]) {
-                Ok(c) => assert!(cut >= FILE_HEADER && c.records.len() <= 4),
-                Err(_) => assert!(cut < FILE_HEADER),
-            }
-        }
-        let c = parse(&bytes[..bytes.len() - 3]).unwrap();
-        assert_eq!(c.records.len(), 1);
-        assert!(c.warning.unwrap().contains("truncated"));
-    }
-
-    /// The streaming reader sees exactly what the in-memory parser sees, at every cut.
-    #[test]
-    fn streaming_agrees_with_parsing_at_every_truncation_point() {
-        let bytes = sample_file();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("cut.mprof");
-        for cut in 0..=bytes.len() {
-            std::fs::write(&path, &bytes[..cut]).unwrap();
-            let mut streamed = Vec::new();
-            let result = CaptureFile::open(&path).and_then(|c| {
-                c.for_each(|r, _| {
-                    streamed.push(r);
-                    true
-                })
-            });
-            match parse(&bytes[..cut]) {
-                Ok(c) => {
-                    assert_eq!(streamed, c.records, "cut {cut}");
-                    assert_eq!(result.unwrap().warning, c.warning, "cut {cut}");
-                }
-                Err(_) => assert!(result.is_err(), "cut {cut}"),
-            }
-        }
-    }
-
-    #[test]
-    fn garbage_is_an_error() {
-        assert!(parse(b"hello world, not a capture").is_err());
-        let mut bytes = sample_file();
-        bytes[FILE_HEADER] = 1; // record length 1: corrupt
-        bytes[FILE_HEADER + 1..FILE_HEADER + 4].fill(0);
-        let c = parse(&bytes).unwrap();
-        assert!(c.records.is_empty());
-        assert!(c.warning.unwrap().contains("corrupt"));
-    }
-
-    /// Samples and frees written through the writer are packed, and read back as the same
-    /// records as the unpacked stream they came from, whatever else is written between them.
-    #[test]
-    fn packed_samples_read_back_as_written() {
-        use mprof_common::stacks::{encode_brief, encode_context, encode_stack, Node};
-        let dir = tempfile::tempdir().unwrap();
-        let raw: Vec<Vec<u8>> = {
-            let mut raw = vec![
-                record::encode(&Record::Meta {
-                    text: "pid=1\n".into(),
-                }),
-                record::encode(&Record::Code {
+    /// Records as the ring holds them: metadata, a code object, a stack node, a context, then
+    /// `n` samples (every third freed) with a new context every 1000.
+    fn ring_records(n: u64) -> Vec<Vec<u8>> {
+        let mut raw = vec![
+            record::encode(&Record::Meta {
+                text: "pid=1\n".into(),
+            }),
+            record::encode(&Record::Code {
+                code: 0x1000,
+                firstline: 1,
+                filename: "a.py".into(),
+                name: "f".into(),
+            }),
+            encode_stack(
+                1,
+                &Node {
+                    parent: 0,
                     code: 0x1000,
-                    firstline: 1,
-                    filename: "a.py".into(),
-                    name: "f".into(),
-                }),
-                encode_stack(
-                    1,
-                    &Node {
-                        parent: 0,
-                        code: 0x1000,
-                        line: 3,
-                        entry: false,
-                    },
-                ),
-                encode_context(9, 1_000),
-            ];
-            for i in 0..5000u64 {
-                raw.push(encode_brief(
-                    0x7f00_0000_0000 + i * 64,
-                    100 + i as u32,
-                    1,
-                    1,
-                ));
-                if i % 3 == 0 {
-                    raw.push(record::encode(&Record::Free {
-                        addr: 0x7f00_0000_0000 + i * 64,
-                    }));
-                }
-                if i % 1000 == 999 {
-                    raw.push(encode_context(9, 1_000 + i));
-                }
+                    line: 3,
+                    entry: false,
+                },
+            ),
+            encode_context(9, 1_000),
+        ];
+        for i in 0..n {
+            raw.push(encode_brief(0x7f00_0000_0000 + i * 64, 100 + i as u32, 1, 1));
+            if i % 3 == 0 {
+                raw.push(record::encode(&Record::Free {
+                    addr: 0x7f00_0000_0000 + i * 64,
+                }));
             }
-            raw
-        };
-        let read = |path: &Path| {
-            let mut out = Vec::new();
-            let pass = CaptureFile::open(path)
-                .unwrap()
-                .for_each(|r, _| {
-                    out.push(r);
-                    true
-                })
-                .unwrap();
-            assert!(pass.warning.is_none(), "{:?}", pass.warning);
-            out
-        };
-        let packed = dir.path().join("packed.mprof");
-        let mut w = CaptureWriter::create(&packed).unwrap();
-        for r in &raw {
-            w.write_raw(r).unwrap();
+            if i % 1000 == 999 {
+                raw.push(encode_context(9, 1_000 + i));
+            }
         }
-        let written = w.written();
+        raw
+    }
+
+    /// Writes `raw` through the writer, flushing (ending a frame) every `every` records.
+    fn written(dir: &Path, raw: &[Vec<u8>], every: usize) -> std::path::PathBuf {
+        let path = dir.join("w.mprof");
+        let mut w = CaptureWriter::create(&path).unwrap();
+        for (i, r) in raw.iter().enumerate() {
+            w.write_raw(r).unwrap();
+            if i % every == every - 1 {
+                w.flush().unwrap();
+            }
+        }
         w.flush().unwrap();
+        let written = w.written();
         w.place().unwrap();
         drop(w);
-        assert_eq!(std::fs::metadata(&packed).unwrap().len(), written);
-        // The same records, unpacked, in a file of the previous format.
-        let plain = dir.path().join("plain.mprof");
-        let mut bytes = MAGIC.to_vec();
-        bytes.extend_from_slice(&3u32.to_le_bytes());
-        bytes.extend_from_slice(&0u32.to_le_bytes());
-        raw.iter().for_each(|r| bytes.extend_from_slice(r));
-        std::fs::write(&plain, &bytes).unwrap();
-        let (packed_records, plain_records) = (read(&packed), read(&plain));
-        assert_eq!(packed_records.len(), 5000 + 1667 + 2);
-        assert_eq!(packed_records, plain_records);
-        assert!(
-            written * 3 < bytes.len() as u64,
-            "{written} of {}",
-            bytes.len()
-        );
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), written);
+        path
     }
 
-    /// A damaged entry inside a packed run keeps what came before it and says where.
-    #[test]
-    fn a_damaged_packed_run_keeps_what_came_before() {
-        let mut bytes = sample_file();
-        let n = bytes.len();
-        bytes[n - 2] = 0x40; // the last entry's tag: no such tag
-        let c = parse(&bytes).unwrap();
-        assert_eq!(c.records.len(), 3);
-        assert!(
-            c.warning.as_deref().unwrap().contains("corrupt"),
-            "{:?}",
-            c.warning
-        );
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("bad.mprof");
+    /// The same records, plain, in a file of format `version` (what older mprofs wrote).
+    fn plain(dir: &Path, raw: &[Vec<u8>], version: u32) -> std::path::PathBuf {
+        let path = dir.join(format!("plain{version}.mprof"));
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&version.to_le_bytes());
+        bytes.extend_from_slice(&0u32.to_le_bytes());
+        raw.iter().for_each(|r| bytes.extend_from_slice(r));
         std::fs::write(&path, &bytes).unwrap();
-        let mut streamed = Vec::new();
-        let pass = CaptureFile::open(&path)
-            .unwrap()
-            .for_each(|r, _| {
-                streamed.push(r);
-                true
-            })
-            .unwrap();
-        assert_eq!(streamed, c.records);
-        assert_eq!(pass.warning, c.warning);
+        path
+    }
+
+    /// Samples and frees written through the writer are packed and compressed, and read back
+    /// as the same records as the plain stream of an older format they came from.
+    #[test]
+    fn a_written_capture_reads_back_as_the_plain_records_of_older_formats() {
+        let dir = tempfile::tempdir().unwrap();
+        let raw = ring_records(50_000);
+        let (packed, pass) = read(&written(dir.path(), &raw, 7_000)).unwrap();
+        assert!(pass.warning.is_none(), "{:?}", pass.warning);
+        assert_eq!(packed.len(), 50_000 + 16_667 + 2);
+        for version in [3, 4] {
+            let (plain, pass) = read(&plain(dir.path(), &raw, version)).unwrap();
+            assert!(pass.warning.is_none());
+            assert_eq!(packed, plain, "format {version}");
+        }
+        let size = std::fs::metadata(dir.path().join("w.mprof")).unwrap().len();
+        let unpacked: usize = raw.iter().map(Vec::len).sum();
+        assert!(size * 20 < unpacked as u64, "{size} bytes for {unpacked}");
+    }
+
+    /// A capture cut at any byte reads up to its last whole frame: exactly the records of the
+    /// frames before the cut, with a warning when the cut is inside a frame.
+    #[test]
+    fn a_capture_cut_at_any_byte_reads_up_to_its_last_whole_frame() {
+        let dir = tempfile::tempdir().unwrap();
+        let raw = ring_records(3_000);
+        let path = written(dir.path(), &raw, 700);
+        let bytes = std::fs::read(&path).unwrap();
+        // Where each frame ends, and the records read up to there.
+        let mut ends = Vec::new();
+        let mut at = FILE_HEADER;
+        while at < bytes.len() {
+            let (len, kind, _) = record::preamble(&bytes[at..]).unwrap();
+            assert_eq!(kind, crate::capture::frame::KIND_FRAME);
+            at += len;
+            ends.push(at);
+        }
+        assert!(ends.len() >= 5, "{} frames", ends.len());
+        let (all, _) = read(&path).unwrap();
+        let mut upto = vec![0usize];
+        for &end in &ends {
+            std::fs::write(dir.path().join("cut.mprof"), &bytes[..end]).unwrap();
+            upto.push(read(&dir.path().join("cut.mprof")).unwrap().0.len());
+        }
+        let cut_path = dir.path().join("cut.mprof");
+        for cut in 0..=bytes.len() {
+            std::fs::write(&cut_path, &bytes[..cut]).unwrap();
+            let got = read(&cut_path);
+            if cut < FILE_HEADER {
+                assert!(got.is_err(), "cut {cut}");
+                continue;
+            }
+            let (records, pass) = got.unwrap();
+            let whole = ends.iter().filter(|&&e| e <= cut).count();
+            assert_eq!(records.len(), upto[whole], "cut {cut}");
+            assert_eq!(records[..], all[..records.len()], "cut {cut}");
+            let at_boundary = cut == FILE_HEADER || ends.contains(&cut);
+            assert_eq!(pass.warning.is_some(), !at_boundary, "cut {cut}");
+        }
+    }
+
+    #[test]
+    fn garbage_is_an_error_and_a_damaged_frame_keeps_what_came_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.mprof");
+        std::fs::write(&path, b"hello world, not a capture").unwrap();
+        assert!(read(&path).is_err());
+        let raw = ring_records(100);
+        let mut bytes = std::fs::read(written(dir.path(), &raw[..4], 100)).unwrap();
+        let first = bytes.len();
+        let mut rest = Vec::new();
+        raw[4..].iter().for_each(|r| rest.extend_from_slice(r));
+        bytes.extend_from_slice(&frame_of(&rest));
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(read(&path).unwrap().0.len(), 100 + 34 + 2);
+        // A flipped byte in the second frame's payload: its checksum says so.
+        bytes[first + 40] ^= 0x20;
+        std::fs::write(&path, &bytes).unwrap();
+        let (records, pass) = read(&path).unwrap();
+        assert_eq!(records.len(), 2);
+        let warning = pass.warning.unwrap();
+        assert!(warning.contains(&format!("corrupt record at byte {first}")), "{warning}");
+    }
+
+    /// A frame that holds more stack nodes than it declares is refused, not read.
+    #[test]
+    fn a_frame_holding_more_than_it_declares_is_refused() {
+        use crate::capture::frame::{encode, Declared};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lie.mprof");
+        let mut records = Vec::new();
+        for id in 1..=10u32 {
+            records.extend(encode_stack(id, &Node::default()));
+        }
+        let payload = zstd::bulk::compress(&records, 1).unwrap();
+        let declared = Declared {
+            raw: records.len() as u32,
+            nodes: 3,
+            ..Declared::default()
+        };
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        bytes.extend_from_slice(&0u32.to_le_bytes());
+        bytes.extend_from_slice(&encode(&declared, &payload));
+        std::fs::write(&path, &bytes).unwrap();
+        let err = format!("{:#}", read(&path).unwrap_err());
+        assert!(err.contains("more stack nodes than it declares (3)"), "{err}");
     }
 }

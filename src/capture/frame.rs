@@ -297,7 +297,7 @@ mod tests {
                 raw: records.len() as u32,
                 nodes: 1,
                 text: 8 + 7,
-                samples: 6,
+                samples: 5,
                 live: 3,
             }
         );
