@@ -28,6 +28,7 @@
 use mprof_common::record::{
     KIND_ALLOC, KIND_CODE, KIND_FREE, KIND_META, KIND_MODULE, KIND_THREAD, PREAMBLE,
 };
+use super::pack::{Unpacker, KIND_PACKED};
 use mprof_common::stacks::{KIND_BRIEF, KIND_SAMPLE, KIND_STACK};
 use std::collections::HashSet;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -209,10 +210,20 @@ pub fn encode(declared: &Declared, payload: &[u8]) -> Vec<u8> {
 }
 
 /// The records of a frame, compressed as the writer compresses them, with the declarations
-/// they make (for tests and tools that build captures by hand).
+/// they make (for tests and tools that build captures by hand; PACKED runs among the records
+/// count entry by entry, as the writer counts them before it packs them).
 pub fn frame_of(records: &[u8]) -> Vec<u8> {
     let mut b = FrameBuilder::default();
-    for_each_record(records, |r| b.count(r));
+    for_each_record(records, |r| {
+        if u16::from_le_bytes([r[4], r[5]]) != KIND_PACKED {
+            return b.count(r);
+        }
+        let mut entries = Unpacker::new(PREAMBLE, r.len());
+        while let Some(Ok((item, _))) = entries.next_item(r) {
+            let (bytes, len) = item.record();
+            b.count(&bytes[..len]);
+        }
+    });
     b.append(records);
     b.take().expect("compressing in memory").unwrap_or_default()
 }

@@ -1,6 +1,7 @@
 //! The capture stage: the `.mprof` file a session writes and every view reads.
 //!
 //! - [`mod@file`]: the format (records back to back after a header), and a capture opened;
+//! - [`format`]: its constants, and what its readers share;
 //! - [`writer`] and [`records`]: writing it as records arrive, reading it back;
 //! - [`frame`]: records compressed in frames, each declaring what it holds;
 //! - [`pack`]: runs of samples and frees written packed;
@@ -10,6 +11,7 @@
 //! - [`testing`]: records and capture files built by hand, for the tests.
 
 pub mod file;
+pub mod format;
 pub mod frame;
 pub mod meta;
 pub mod pack;

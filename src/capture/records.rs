@@ -11,7 +11,7 @@
 //! than it declares ([`Undeclared`] otherwise), and keeps the sum of what the frames read so
 //! far declare ([`Records::declared`]): the analysis derives the memory it may take from it.
 
-use super::file::{tail_warning, Pass, EXPANSION, FILE_HEADER, MAX_CAPTURE_RECORD};
+use super::format::{tail_warning, Pass, EXPANSION, FILE_HEADER, MAX_CAPTURE_RECORD};
 use super::frame::{decompress, Counts, Declared, FrameError, KIND_FRAME, MAX_FRAME_RECORD};
 use super::pack::{Item, Unpacker, KIND_PACKED};
 use super::stacks::{Brief, Interned, Stacks};

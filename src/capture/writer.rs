@@ -2,7 +2,7 @@
 //! the records gathered into frames and each frame compressed ([`super::frame`]), the file
 //! written frame by frame (see [`super::file`] for the layout).
 
-use super::file::{FILE_HEADER, FORMAT_VERSION, MAGIC};
+use super::format::{FILE_HEADER, FORMAT_VERSION, MAGIC};
 use super::frame::{FrameBuilder, FRAME_TARGET};
 use super::pack::{Packer, PACK_TARGET};
 use crate::base::output::{self, Access, Pending};
