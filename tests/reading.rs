@@ -174,7 +174,12 @@ fn crafted_frames_are_refused() {
     records.extend(encode_stack(1, &Node::default()));
     records.extend(encode_context(1, 5));
     for i in 0..100u64 {
-        records.extend(encode_brief(0x1000 + 16 * i, 16, 1, brief_aux(1, 0).unwrap()));
+        records.extend(encode_brief(
+            0x1000 + 16 * i,
+            16,
+            1,
+            brief_aux(1, 0).unwrap(),
+        ));
     }
     let honest = frame_of(&records);
     let mut declared = Declared::read(&honest[8..]).unwrap();
@@ -185,7 +190,9 @@ fn crafted_frames_are_refused() {
         bytes.extend_from_slice(frame);
         std::fs::write(&path, &bytes).unwrap();
         let mut cmd = mprof();
-        cmd.arg("report").arg(&path).env_remove("MPROF_READ_MEMORY_MIB");
+        cmd.arg("report")
+            .arg(&path)
+            .env_remove("MPROF_READ_MEMORY_MIB");
         if let Some(mib) = allow {
             cmd.env("MPROF_READ_MEMORY_MIB", mib);
         }
@@ -198,7 +205,10 @@ fn crafted_frames_are_refused() {
     let err = String::from_utf8_lossy(&lying.stderr);
     assert_eq!(lying.status.code(), Some(2), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("more live blocks than it declares (10)"), "{err}");
+    assert!(
+        err.contains("more live blocks than it declares (10)"),
+        "{err}"
+    );
     declared.live = u32::MAX;
     let greedy = encode(&declared, &honest[8 + 24..]);
     let refused = report("greedy.mprof", &greedy, None);

@@ -352,12 +352,7 @@ impl Aggregator {
                     .stack(frames, truncated, allocator, native.as_ref());
                 return self.alloc(index, *tid, *addr, *size, *time_ns, StackId(stack));
             }
-            Record::Free { addr } => {
-                if let Some(old) = self.live[self.process as usize].remove(*addr) {
-                    self.take_live(&old);
-                    return Change::Free(old);
-                }
-            }
+            Record::Free { addr } => return self.free(*addr),
             Record::Stats { dropped, .. } => {
                 let before = std::mem::replace(&mut self.proc().dropped, *dropped);
                 self.dropped = self.dropped.saturating_sub(before).saturating_add(*dropped);
@@ -465,6 +460,22 @@ impl Aggregator {
             block,
             sample,
             replaced,
+        }
+    }
+
+    /// Applies a free (of a packed run: see [`crate::capture::records::Event::Free`]).
+    pub(crate) fn apply_free(&mut self, addr: u64) -> Change {
+        self.applied += 1;
+        self.free(addr)
+    }
+
+    fn free(&mut self, addr: u64) -> Change {
+        match self.live[self.process as usize].remove(addr) {
+            Some(old) => {
+                self.take_live(&old);
+                Change::Free(old)
+            }
+            None => Change::Other,
         }
     }
 

@@ -143,7 +143,7 @@ mod tests {
             x ^= x << 17;
             let addr = match x % 4 {
                 0 => 0x7f00_0000_0000 + (x >> 8) % 4096 * 16,
-                1 => (x >> 8) % 64 << 20,
+                1 => ((x >> 8) % 64) << 20,
                 2 => x >> 3,
                 _ => (x >> 8) % 100,
             };
@@ -154,7 +154,7 @@ mod tests {
                 rate: 1 + i % 3 * 4096,
             };
             let key = |b: Block| (b.stack, b.size, b.rate);
-            if x % 3 == 0 {
+            if x.is_multiple_of(3) {
                 assert_eq!(t.remove(addr).map(key), m.remove(&addr).map(key), "{i}");
             } else {
                 let old = t.insert(addr, block).map(key);

@@ -25,9 +25,9 @@ pub use crate::analysis::names::{
     FastMap, Location, StackId, MAX_DEPTH, MAX_NAME, NO_PYTHON_FRAME, TRUNCATED, UNKNOWN,
 };
 use crate::base::progress::Progress;
-use crate::capture::records::Totals;
 use crate::capture::meta::meta_rate;
 use crate::capture::processes::{CaptureSet, Pick};
+use crate::capture::records::Totals;
 use anyhow::{Context, Result};
 use mprof_common::record::Record;
 use std::collections::BTreeMap;
@@ -509,14 +509,13 @@ impl Profile {
 
 mod build;
 pub mod series;
-#[cfg(any(test, fuzzing))]
-pub use build::{last_limit, reset_last_limit};
 pub(crate) use build::Budget;
 use build::Builder;
 pub use build::{
-    declared_memory, MEMORY_CEILING, MEMORY_ENV, MEMORY_PER_LIVE, MEMORY_PER_NODE,
-    MEMORY_PER_TEXT,
+    declared_memory, MEMORY_CEILING, MEMORY_ENV, MEMORY_PER_LIVE, MEMORY_PER_NODE, MEMORY_PER_TEXT,
 };
+#[cfg(any(test, fuzzing))]
+pub use build::{last_limit, reset_last_limit};
 
 #[cfg(test)]
 mod tests;

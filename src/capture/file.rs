@@ -21,8 +21,8 @@
 //!
 //! Reading is [`super::records`], writing [`super::writer`].
 
-pub use super::format::{expansion, Pass, FILE_HEADER, FORMAT_VERSION, MAGIC, MAX_CAPTURE_RECORD};
 use super::format::check_header;
+pub use super::format::{expansion, Pass, FILE_HEADER, FORMAT_VERSION, MAGIC, MAX_CAPTURE_RECORD};
 use super::records::{Event, Records};
 use anyhow::{bail, Context, Result};
 use mprof_common::record::Record;
@@ -31,8 +31,6 @@ use std::path::Path;
 use std::time::SystemTime;
 
 pub use super::writer::{CaptureWriter, Stopped};
-
-
 
 /// A capture file opened for reading. It is read through one descriptor and only up to the
 /// size it had when opened, so every pass over it sees the same bytes unless someone rewrites
@@ -46,7 +44,6 @@ pub struct CaptureFile {
     /// [`CaptureFile::changed`]).
     modified: Option<SystemTime>,
 }
-
 
 impl CaptureFile {
     /// Opens `path` and notes its size. A FIFO is opened without waiting for a writer (and
@@ -125,8 +122,7 @@ impl CaptureFile {
         let Ok(meta) = self.file.metadata() else {
             return true;
         };
-        meta.len() < self.size
-            || (meta.len() == self.size && meta.modified().ok() != self.modified)
+        meta.len() < self.size || (meta.len() == self.size && meta.modified().ok() != self.modified)
     }
 
     /// The records one at a time, read through a buffer of `buffer` bytes (at most the
@@ -159,7 +155,6 @@ impl CaptureFile {
         Ok(Records::new(input, self.size, pass))
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -203,7 +198,12 @@ mod tests {
             encode_context(9, 1_000),
         ];
         for i in 0..n {
-            raw.push(encode_brief(0x7f00_0000_0000 + i * 64, 100 + i as u32, 1, 1));
+            raw.push(encode_brief(
+                0x7f00_0000_0000 + i * 64,
+                100 + i as u32,
+                1,
+                1,
+            ));
             if i % 3 == 0 {
                 raw.push(record::encode(&Record::Free {
                     addr: 0x7f00_0000_0000 + i * 64,
@@ -325,7 +325,10 @@ mod tests {
         let (records, pass) = read(&path).unwrap();
         assert_eq!(records.len(), 2);
         let warning = pass.warning.unwrap();
-        assert!(warning.contains(&format!("corrupt record at byte {first}")), "{warning}");
+        assert!(
+            warning.contains(&format!("corrupt record at byte {first}")),
+            "{warning}"
+        );
     }
 
     /// A frame that holds more stack nodes than it declares is refused, not read.
@@ -350,6 +353,9 @@ mod tests {
         bytes.extend_from_slice(&encode(&declared, &payload));
         std::fs::write(&path, &bytes).unwrap();
         let err = format!("{:#}", read(&path).unwrap_err());
-        assert!(err.contains("more stack nodes than it declares (3)"), "{err}");
+        assert!(
+            err.contains("more stack nodes than it declares (3)"),
+            "{err}"
+        );
     }
 }

@@ -25,10 +25,10 @@
 //! records reach [`FRAME_TARGET`] bytes and at every flush (every 200 ms of a session), so a
 //! session that dies loses the records of its last frame at most.
 
+use super::pack::{Unpacker, KIND_PACKED};
 use mprof_common::record::{
     KIND_ALLOC, KIND_CODE, KIND_FREE, KIND_META, KIND_MODULE, KIND_THREAD, PREAMBLE,
 };
-use super::pack::{Unpacker, KIND_PACKED};
 use mprof_common::stacks::{KIND_BRIEF, KIND_SAMPLE, KIND_STACK};
 use std::collections::HashSet;
 use std::hash::{BuildHasherDefault, Hasher};

@@ -255,8 +255,7 @@ impl Unpacker {
                 .aux
                 .ok_or("packed entry repeats an aux before any")?
         } else {
-            let aux =
-                u16::try_from(self.number(body)?).map_err(|_| "packed aux out of range")?;
+            let aux = u16::try_from(self.number(body)?).map_err(|_| "packed aux out of range")?;
             self.state.aux = Some(aux);
             aux
         };

@@ -277,7 +277,7 @@ impl CaptureSet {
         let mut read = 0u64;
         while let Some(Reverse((_, i))) = queue.pop() {
             events += 1;
-            if events % PROGRESS_EVERY == 0 {
+            if events.is_multiple_of(PROGRESS_EVERY) {
                 read = heads.iter().map(|h| h.records.position()).sum();
             }
             let head = &mut heads[i];
@@ -315,7 +315,7 @@ fn for_each_alone(file: &CaptureFile, mut f: impl FnMut(Event, &Reading) -> bool
     let mut read = 0;
     while let Some(event) = records.next_event()? {
         events += 1;
-        if events % PROGRESS_EVERY == 0 {
+        if events.is_multiple_of(PROGRESS_EVERY) {
             read = records.position();
         }
         let at = Reading {

@@ -27,6 +27,8 @@ pub enum Event {
     Record(Record),
     /// A sample naming a stack node of the capture ([`Records::stacks`]).
     Sample(Brief),
+    /// A free of a sampled block (from a packed run: the commonest record of all, kept small).
+    Free(u64),
 }
 
 /// What the frames read so far declare, summed (for the live blocks: the most any one frame
@@ -178,6 +180,7 @@ impl<'a> Records<'a> {
     pub fn next_record(&mut self) -> Result<Option<Record>> {
         Ok(self.next_event()?.map(|event| match event {
             Event::Record(r) => r,
+            Event::Free(addr) => Record::Free { addr },
             Event::Sample(b) => {
                 let mut frames: Vec<Frame> = Vec::new();
                 self.stacks.frames(b.node, &mut frames, None);
@@ -246,7 +249,7 @@ impl<'a> Records<'a> {
     /// An entry of a PACKED run.
     fn unpacked(&mut self, item: Item) -> Result<Option<Event>> {
         match item {
-            Item::Free(addr) => Ok(Some(Event::Record(Record::Free { addr }))),
+            Item::Free(addr) => Ok(Some(Event::Free(addr))),
             Item::Brief {
                 aux,
                 size,
@@ -353,7 +356,11 @@ impl<'a> Records<'a> {
     fn record(&mut self, bytes: &[u8], chunk_at: usize, framed: bool) -> Result<Option<Event>> {
         let (len, kind, aux) = record::preamble(bytes).expect("checked by the caller");
         let body = &bytes[record::PREAMBLE..len];
-        let origin = if framed { self.chunk_origin } else { self.at - len as u64 };
+        let origin = if framed {
+            self.chunk_origin
+        } else {
+            self.at - len as u64
+        };
         if framed {
             self.count(Counts::of(bytes))?;
         }
@@ -361,7 +368,10 @@ impl<'a> Records<'a> {
             KIND_FRAME if !framed => return self.frame(body, aux, origin),
             KIND_PACKED => {
                 if framed {
-                    self.unpacking = Some((Unpacker::new(chunk_at + record::PREAMBLE, chunk_at + len), false));
+                    self.unpacking = Some((
+                        Unpacker::new(chunk_at + record::PREAMBLE, chunk_at + len),
+                        false,
+                    ));
                 } else {
                     self.chunk.clear();
                     self.chunk.extend_from_slice(body);

@@ -153,7 +153,13 @@ impl Stacks {
 
     /// A BRIEF record, with the thread and time of the last CONTEXT. `aux` is its aux (see
     /// `mprof_common::stacks`), `body` its 16 bytes or a packed entry's, rebuilt.
-    pub fn brief(&mut self, addr: u64, size: u32, node: u32, aux: u16) -> Result<Brief, &'static str> {
+    pub fn brief(
+        &mut self,
+        addr: u64,
+        size: u32,
+        node: u32,
+        aux: u16,
+    ) -> Result<Brief, &'static str> {
         let (tid, time_ns) = self.context.ok_or("a brief sample before any context")?;
         self.check(node, (aux & 0x1ff) as usize)?;
         Ok(Brief {

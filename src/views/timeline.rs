@@ -15,10 +15,10 @@
 use crate::analysis::aggregate::{Aggregator, Change};
 use crate::analysis::grouping::Grouping;
 use crate::analysis::names::StackId;
+use crate::analysis::profile::series::Recorded;
 use crate::analysis::profile::{Budget, FastMap, Profile, View};
 use crate::analysis::sites::rows;
 use crate::base::units::human_bytes;
-use crate::analysis::profile::series::Recorded;
 use crate::capture::processes::{CaptureSet, Pick};
 use crate::capture::records::Event;
 use crate::views::about::rate_text;
@@ -132,6 +132,7 @@ fn read_again(set: &CaptureSet, p: &Profile, keys: &[(String, String, u32)]) -> 
         builder.agg.enter(at.process);
         let change = match &event {
             Event::Sample(b) => builder.agg.apply_sample(b, at.records.stacks()),
+            Event::Free(addr) => builder.agg.apply_free(*addr),
             Event::Record(r) => builder.agg.apply(r),
         };
         let mut site = |agg: &Aggregator, stack: StackId| {

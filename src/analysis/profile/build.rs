@@ -183,6 +183,7 @@ impl Builder {
         self.agg.enter(process);
         let change = match event {
             Event::Sample(b) => self.agg.apply_sample(b, stacks),
+            Event::Free(addr) => self.agg.apply_free(*addr),
             Event::Record(r) => self.agg.apply(r),
         };
         self.apply(change);
