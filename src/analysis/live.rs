@@ -3,44 +3,19 @@
 //! At `--rate 1` a reader inserts and removes a block for nearly every record, in a table of
 //! millions: with the blocks scattered by a hash, each of those is a cache miss, and the
 //! table's size is most of the reader's memory. Two things keep both down:
-//! - a program allocates and frees in runs through the same pools, so the four 16-byte
-//!   granules of each 64 bytes of memory hash to four neighbouring buckets (the groups are
-//!   scattered by a multiplicative hash): a run of samples touches fewer cache lines. (Longer
-//!   runs of neighbours, whole pages, make clusters a probe walks for ever: a `--rate 1`
-//!   capture then took minutes);
+//! - neighbouring addresses hash to neighbouring buckets ([`GroupHasher`]): a run of samples
+//!   through the same pool touches fewer cache lines;
 //! - an entry is 24 bytes: the address and a [`Compact`] block, whose rate is an index into
 //!   the rates the table has seen (a capture announces a handful).
 
 use crate::analysis::aggregate::Block;
 use crate::analysis::names::StackId;
+use crate::capture::frame::GroupHasher;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 
-/// Address bits of one group of neighbouring buckets (64 bytes: four 16-byte granules).
-const GROUP: u32 = 6;
 /// The largest size a block keeps (48 bits; larger ones, only in crafted captures, are cut).
 const MAX_SIZE: u64 = (1 << 48) - 1;
-
-/// Hashes an address so that neighbours share a group (see the module doc).
-#[derive(Default)]
-pub(crate) struct GroupHasher(u64);
-
-impl Hasher for GroupHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | b as u64;
-        }
-    }
-    fn write_u64(&mut self, addr: u64) {
-        self.0 = addr;
-    }
-    fn finish(&self) -> u64 {
-        let addr = self.0;
-        // hashbrown takes the bucket from the low bits and a tag from the top 7.
-        let group = (addr >> GROUP).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        (group & !3) | (addr >> 4 & 3)
-    }
-}
 
 /// A live block as the table keeps it.
 #[derive(Clone, Copy)]

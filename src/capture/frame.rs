@@ -46,9 +46,9 @@ pub const FRAME_TARGET: usize = 1 << 20;
 pub const MAX_FRAME_RAW: usize = 8 << 20;
 /// The largest FRAME record a reader accepts.
 pub const MAX_FRAME_RECORD: usize = PREAMBLE + FRAME_FIXED + MAX_FRAME_RAW + (1 << 16);
-/// The zstd level frames are written at (measured on `--rate 1` captures: level 3 is about
-/// 15% smaller than level 1 and costs the session little more; see docs/reading.md).
-const LEVEL: i32 = 3;
+/// The zstd level frames are written at: 1, the fastest, as the session compresses while the
+/// program runs (see docs/reading.md for sizes).
+const LEVEL: i32 = 1;
 
 /// What one frame declares (see the module doc).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -117,21 +117,32 @@ impl Counts {
     }
 }
 
-/// A hasher for block addresses (they are the capture's own, not chosen against the writer).
+/// Hashes a block's address for a table of live blocks (the writer's, and the reader's in
+/// `crate::analysis`): a program allocates and frees in runs through the same pools, so the
+/// four 16-byte granules of each 64 bytes of memory hash to four neighbouring buckets, and the
+/// groups are scattered by a multiplicative hash; a run of samples touches fewer cache lines.
+/// (Longer runs of neighbours, whole pages, make clusters that a probe walks for ever: a
+/// `--rate 1` capture then took minutes to read.)
 #[derive(Default)]
-struct AddrHasher(u64);
+pub struct GroupHasher(u64);
 
-impl Hasher for AddrHasher {
+impl Hasher for GroupHasher {
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
-            self.write_u64(b.into());
+            self.0 = (self.0 << 8) | b as u64;
         }
     }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    fn write_u64(&mut self, addr: u64) {
+        self.0 = addr;
     }
     fn finish(&self) -> u64 {
-        self.0.rotate_left(26)
+        let addr = self.0;
+        // hashbrown takes the bucket from the low bits and a tag from the top 7: the rotation
+        // brings the product's best mixed bits (its high ones) down to the bucket.
+        let group = (addr >> 6)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(26);
+        (group & !3) | (addr >> 4 & 3)
     }
 }
 
@@ -141,7 +152,7 @@ pub struct FrameBuilder {
     raw: Vec<u8>,
     declared: Declared,
     /// The sampled blocks live now (addresses).
-    live: HashSet<u64, BuildHasherDefault<AddrHasher>>,
+    live: HashSet<u64, BuildHasherDefault<GroupHasher>>,
 }
 
 impl FrameBuilder {
