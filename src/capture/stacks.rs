@@ -9,8 +9,8 @@
 
 use mprof_common::record::{Frame, NativeStack, Record, ALLOC_NATIVE_STACK};
 use mprof_common::stacks::{
-    sample_native_addrs, Node, BRIEF_BODY, CONTEXT_BODY, MAX_STACK_DEPTH, MAX_STACK_ID,
-    SAMPLE_FIXED, STACK_BODY, STACK_ENTRY,
+    brief_depth, brief_flags, read_brief, read_context, read_sample, read_stack,
+    sample_native_addrs, Node, MAX_STACK_DEPTH,
 };
 
 /// A sample whose stack is a node of the capture's [`Stacks`] (a BRIEF, or a SAMPLE without
@@ -49,14 +49,6 @@ pub struct Stacks {
     context: Option<(u32, u64)>,
 }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
-}
-
 impl Stacks {
     /// Moves on whenever a node id already defined is defined again.
     pub fn epoch(&self) -> u32 {
@@ -65,22 +57,7 @@ impl Stacks {
 
     /// A STACK record's body.
     pub fn define(&mut self, body: &[u8], aux: u16) -> Result<(), &'static str> {
-        if body.len() < STACK_BODY {
-            return Err("a stack node record is too short");
-        }
-        let id = u32_at(body, 0);
-        let node = Node {
-            parent: u32_at(body, 4),
-            code: u64_at(body, 8),
-            line: u32_at(body, 16),
-            entry: aux & STACK_ENTRY != 0,
-        };
-        if id == 0 || id > MAX_STACK_ID || node.parent >= id {
-            return Err("a stack node has an impossible id");
-        }
-        if node.parent != 0 && self.node(node.parent).is_none() {
-            return Err("a stack node names a parent never defined");
-        }
+        let (id, node) = read_stack(body, aux, |parent| self.node(parent).is_some())?;
         let id = id as usize;
         if self.nodes.len() <= id {
             self.nodes.resize(id + 1, None);
@@ -94,10 +71,7 @@ impl Stacks {
 
     /// A CONTEXT record's body.
     pub fn context(&mut self, body: &[u8]) -> Result<(), &'static str> {
-        let b = body
-            .get(..CONTEXT_BODY)
-            .ok_or("a context record is too short")?;
-        self.context = Some((u32_at(b, 0), u64_at(b, 8)));
+        self.context = Some(read_context(body)?);
         Ok(())
     }
 
@@ -161,10 +135,10 @@ impl Stacks {
         aux: u16,
     ) -> Result<Brief, &'static str> {
         let (tid, time_ns) = self.context.ok_or("a brief sample before any context")?;
-        self.check(node, (aux & 0x1ff) as usize)?;
+        self.check(node, brief_depth(aux))?;
         Ok(Brief {
             tid,
-            flags: (aux >> 12) as u32,
+            flags: brief_flags(aux),
             addr,
             size: size as u64,
             time_ns,
@@ -175,26 +149,21 @@ impl Stacks {
 
     /// A BRIEF record's body.
     pub fn brief_record(&mut self, body: &[u8], aux: u16) -> Result<Brief, &'static str> {
-        let b = body
-            .get(..BRIEF_BODY)
-            .ok_or("a brief sample record is too short")?;
-        self.brief(u64_at(b, 0), u32_at(b, 8), u32_at(b, 12), aux)
+        let (addr, size, node) = read_brief(body)?;
+        self.brief(addr, size, node, aux)
     }
 
     /// A SAMPLE record's body (`aux` is its depth).
     pub fn sample(&mut self, body: &[u8], aux: u16) -> Result<Interned, &'static str> {
-        if body.len() < SAMPLE_FIXED {
-            return Err("a sample record is too short");
-        }
-        let node = u32_at(body, 32);
+        let fixed = read_sample(body)?;
+        let (node, flags) = (fixed.stack, fixed.flags);
         self.check(node, aux as usize)?;
-        let flags = u32_at(body, 4);
         let brief = Brief {
-            tid: u32_at(body, 0),
+            tid: fixed.tid,
             flags,
-            addr: u64_at(body, 8),
-            size: u64_at(body, 16),
-            time_ns: u64_at(body, 24),
+            addr: fixed.addr,
+            size: fixed.size,
+            time_ns: fixed.time_ns,
             node,
             epoch: self.epoch,
         };
