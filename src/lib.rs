@@ -12,7 +12,8 @@
 //!   stacks: modules, symbolization, the merge with Python frames);
 //! - views: [`report`] (text), [`flamegraph`], [`timeline`], [`html`], [`diff`], [`export`]
 //!   (pprof, speedscope, folded, JSON), [`live`] (the terminal view);
-//! - sessions: [`record`], [`attach`], [`driver`] (the one drain loop both use, with each
+//! - sessions: [`record`], [`attach`], [`inprocess`] (a program's session on itself, pymprof),
+//!   [`driver`] (the one drain loop both use, with each
 //!   command's stop conditions), [`session`] (the ring reader), [`signals`], [`hints`] (what a
 //!   user who would otherwise be stuck is told);
 //! - processes: [`children`] (following children: their rings and captures), [`rendezvous`]
@@ -51,6 +52,7 @@ pub mod fuzzing;
 pub mod grouping;
 pub mod hints;
 pub mod html;
+pub mod inprocess;
 pub mod live;
 pub mod memory;
 pub mod names;

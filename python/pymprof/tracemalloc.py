@@ -1,0 +1,718 @@
+"""A drop-in for the standard :mod:`tracemalloc`, on mprof's agent.
+
+``sys.modules["tracemalloc"] = pymprof.tracemalloc`` (before the code that uses it imports it)
+makes code and tests written for tracemalloc run on mprof: the same functions and classes,
+with the same arguments, attributes and errors, as the standard library documents them.
+
+``start()`` traces every allocation, as tracemalloc does (rate 1: sizes and counts exact).
+``start(sample_rate=128 * 1024)`` samples instead: an allocation of ``s`` bytes is sampled
+with probability ``1 - exp(-s / sample_rate)`` and stands for ``s / p`` bytes, so every size
+and count below is an unbiased estimate; ``Statistic.size_stderr`` and friends say how far
+to trust it. Written from the standard library's documentation.
+
+What differs (see docs/python.md):
+
+- the traces are kept by mprof's reader, a child process; ``get_tracemalloc_memory()`` is its
+  resident memory;
+- only Python's allocators (domain 0) are traced here, as in tracemalloc; ``pymprof.start()``
+  sees the C allocator family (domain ``NATIVE_DOMAIN``) and memory mappings
+  (``MMAP_DOMAIN``) too;
+- an object taken from one of CPython's free lists keeps the traceback of the allocation
+  that first made its memory (tracemalloc gives it the reusing line);
+- tracebacks keep at most 256 frames; a deeper stack has ``total_nframe`` None.
+"""
+
+import fnmatch
+import linecache
+import math
+import os
+import sys
+import threading
+import zlib
+import json
+from collections.abc import Sequence
+from functools import total_ordering
+
+from . import _decode
+from ._session import Session, SessionError, current
+from ._units import parse_size
+
+__all__ = [
+    "BaseFilter", "DomainFilter", "Filter", "Frame", "Snapshot", "Statistic", "StatisticDiff",
+    "Trace", "Traceback", "clear_traces", "get_object_traceback", "get_traceback_limit",
+    "get_traced_memory", "get_traced_memory_stderr", "get_tracemalloc_memory", "is_tracing",
+    "reset_peak", "start", "stop", "take_snapshot",
+]
+
+#: The domain of blocks from the C allocator family (``pymprof.start(native=True)``).
+NATIVE_DOMAIN = 1
+#: The domain of anonymous memory mappings.
+MMAP_DOMAIN = 2
+
+_MAX_NFRAME = 65535
+_FILE_MAGIC = b"PYMPROF-SNAPSHOT 1\n"
+
+
+def _format_size(size, sign):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 100 and unit != "B":
+            return ("%+.1f %s" if sign else "%.1f %s") % (size, unit)
+        if abs(size) < 10 * 1024 or unit == "TiB":
+            return ("%+.0f %s" if sign else "%.0f %s") % (size, unit)
+        size /= 1024
+
+
+def _whole(x):
+    return int(round(x))
+
+
+@total_ordering
+class Frame:
+    """A frame of a traceback: where a block was allocated."""
+
+    __slots__ = ("_frame",)
+
+    def __init__(self, frame):
+        self._frame = frame
+
+    @property
+    def filename(self):
+        return self._frame[0]
+
+    @property
+    def lineno(self):
+        return self._frame[1]
+
+    def __eq__(self, other):
+        if not isinstance(other, Frame):
+            return NotImplemented
+        return self._frame == other._frame
+
+    def __lt__(self, other):
+        if not isinstance(other, Frame):
+            return NotImplemented
+        return self._frame < other._frame
+
+    def __hash__(self):
+        return hash(self._frame)
+
+    def __str__(self):
+        return "%s:%s" % (self.filename, self.lineno)
+
+    def __repr__(self):
+        return "<Frame filename=%r lineno=%r>" % (self.filename, self.lineno)
+
+
+@total_ordering
+class Traceback(Sequence):
+    """The frames of an allocation, from the oldest to the most recent.
+
+    Built from ``(filename, lineno)`` tuples most recent first, as tracemalloc's own."""
+
+    __slots__ = ("_frames", "_total_nframe")
+
+    def __init__(self, frames, total_nframe=None):
+        Sequence.__init__(self)
+        self._frames = tuple(frames)
+        self._total_nframe = total_nframe
+
+    @property
+    def total_nframe(self):
+        """Frames the traceback had before it was cut to the limit (None if unknown)."""
+        return self._total_nframe
+
+    def __len__(self):
+        return len(self._frames)
+
+    def __getitem__(self, index):
+        n = len(self._frames)
+        if isinstance(index, slice):
+            return tuple(Frame(f) for f in self._frames[::-1][index])
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError("traceback index out of range")
+        return Frame(self._frames[n - 1 - index])
+
+    def __contains__(self, frame):
+        return isinstance(frame, Frame) and frame._frame in self._frames
+
+    def __hash__(self):
+        return hash(self._frames)
+
+    def __eq__(self, other):
+        if not isinstance(other, Traceback):
+            return NotImplemented
+        return self._frames == other._frames
+
+    def __lt__(self, other):
+        if not isinstance(other, Traceback):
+            return NotImplemented
+        return self._frames < other._frames
+
+    def __str__(self):
+        return str(self[0])
+
+    def __repr__(self):
+        s = "<Traceback %r" % (tuple(self),)
+        if self._total_nframe is not None:
+            s += " total_nframe=%s" % self._total_nframe
+        return s + ">"
+
+    def format(self, limit=None, most_recent_first=False):
+        """The traceback as lines, with the source lines ``linecache`` finds. ``limit``: the
+        ``limit`` most recent frames if positive, the ``abs(limit)`` oldest otherwise."""
+        frames = list(self)
+        if limit is not None:
+            frames = frames[-limit:] if limit > 0 else frames[:abs(limit)]
+        if most_recent_first:
+            frames.reverse()
+        lines = []
+        for frame in frames:
+            lines.append('  File "%s", line %s' % (frame.filename, frame.lineno))
+            source = linecache.getline(frame.filename, frame.lineno).strip()
+            if source:
+                lines.append("    %s" % source)
+        return lines
+
+
+class Trace:
+    """A memory block: its domain, size and traceback. Sampled, ``size`` is what the sample
+    stands for, ``block_size`` the sampled block's own size and ``count`` the allocations it
+    stands for."""
+
+    __slots__ = ("_trace",)
+
+    def __init__(self, trace):
+        self._trace = trace
+
+    @property
+    def domain(self):
+        return self._trace[0]
+
+    @property
+    def size(self):
+        return _whole(self._trace[1])
+
+    @property
+    def traceback(self):
+        return Traceback(self._trace[2], self._trace[3])
+
+    @property
+    def count(self):
+        return self._trace[4] if len(self._trace) > 4 else 1.0
+
+    @property
+    def block_size(self):
+        return self._trace[6] if len(self._trace) > 6 else self.size
+
+    def __eq__(self, other):
+        if not isinstance(other, Trace):
+            return NotImplemented
+        return self._trace[:4] == other._trace[:4]
+
+    def __hash__(self):
+        return hash(self._trace[:4])
+
+    def __str__(self):
+        return "%s: %s" % (self.traceback, _format_size(self.size, False))
+
+    def __repr__(self):
+        return "<Trace domain=%s size=%s, traceback=%r>" % (
+            self.domain, _format_size(self.size, False), self.traceback)
+
+
+class _Traces(Sequence):
+    def __init__(self, traces):
+        Sequence.__init__(self)
+        self._traces = traces
+
+    def __len__(self):
+        return len(self._traces)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return tuple(Trace(t) for t in self._traces[index])
+        return Trace(self._traces[index])
+
+    def __contains__(self, trace):
+        return isinstance(trace, Trace) and trace._trace in self._traces
+
+    def __eq__(self, other):
+        if not isinstance(other, _Traces):
+            return NotImplemented
+        return self._traces == other._traces
+
+    def __repr__(self):
+        return "<Traces len=%s>" % len(self)
+
+
+class Statistic:
+    """Statistic on memory allocations: ``size`` bytes in ``count`` blocks at ``traceback``.
+
+    Sampled, ``size`` and ``count`` are estimates (rounded), with their standard errors in
+    ``size_stderr`` and ``count_stderr``, resting on ``samples`` samples."""
+
+    __slots__ = ("traceback", "size", "count", "size_stderr", "count_stderr", "samples")
+
+    def __init__(self, traceback, size, count, size_stderr=0.0, count_stderr=0.0, samples=None):
+        self.traceback = traceback
+        self.size = size
+        self.count = count
+        self.size_stderr = size_stderr
+        self.count_stderr = count_stderr
+        self.samples = count if samples is None else samples
+
+    def __hash__(self):
+        return hash((self.traceback, self.size, self.count))
+
+    def __eq__(self, other):
+        if not isinstance(other, Statistic):
+            return NotImplemented
+        return (self.traceback == other.traceback and self.size == other.size
+                and self.count == other.count)
+
+    def __str__(self):
+        text = "%s: size=%s, count=%i" % (
+            self.traceback, _format_size(self.size, False), self.count)
+        if self.count:
+            text += ", average=%s" % _format_size(self.size / self.count, False)
+        return text
+
+    def __repr__(self):
+        return "<Statistic traceback=%r size=%i count=%i>" % (
+            self.traceback, self.size, self.count)
+
+    def _sort_key(self):
+        return (self.size, self.count, self.traceback)
+
+
+class StatisticDiff:
+    """The difference of a statistic between an old and a new snapshot; sampled, with the
+    standard error of ``size_diff`` (samples in both snapshots cancel out)."""
+
+    __slots__ = ("traceback", "size", "size_diff", "count", "count_diff", "size_diff_stderr")
+
+    def __init__(self, traceback, size, size_diff, count, count_diff, size_diff_stderr=0.0):
+        self.traceback = traceback
+        self.size = size
+        self.size_diff = size_diff
+        self.count = count
+        self.count_diff = count_diff
+        self.size_diff_stderr = size_diff_stderr
+
+    def __hash__(self):
+        return hash((self.traceback, self.size, self.size_diff, self.count, self.count_diff))
+
+    def __eq__(self, other):
+        if not isinstance(other, StatisticDiff):
+            return NotImplemented
+        return ((self.traceback, self.size, self.size_diff, self.count, self.count_diff)
+                == (other.traceback, other.size, other.size_diff, other.count,
+                    other.count_diff))
+
+    def __str__(self):
+        text = "%s: size=%s (%s), count=%i (%+i)" % (
+            self.traceback, _format_size(self.size, False),
+            _format_size(self.size_diff, True), self.count, self.count_diff)
+        if self.count:
+            text += ", average=%s" % _format_size(self.size / self.count, False)
+        return text
+
+    def __repr__(self):
+        return "<StatisticDiff traceback=%r size=%i (%+i) count=%i (%+i)>" % (
+            self.traceback, self.size, self.size_diff, self.count, self.count_diff)
+
+    def _sort_key(self):
+        return (abs(self.size_diff), self.size, abs(self.count_diff), self.count,
+                self.traceback)
+
+
+def _normalize(filename):
+    return filename[:-1] if filename.endswith(".pyc") else filename
+
+
+class BaseFilter:
+    """What :class:`Filter` and :class:`DomainFilter` share: ``inclusive``."""
+
+    def __init__(self, inclusive):
+        self.inclusive = inclusive
+
+    def _match(self, trace):
+        raise NotImplementedError
+
+
+class Filter(BaseFilter):
+    """Keeps (``inclusive``) or drops the traces allocated in files matching
+    ``filename_pattern`` (``fnmatch``), at ``lineno`` if given, in ``domain`` if given;
+    ``all_frames`` looks at every frame of the traceback, not only the most recent."""
+
+    def __init__(self, inclusive, filename_pattern, lineno=None, all_frames=False, domain=None):
+        super().__init__(inclusive)
+        self.inclusive = inclusive
+        self._filename_pattern = _normalize(filename_pattern)
+        self.lineno = lineno
+        self.all_frames = all_frames
+        self.domain = domain
+
+    @property
+    def filename_pattern(self):
+        return self._filename_pattern
+
+    def _frame_matches(self, filename, lineno):
+        if not fnmatch.fnmatch(_normalize(filename), self._filename_pattern):
+            return False
+        return self.lineno is None or lineno == self.lineno
+
+    def _traceback_matches(self, frames):
+        if self.all_frames:
+            return any(self._frame_matches(f, n) for f, n in frames)
+        return bool(frames) and self._frame_matches(*frames[0])
+
+    def _match(self, trace):
+        """Whether this filter keeps ``trace``."""
+        hit = self._traceback_matches(trace[2])
+        if self.domain is not None:
+            hit = hit and trace[0] == self.domain
+        return hit if self.inclusive else not hit
+
+
+class DomainFilter(BaseFilter):
+    """Keeps (``inclusive``) or drops the traces of one domain."""
+
+    def __init__(self, inclusive, domain):
+        super().__init__(inclusive)
+        self.inclusive = inclusive
+        self._domain = domain
+
+    @property
+    def domain(self):
+        return self._domain
+
+    def _match(self, trace):
+        return (trace[0] == self._domain) == bool(self.inclusive)
+
+
+class _Sums:
+    """A statistic being summed: estimates, their variances, and the samples behind them."""
+
+    __slots__ = ("size", "count", "variance", "count_variance", "samples", "total", "seqs")
+
+    def __init__(self, total):
+        self.size = self.count = self.variance = self.count_variance = 0.0
+        self.samples = 0
+        self.total = total
+        self.seqs = None
+
+    def add(self, trace, keep_seqs):
+        count = trace[4]
+        self.size += trace[1]
+        self.count += count
+        self.variance += trace[5]
+        self.count_variance += count * (count - 1.0)
+        self.samples += 1
+        if keep_seqs:
+            if self.seqs is None:
+                self.seqs = {}
+            self.seqs[trace[7]] = trace[5]
+
+    def statistic(self, traceback):
+        return Statistic(traceback, _whole(self.size), _whole(self.count),
+                         math.sqrt(max(self.variance, 0.0)),
+                         math.sqrt(max(self.count_variance, 0.0)), self.samples)
+
+
+class Snapshot:
+    """The traces of the blocks live when the snapshot was taken."""
+
+    def __init__(self, traces, traceback_limit, sample_rate=1, session=None):
+        self.traces = _Traces(traces)
+        self.traceback_limit = traceback_limit
+        #: Mean bytes between samples (1: every allocation was traced).
+        self.sample_rate = sample_rate
+        self._session = session
+
+    def dump(self, filename):
+        """Writes the snapshot into ``filename`` (read back with :meth:`load`)."""
+        tracebacks = {}
+        rows = []
+        for t in self.traces._traces:
+            key = (t[2], t[3])
+            index = tracebacks.setdefault(key, len(tracebacks))
+            rows.append([t[0], t[1], index, t[4], t[5], t[6], t[7]])
+        payload = {
+            "traceback_limit": self.traceback_limit,
+            "sample_rate": self.sample_rate,
+            "session": self._session,
+            "tracebacks": [[total, [list(f) for f in frames]]
+                           for (frames, total) in tracebacks],
+            "traces": rows,
+        }
+        with open(filename, "wb") as f:
+            f.write(_FILE_MAGIC)
+            f.write(zlib.compress(json.dumps(payload).encode()))
+
+    @staticmethod
+    def load(filename):
+        """The snapshot :meth:`dump` wrote into ``filename``; ``ValueError`` for any other file."""
+        with open(filename, "rb") as f:
+            data = f.read()
+        return _load(data, filename)
+
+    def _filter_trace(self, include, exclude, trace):
+        if include and not any(f._match(trace) for f in include):
+            return False
+        return all(f._match(trace) for f in exclude)
+
+    def filter_traces(self, filters):
+        """A new snapshot with the traces ``filters`` keep: a trace is kept when an
+        inclusive filter (if there is any) matches it and no exclusive filter does."""
+        if not isinstance(filters, (list, tuple)):
+            raise TypeError("filters must be a list of filters, not %s" % type(filters).__name__)
+        if filters:
+            for f in filters:
+                if not isinstance(f, BaseFilter):
+                    raise TypeError("filters must be Filter or DomainFilter instances, not %s"
+                                    % type(f).__name__)
+            include = [f for f in filters if f.inclusive]
+            exclude = [f for f in filters if not f.inclusive]
+            traces = [t for t in self.traces._traces
+                      if self._filter_trace(include, exclude, t)]
+        else:
+            traces = list(self.traces._traces)
+        return Snapshot(traces, self.traceback_limit, self.sample_rate, self._session)
+
+    def _group_by(self, key_type, cumulative, keep_seqs=False):
+        if key_type not in ("traceback", "filename", "lineno"):
+            raise ValueError("unknown key_type: %r" % (key_type,))
+        if cumulative and key_type not in ("lineno", "filename"):
+            raise ValueError("cumulative mode cannot by used with key type %r" % key_type)
+        sums = {}
+        for t in self.traces._traces:
+            frames = t[2]
+            if key_type == "traceback":
+                keys = ((frames, t[3]),)
+            elif cumulative:
+                keys = [(((f[0], 0) if key_type == "filename" else f,), None) for f in frames]
+            else:
+                f = frames[0] if frames else ("<unknown>", 0)
+                keys = ((((f[0], 0) if key_type == "filename" else f,), None),)
+            for key in keys:
+                s = sums.get(key[0])
+                if s is None:
+                    s = sums[key[0]] = _Sums(key[1])
+                s.add(t, keep_seqs)
+        return sums
+
+    def statistics(self, key_type, cumulative=False):
+        """Statistics grouped by ``key_type`` (``'filename'``, ``'lineno'`` or
+        ``'traceback'``), biggest first. ``cumulative``: every frame of a traceback counts,
+        not only the most recent."""
+        stats = [s.statistic(Traceback(frames, s.total))
+                 for frames, s in self._group_by(key_type, cumulative).items()]
+        stats.sort(reverse=True, key=Statistic._sort_key)
+        return stats
+
+    def compare_to(self, old_snapshot, key_type, cumulative=False):
+        """What changed since ``old_snapshot``: :class:`StatisticDiff` instances, biggest
+        change first."""
+        same = self._session is not None and self._session == old_snapshot._session
+        sampled = self.sample_rate != 1 or old_snapshot.sample_rate != 1
+        new = self._group_by(key_type, cumulative, keep_seqs=sampled and same)
+        old = old_snapshot._group_by(key_type, cumulative, keep_seqs=sampled and same)
+        diffs = []
+        for frames, s in new.items():
+            traceback = Traceback(frames, s.total)
+            o = old.pop(frames, None)
+            if o is None:
+                diffs.append(StatisticDiff(traceback, _whole(s.size), _whole(s.size),
+                                           _whole(s.count), _whole(s.count),
+                                           math.sqrt(max(s.variance, 0.0))))
+                continue
+            diffs.append(StatisticDiff(traceback, _whole(s.size), _whole(s.size - o.size),
+                                       _whole(s.count), _whole(s.count - o.count),
+                                       _diff_stderr(s, o, same)))
+        for frames, o in old.items():
+            diffs.append(StatisticDiff(Traceback(frames, o.total), 0, -_whole(o.size), 0,
+                                       -_whole(o.count), math.sqrt(max(o.variance, 0.0))))
+        diffs.sort(reverse=True, key=StatisticDiff._sort_key)
+        return diffs
+
+
+def _diff_stderr(new, old, same_session):
+    if new.seqs is None or old.seqs is None or not same_session:
+        return math.sqrt(max(new.variance + old.variance, 0.0))
+    variance = sum(v for q, v in new.seqs.items() if q not in old.seqs)
+    variance += sum(v for q, v in old.seqs.items() if q not in new.seqs)
+    return math.sqrt(max(variance, 0.0))
+
+
+def _load(data, filename):
+    def bad(why):
+        return ValueError("%s is not a pymprof snapshot file: %s" % (filename, why))
+
+    if not data.startswith(_FILE_MAGIC):
+        if data[:1] == b"\x80":
+            raise bad("it looks like a pickle (the standard tracemalloc's dump format): load "
+                      "it with the standard library's tracemalloc.Snapshot.load")
+        raise bad("it does not start with %r" % _FILE_MAGIC.strip())
+    try:
+        payload = json.loads(zlib.decompress(data[len(_FILE_MAGIC):]).decode())
+        tracebacks = [(tuple((str(f), int(n)) for f, n in frames),
+                       None if total is None else int(total))
+                      for total, frames in payload["tracebacks"]]
+        traces = [(int(d), float(s), tracebacks[tb][0], tracebacks[tb][1], float(c),
+                   float(v), int(b), int(q))
+                  for d, s, tb, c, v, b, q in payload["traces"]]
+        return Snapshot(traces, int(payload["traceback_limit"]), int(payload["sample_rate"]),
+                        payload.get("session"))
+    except (zlib.error, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise bad("damaged (%s: %s)" % (type(e).__name__, e)) from None
+
+
+class _State:
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.session = None
+        self.nframe = 1
+
+
+_state = _State()
+
+
+def _running():
+    """The drop-in's session, if it runs (and was not lost to a fork or a dead reader)."""
+    s = _state.session
+    if s is not None and (s.dead or current() is not s):
+        _state.session = None
+        return None
+    return s
+
+
+def start(nframe=1, *, sample_rate=1):
+    """Starts tracing Python's allocations, keeping ``nframe`` frames a traceback (1 to
+    65535). ``sample_rate`` (bytes, or a string such as ``"128 KiB"``): 1 traces every
+    allocation; more samples them (see the module doc). Does nothing when tracing already."""
+    if isinstance(nframe, bool) or not isinstance(nframe, int):
+        raise TypeError("an integer is required (got type %s)" % type(nframe).__name__)
+    if not 1 <= nframe <= _MAX_NFRAME:
+        raise ValueError("the number of frames must be in range [1; %d]" % _MAX_NFRAME)
+    rate = parse_size(sample_rate, "sample_rate")
+    if rate < 1:
+        raise ValueError("sample_rate must be at least 1 byte, got %r" % (sample_rate,))
+    with _state.lock:
+        if _running() is not None:
+            return
+        session = Session(rate, "pymprof.tracemalloc", native=False,
+                          max_depth=min(256, max(nframe, 128)))
+        try:
+            session.start()
+        except SessionError as e:
+            raise RuntimeError(str(e)) from None
+        _state.session = session
+        _state.nframe = nframe
+
+
+def stop():
+    """Stops tracing and forgets the traces. Does nothing when not tracing."""
+    with _state.lock:
+        s = _running()
+        _state.session = None
+        if s is not None:
+            s.stop()
+
+
+def is_tracing():
+    """Whether Python's allocations are being traced."""
+    return _running() is not None
+
+
+def _ask(line):
+    s = _running()
+    if s is None:
+        return None
+    try:
+        return s.ask(line)
+    except SessionError as e:
+        raise RuntimeError(str(e)) from None
+
+
+def get_traceback_limit():
+    """The most frames a trace's traceback keeps (``start(nframe)``)."""
+    return _state.nframe
+
+
+def get_traced_memory():
+    """(current, peak): bytes of the traced blocks now and at their highest."""
+    reply = _ask("memory")
+    if reply is None:
+        return (0, 0)
+    return (_whole(reply["current"]["bytes"]), _whole(reply["peak"]["bytes"]))
+
+
+def get_traced_memory_stderr():
+    """The standard errors of :func:`get_traced_memory`'s two figures (0 at rate 1)."""
+    reply = _ask("memory")
+    if reply is None:
+        return (0.0, 0.0)
+    return tuple(math.sqrt(max(reply[k]["variance"], 0.0)) for k in ("current", "peak"))
+
+
+def reset_peak():
+    """The peak becomes the traced memory now. Does nothing when not tracing."""
+    _ask("reset_peak")
+
+
+def clear_traces():
+    """Forgets the traces of the blocks allocated so far. Does nothing when not tracing."""
+    _ask("clear")
+
+
+def get_tracemalloc_memory():
+    """Bytes of memory used to keep the traces (mprof's reader's resident memory)."""
+    reply = _ask("overhead")
+    return 0 if reply is None else int(reply["bytes"])
+
+
+def take_snapshot():
+    """The traces of the blocks allocated since tracing started and still live."""
+    s = _running()
+    if s is None:
+        raise RuntimeError("the tracemalloc module must be tracing memory allocations to "
+                           "take a snapshot")
+    return snapshot_of(s, _state.nframe)
+
+
+def snapshot_of(session, nframe):
+    """A :class:`Snapshot` of ``session``'s live blocks, tracebacks cut to ``nframe``."""
+    try:
+        raw = session.ask("snapshot %d" % nframe)
+    except SessionError as e:
+        raise RuntimeError(str(e)) from None
+    rate, traces = _decode.decode(raw)
+    return Snapshot(traces, nframe, rate, "%d:%d" % (os.getpid(), id(session)))
+
+
+_PTR = 8 if sys.maxsize > 2 ** 32 else 4
+_HAVE_GC = 1 << 14
+_PREHEADER = (1 << 4) if sys.version_info[:2] == (3, 11) else (1 << 4) | (1 << 3)
+
+
+def _block_address(obj):
+    """Where the memory block that holds ``obj`` starts: before the object, the garbage
+    collector's header (for types it tracks) and, from 3.11, the managed dict and weakref
+    pointers."""
+    flags = type(obj).__flags__
+    before = 2 * _PTR if flags & _HAVE_GC else 0
+    if sys.version_info >= (3, 11) and flags & _PREHEADER:
+        before += 2 * _PTR
+    return id(obj) - before
+
+
+def get_object_traceback(obj):
+    """Where ``obj`` was allocated, or None when not tracing or its block was not traced
+    (sampled: was not sampled)."""
+    reply = _ask("traceback %d %d" % (_block_address(obj), _state.nframe))
+    if reply is None or reply.get("frames") is None:
+        return None
+    return Traceback(tuple((f, n) for f, n in reply["frames"]), reply.get("total"))
