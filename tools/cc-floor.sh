@@ -1,6 +1,7 @@
 #!/bin/sh
 # The linker of every x86-64 Linux build (.cargo/config.toml; named so that rustc takes it for a
 # C compiler). Runs `cc` with rustc's arguments, as cargo would, except for the mprof binary
+# itself (target/*/deps/mprof-HASH, which is also the name of its unit tests): that one is
 # linked by zig against glibc 2.28's symbols, so that it loads on glibc 2.28 and older (the
 # machine's own glibc makes every reference bind its newest version, 2.34 here). zig comes
 # from the Python tools tools/test-deps.sh installs (ziglang and cargo-zigbuild from PyPI, see

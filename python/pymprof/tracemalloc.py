@@ -161,10 +161,11 @@ class Traceback(Sequence):
 
     def format(self, limit=None, most_recent_first=False):
         """The traceback as lines, with the source lines ``linecache`` finds. ``limit``: the
-        ``limit`` most recent frames if positive, the ``abs(limit)`` oldest otherwise."""
+        ``limit`` most recent frames if positive; if negative, all but the ``abs(limit)`` most
+        recent (what the standard module does)."""
         frames = list(self)
         if limit is not None:
-            frames = frames[-limit:] if limit > 0 else frames[:abs(limit)]
+            frames = frames[-limit:] if limit > 0 else frames[:limit]
         if most_recent_first:
             frames.reverse()
         lines = []

@@ -68,9 +68,9 @@ fn domain(allocator: Allocator) -> u32 {
 }
 
 /// The tracemalloc traceback of a stack: its innermost `nframe` Python frames, innermost
-/// first (as tracemalloc keeps them), as (file, line), and how many Python frames it had in all (`None` when the agent cut the
-/// stack). A block allocated where no Python frame ran has the frame `("<unknown>", 0)`, as in
-/// tracemalloc.
+/// first (as tracemalloc keeps them), as (file, line), and how many Python frames it had in
+/// all (`None` when the agent cut the stack). A block allocated where no Python frame ran has
+/// the frame `("<unknown>", 0)`, as in tracemalloc.
 pub fn traceback<'a>(
     frames: impl Iterator<Item = Location<'a>>,
     nframe: usize,
