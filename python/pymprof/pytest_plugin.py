@@ -139,6 +139,8 @@ class _Plugin:
             "at the peak" if name == "limit_memory" else "still live")]
         for s in sites:
             e = s["estimate"]
+            if e["bytes"] < 0.01 * bytes_:
+                continue
             lines.append("  %s: %s" % (s["site"], _estimate(e["bytes"], e["variance"] ** 0.5,
                                                              self.rate)))
         pytest.fail("\n".join(lines), pytrace=False)

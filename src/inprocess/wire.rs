@@ -200,21 +200,35 @@ pub fn snapshot(traces: &Traces, rate: u64, nframe: usize) -> Vec<u8> {
 }
 
 /// Where a stack's bytes are shown: its innermost Python frame under `root` (the user's
-/// code) if it has one, else its innermost frame, as `file:line (function)`.
+/// code, named relative to `root`) and, when the stack passes through the user's code further
+/// out, the outermost such frame too (`helper.py:8 (make) ← test_x.py:15 (test_x)`); with
+/// no frame under `root`, its innermost frame.
 pub fn site(traces: &Traces, stack: StackId, root: &str) -> String {
     let frames: Vec<Location> = traces.frames(stack).collect();
-    let python = || frames.iter().find(|f| !f.is_native());
-    let mine = (!root.is_empty())
-        .then(|| {
-            frames
-                .iter()
-                .find(|f| !f.is_native() && f.file.starts_with(root))
-        })
-        .flatten();
-    match mine.or_else(python).or(frames.first()) {
-        Some(f) if f.file == f.function => f.function.to_string(),
-        Some(f) => format!("{}:{} ({})", f.file, f.line, f.function),
-        None => UNKNOWN.to_string(),
+    let label = |f: &Location| {
+        if f.file == f.function {
+            return f.function.to_string();
+        }
+        let file = match f.file.strip_prefix(root) {
+            Some(rest) if !root.is_empty() && rest.starts_with('/') => &rest[1..],
+            _ => f.file,
+        };
+        format!("{file}:{} ({})", f.line, f.function)
+    };
+    let mine: Vec<&Location> = frames
+        .iter()
+        .filter(|f| !f.is_native() && !root.is_empty() && f.file.starts_with(root))
+        .collect();
+    match (mine.first(), mine.last()) {
+        (Some(inner), Some(outer)) if mine.len() > 1 && inner != outer => {
+            format!("{} ← {}", label(inner), label(outer))
+        }
+        (Some(inner), _) => label(inner),
+        _ => frames
+            .iter()
+            .find(|f| !f.is_native())
+            .or(frames.first())
+            .map_or(UNKNOWN.to_string(), label),
     }
 }
 
