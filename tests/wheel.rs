@@ -276,7 +276,7 @@ fn in_a_fresh_venv(py: &Python, wheel: &Path, tools: &Path) -> Option<Vec<String
         }
         cmd
     };
-    let suites: [(&[&str], &[(&str, &str)], &str); 2] = [
+    let suites: [Suite; 2] = [
         (&["tests"], &[], "the Python tests"),
         (
             &["tests/test_tracemalloc_compat.py"],
@@ -297,6 +297,9 @@ fn in_a_fresh_venv(py: &Python, wheel: &Path, tools: &Path) -> Option<Vec<String
     }
     Some(failures)
 }
+
+/// A pytest run: its arguments, its environment, and what it is.
+type Suite<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
 
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
