@@ -22,6 +22,7 @@ What differs (see docs/python.md):
 - tracebacks keep at most 256 frames; a deeper stack has ``total_nframe`` None.
 """
 
+import bisect
 import fnmatch
 import linecache
 import math
@@ -30,6 +31,7 @@ import sys
 import threading
 import zlib
 import json
+from array import array
 from collections.abc import Sequence
 from functools import total_ordering
 
@@ -224,25 +226,52 @@ class Trace:
 
 
 class _Traces(Sequence):
-    def __init__(self, traces):
+    """The traces of a snapshot: its groups of a :class:`pymprof._decode.Table`, one
+    :class:`Trace` made at a time."""
+
+    def __init__(self, table, groups):
         Sequence.__init__(self)
-        self._traces = traces
+        self._table = table
+        self._groups = groups
+        self._offsets = []
+        n = 0
+        for g in groups:
+            self._offsets.append(n)
+            n += g[3]
+        self._len = n
 
     def __len__(self):
-        return len(self._traces)
+        return self._len
+
+    def _raw(self, index):
+        g = bisect.bisect_right(self._offsets, index) - 1
+        group = self._groups[g]
+        return self._table.trace(group, group[2] + index - self._offsets[g])
+
+    def _raws(self):
+        for group in self._groups:
+            for j in range(group[2], group[2] + group[3]):
+                yield self._table.trace(group, j)
 
     def __getitem__(self, index):
         if isinstance(index, slice):
-            return tuple(Trace(t) for t in self._traces[index])
-        return Trace(self._traces[index])
+            return tuple(Trace(self._raw(i)) for i in range(*index.indices(self._len)))
+        if index < 0:
+            index += self._len
+        if not 0 <= index < self._len:
+            raise IndexError("trace index out of range")
+        return Trace(self._raw(index))
+
+    def __iter__(self):
+        return (Trace(t) for t in self._raws())
 
     def __contains__(self, trace):
-        return isinstance(trace, Trace) and trace._trace in self._traces
+        return isinstance(trace, Trace) and any(t[:4] == trace._trace[:4] for t in self._raws())
 
     def __eq__(self, other):
         if not isinstance(other, _Traces):
             return NotImplemented
-        return self._traces == other._traces
+        return list(self._raws()) == list(other._raws())
 
     def __repr__(self):
         return "<Traces len=%s>" % len(self)
@@ -405,17 +434,17 @@ class _Sums:
         self.total = total
         self.seqs = None
 
-    def add(self, trace, keep_seqs):
-        count = trace[4]
-        self.size += trace[1]
-        self.count += count
-        self.variance += trace[5]
-        self.count_variance += count * (count - 1.0)
-        self.samples += 1
+    def add(self, group, table, keep_seqs):
+        self.size += group[4]
+        self.count += group[5]
+        self.variance += group[6]
+        self.count_variance += group[7]
+        self.samples += group[3]
         if keep_seqs:
             if self.seqs is None:
                 self.seqs = {}
-            self.seqs[trace[7]] = trace[5]
+            for j in range(group[2], group[2] + group[3]):
+                self.seqs[table.seqs[j]] = table.variances[j]
 
     def statistic(self, traceback):
         return Statistic(traceback, _whole(self.size), _whole(self.count),
@@ -427,27 +456,39 @@ class Snapshot:
     """The traces of the blocks live when the snapshot was taken."""
 
     def __init__(self, traces, traceback_limit, sample_rate=1, session=None):
-        self.traces = _Traces(traces)
+        table = traces if isinstance(traces, _decode.Table) else _decode.table_of(traces)
+        self._table = table
+        self._groups = table.groups
+        self.traces = _Traces(table, self._groups)
         self.traceback_limit = traceback_limit
         #: Mean bytes between samples (1: every allocation was traced).
         self.sample_rate = sample_rate
         self._session = session
 
+    def _with_groups(self, groups):
+        other = Snapshot(self._table, self.traceback_limit, self.sample_rate, self._session)
+        other._groups = groups
+        other.traces = _Traces(self._table, groups)
+        return other
+
     def dump(self, filename):
         """Writes the snapshot into ``filename`` (read back with :meth:`load`)."""
-        tracebacks = {}
-        rows = []
-        for t in self.traces._traces:
-            key = (t[2], t[3])
-            index = tracebacks.setdefault(key, len(tracebacks))
-            rows.append([t[0], t[1], index, t[4], t[5], t[6], t[7]])
+        t = self._table
+        tracebacks, groups = {}, []
+        columns = {"sizes": [], "counts": [], "variances": [], "blocks": [], "seqs": []}
+        for g in self._groups:
+            index = tracebacks.setdefault(g[1], len(tracebacks))
+            groups.append([g[0], index, g[3]] + list(g[4:]))
+            for name, values in columns.items():
+                values.extend(getattr(t, name)[g[2]:g[2] + g[3]])
         payload = {
             "traceback_limit": self.traceback_limit,
             "sample_rate": self.sample_rate,
             "session": self._session,
-            "tracebacks": [[total, [list(f) for f in frames]]
-                           for (frames, total) in tracebacks],
-            "traces": rows,
+            "tracebacks": [[t.tracebacks[i][1], [list(f) for f in t.tracebacks[i][0]]]
+                           for i in tracebacks],
+            "groups": groups,
+            "columns": columns,
         }
         with open(filename, "wb") as f:
             f.write(_FILE_MAGIC)
@@ -460,28 +501,26 @@ class Snapshot:
             data = f.read()
         return _load(data, filename)
 
-    def _filter_trace(self, include, exclude, trace):
-        if include and not any(f._match(trace) for f in include):
-            return False
-        return all(f._match(trace) for f in exclude)
-
     def filter_traces(self, filters):
         """A new snapshot with the traces ``filters`` keep: a trace is kept when an
         inclusive filter (if there is any) matches it and no exclusive filter does."""
         if not isinstance(filters, (list, tuple)):
             raise TypeError("filters must be a list of filters, not %s" % type(filters).__name__)
-        if filters:
-            for f in filters:
-                if not isinstance(f, BaseFilter):
-                    raise TypeError("filters must be Filter or DomainFilter instances, not %s"
-                                    % type(f).__name__)
-            include = [f for f in filters if f.inclusive]
-            exclude = [f for f in filters if not f.inclusive]
-            traces = [t for t in self.traces._traces
-                      if self._filter_trace(include, exclude, t)]
-        else:
-            traces = list(self.traces._traces)
-        return Snapshot(traces, self.traceback_limit, self.sample_rate, self._session)
+        for f in filters:
+            if not isinstance(f, BaseFilter):
+                raise TypeError("filters must be Filter or DomainFilter instances, not %s"
+                                % type(f).__name__)
+        include = [f for f in filters if f.inclusive]
+        exclude = [f for f in filters if not f.inclusive]
+        kept = []
+        for g in self._groups:
+            frames, total = self._table.tracebacks[g[1]]
+            trace = (g[0], None, frames, total)
+            if include and not any(f._match(trace) for f in include):
+                continue
+            if all(f._match(trace) for f in exclude):
+                kept.append(g)
+        return self._with_groups(kept)
 
     def _group_by(self, key_type, cumulative, keep_seqs=False):
         if key_type not in ("traceback", "filename", "lineno"):
@@ -489,10 +528,10 @@ class Snapshot:
         if cumulative and key_type not in ("lineno", "filename"):
             raise ValueError("cumulative mode cannot by used with key type %r" % key_type)
         sums = {}
-        for t in self.traces._traces:
-            frames = t[2]
+        for g in self._groups:
+            frames, total = self._table.tracebacks[g[1]]
             if key_type == "traceback":
-                keys = ((frames, t[3]),)
+                keys = ((frames, total),)
             elif cumulative:
                 keys = [(((f[0], 0) if key_type == "filename" else f,), None) for f in frames]
             else:
@@ -502,7 +541,7 @@ class Snapshot:
                 s = sums.get(key[0])
                 if s is None:
                     s = sums[key[0]] = _Sums(key[1])
-                s.add(t, keep_seqs)
+                s.add(g, self._table, keep_seqs)
         return sums
 
     def statistics(self, key_type, cumulative=False):
@@ -562,12 +601,25 @@ def _load(data, filename):
         tracebacks = [(tuple((str(f), int(n)) for f, n in frames),
                        None if total is None else int(total))
                       for total, frames in payload["tracebacks"]]
-        traces = [(int(d), float(s), tracebacks[tb][0], tracebacks[tb][1], float(c),
-                   float(v), int(b), int(q))
-                  for d, s, tb, c, v, b, q in payload["traces"]]
-        return Snapshot(traces, int(payload["traceback_limit"]), int(payload["sample_rate"]),
+        columns = payload["columns"]
+        kinds = {"sizes": "d", "counts": "d", "variances": "d", "blocks": "Q", "seqs": "Q"}
+        arrays = {name: array(kind, columns[name]) for name, kind in kinds.items()}
+        if len(set(len(a) for a in arrays.values())) != 1:
+            raise ValueError("columns of different lengths")
+        groups, start = [], 0
+        for domain, tb, n, size, count, variance, count_variance in payload["groups"]:
+            tracebacks[tb]  # noqa: B018 - an IndexError for a traceback that is not there
+            groups.append((int(domain), int(tb), start, int(n), float(size), float(count),
+                           float(variance), float(count_variance)))
+            start += int(n)
+        if start != len(arrays["sizes"]):
+            raise ValueError("the groups hold %d traces, the columns %d"
+                             % (start, len(arrays["sizes"])))
+        table = _decode.Table(tracebacks, groups, **arrays)
+        return Snapshot(table, int(payload["traceback_limit"]), int(payload["sample_rate"]),
                         payload.get("session"))
-    except (zlib.error, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError) as e:
+    except (zlib.error, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError,
+            OverflowError) as e:
         raise bad("damaged (%s: %s)" % (type(e).__name__, e)) from None
 
 
@@ -690,8 +742,8 @@ def snapshot_of(session, nframe):
         raw = session.ask("snapshot %d" % nframe)
     except SessionError as e:
         raise RuntimeError(str(e)) from None
-    rate, traces = _decode.decode(raw)
-    return Snapshot(traces, nframe, rate, "%d:%d" % (os.getpid(), id(session)))
+    rate, table = _decode.decode(raw)
+    return Snapshot(table, nframe, rate, "%d:%d" % (os.getpid(), id(session)))
 
 
 _PTR = 8 if sys.maxsize > 2 ** 32 else 4

@@ -1,6 +1,7 @@
 //! What the in-process reader answers, encoded: replies are framed, and a snapshot of the live
-//! sampled blocks is a compact binary table that pymprof (`python/pymprof/_snapshot.py`) turns
-//! into `tracemalloc`-shaped objects.
+//! sampled blocks is a compact binary table that pymprof (`python/pymprof/_decode.py`) takes in
+//! with a handful of Python objects, whatever the number of blocks (each Python allocation is a
+//! sample at rate 1, which the program would pay for).
 //!
 //! A reply on standard output:
 //! ```text
@@ -11,17 +12,21 @@
 //! ```
 //! A snapshot (little-endian throughout):
 //! ```text
-//!  "PMSNAP01" rate:u64
+//!  "PMSNAP02" rate:u64
 //!  strings:    n:u32, then n × (len:u32, UTF-8 bytes)            file names
 //!  frames:     n:u32, then n × (file:u32, line:u32)               file = a string's index
 //!  tracebacks: n:u32, then n × (total:u32, k:u32, k × frame:u32)  innermost frame first;
 //!                                                                  total u32::MAX = unknown
-//!  traces:     n:u32, then n × 48 bytes:
-//!              domain:u32 traceback:u32 bytes:f64 count:f64 variance:f64 size:u64 seq:u64
+//!  groups:     n:u32, then n × 48 bytes: the traces of one (domain, traceback), in a row
+//!              domain:u32 traceback:u32 traces:u32 0:u32
+//!              bytes:f64 count:f64 variance:f64 count_variance:f64       their sums
+//!  traces:     n:u32, then five columns of n, group after group:
+//!              bytes:f64[n] count:f64[n] variance:f64[n] size:u64[n] seq:u64[n]
 //! ```
-//! `bytes` and `count` are what the sample stands for (the block's own `size` and 1 when
-//! every allocation is recorded), `variance` its share of a sum's variance, `seq` the
-//! sample's number (a block in two snapshots is the same sample).
+//! A trace's `bytes` and `count` are what its sample stands for (the block's own `size` and 1
+//! when every allocation is recorded), `variance` its share of a sum's variance (of the bytes;
+//! of the count it is `count·(count − 1)`), `seq` the sample's number (a block in two
+//! snapshots is the same sample).
 
 use super::traces::Traces;
 use crate::estimate::Estimate;
@@ -160,20 +165,12 @@ impl<'a> Tables<'a> {
 /// The snapshot of the live sampled blocks, each traceback cut to `nframe` frames.
 pub fn snapshot(traces: &Traces, rate: u64, nframe: usize) -> Vec<u8> {
     let mut t = Tables::default();
-    let mut rows = Vec::with_capacity(traces.live().count() * 48);
-    let mut n = 0u32;
-    for (_, b) in traces.live() {
-        let (domain, tb) = t.stack(traces, b.stack, nframe);
-        rows.extend_from_slice(&domain.to_le_bytes());
-        rows.extend_from_slice(&tb.to_le_bytes());
-        rows.extend_from_slice(&b.sample.bytes.to_le_bytes());
-        rows.extend_from_slice(&b.sample.count.to_le_bytes());
-        rows.extend_from_slice(&b.sample.variance.to_le_bytes());
-        rows.extend_from_slice(&b.size.to_le_bytes());
-        rows.extend_from_slice(&b.seq.to_le_bytes());
-        n += 1;
-    }
-    let mut out = b"PMSNAP01".to_vec();
+    let mut rows: Vec<((u32, u32), &super::traces::Traced)> = traces
+        .live()
+        .map(|(_, b)| (t.stack(traces, b.stack, nframe), b))
+        .collect();
+    rows.sort_by_key(|r| r.0);
+    let mut out = b"PMSNAP02".to_vec();
     out.extend_from_slice(&rate.to_le_bytes());
     let u32s = |out: &mut Vec<u8>, v: u32| out.extend_from_slice(&v.to_le_bytes());
     u32s(&mut out, t.strings.len() as u32);
@@ -194,8 +191,38 @@ pub fn snapshot(traces: &Traces, rate: u64, nframe: usize) -> Vec<u8> {
             u32s(&mut out, id);
         }
     }
-    u32s(&mut out, n);
-    out.extend_from_slice(&rows);
+    let groups: Vec<&[((u32, u32), &super::traces::Traced)]> =
+        rows.chunk_by(|a, b| a.0 == b.0).collect();
+    u32s(&mut out, groups.len() as u32);
+    for g in &groups {
+        let ((domain, tb), _) = g[0];
+        for v in [domain, tb, g.len() as u32, 0] {
+            u32s(&mut out, v);
+        }
+        let sum = |f: &dyn Fn(&super::traces::Traced) -> f64| g.iter().map(|r| f(r.1)).sum();
+        let sums: [f64; 4] = [
+            sum(&|b| b.sample.bytes),
+            sum(&|b| b.sample.count),
+            sum(&|b| b.sample.variance),
+            sum(&|b| b.sample.count * (b.sample.count - 1.0)),
+        ];
+        for v in sums {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    u32s(&mut out, rows.len() as u32);
+    let columns: [&dyn Fn(&super::traces::Traced) -> [u8; 8]; 5] = [
+        &|b| b.sample.bytes.to_le_bytes(),
+        &|b| b.sample.count.to_le_bytes(),
+        &|b| b.sample.variance.to_le_bytes(),
+        &|b| b.size.to_le_bytes(),
+        &|b| b.seq.to_le_bytes(),
+    ];
+    for column in columns {
+        for (_, b) in &rows {
+            out.extend_from_slice(&column(b));
+        }
+    }
     out
 }
 
