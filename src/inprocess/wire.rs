@@ -28,7 +28,7 @@
 //! of the count it is `count·(count − 1)`), `seq` the sample's number (a block in two
 //! snapshots is the same sample).
 
-use super::traces::Traces;
+use super::traces::{Traced, Traces};
 use crate::estimate::Estimate;
 use crate::names::{FastMap, Location, StackId, NO_PYTHON_FRAME, TRUNCATED, UNKNOWN};
 use mprof_common::record::Allocator;
@@ -139,6 +139,28 @@ impl<'a> Tables<'a> {
         })
     }
 
+    /// Writes the names, frames and tracebacks (see the module doc).
+    fn write(&self, out: &mut Vec<u8>) {
+        put_u32(out, self.strings.len() as u32);
+        for s in &self.strings {
+            put_u32(out, s.len() as u32);
+            out.extend_from_slice(s.as_bytes());
+        }
+        put_u32(out, self.frames.len() as u32);
+        for &(file, line) in &self.frames {
+            put_u32(out, file);
+            put_u32(out, line);
+        }
+        put_u32(out, self.tracebacks.len() as u32);
+        for (total, ids) in &self.tracebacks {
+            put_u32(out, *total);
+            put_u32(out, ids.len() as u32);
+            for &id in ids {
+                put_u32(out, id);
+            }
+        }
+    }
+
     /// The (domain, traceback) of a stack.
     fn stack(&mut self, traces: &'a Traces, stack: StackId, nframe: usize) -> (u32, u32) {
         if let Some(&known) = self.of_stack.get(&stack) {
@@ -162,68 +184,62 @@ impl<'a> Tables<'a> {
     }
 }
 
+/// A live block with its (domain, traceback).
+type Row<'a> = ((u32, u32), &'a Traced);
+
 /// The snapshot of the live sampled blocks, each traceback cut to `nframe` frames.
 pub fn snapshot(traces: &Traces, rate: u64, nframe: usize) -> Vec<u8> {
     let mut t = Tables::default();
-    let mut rows: Vec<((u32, u32), &super::traces::Traced)> = traces
+    let mut rows: Vec<Row> = traces
         .live()
         .map(|(_, b)| (t.stack(traces, b.stack, nframe), b))
         .collect();
     rows.sort_by_key(|r| r.0);
     let mut out = b"PMSNAP02".to_vec();
     out.extend_from_slice(&rate.to_le_bytes());
-    let u32s = |out: &mut Vec<u8>, v: u32| out.extend_from_slice(&v.to_le_bytes());
-    u32s(&mut out, t.strings.len() as u32);
-    for s in &t.strings {
-        u32s(&mut out, s.len() as u32);
-        out.extend_from_slice(s.as_bytes());
-    }
-    u32s(&mut out, t.frames.len() as u32);
-    for &(file, line) in &t.frames {
-        u32s(&mut out, file);
-        u32s(&mut out, line);
-    }
-    u32s(&mut out, t.tracebacks.len() as u32);
-    for (total, ids) in &t.tracebacks {
-        u32s(&mut out, *total);
-        u32s(&mut out, ids.len() as u32);
-        for &id in ids {
-            u32s(&mut out, id);
+    t.write(&mut out);
+    write_groups(&mut out, &rows);
+    put_u32(&mut out, rows.len() as u32);
+    for column in 0..5 {
+        for (_, b) in &rows {
+            let value = match column {
+                0 => b.sample.bytes.to_le_bytes(),
+                1 => b.sample.count.to_le_bytes(),
+                2 => b.sample.variance.to_le_bytes(),
+                3 => b.size.to_le_bytes(),
+                _ => b.seq.to_le_bytes(),
+            };
+            out.extend_from_slice(&value);
         }
     }
-    let groups: Vec<&[((u32, u32), &super::traces::Traced)]> =
-        rows.chunk_by(|a, b| a.0 == b.0).collect();
-    u32s(&mut out, groups.len() as u32);
-    for g in &groups {
+    out
+}
+
+fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+/// The groups of `rows` (sorted by group): each one's (domain, traceback), size and sums.
+fn write_groups(out: &mut Vec<u8>, rows: &[Row]) {
+    let groups: Vec<&[Row]> = rows.chunk_by(|a, b| a.0 == b.0).collect();
+    put_u32(out, groups.len() as u32);
+    for g in groups {
         let ((domain, tb), _) = g[0];
         for v in [domain, tb, g.len() as u32, 0] {
-            u32s(&mut out, v);
+            put_u32(out, v);
         }
-        let sum = |f: &dyn Fn(&super::traces::Traced) -> f64| g.iter().map(|r| f(r.1)).sum();
-        let sums: [f64; 4] = [
-            sum(&|b| b.sample.bytes),
-            sum(&|b| b.sample.count),
-            sum(&|b| b.sample.variance),
-            sum(&|b| b.sample.count * (b.sample.count - 1.0)),
-        ];
+        let mut sums = [0.0f64; 4];
+        for (_, b) in g {
+            let s = &b.sample;
+            sums[0] += s.bytes;
+            sums[1] += s.count;
+            sums[2] += s.variance;
+            sums[3] += s.count * (s.count - 1.0);
+        }
         for v in sums {
             out.extend_from_slice(&v.to_le_bytes());
         }
     }
-    u32s(&mut out, rows.len() as u32);
-    let columns: [&dyn Fn(&super::traces::Traced) -> [u8; 8]; 5] = [
-        &|b| b.sample.bytes.to_le_bytes(),
-        &|b| b.sample.count.to_le_bytes(),
-        &|b| b.sample.variance.to_le_bytes(),
-        &|b| b.size.to_le_bytes(),
-        &|b| b.seq.to_le_bytes(),
-    ];
-    for column in columns {
-        for (_, b) in &rows {
-            out.extend_from_slice(&column(b));
-        }
-    }
-    out
 }
 
 /// Where a stack's bytes are shown: its innermost Python frame under `root` (the user's
