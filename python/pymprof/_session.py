@@ -146,7 +146,11 @@ class Session:
         return self._errors.read().decode(errors="replace").strip()
 
     def _gone(self):
-        """The reader is gone: sampling ends here, and the caller hears why."""
+        """The reader is gone: sampling ends here (another session may start), and the caller
+        hears why."""
+        global _current
+        if _current is self:
+            _current = None
         status = self._proc.wait()
         said = self._reader_said()
         self.dead = "mprof's reader (PID %d) ended with status %s%s" % (

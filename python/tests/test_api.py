@@ -263,3 +263,20 @@ def test_mprof_attach_to_a_program_that_profiles_itself_refuses_clearly(tmp_path
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_reader_that_dies_ends_the_session_and_the_program_goes_on():
+    tm.start()
+    reader = pymprof._session.current()._proc
+    os.kill(reader.pid, signal.SIGKILL)
+    reader.wait()
+    with pytest.raises(RuntimeError, match="reader"):
+        tm.get_traced_memory()
+    assert not tm.is_tracing()
+    data = [bytes(1000) for _ in range(1000)]  # allocations go on, unprofiled
+    tm.start()
+    try:
+        assert tm.is_tracing() and tm.get_traced_memory()[0] >= 0
+    finally:
+        tm.stop()
+    del data
