@@ -18,17 +18,14 @@ import pytest
 import pymprof
 import pymprof.tracemalloc as tm
 from pymprof._binary import find_mprof
+from tagged import tagged_line
 
 MiB = 1024 * 1024
 HERE = os.path.abspath(__file__)
 
 
 def lineno(tag):
-    with open(HERE) as f:
-        for n, line in enumerate(f, 1):
-            if line.rstrip().endswith("# " + tag):
-                return n
-    raise LookupError(tag)
+    return tagged_line(HERE, tag)
 
 
 def mprof(*args, check=True):

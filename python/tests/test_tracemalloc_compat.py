@@ -4,6 +4,7 @@ Written against ``tracemalloc`` alone: they pass on the standard module, and unc
 pymprof.tracemalloc when conftest.py puts it in its place (``PYMPROF_AS_TRACEMALLOC=1``).
 """
 
+import contextlib
 import gc
 import os
 import sys
@@ -12,6 +13,7 @@ import threading
 import pytest
 
 import tracemalloc
+from tagged import tagged_line
 
 MiB = 1024 * 1024
 HERE = os.path.abspath(__file__)
@@ -19,19 +21,24 @@ HERE = os.path.abspath(__file__)
 
 def lineno(tag):
     """The line of this file that ends with ``# <tag>``."""
-    with open(HERE) as f:
-        for n, line in enumerate(f, 1):
-            if line.rstrip().endswith("# " + tag):
-                return n
-    raise LookupError(tag)
+    return tagged_line(HERE, tag)
+
+
+@contextlib.contextmanager
+def traced(nframe=1):
+    """Tracing, from a fresh start, keeping ``nframe`` frames; stopped on the way out."""
+    tracemalloc.stop()
+    tracemalloc.start(nframe)
+    try:
+        yield
+    finally:
+        tracemalloc.stop()
 
 
 @pytest.fixture
 def tracing():
-    tracemalloc.stop()
-    tracemalloc.start()
-    yield
-    tracemalloc.stop()
+    with traced():
+        yield
 
 
 class Payload:
@@ -145,25 +152,17 @@ def test_clear_traces_forgets_the_blocks_traced_so_far(tracing):
 def test_stop_clears_the_traces():
     tracemalloc.start()
     blocks = allocate_blocks(100, 10000)
-    tracemalloc.stop()
-    tracemalloc.start()
-    try:
+    with traced():  # stop(), then start() again
         snap = tracemalloc.take_snapshot()
         assert lineno("allocate-blocks") not in [
             s.traceback[0].lineno for s in snap.statistics("lineno")]
-    finally:
-        tracemalloc.stop()
     del blocks
 
 
 def test_get_traceback_limit_is_the_number_of_frames_asked():
-    tracemalloc.stop()
-    tracemalloc.start(7)
-    try:
+    with traced(7):
         assert tracemalloc.get_traceback_limit() == 7
         assert tracemalloc.take_snapshot().traceback_limit == 7
-    finally:
-        tracemalloc.stop()
 
 
 def test_get_tracemalloc_memory_is_a_number_of_bytes(tracing):
@@ -220,9 +219,7 @@ def test_statistics_by_file_have_line_zero(tracing):
 
 
 def test_statistics_by_traceback_keep_the_frames_oldest_first():
-    tracemalloc.stop()
-    tracemalloc.start(3)
-    try:
+    with traced(3):
         blocks = call_allocate(200, 10000)
         stats = tracemalloc.take_snapshot().statistics("traceback")
         tb = next(s.traceback for s in stats
@@ -234,14 +231,10 @@ def test_statistics_by_traceback_keep_the_frames_oldest_first():
         assert all(f.filename == HERE for f in tb)
         assert tb.format()[-1].strip().endswith("# allocate-blocks")
         del blocks
-    finally:
-        tracemalloc.stop()
 
 
 def test_cumulative_statistics_count_every_frame():
-    tracemalloc.stop()
-    tracemalloc.start(5)
-    try:
+    with traced(5):
         blocks = call_allocate(200, 10000)
         snap = tracemalloc.take_snapshot()
         plain = {s.traceback[0].lineno: s.size for s in snap.statistics("lineno")
@@ -254,8 +247,6 @@ def test_cumulative_statistics_count_every_frame():
         frames_at_line = 1 if sys.version_info >= (3, 12) else 2
         assert summed[lineno("allocate-blocks")] == frames_at_line * plain[lineno("allocate-blocks")]
         del blocks
-    finally:
-        tracemalloc.stop()
 
 
 def test_statistics_refuse_unknown_keys(tracing):
@@ -306,9 +297,7 @@ def test_filter_traces_keeps_and_drops_by_file_line_and_domain(tracing):
 
 
 def test_a_filter_on_all_frames_looks_past_the_most_recent():
-    tracemalloc.stop()
-    tracemalloc.start(5)
-    try:
+    with traced(5):
         blocks = call_allocate(100, 10000)
         snap = tracemalloc.take_snapshot()
         here = tracemalloc.Filter(True, HERE, lineno("call-allocate"))
@@ -316,8 +305,6 @@ def test_a_filter_on_all_frames_looks_past_the_most_recent():
         assert len(snap.filter_traces([here]).traces) == 0
         assert len(snap.filter_traces([anywhere]).traces) >= 100
         del blocks
-    finally:
-        tracemalloc.stop()
 
 
 def test_filter_attributes():
@@ -370,9 +357,7 @@ def test_traces_frames_and_tracebacks(tracing):
 
 
 def test_traceback_format_limits_and_orders_the_frames():
-    tracemalloc.stop()
-    tracemalloc.start(3)
-    try:
+    with traced(3):
         blocks = call_allocate(10, 10000)
         stats = tracemalloc.take_snapshot().statistics("traceback")
         tb = next(s.traceback for s in stats
@@ -389,8 +374,6 @@ def test_traceback_format_limits_and_orders_the_frames():
         if total is not None:
             assert total >= len(tb)
         del blocks
-    finally:
-        tracemalloc.stop()
 
 
 def test_allocations_of_other_threads_are_traced(tracing):
