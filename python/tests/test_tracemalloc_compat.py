@@ -61,6 +61,14 @@ def call_allocate(n, size):
     return allocate_blocks(n, size)  # call-allocate
 
 
+def blocks_and_their_traceback(n):
+    """``call_allocate(n, 10000)``'s blocks, and their traceback from statistics('traceback')."""
+    blocks = call_allocate(n, 10000)
+    stats = tracemalloc.take_snapshot().statistics("traceback")
+    return blocks, next(s.traceback for s in stats
+                        if s.traceback[-1].lineno == lineno("allocate-blocks"))
+
+
 def test_the_module_under_test_is_the_one_conftest_chose():
     expected = "pymprof.tracemalloc" if os.environ.get("PYMPROF_AS_TRACEMALLOC") == "1" else "tracemalloc"
     assert tracemalloc.__name__ == expected
@@ -220,10 +228,7 @@ def test_statistics_by_file_have_line_zero(tracing):
 
 def test_statistics_by_traceback_keep_the_frames_oldest_first():
     with traced(3):
-        blocks = call_allocate(200, 10000)
-        stats = tracemalloc.take_snapshot().statistics("traceback")
-        tb = next(s.traceback for s in stats
-                  if s.traceback[-1].lineno == lineno("allocate-blocks"))
+        blocks, tb = blocks_and_their_traceback(200)
         assert len(tb) == 3
         # From 3.12 the comprehension runs in its function's frame; before, in a frame of its own
         # on the same line.
@@ -358,10 +363,7 @@ def test_traces_frames_and_tracebacks(tracing):
 
 def test_traceback_format_limits_and_orders_the_frames():
     with traced(3):
-        blocks = call_allocate(10, 10000)
-        stats = tracemalloc.take_snapshot().statistics("traceback")
-        tb = next(s.traceback for s in stats
-                  if s.traceback[-1].lineno == lineno("allocate-blocks"))
+        blocks, tb = blocks_and_their_traceback(10)
         lines = tb.format()
         assert lines[-2] == '  File "%s", line %s' % (HERE, lineno("allocate-blocks"))
         assert lines[-1].strip().endswith("# allocate-blocks")
