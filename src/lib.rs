@@ -13,9 +13,9 @@
 //! - views: [`report`] (text), [`flamegraph`], [`timeline`], [`html`], [`diff`], [`export`]
 //!   (pprof, speedscope, folded, JSON), [`live`] (the terminal view);
 //! - sessions: [`record`], [`attach`], [`inprocess`] (a program's session on itself, pymprof),
-//!   [`driver`] (the one drain loop both use, with each
-//!   command's stop conditions), [`session`] (the ring reader), [`signals`], [`hints`] (what a
-//!   user who would otherwise be stuck is told);
+//!   [`driver`] (the one drain loop record and attach use, with each command's stop
+//!   conditions), [`session`] (the ring reader), [`signals`], [`hints`] (what a user who would
+//!   otherwise be stuck is told);
 //! - processes: [`children`] (following children: their rings and captures), [`rendezvous`]
 //!   (how a child hands its ring over), [`processes`] and [`process_table`] (a capture set's
 //!   processes, merged or picked with `--pid`);
