@@ -151,6 +151,11 @@ class Session:
         global _current
         if _current is self:
             _current = None
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            try:
+                pipe.close()
+            except (OSError, ValueError):
+                pass
         status = self._proc.wait()
         said = self._reader_said()
         self.dead = "mprof's reader (PID %d) ended with status %s%s" % (

@@ -118,28 +118,18 @@ class _Plugin:
     def _check(self, name, limit, epoch):
         figure = epoch["peak"] if name == "limit_memory" else epoch["live"]
         sites = epoch["peak_sites"] if name == "limit_memory" else epoch["live_sites"]
-        bytes_, se = figure["bytes"], figure["variance"] ** 0.5
-        if bytes_ - 2 * se > limit:
-            verdict = "over"
-        elif bytes_ + 2 * se > limit and se > 0:
-            verdict = "borderline"
-        else:
+        verdict, message = decide(name, limit, figure["bytes"], figure["variance"] ** 0.5,
+                                  self.rate)
+        if verdict is None:
             return
-        what = ("allocated %s at its peak" if name == "limit_memory"
-                else "left %s allocated after it") % _estimate(bytes_, se, self.rate)
-        message = "%s: the test %s, over its limit of %s" % (name, what, format_size(limit))
-        if verdict == "borderline":
-            message = ("%s: the test %s: within two standard errors of its limit of %s "
-                       "(borderline; --pymprof-rate 1 gives the exact figure)"
-                       % (name, what, format_size(limit)))
-            if self.borderline == "pass":
-                warnings.warn(pytest.PytestWarning("pymprof: " + message))
-                return
+        if verdict == "borderline" and self.borderline == "pass":
+            warnings.warn(pytest.PytestWarning("pymprof: " + message))
+            return
         lines = [message, "where the memory was %s:" % (
             "at the peak" if name == "limit_memory" else "still live")]
         for s in sites:
             e = s["estimate"]
-            if e["bytes"] < 0.01 * bytes_:
+            if e["bytes"] < 0.01 * figure["bytes"]:
                 continue
             lines.append("  %s: %s" % (s["site"], _estimate(e["bytes"], e["variance"] ** 0.5,
                                                              self.rate)))
@@ -169,6 +159,24 @@ class _Plugin:
             except SessionError:
                 pass
             self.session = None
+
+
+def decide(name, limit, estimate, stderr, rate):
+    """How a limit is held against a figure (see the module doc): ``(None, None)`` when it is
+    kept, else ``("over", message)`` or ``("borderline", message)``."""
+    if estimate - 2 * stderr > limit:
+        verdict = "over"
+    elif estimate + 2 * stderr > limit and stderr > 0:
+        verdict = "borderline"
+    else:
+        return None, None
+    what = ("allocated %s at its peak" if name == "limit_memory"
+            else "left %s allocated after it") % _estimate(estimate, stderr, rate)
+    if verdict == "over":
+        return verdict, "%s: the test %s, over its limit of %s" % (name, what, format_size(limit))
+    return verdict, ("%s: the test %s: within two standard errors of its limit of %s "
+                     "(borderline; --pymprof-rate 1 gives the exact figure)"
+                     % (name, what, format_size(limit)))
 
 
 def _limit(marker):
