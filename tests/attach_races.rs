@@ -559,3 +559,59 @@ fn too_few_file_descriptors_is_said_not_called_an_exit() {
         "the target is gone"
     );
 }
+
+/// Runs `tests/py/pid_reuse.py` as PID 1 of a new PID namespace (where it alone decides which
+/// PID comes next); `None` when no namespace can be made here. Returns its summary line.
+fn pid_reuse_run(py: &Python, trials: u32, mprof: bool) -> Option<String> {
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--mount-proc"])
+        .arg(&py.path)
+        .arg(script("pid_reuse.py"))
+        .arg(&py.path)
+        .arg(trials.to_string())
+        .arg("7");
+    if mprof {
+        cmd.arg(env!("CARGO_BIN_EXE_mprof"));
+    }
+    let out = run_with_timeout(&mut cmd, Duration::from_secs(600));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let summary = text.lines().rev().find(|l| l.starts_with("trials="))?;
+    Some(summary.to_string())
+}
+
+/// Point 3: the target killed mid-attach and another Python started on its PID at once
+/// (forced with `ns_last_pid` in a PID namespace). mprof went on with the PID's number, and
+/// hijacked the newcomer's threads with the old process's addresses: 2 of 60 newcomers died
+/// of SIGSEGV here (the issue saw 4 of 190), the control 0. Now mprof holds the target by
+/// pidfd and its `/proc` directory from the first step, and checks every thread it seizes
+/// is the target's: 190 trials on the main interpreter (20 on the others), no newcomer harmed.
+#[test]
+fn a_pid_reused_during_the_attach_is_never_touched() {
+    if !is_root() {
+        eprintln!("SKIPPED PID reuse: needs root (a PID namespace and its ns_last_pid)");
+        return;
+    }
+    let all = pythons();
+    let main = main_python(&all);
+    let Some(control) = pid_reuse_run(&main, 20, false) else {
+        eprintln!("SKIPPED PID reuse: unshare --pid failed here");
+        return;
+    };
+    assert!(control.ends_with("harmed=0"), "control: {control}");
+    for py in &all {
+        let trials = if py.label == main.label { 190 } else { 20 };
+        let summary = pid_reuse_run(py, trials, true).expect("summary");
+        eprintln!("{}: {summary} (control: {control})", py.label);
+        assert!(summary.ends_with("harmed=0"), "{}: {summary}", py.label);
+        let reused: u32 = summary
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix("reused="))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        assert!(
+            reused * 2 > trials,
+            "{}: too few PIDs reused: {summary}",
+            py.label
+        );
+    }
+}

@@ -2,10 +2,11 @@
 one: `unshare --pid --fork --mount-proc python3 pid_reuse.py ...`, as root).
 
 usage: pid_reuse.py PYTHON TRIALS SEED [MPROF]
-Each trial starts a victim Python that allocates, starts `MPROF attach` on it (none without
-MPROF: the control), kills the victim after a few milliseconds, then makes the next Python
-started take the victim's PID (writing /proc/sys/kernel/ns_last_pid) and lets it run half a
-second. Prints one line per trial ("trial I reused=0|1 reuser=STATUS mprof=LAST LINE"), then
+Each trial starts a victim Python that waits on a lock for ever (no thread at a safe point:
+mprof goes on looking through its threads), starts `MPROF attach` on it (none without MPROF:
+the control), kills the victim after a few milliseconds, then makes the next Python started
+take the victim's PID (writing /proc/sys/kernel/ns_last_pid) and lets it run 0.15 s,
+its threads allocating and reading a pipe (a safe point for an attach that looks there). Prints one line per trial ("trial I reused=0|1 reuser=STATUS mprof=LAST LINE"), then
 "trials=N reused=R harmed=H" where H counts reusers that did not end well.
 """
 import os
@@ -17,8 +18,21 @@ import time
 python, trials, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 mprof = sys.argv[4] if len(sys.argv) > 4 else None
 rng = random.Random(seed)
-VICTIM = "import os\nx = []\nprint('ready', flush=True)\nwhile True:\n    x.append(str(len(x)))\n    if len(x) > 5000:\n        x = []\n"
-REUSER = "import os, sys, time\nprint(os.getpid(), flush=True)\nx = []\nend = time.monotonic() + 0.5\nwhile time.monotonic() < end:\n    x.append(bytearray(100))\n    if len(x) > 2000:\n        x = []\nsys.exit(0)\n"
+VICTIM = "import threading\nlock = threading.Lock()\nlock.acquire()\nprint('ready', flush=True)\nlock.acquire()\n"
+REUSER = """import os, sys, threading, time
+print(os.getpid(), flush=True)
+r, w = os.pipe()
+threading.Thread(target=os.read, args=(r, 1), daemon=True).start()
+x = []
+end = time.monotonic() + 0.15
+while time.monotonic() < end:
+    x.append(bytearray(100))
+    if len(x) > 2000:
+        x = []
+    time.sleep(0.0005)
+os.write(w, b"x")
+sys.exit(0)
+"""
 reused = harmed = 0
 for i in range(trials):
     victim = subprocess.Popen([python, "-c", VICTIM], stdout=subprocess.PIPE, text=True)
@@ -27,7 +41,8 @@ for i in range(trials):
     attach = None
     if mprof:
         attach = subprocess.Popen(
-            [mprof, "attach", "--pid", str(pid), "--duration", "0.3", "-q", "-o", "/tmp/reuse-%d.mprof" % i],
+            [mprof, "attach", "--pid", str(pid), "--duration", "0.1", "--timeout", "2", "-q",
+             "-o", "/tmp/reuse-%d.mprof" % i],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(rng.uniform(0.0, 0.04))
     victim.kill()
@@ -49,9 +64,9 @@ for i in range(trials):
     except subprocess.TimeoutExpired:
         reuser.kill()
         status = "hung"
-    if got == pid:
-        reused += 1
-        if status != 0:
-            harmed += 1
+    reused += got == pid
+    # Any reuser that ends badly is harmed (one that got a thread id of the victim's, or the
+    # next PID because a thread of mprof took the victim's, is as exposed).
+    harmed += status != 0
     print("trial %d reused=%d reuser=%s mprof=%s" % (i, got == pid, status, said), flush=True)
 print("trials=%d reused=%d harmed=%d" % (trials, reused, harmed), flush=True)
