@@ -3,14 +3,19 @@
 
     python3 benches/reading.py                  # alloc job and tornado server, 3 runs per view
     python3 benches/reading.py --runs 5 --workloads alloc
+    python3 benches/reading.py --keep /tmp/caps          # keep the captures there
+    python3 benches/reading.py --captures /tmp/caps      # read captures kept before
 
 Records each workload once with `mprof record --rate 1` and once with `memray run
 --trace-python-allocators` (the same events: every allocation of Python's allocators; memray
-compresses its capture at the end, as it does by default), then runs every view of mprof and
-the matching memray command on the two captures, in turns (each round runs every pair, the
-side that goes first alternating), and prints per view the median wall time and the peak RSS
-(from wait4) of each side and their ratio, and the two capture sizes. The views and their
-memray counterparts:
+compresses its capture at the end, as it does by default), and once more with each at its
+defaults (mprof samples every 128 KiB, memray records every allocation of the C allocator),
+for the sizes. Then it runs every view of mprof and the matching memray command on the two
+`--rate 1` captures, in turns (each round runs every pair, the side that goes first
+alternating), and prints per view the median wall time and the peak RSS (from wait4) of each
+side, the ratio of the medians with the quartiles of the per-round ratios, and mprof's
+samples per second of its own CPU time (user + system: per core, as the reader runs on one
+thread). The views and their memray counterparts:
 
     report      mprof report              memray stats
     flamegraph  mprof flamegraph          memray flamegraph
@@ -18,12 +23,18 @@ memray counterparts:
     html        mprof html                memray table                    (an HTML page of sites)
     diff        mprof diff CAP CAP        memray stats, twice             (memray has no diff)
     export      mprof export --format pprof   memray transform csv
+    floor       mprof report              mprof report                    (the same command)
 
-A ratio above 1 means mprof is faster. Wall time on a shared machine swings: read the ratios of
+The floor pairs `mprof report` with itself: its ratio is what the machine's noise alone makes
+of a pair, the scale against which to read the others. A ratio above 1 means mprof is faster.
+Below the table the issue's goals are checked: the `--rate 1` capture no larger than memray's,
+every view at least 5x faster than memray's, the report at 10 M samples per CPU second or more,
+the reader's peak RSS within 128 MiB. Wall time on a shared machine swings: read the ratios of
 one run, not the seconds across runs. Needs memray and tornado in the interpreter under test
 (`pip install -r benches/requirements.txt`); the driver itself needs only the standard library.
 """
 
+import json
 import os
 import statistics
 import subprocess
@@ -37,11 +48,17 @@ import runner  # noqa: E402  (configurations, the workloads' runs)
 
 MPROF = "mprof --rate 1"
 MEMRAY = "memray --trace-python-allocators"
+# The same profilers at their defaults, recorded for the capture sizes only.
+DEFAULTS = ("mprof", "memray")
+# The issue's goals.
+SPEEDUP = 5.0
+SAMPLES_PER_CPU_SECOND = 10e6
+RSS_BOUND_KIB = 128 * 1024
 
 
 def views(mprof, python, mcap, rcap, out):
-    """(view, mprof command, memray command or commands) for captures `mcap` (mprof) and `rcap`
-    (memray), writing into the directory `out`."""
+    """(view, mprof commands, memray commands) for captures `mcap` (mprof) and `rcap` (memray),
+    writing into the directory `out`."""
     memray = [python, "-m", "memray"]
     o = lambda name: os.path.join(out, name)  # noqa: E731
     return [
@@ -67,13 +84,22 @@ def views(mprof, python, mcap, rcap, out):
             [[mprof, "export", mcap, "--format", "pprof", "-o", o("m.pb.gz")]],
             [memray + ["transform", "csv", "-f", "-o", o("r.csv"), rcap]],
         ),
+        ("floor", [[mprof, "report", mcap]], [[mprof, "report", mcap]]),
     ]
 
 
+class Timed:
+    """One side of a pair, run once: wall seconds, CPU seconds (user + system) and the highest
+    peak RSS (KiB) of its commands."""
+
+    def __init__(self, wall, cpu, rss_kib):
+        self.wall, self.cpu, self.rss_kib = wall, cpu, rss_kib
+
+
 def timed(commands, env):
-    """Runs `commands` one after the other; (seconds, the highest peak RSS in KiB), or an error."""
+    """Runs `commands` one after the other: a Timed, or an error (a string)."""
     start = time.perf_counter()
-    peak = 0
+    peak, cpu = 0, 0.0
     for cmd in commands:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         err = proc.stderr.read()
@@ -82,7 +108,8 @@ def timed(commands, env):
         if proc.returncode != 0:
             return "exit %d: %s" % (proc.returncode, runner.tail(err.decode(errors="replace"), 2))
         peak = max(peak, usage.ru_maxrss)
-    return time.perf_counter() - start, peak
+        cpu += usage.ru_utime + usage.ru_stime
+    return Timed(time.perf_counter() - start, cpu, peak)
 
 
 def kept_size(path):
@@ -91,21 +118,38 @@ def kept_size(path):
     return os.path.getsize(path) if os.path.exists(path) else None
 
 
-def record(workload, args, tmpdir, env):
-    """Records `workload` with both profilers: {config name: (capture path, size)}."""
+def capture_path(directory, workload, config):
+    """Where the capture of `workload` under the configuration `config` goes."""
+    words = config.split()
+    rate = "-rate1" if "--rate" in words or "--trace-python-allocators" in words else ""
+    return os.path.join(directory, "%s-%s%s.%s" % (workload, words[0], rate, words[0]))
+
+
+def record(workload, args, directory, env):
+    """Records `workload` with both profilers, at `--rate 1` and at their defaults: {config
+    name: capture path}."""
     runner.capture_size = kept_size
     captures = {}
-    for name in (MPROF, MEMRAY):
+    for name in (MPROF, MEMRAY) + DEFAULTS:
         config = runner.config_named(args.mprof, name, with_memray=True)
-        capture = os.path.join(tmpdir, "%s-%s.%s" % (workload, name.split()[0], name.split()[0]))
+        capture = capture_path(directory, workload, name)
         if workload == "tornado":
             result = runner.run_tornado(config, args, capture, env, args.requests)
         else:
             result = runner.run_timed(workload, config, args, capture, env)
         if result.error:
             sys.exit("%s under %s: %s" % (workload, name, result.error))
-        captures[name] = (capture, os.path.getsize(capture))
-        print("recorded %s under %s: %s" % (workload, name, human(captures[name][1])), file=sys.stderr)
+        captures[name] = capture
+        print("recorded %s under %s: %s" % (workload, name, human(os.path.getsize(capture))), file=sys.stderr)
+    return captures
+
+
+def recorded_before(workload, directory):
+    """The captures of `workload` that `--keep` left in `directory`."""
+    captures = {name: capture_path(directory, workload, name) for name in (MPROF, MEMRAY) + DEFAULTS}
+    missing = [path for path in captures.values() if not os.path.exists(path)]
+    if missing:
+        sys.exit("%s not found: record them with --keep %s first" % (", ".join(missing), directory))
     return captures
 
 
@@ -118,8 +162,6 @@ def human(n):
 
 def samples_of(mprof, capture, env):
     """The samples an mprof capture holds (from `mprof report --json`)."""
-    import json
-
     out = subprocess.run([mprof, "report", capture, "--json", "--top", "1"], stdout=subprocess.PIPE, env=env)
     try:
         return json.loads(out.stdout)["samples"]
@@ -127,9 +169,45 @@ def samples_of(mprof, capture, env):
         return None
 
 
+def quartiles(values):
+    """The lower and upper quartiles of `values` (both the value itself for fewer than two)."""
+    if len(values) < 2:
+        return values[0], values[0]
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def measure(workload, captures, args, tmpdir, env):
+    """Runs the views of one workload's captures in turns: its rows for the table."""
+    mcap, rcap = captures[MPROF], captures[MEMRAY]
+    samples = samples_of(args.mprof, mcap, env)
+    rows = [(workload, "capture", [os.path.getsize(captures[n]) for n in (MPROF, MEMRAY)], samples),
+            (workload, "default", [os.path.getsize(captures[n]) for n in DEFAULTS], samples_of(
+                args.mprof, captures["mprof"], env))]
+    pairs = views(args.mprof, args.python, mcap, rcap, tmpdir)
+    runs = {(view, side): [] for view, _, _ in pairs for side in (0, 1)}
+    for run in range(args.runs):
+        for view, ours, theirs in pairs:
+            order = [(0, ours), (1, theirs)]
+            if run % 2:
+                order.reverse()
+            for side, commands in order:
+                got = timed(commands, env)
+                if isinstance(got, str):
+                    sys.exit("%s %s (%s): %s" % (workload, view, ("mprof", "memray")[side], got))
+                runs[(view, side)].append(got)
+        print("%s: round %d of %d done" % (workload, run + 1, args.runs), file=sys.stderr)
+    for view, _, _ in pairs:
+        ours, theirs = runs[(view, 0)], runs[(view, 1)]
+        rows.append((workload, view, (ours, theirs), samples))
+    return rows
+
+
 def main():
     parser = overhead.tornado_parser(__doc__, runs=3, requests=10000)
     parser.add_argument("--workloads", default="alloc,tornado")
+    parser.add_argument("--keep", metavar="DIR", help="record the captures into DIR and keep them")
+    parser.add_argument("--captures", metavar="DIR", help="read the captures --keep left in DIR")
     args = parser.parse_args()
     overhead.check_tornado_args(parser, args)
     if not overhead.importable(args.python, "memray"):
@@ -141,47 +219,64 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory(prefix="mprof-reading-") as tmpdir:
         for workload in args.workloads.split(","):
-            captures = record(workload, args, tmpdir, env)
-            mcap, msize = captures[MPROF]
-            rcap, rsize = captures[MEMRAY]
-            samples = samples_of(args.mprof, mcap, view_env)
-            rows.append((workload, "capture size", msize, rsize, samples))
-            pairs = views(args.mprof, args.python, mcap, rcap, tmpdir)
-            times = {(v, side): [] for v, _, _ in pairs for side in (0, 1)}
-            rss = {}
-            for run in range(args.runs):
-                for view, ours, theirs in pairs:
-                    order = [(0, ours), (1, theirs)]
-                    if run % 2:
-                        order.reverse()
-                    for side, commands in order:
-                        got = timed(commands, view_env)
-                        if isinstance(got, str):
-                            sys.exit("%s %s (%s): %s" % (workload, view, ("mprof", "memray")[side], got))
-                        times[(view, side)].append(got[0])
-                        rss[(view, side)] = max(rss.get((view, side), 0), got[1])
-                print("%s: round %d of %d done" % (workload, run + 1, args.runs), file=sys.stderr)
-            for view, _, _ in pairs:
-                m = statistics.median(times[(view, 0)])
-                r = statistics.median(times[(view, 1)])
-                rows.append((workload, view, (m, rss[(view, 0)]), (r, rss[(view, 1)]), samples))
+            if args.captures:
+                captures = recorded_before(workload, args.captures)
+            else:
+                directory = args.keep or tmpdir
+                os.makedirs(directory, exist_ok=True)
+                captures = record(workload, args, directory, env)
+            rows.extend(measure(workload, captures, args, tmpdir, view_env))
     print_table(rows, args)
+    print_goals(rows)
 
 
 def print_table(rows, args):
-    print("mprof %s vs memray --trace-python-allocators, %d runs per view (median wall time; peak RSS)"
-          % ("--rate 1", args.runs))
-    print("%-8s %-12s %22s %22s %8s %10s" % ("workload", "view", "mprof", "memray", "ratio", "samples/s"))
-    for workload, view, ours, theirs, samples in rows:
-        if view == "capture size":
-            print("%-8s %-12s %22s %22s %7.2fx %10s" % (
-                workload, "capture", human(ours), human(theirs), theirs / ours,
+    print("mprof --rate 1 vs memray --trace-python-allocators, %d runs per view, in turns" % args.runs)
+    print("(median wall time, peak RSS; ratio of the medians [quartiles of the per-run ratios]; "
+          "mprof's samples per CPU second)")
+    print("%-8s %-10s %21s %21s %20s %12s" % ("workload", "view", "mprof", "memray", "ratio", "samples/cpu"))
+    for workload, view, figures, samples in rows:
+        if view in ("capture", "default"):
+            ours, theirs = figures
+            label = "capture" if view == "capture" else "defaults"
+            print("%-8s %-10s %21s %21s %19.2fx %12s" % (
+                workload, label, human(ours), human(theirs), theirs / ours,
                 "%d samples" % samples if samples else ""))
             continue
-        (m, mrss), (r, rrss) = ours, theirs
-        rate = "%.1f M" % (samples / m / 1e6) if samples else ""
-        print("%-8s %-12s %9.2f s %9s %9.2f s %9s %7.2fx %10s" % (
-            workload, view, m, human(mrss * 1024), r, human(rrss * 1024), r / m, rate))
+        ours, theirs = figures
+        m = statistics.median(r.wall for r in ours)
+        r = statistics.median(t.wall for t in theirs)
+        lo, hi = quartiles([t.wall / o.wall for o, t in zip(ours, theirs)])
+        cpu = statistics.median(o.cpu for o in ours)
+        rate = "%.1f M/s" % (samples / cpu / 1e6) if samples and cpu else ""
+        print("%-8s %-10s %8.2f s %10s %8.2f s %10s %6.2fx [%.2f..%.2f] %12s" % (
+            workload, view, m, human(max(o.rss_kib for o in ours) * 1024), r,
+            human(max(t.rss_kib for t in theirs) * 1024), r / m, lo, hi, rate))
+
+
+def print_goals(rows):
+    """Says which of the issue's goals the rows meet."""
+    print()
+    for workload, view, figures, samples in rows:
+        if view == "capture":
+            ours, theirs = figures
+            say(ours <= theirs, "%s: the --rate 1 capture is %s, memray's %s" % (workload, human(ours), human(theirs)))
+            continue
+        if view in ("default", "floor"):
+            continue
+        ours, theirs = figures
+        ratio = statistics.median(t.wall for t in theirs) / statistics.median(o.wall for o in ours)
+        rss = max(o.rss_kib for o in ours)
+        say(ratio >= SPEEDUP, "%s %s: %.2fx faster than memray (goal %.0fx)" % (workload, view, ratio, SPEEDUP))
+        say(rss <= RSS_BOUND_KIB, "%s %s: peak RSS %s (goal 128 MiB)" % (workload, view, human(rss * 1024)))
+        if view == "report" and samples:
+            rate = samples / statistics.median(o.cpu for o in ours)
+            say(rate >= SAMPLES_PER_CPU_SECOND,
+                "%s report: %.1f M samples per CPU second (goal 10 M)" % (workload, rate / 1e6))
+
+
+def say(met, what):
+    print("%-7s %s" % ("met" if met else "NOT met", what))
 
 
 if __name__ == "__main__":

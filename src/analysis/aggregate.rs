@@ -479,6 +479,14 @@ impl Aggregator {
         }
     }
 
+    /// Brings where the live blocks of `process` would keep `addr` into the cache, for a
+    /// sample or free to come (see [`LiveTable::prefetch`]).
+    pub(crate) fn prefetch(&self, process: u32, addr: u64) {
+        if let Some(live) = self.live.get(process as usize) {
+            live.prefetch(addr);
+        }
+    }
+
     /// Live sampled blocks of the current process.
     pub(crate) fn live_here(&self) -> usize {
         self.live[self.process as usize].len()

@@ -246,6 +246,9 @@ impl Profile {
         let mut failure = None;
         let passes = set
             .for_each(|event, at| {
+                if let Some(addr) = at.records.upcoming() {
+                    builder.prefetch(at.process, addr);
+                }
                 builder.feed(at.process, &event, at.records.stacks());
                 if let Some(declared) = at.records.live_declared() {
                     if builder.live_blocks() > declared as usize {

@@ -197,6 +197,13 @@ impl Item {
         }
     }
 
+    /// The address of the block the entry allocates or frees.
+    pub fn addr(&self) -> u64 {
+        match *self {
+            Item::Free(addr) | Item::Brief { addr, .. } => addr,
+        }
+    }
+
     /// The length of the record it stands for.
     pub fn unpacked_len(&self) -> usize {
         match self {

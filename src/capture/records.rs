@@ -18,8 +18,14 @@ use super::stacks::{Brief, Interned, Stacks};
 use anyhow::{Context, Result};
 use mprof_common::record::{self, DecodeError, Frame, Record};
 use mprof_common::stacks::{KIND_BRIEF, KIND_CONTEXT, KIND_SAMPLE, KIND_STACK};
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{BufReader, Read, Take};
+
+/// How many entries of a packed run are read ahead of the one handed on: about as many as
+/// the memory misses a reader of the live blocks can have under way while it works through
+/// them (see [`Records::upcoming`]).
+const AHEAD: usize = 16;
 
 /// One thing read from a capture.
 #[derive(Clone, Debug, PartialEq)]
@@ -110,6 +116,9 @@ pub struct Records<'a> {
     /// The PACKED run being read from `chunk`, and whether it is a top-level one (whose
     /// expansion counts towards the size-based allowance, see [`EXPANSION`]).
     unpacking: Option<(Unpacker, bool)>,
+    /// The entries of that run read ahead of the one handed on, [`AHEAD`] at most (see
+    /// [`Records::upcoming`]).
+    ahead: VecDeque<Result<(Item, usize), String>>,
     stacks: Stacks,
     unresolved: Unresolved,
     pub(super) pass: Pass,
@@ -132,6 +141,7 @@ impl<'a> Records<'a> {
             chunk_origin: 0,
             framed: None,
             unpacking: None,
+            ahead: VecDeque::with_capacity(AHEAD),
             stacks: Stacks::default(),
             unresolved: Unresolved::default(),
             pass,
@@ -156,6 +166,16 @@ impl<'a> Records<'a> {
     /// of an older format, which declares nothing).
     pub fn live_declared(&self) -> Option<u32> {
         self.framed.as_ref().map(|f| f.declared.live)
+    }
+
+    /// The address of a block that a sample or free a few events from now will name, when it
+    /// is known already (samples and frees of a packed run are read [`AHEAD`] entries ahead):
+    /// a reader can bring the memory where it keeps that block into the cache meanwhile.
+    pub fn upcoming(&self) -> Option<u64> {
+        match self.ahead.back() {
+            Some(Ok((item, _))) => Some(item.addr()),
+            _ => None,
+        }
     }
 
     /// Bytes of the file read so far.
@@ -222,7 +242,13 @@ impl<'a> Records<'a> {
     /// `done` is set).
     fn step(&mut self) -> Result<Option<Event>> {
         if let Some((unpacker, plain)) = &mut self.unpacking {
-            match unpacker.next_item(&self.chunk) {
+            while self.ahead.len() < AHEAD {
+                let Some(item) = unpacker.next_item(&self.chunk) else {
+                    break;
+                };
+                self.ahead.push_back(item);
+            }
+            match self.ahead.pop_front() {
                 Some(Ok((item, packed))) => {
                     if *plain {
                         let more = item.unpacked_len().saturating_sub(packed) as u64;

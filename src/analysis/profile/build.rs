@@ -220,6 +220,11 @@ impl Builder {
         false
     }
 
+    /// See [`Aggregator::prefetch`].
+    pub(super) fn prefetch(&self, process: u32, addr: u64) {
+        self.agg.prefetch(process, addr);
+    }
+
     /// Live sampled blocks of the process fed last.
     pub(super) fn live_blocks(&self) -> usize {
         self.agg.live_here()
