@@ -48,7 +48,7 @@ const CACHE_FRAMES: usize = 1 << 20;
 pub struct StackId(pub(crate) u32);
 
 /// One resolved frame of a stack.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Location<'a> {
     pub file: &'a str,
     pub function: &'a str,
