@@ -153,6 +153,12 @@ pub enum Item {
     },
 }
 
+impl Default for Item {
+    fn default() -> Item {
+        Item::Free(0)
+    }
+}
+
 /// One entry read back as the record it stands for, in a buffer big enough for either kind.
 pub struct Entry {
     bytes: [u8; BRIEF_LEN],

@@ -367,25 +367,26 @@ impl Head<'_> {
         let Some(event) = &self.next else {
             return Ok(None);
         };
-        match event {
-            Event::Sample(b) => {
-                self.clock = b.time_ns;
-                self.sampled = b.time_ns;
+        let sample = match event {
+            Event::Sample(_) => true,
+            Event::Record(r) => match &**r {
+                Record::Alloc { .. } => true,
+                // A program that ran a new one by exec ended right after its last sample: the
+                // RSS readings since were the new program's, read before mprof learnt of the
+                // exec. Its blocks leave the live heap there, before the new program's first
+                // samples.
+                Record::Meta { text } if crate::capture::meta::ended_by_exec(text) => {
+                    return Ok(Some(self.sampled));
+                }
+                _ => false,
+            },
+            Event::Free(_) => false,
+        };
+        if let Some(t) = event.time_ns() {
+            self.clock = t;
+            if sample {
+                self.sampled = t;
             }
-            Event::Record(Record::Alloc { time_ns, .. }) => {
-                self.clock = *time_ns;
-                self.sampled = *time_ns;
-            }
-            Event::Record(Record::Rss { time_ns, .. } | Record::End { time_ns, .. }) => {
-                self.clock = *time_ns
-            }
-            // A program that ran a new one by exec ended right after its last sample: the RSS
-            // readings since were the new program's, read before mprof learnt of the exec. Its
-            // blocks leave the live heap there, before the new program's first samples.
-            Event::Record(Record::Meta { text }) if crate::capture::meta::ended_by_exec(text) => {
-                return Ok(Some(self.sampled));
-            }
-            _ => {}
         }
         Ok(Some(self.clock))
     }

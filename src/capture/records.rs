@@ -18,7 +18,6 @@ use super::stacks::{Brief, Interned, Stacks};
 use anyhow::{Context, Result};
 use mprof_common::record::{self, DecodeError, Frame, Record};
 use mprof_common::stacks::{KIND_BRIEF, KIND_CONTEXT, KIND_SAMPLE, KIND_STACK};
-use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{BufReader, Read, Take};
 
@@ -27,14 +26,63 @@ use std::io::{BufReader, Read, Take};
 /// them (see [`Records::upcoming`]).
 const AHEAD: usize = 16;
 
+/// The entries of a packed run read ahead: a ring of [`AHEAD`], and the error that ended the
+/// run early, said once the entries before it are handed on.
+#[derive(Default)]
+struct Ahead {
+    entries: [(Item, usize); AHEAD],
+    first: usize,
+    len: usize,
+    error: Option<String>,
+}
+
+impl Ahead {
+    fn push(&mut self, entry: (Item, usize)) {
+        self.entries[(self.first + self.len) % AHEAD] = entry;
+        self.len += 1;
+    }
+
+    fn pop(&mut self) -> Option<(Item, usize)> {
+        if self.len == 0 {
+            return None;
+        }
+        let entry = self.entries[self.first];
+        self.first = (self.first + 1) % AHEAD;
+        self.len -= 1;
+        Some(entry)
+    }
+
+    /// The entry read last.
+    fn last(&self) -> Option<&(Item, usize)> {
+        (self.len > 0).then(|| &self.entries[(self.first + self.len - 1) % AHEAD])
+    }
+}
+
 /// One thing read from a capture.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    Record(Record),
+    /// Any other record (boxed: samples and frees, which are most events, stay small).
+    Record(Box<Record>),
     /// A sample naming a stack node of the capture ([`Records::stacks`]).
     Sample(Brief),
     /// A free of a sampled block (from a packed run: the commonest record of all, kept small).
     Free(u64),
+}
+
+impl Event {
+    /// The time of a timed event: a sample, an ALLOC record, an RSS reading, an END.
+    pub fn time_ns(&self) -> Option<u64> {
+        match self {
+            Event::Sample(b) => Some(b.time_ns),
+            Event::Record(r) => match **r {
+                Record::Alloc { time_ns, .. }
+                | Record::Rss { time_ns, .. }
+                | Record::End { time_ns, .. } => Some(time_ns),
+                _ => None,
+            },
+            Event::Free(_) => None,
+        }
+    }
 }
 
 /// What the frames read so far declare, summed (for the live blocks: the most any one frame
@@ -118,7 +166,7 @@ pub struct Records<'a> {
     unpacking: Option<(Unpacker, bool)>,
     /// The entries of that run read ahead of the one handed on, [`AHEAD`] at most (see
     /// [`Records::upcoming`]).
-    ahead: VecDeque<Result<(Item, usize), String>>,
+    ahead: Ahead,
     stacks: Stacks,
     unresolved: Unresolved,
     pub(super) pass: Pass,
@@ -141,7 +189,7 @@ impl<'a> Records<'a> {
             chunk_origin: 0,
             framed: None,
             unpacking: None,
-            ahead: VecDeque::with_capacity(AHEAD),
+            ahead: Ahead::default(),
             stacks: Stacks::default(),
             unresolved: Unresolved::default(),
             pass,
@@ -172,10 +220,7 @@ impl<'a> Records<'a> {
     /// is known already (samples and frees of a packed run are read [`AHEAD`] entries ahead):
     /// a reader can bring the memory where it keeps that block into the cache meanwhile.
     pub fn upcoming(&self) -> Option<u64> {
-        match self.ahead.back() {
-            Some(Ok((item, _))) => Some(item.addr()),
-            _ => None,
-        }
+        self.ahead.last().map(|(item, _)| item.addr())
     }
 
     /// Bytes of the file read so far.
@@ -199,7 +244,7 @@ impl<'a> Records<'a> {
     /// tests; the analysis reads [`Records::next_event`]).
     pub fn next_record(&mut self) -> Result<Option<Record>> {
         Ok(self.next_event()?.map(|event| match event {
-            Event::Record(r) => r,
+            Event::Record(r) => *r,
             Event::Free(addr) => Record::Free { addr },
             Event::Sample(b) => {
                 let mut frames: Vec<Frame> = Vec::new();
@@ -242,25 +287,29 @@ impl<'a> Records<'a> {
     /// `done` is set).
     fn step(&mut self) -> Result<Option<Event>> {
         if let Some((unpacker, plain)) = &mut self.unpacking {
-            while self.ahead.len() < AHEAD {
-                let Some(item) = unpacker.next_item(&self.chunk) else {
-                    break;
-                };
-                self.ahead.push_back(item);
+            let ahead = &mut self.ahead;
+            while ahead.len < AHEAD && ahead.error.is_none() {
+                match unpacker.next_item(&self.chunk) {
+                    Some(Ok(entry)) => ahead.push(entry),
+                    Some(Err(why)) => ahead.error = Some(why),
+                    None => break,
+                }
             }
-            match self.ahead.pop_front() {
-                Some(Ok((item, packed))) => {
+            match ahead.pop() {
+                Some((item, packed)) => {
                     if *plain {
                         let more = item.unpacked_len().saturating_sub(packed) as u64;
                         EXPANSION.with(|e| e.set(e.get() + more));
                     }
                     return self.unpacked(item);
                 }
-                Some(Err(why)) => {
-                    self.damaged(&DecodeError::Corrupt(why), self.chunk_origin);
-                    return Ok(None);
+                None => {
+                    self.unpacking = None;
+                    if let Some(why) = ahead.error.take() {
+                        self.damaged(&DecodeError::Corrupt(why), self.chunk_origin);
+                        return Ok(None);
+                    }
                 }
-                None => self.unpacking = None,
             }
         }
         if self.chunk_at < self.chunk.len() && self.framed.is_some() {
@@ -414,7 +463,7 @@ impl<'a> Records<'a> {
             _ => {
                 return match record::decode(bytes) {
                     Ok((Record::Unknown { .. }, _)) => Ok(None),
-                    Ok((r, _)) => Ok(Some(Event::Record(r))),
+                    Ok((r, _)) => Ok(Some(Event::Record(Box::new(r)))),
                     Err(e) => {
                         self.damaged(&e, origin);
                         Ok(None)
@@ -425,7 +474,7 @@ impl<'a> Records<'a> {
         match interned {
             Ok(Interned::Consumed) => Ok(None),
             Ok(Interned::Sample(b)) => Ok(Some(Event::Sample(b))),
-            Ok(Interned::Alloc(r)) => Ok(Some(Event::Record(r))),
+            Ok(Interned::Alloc(r)) => Ok(Some(Event::Record(Box::new(r)))),
             Err(why) => {
                 self.unresolved.note(why);
                 Ok(None)

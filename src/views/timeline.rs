@@ -24,7 +24,6 @@ use crate::capture::records::Event;
 use crate::views::about::rate_text;
 use crate::views::formats::{check_output, write_file, Format};
 use anyhow::{anyhow, Result};
-use mprof_common::record::Record;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -172,16 +171,7 @@ fn read_again(set: &CaptureSet, p: &Profile, keys: &[(String, String, u32)]) -> 
             }
             Change::Other => {}
         }
-        let time = match event {
-            Event::Sample(b) => Some(b.time_ns),
-            Event::Record(
-                Record::Alloc { time_ns, .. }
-                | Record::Rss { time_ns, .. }
-                | Record::End { time_ns, .. },
-            ) => Some(time_ns),
-            _ => None,
-        };
-        if let Some(t) = time {
+        if let Some(t) = event.time_ns() {
             builder.at(t, false);
         }
         // The debug information of the files on this machine that the native frames need is
@@ -419,6 +409,7 @@ pub fn run(path: &Path, out: &Path, top: usize, pick: Pick) -> Result<()> {
 mod tests {
     use super::*;
     use crate::capture::testing::CaptureBuilder;
+    use mprof_common::record::Record;
 
     #[test]
     fn the_y_axis_ticks_are_round() {

@@ -188,16 +188,7 @@ impl Builder {
         };
         self.apply(change);
         if let Some(series) = &mut self.series {
-            let time = match event {
-                Event::Sample(b) => Some(b.time_ns),
-                Event::Record(
-                    Record::Alloc { time_ns, .. }
-                    | Record::Rss { time_ns, .. }
-                    | Record::End { time_ns, .. },
-                ) => Some(*time_ns),
-                _ => None,
-            };
-            if let Some(t) = time {
+            if let Some(t) = event.time_ns() {
                 if !series.at(t, &self.agg) {
                     self.series = None;
                 }
@@ -207,7 +198,11 @@ impl Builder {
 
     /// Feeds one record of `process` (records in memory; samples as ALLOC records).
     pub(super) fn feed_record(&mut self, process: u32, record: &Record) {
-        self.feed(process, &Event::Record(record.clone()), &Stacks::default());
+        self.feed(
+            process,
+            &Event::Record(Box::new(record.clone())),
+            &Stacks::default(),
+        );
     }
 
     /// Whether it is time to check the memory (every [`CHECK_EVERY`] events).
