@@ -107,15 +107,20 @@ fn write_big(path: &Path) -> u64 {
     file.len() as u64
 }
 
-/// The peak RSS of the children waited for so far, in bytes.
-fn children_peak_rss() -> u64 {
+/// The peak RSS of the children waited for so far, in bytes, and their CPU time (user and
+/// system) in seconds.
+fn children_usage() -> (u64, f64) {
     // SAFETY: getrusage fills `usage`, a zeroed local it is given a pointer to.
     let usage = unsafe {
         let mut usage: libc::rusage = std::mem::zeroed();
         libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage);
         usage
     };
-    usage.ru_maxrss as u64 * 1024
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (
+        usage.ru_maxrss as u64 * 1024,
+        seconds(usage.ru_utime) + seconds(usage.ru_stime),
+    )
 }
 
 /// The issue's case: a generated capture of 30 million samples over 50,000 distinct stacks
@@ -134,6 +139,7 @@ fn thirty_million_samples_open_by_default_within_the_memory_bound() {
         started.elapsed().as_secs_f64()
     );
     let started = std::time::Instant::now();
+    let cpu_before = children_usage().1;
     let out = run_with_timeout(
         mprof()
             .arg("report")
@@ -144,16 +150,19 @@ fn thirty_million_samples_open_by_default_within_the_memory_bound() {
         Duration::from_secs(300),
     );
     let took = started.elapsed();
-    let rss = children_peak_rss();
+    let (rss, cpu_after) = children_usage();
+    // Other tests' children end meanwhile too: the CPU time is at most this.
+    let cpu = cpu_after - cpu_before;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stdout.contains("30000000 samples"), "{stdout}");
     eprintln!(
-        "report: {:.1} s, peak RSS {} MiB ({:.1} M samples/s)",
+        "report: {:.1} s, {cpu:.1} s of CPU at most, peak RSS {} MiB (at least {:.1} M samples \
+         per CPU second)",
         took.as_secs_f64(),
         rss >> 20,
-        SAMPLES as f64 / took.as_secs_f64() / 1e6
+        SAMPLES as f64 / cpu / 1e6
     );
     assert!(rss <= BOUND, "peak RSS {} MiB", rss >> 20);
     if took > Duration::from_millis(1500) {
@@ -221,4 +230,125 @@ fn crafted_frames_are_refused() {
     );
     let allowed = report("greedy.mprof", &greedy, Some("1000000"));
     assert!(allowed.status.success(), "{allowed:?}");
+}
+
+/// The captures of older formats kept in `tests/captures` (see its README).
+fn kept_capture(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/captures")
+        .join(name)
+}
+
+/// A capture of format 4 (before frames), written by an earlier mprof, reads as that mprof
+/// read it: every figure its `report --json` printed then is printed now, and every other
+/// view reads it without a warning.
+#[test]
+fn a_capture_of_the_format_before_frames_reads_as_it_did() {
+    let old = kept_capture("format4-grow.mprof");
+    let bytes = std::fs::read(&old).unwrap();
+    assert_eq!(&bytes[8..12], &4u32.to_le_bytes(), "not a format 4 capture");
+    let then: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(kept_capture("format4-grow.report.json")).unwrap(),
+    )
+    .unwrap();
+    let now = common::report_json(&old, &[]);
+    for (key, value) in then.as_object().unwrap() {
+        assert_eq!(&now[key], value, "{key}");
+    }
+    assert_eq!(now["samples"], 196);
+    assert_eq!(now["locations"][0]["function"], "grow");
+    assert_eq!(now["locations"][0]["peak_bytes"], 20 * (4 << 20) + 20);
+    let dir = common::tempdir();
+    let out = |name: &str| dir.path().join(name);
+    for (view, args) in [
+        ("flamegraph", vec!["-o".into(), out("f.svg")]),
+        ("timeline", vec!["-o".into(), out("t.svg")]),
+        ("html", vec!["-o".into(), out("r.html")]),
+        (
+            "export",
+            vec![
+                "--format".into(),
+                "pprof".into(),
+                "-o".into(),
+                out("p.pb.gz"),
+            ],
+        ),
+        ("diff", vec![old.clone()]),
+    ] {
+        let got = run_with_timeout(
+            mprof().arg(view).arg(&old).args(&args),
+            Duration::from_secs(60),
+        );
+        let stderr = String::from_utf8_lossy(&got.stderr);
+        assert!(got.status.success(), "{view}: {stderr}");
+        assert!(!stderr.contains("warning"), "{view}: {stderr}");
+    }
+}
+
+/// The format version in the header: 0 (never written) and a file that is not a capture are
+/// refused with one line; a newer version is read with a one-line warning, the records this
+/// mprof knows read as they are, and a frame compressed in a way it does not know is skipped
+/// with a warning that says so.
+#[test]
+fn a_capture_of_another_format_version_is_refused_or_read_with_a_warning() {
+    let dir = common::tempdir();
+    let old = std::fs::read(kept_capture("format4-grow.mprof")).unwrap();
+    let report = |name: &str, bytes: &[u8]| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        run_with_timeout(
+            mprof().arg("report").arg(&path).args(["--json"]),
+            Duration::from_secs(60),
+        )
+    };
+    let with_version = |version: u32| {
+        let mut bytes = old.clone();
+        bytes[8..12].copy_from_slice(&version.to_le_bytes());
+        bytes
+    };
+    for (name, bytes, why) in [
+        ("v0.mprof", with_version(0), "format version 0 is invalid"),
+        (
+            "other.mprof",
+            b"MPROFRNG\x05\0\0\0\0\0\0\0".to_vec(),
+            "MPROFCAP header",
+        ),
+    ] {
+        let got = report(name, &bytes);
+        let err = String::from_utf8_lossy(&got.stderr);
+        assert_eq!(got.status.code(), Some(2), "{name}: {err}");
+        assert_eq!(err.lines().count(), 1, "{name}: {err}");
+        assert!(err.contains(why), "{name}: {err}");
+    }
+    let newer = report("v99.mprof", &with_version(99));
+    let err = String::from_utf8_lossy(&newer.stderr);
+    assert!(newer.status.success(), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("written by a newer mprof (format 99, this one reads 5)"),
+        "{err}"
+    );
+    let json: serde_json::Value = serde_json::from_slice(&newer.stdout).unwrap();
+    assert_eq!(json["samples"], 196);
+    // Two frames of one sample each; the second in a codec of a later mprof.
+    let mut records = encode_record(&Record::Meta {
+        text: "rate=1\n".into(),
+    });
+    records.extend(encode_stack(1, &Node::default()));
+    records.extend(encode_context(1, 5));
+    records.extend(encode_brief(0x1000, 16, 1, brief_aux(1, 0).unwrap()));
+    let mut bytes = header();
+    bytes.extend(frame_of(&records));
+    let mut later = frame_of(&encode_brief(0x2000, 32, 1, brief_aux(1, 0).unwrap()));
+    later[6..8].copy_from_slice(&9u16.to_le_bytes());
+    bytes.extend(later);
+    let got = report("codec.mprof", &bytes);
+    let err = String::from_utf8_lossy(&got.stderr);
+    assert!(got.status.success(), "{err}");
+    assert!(
+        err.contains("1 frame(s) compressed in a way this mprof does not know were skipped"),
+        "{err}"
+    );
+    let json: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
+    assert_eq!(json["samples"], 1);
 }

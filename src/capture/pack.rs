@@ -231,7 +231,7 @@ impl Unpacker {
 
     /// The next entry of `body` (the body this unpacker was made for) and its own size;
     /// None at the end; an error for a malformed entry (after which nothing more is read).
-    pub fn next_item(&mut self, body: &[u8]) -> Option<Result<(Item, usize), String>> {
+    pub fn next_item(&mut self, body: &[u8]) -> Option<Result<(Item, usize), &'static str>> {
         if self.at >= self.end {
             return None;
         }
@@ -245,7 +245,7 @@ impl Unpacker {
     }
 
     /// [`Unpacker::next_item`] as the record the entry stands for.
-    pub fn next_entry(&mut self, body: &[u8]) -> Option<Result<Entry, String>> {
+    pub fn next_entry(&mut self, body: &[u8]) -> Option<Result<Entry, &'static str>> {
         self.next_item(body).map(|r| {
             r.map(|(item, packed)| {
                 let (bytes, len) = item.record();
@@ -254,11 +254,11 @@ impl Unpacker {
         })
     }
 
-    fn read(&mut self, body: &[u8]) -> Result<Item, String> {
+    fn read(&mut self, body: &[u8]) -> Result<Item, &'static str> {
         let tag = *body.get(self.at).ok_or("packed entry cut short")?;
         self.at += 1;
         if tag & !TAG_ALL != 0 || tag & (TAG_BRIEF | TAG_SAME_AUX) == TAG_SAME_AUX {
-            return Err(format!("packed entry with tag {tag:#x}"));
+            return Err("packed entry with an unknown tag");
         }
         if tag & TAG_BRIEF == 0 {
             return Ok(Item::Free(self.address(body, tag)?));
@@ -286,7 +286,7 @@ impl Unpacker {
         })
     }
 
-    fn address(&mut self, body: &[u8], tag: u8) -> Result<u64, String> {
+    fn address(&mut self, body: &[u8], tag: u8) -> Result<u64, &'static str> {
         let delta = unzigzag(self.number(body)?);
         let delta = if tag & TAG_BY16 != 0 {
             delta
@@ -301,23 +301,23 @@ impl Unpacker {
 
     /// An unsigned LEB128 number of at most 64 bits.
     #[inline]
-    fn number(&mut self, body: &[u8]) -> Result<u64, String> {
+    fn number(&mut self, body: &[u8]) -> Result<u64, &'static str> {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
             let Some(&byte) = body.get(self.at) else {
-                return Err("packed entry cut short".into());
+                return Err("packed entry cut short");
             };
             self.at += 1;
             let bits = (byte & 0x7f) as u64;
             if shift == 63 && bits > 1 {
-                return Err("packed number over 64 bits".into());
+                return Err("packed number over 64 bits");
             }
             value |= bits << shift;
             if byte & 0x80 == 0 {
                 return Ok(value);
             }
         }
-        Err("packed number over 64 bits".into())
+        Err("packed number over 64 bits")
     }
 }
 

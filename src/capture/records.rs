@@ -33,7 +33,7 @@ struct Ahead {
     entries: [(Item, usize); AHEAD],
     first: usize,
     len: usize,
-    error: Option<String>,
+    error: Option<&'static str>,
 }
 
 impl Ahead {
@@ -306,7 +306,7 @@ impl<'a> Records<'a> {
                 None => {
                     self.unpacking = None;
                     if let Some(why) = ahead.error.take() {
-                        self.damaged(&DecodeError::Corrupt(why), self.chunk_origin);
+                        self.damaged(&DecodeError::Corrupt(why.into()), self.chunk_origin);
                         return Ok(None);
                     }
                 }
