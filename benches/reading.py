@@ -15,7 +15,7 @@ for the sizes. Then it runs every view of mprof and the matching memray command 
 alternating), and prints per view the median wall time and the peak RSS (from wait4) of each
 side, the ratio of the medians with the quartiles of the per-round ratios, and mprof's
 samples per second of its own CPU time (user + system: per core, as the reader runs on one
-thread). The views and their memray counterparts:
+thread; diff reads its capture twice). The views and their memray counterparts:
 
     report      mprof report              memray stats
     flamegraph  mprof flamegraph          memray flamegraph
@@ -248,7 +248,8 @@ def print_table(rows, args):
         r = statistics.median(t.wall for t in theirs)
         lo, hi = quartiles([t.wall / o.wall for o, t in zip(ours, theirs)])
         cpu = statistics.median(o.cpu for o in ours)
-        rate = "%.1f M/s" % (samples / cpu / 1e6) if samples and cpu else ""
+        reads = 2 if view == "diff" else 1  # diff reads the capture twice
+        rate = "%.1f M/s" % (reads * samples / cpu / 1e6) if samples and cpu else ""
         print("%-8s %-10s %8.2f s %10s %8.2f s %10s %6.2fx [%.2f..%.2f] %12s" % (
             workload, view, m, human(max(o.rss_kib for o in ours) * 1024), r,
             human(max(t.rss_kib for t in theirs) * 1024), r / m, lo, hi, rate))
