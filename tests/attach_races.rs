@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::procs::{attach_once, is_root, signal, Target, LIMIT};
+use common::procs::{attach_once, signal, Target, LIMIT};
 use common::{main_python, mprof, pythons, run_with_timeout, script, tools, Python};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -91,10 +91,16 @@ fn exec_trial(py: &Python, rng: &mut Lcg, program: &[&str], attach: bool) -> (Ex
 /// (a `passwd` that has exited and been reaped leaves nothing to tell by).
 #[test]
 fn a_target_that_execs_a_setuid_program_during_the_attach_is_left_alone() {
-    if !is_root() {
-        eprintln!(
-            "SKIPPED setuid exec during attach: needs root (mprof as root, target as nobody)"
-        );
+    if common::tier::full_tier_only(
+        "a_target_that_execs_a_setuid_program_during_the_attach_is_left_alone",
+        "a race repeated a hundred times",
+    ) {
+        return;
+    }
+    if !common::tier::root(
+        "setuid exec during attach",
+        "mprof as root, target as nobody",
+    ) {
         return;
     }
     let all = pythons();
@@ -155,6 +161,12 @@ fn a_target_that_execs_a_setuid_program_during_the_attach_is_left_alone() {
 /// while attached.
 #[test]
 fn an_exec_during_the_attach_is_not_called_an_exit() {
+    if common::tier::full_tier_only(
+        "an_exec_during_the_attach_is_not_called_an_exit",
+        "a race repeated twenty times",
+    ) {
+        return;
+    }
     let all = pythons();
     let py = main_python(&all);
     let mut rng = Lcg(0xe8ec);
@@ -226,6 +238,12 @@ fn gdb_lists_libraries(gdb: &Path, pid: u32, what: &str) {
 /// target never profiled (the control), after an attach and detach, and under `record`.
 #[test]
 fn a_debugger_attaches_after_mprof_as_if_mprof_had_never_come() {
+    if common::tier::full_tier_only(
+        "a_debugger_attaches_after_mprof_as_if_mprof_had_never_come",
+        "a real consumer (gdb)",
+    ) {
+        return;
+    }
     let Some(gdb) = tools::gdb("gdb after mprof") else {
         return;
     };
@@ -297,6 +315,12 @@ fn storm_run(py: &Python, lib: &Path, attaches: usize) -> (bool, Vec<String>) {
 /// main interpreter (20 on the others), 0 targets harmed.
 #[test]
 fn threads_loading_libraries_during_attach_and_detach_are_unharmed() {
+    if common::tier::full_tier_only(
+        "threads_loading_libraries_during_attach_and_detach_are_unharmed",
+        "two hundred attach cycles under a storm",
+    ) {
+        return;
+    }
     let dir = common::tempdir();
     let lib = common::native::build_library(dir.path(), "dlopen_storm");
     let all = pythons();
@@ -359,6 +383,12 @@ fn forks_by(target: &Target, limit: Duration) -> u64 {
 /// target hangs, every one ends well.
 #[test]
 fn a_fork_storm_across_detaches_never_hangs() {
+    if common::tier::full_tier_only(
+        "a_fork_storm_across_detaches_never_hangs",
+        "two hundred detaches under a fork storm",
+    ) {
+        return;
+    }
     let all = pythons();
     let main = main_python(&all);
     for py in &all {

@@ -5,7 +5,6 @@
 mod common;
 
 use common::hostile::*;
-use common::procs::is_root;
 use common::{mprof, pythons, run_with_timeout, ChildGuard};
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -53,8 +52,7 @@ fn refused(out: &Output, what: &str) {
 /// children's captures are private (0600, `CAPTURE.d` 0700) even under umask 0.
 #[test]
 fn planted_symlinks_at_output_names_are_refused() {
-    if !is_root() {
-        eprintln!("SKIPPED planted symlinks: not root");
+    if !common::tier::root("planted symlinks", "files planted by nobody") {
         return;
     }
     let sentinel = Sentinel::new();

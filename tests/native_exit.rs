@@ -70,6 +70,12 @@ fn assert_workload_frame(label: &str, f: &Frame) {
 /// time.
 #[test]
 fn a_program_that_loads_a_library_and_exits_at_once_is_symbolized() {
+    if common::tier::full_tier_only(
+        "a_program_that_loads_a_library_and_exits_at_once_is_symbolized",
+        "five --native --rate 1 recordings",
+    ) {
+        return;
+    }
     with_the_extension(|py, dir, so| {
         for run in 0..RUNS {
             let capture = dir.join(format!("r{run}.mprof"));
@@ -84,6 +90,12 @@ fn a_program_that_loads_a_library_and_exits_at_once_is_symbolized() {
 /// agent has the map read before the library goes, so its frame is symbolized.
 #[test]
 fn a_library_unloaded_right_after_its_allocation_is_symbolized() {
+    if common::tier::full_tier_only(
+        "a_library_unloaded_right_after_its_allocation_is_symbolized",
+        "--native --rate 1 recordings of dlclose",
+    ) {
+        return;
+    }
     with_the_extension(|py, dir, so| {
         let capture = dir.join("dlclose.mprof");
         record_script(
@@ -141,6 +153,12 @@ fn stop_mprof_at_the_exit(target: &Target, mprof_pid: u32, dir: &Path) -> Instan
 /// symbolized.
 #[test]
 fn a_reader_held_up_across_the_exit_still_reads_the_map() {
+    if common::tier::full_tier_only(
+        "a_reader_held_up_across_the_exit_still_reads_the_map",
+        "mprof held stopped across the exit",
+    ) {
+        return;
+    }
     with_the_extension(|py, dir, so| {
         let capture = dir.join("held.mprof");
         let (target, mprof_pid) = start_waiting_workload(py, dir, &capture);
@@ -266,6 +284,12 @@ fn a_killed_mprof_never_holds_the_target_at_its_exit() {
 /// its capture and returns the program's status.
 #[test]
 fn a_stopped_mprof_never_holds_the_target_at_its_exit() {
+    if common::tier::full_tier_only(
+        "a_stopped_mprof_never_holds_the_target_at_its_exit",
+        "mprof held stopped through the exit",
+    ) {
+        return;
+    }
     with_the_extension(|py, dir, _| {
         let capture = dir.join("s.mprof");
         let (target, mprof_pid) = start_waiting_workload(py, dir, &capture);
