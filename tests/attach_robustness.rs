@@ -319,7 +319,9 @@ fn errors_are_one_line_and_leave_targets_alone() {
         "{}",
         result.1
     );
-    fails_with(result, "reached a safe point in 1.0 s");
+    // The time waited, as mprof measured it: 1.0 s, or a tenth more on a loaded machine
+    // (the bound above is what shows that `--timeout 1` was honoured).
+    fails_with(result, "reached a safe point in 1.");
     assert!(!t.maps().contains("mprof"), "nothing was injected");
     assert!(t.alive());
 }

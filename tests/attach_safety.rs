@@ -299,6 +299,12 @@ fn attach_to_an_interpreter_whose_file_was_deleted() {
 /// denied" as root), and the winner's capture survives the loser.
 #[test]
 fn concurrent_attaches_to_one_pid() {
+    if common::tier::full_tier_only(
+        "concurrent_attaches_to_one_pid",
+        "a race repeated six times",
+    ) {
+        return;
+    }
     use common::procs::Target;
     let pys = pythons();
     let py = pys
