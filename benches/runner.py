@@ -17,6 +17,8 @@ import time
 import urllib.request
 
 WORKLOADS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workloads")
+# The in-process configuration's launcher (pymprof.start() inside the program).
+INPROCESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inprocess.py")
 
 
 # Process groups still running, killed on any exit of the driver.
@@ -54,11 +56,17 @@ def make_configs(mprof, with_memray):
 
 
 def rate_config(mprof, name):
-    """`mprof --rate R` for any R (`64KiB`, `131072`), when `name` spells one; else None."""
-    m = re.fullmatch(r"mprof --rate (\S+)", name)
+    """`mprof --rate R` for any R (`64KiB`, `131072`), or the in-process `pymprof` (at the
+    default rate, or `pymprof --rate R`: pymprof.start() inside the program, benches/inprocess.py),
+    when `name` spells one; else None."""
+    if name == "pymprof":
+        return Config(name, lambda py, cap: [py, INPROCESS, "--mprof", mprof, "-o", cap])
+    m = re.fullmatch(r"(py)?mprof --rate (\S+)", name)
     if m is None:
         return None
-    rate = m.group(1)
+    rate = m.group(2)
+    if m.group(1):
+        return Config(name, lambda py, cap: [py, INPROCESS, "--mprof", mprof, "--rate", rate, "-o", cap])
     return Config(name, lambda py, cap: [mprof, "record", "-q", "--rate", rate, "-o", cap, "--", py])
 
 

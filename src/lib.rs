@@ -32,12 +32,16 @@
 
 /// `eprintln!` that never panics: mprof's standard error may be a closed pipe (`mprof record
 /// … 2>&1 | head -1`), and a line that cannot be shown must not end a session (`eprintln!`
-/// panics when the write fails). Every message mprof prints goes through it.
+/// panics when the write fails). Every message mprof prints goes through it, and every one is
+/// made safe for a terminal first ([`base::text::terminal_safe`]): a message may quote what a
+/// target or a capture said (a library's path, a thread's name), which must not reach root's
+/// terminal as escape sequences.
 #[macro_export]
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        let text = format!($($arg)*);
+        let _ = writeln!(std::io::stderr(), "{}", $crate::base::text::terminal_safe(&text));
     }};
 }
 

@@ -233,6 +233,25 @@ enum Command {
         #[command(flatten)]
         processes: PidArgs,
     },
+    /// The reader of a session a Python program starts on itself (pymprof): see
+    /// `mprof::sessions::inprocess`. Not for people to run.
+    #[command(name = "_inprocess", hide = true)]
+    Inprocess {
+        /// The program's process id (this command's parent).
+        #[arg(long)]
+        pid: u32,
+        /// The program's memory file for the ring (inherited).
+        #[arg(long)]
+        ring_fd: i32,
+        /// The program's memory file for the agent's image (inherited).
+        #[arg(long)]
+        agent_fd: i32,
+        /// Capture file to write as well.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        #[command(flatten)]
+        sampling: SamplingArgs,
+    },
 }
 
 fn parse_timeout(text: &str) -> Result<f64, String> {
@@ -375,6 +394,21 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 by_allocator,
             },
             processes.pick(),
+        )),
+        Command::Inprocess {
+            pid,
+            ring_fd,
+            agent_fd,
+            output,
+            sampling,
+        } => done(mprof::sessions::inprocess::run(
+            mprof::sessions::inprocess::Options {
+                pid,
+                ring_fd,
+                agent_fd,
+                output: output.as_deref(),
+                sampling: &sampling,
+            },
         )),
     }
 }

@@ -478,3 +478,182 @@ fn forks_go_on_while_mprof_is_stopped() {
         py.label
     );
 }
+
+/// Point 4: a target (`nobody`) truncates and rewrites, over and over, a library it owns and
+/// has loaded (its unmapped tail: the section headers), while root runs `attach --native`,
+/// which reads every loaded library's headers.
+/// mprof mapped those files and died of SIGBUS (7 of 17 attaches, captures incomplete); it now
+/// reads them with `pread` (a short read is an error): 20 attaches, none dies, every capture
+/// is complete, the target is unharmed.
+#[test]
+fn a_library_truncated_under_attach_native_never_kills_mprof() {
+    use std::os::unix::process::ExitStatusExt;
+    if common::tier::full_tier_only(
+        "a_library_truncated_under_attach_native_never_kills_mprof",
+        "20 attaches racing a truncating target",
+    ) || !common::tier::root("truncated library", "mprof as root, target as nobody")
+    {
+        return;
+    }
+    let lib = ["libbz2.so.1", "libxml2.so.2"]
+        .iter()
+        .map(|n| Path::new("/usr/lib/x86_64-linux-gnu").join(n))
+        .find(|p| p.is_file());
+    let Some(lib) = lib else {
+        common::tier::skip(
+            "truncated library",
+            "no libbz2 or libxml2 (.ci/run installs libbz2)",
+        );
+        return;
+    };
+    let all = pythons();
+    let py = main_python(&all);
+    let dir = common::tempdir();
+    std::os::unix::fs::chown(dir.path(), Some(65534), Some(65534)).unwrap();
+    let target = Target::python(
+        &py.path,
+        "truncating_library.py",
+        &[lib.to_str().unwrap(), dir.path().to_str().unwrap()],
+    );
+    let out_dir = common::tempdir();
+    for i in 0..20 {
+        let capture = out_dir.path().join(format!("c{i}.mprof"));
+        let out = run_with_timeout(
+            mprof().args([
+                "attach",
+                "--pid",
+                &target.pid.to_string(),
+                "--native",
+                "--duration",
+                "0.2",
+                "-q",
+                "-o",
+                capture.to_str().unwrap(),
+            ]),
+            LIMIT,
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.signal().is_none() && out.status.success(),
+            "{}: attach {i}: {} {err}",
+            py.label,
+            out.status
+        );
+        let report = run_with_timeout(mprof().arg("report").arg(&capture), LIMIT);
+        let said = String::from_utf8_lossy(&report.stderr);
+        assert!(
+            report.status.success() && !said.contains("incomplete"),
+            "{}: capture {i}: {said}",
+            py.label
+        );
+    }
+    std::fs::write(dir.path().join("stop"), b"").unwrap();
+    let (status, out) = target.finish(LIMIT);
+    assert!(
+        status.success(),
+        "{}: the target: {status} {out:?}",
+        py.label
+    );
+    eprintln!(
+        "{}: 20 attach --native under a truncating target: none died; {out:?}",
+        py.label
+    );
+}
+
+/// Point 10: mprof out of file descriptors (`ulimit -n 8`) said "PID … exited during the
+/// attach" of a live target (5 of 5). It now says what it lacks before it starts (and raises
+/// a soft limit itself when the hard one allows), and the target is untouched.
+#[test]
+fn too_few_file_descriptors_is_said_not_called_an_exit() {
+    let all = pythons();
+    let py = main_python(&all);
+    let target = Target::python(&py.path, "attach_idle.py", &["sleep"]);
+    let dir = common::tempdir();
+    let capture = dir.path().join("c.mprof");
+    for (limit, should_attach) in [("8", false), ("-S 8", true)] {
+        let line = format!(
+            "ulimit -n {limit}; exec '{}' attach --pid {} --duration 0.2 -q -o '{}'",
+            env!("CARGO_BIN_EXE_mprof"),
+            target.pid,
+            capture.display()
+        );
+        let out = run_with_timeout(Command::new("sh").args(["-c", &line]), LIMIT);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("exited"), "ulimit -n {limit}: {err}");
+        if should_attach {
+            assert!(out.status.success(), "ulimit -n {limit}: {err}");
+        } else {
+            assert_eq!(out.status.code(), Some(2), "ulimit -n {limit}: {err}");
+            assert!(
+                err.contains("file descriptors") && err.trim().lines().count() == 1,
+                "ulimit -n {limit}: {err}"
+            );
+        }
+    }
+    assert!(
+        std::fs::metadata(format!("/proc/{}", target.pid)).is_ok(),
+        "the target is gone"
+    );
+}
+
+/// Runs `tests/py/pid_reuse.py` as PID 1 of a new PID namespace (where it alone decides which
+/// PID comes next); `None` when no namespace can be made here. Returns its summary line.
+fn pid_reuse_run(py: &Python, trials: u32, mprof: bool) -> Option<String> {
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--mount-proc"])
+        .arg(&py.path)
+        .arg(script("pid_reuse.py"))
+        .arg(&py.path)
+        .arg(trials.to_string())
+        .arg("7");
+    if mprof {
+        cmd.arg(env!("CARGO_BIN_EXE_mprof"));
+    }
+    let out = run_with_timeout(&mut cmd, Duration::from_secs(600));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let summary = text.lines().rev().find(|l| l.starts_with("trials="))?;
+    Some(summary.to_string())
+}
+
+/// Point 3: the target killed mid-attach and another Python started on its PID at once
+/// (forced with `ns_last_pid` in a PID namespace). mprof went on with the PID's number, and
+/// hijacked the newcomer's threads with the old process's addresses: 2 of 60 newcomers died
+/// of SIGSEGV here (the issue saw 4 of 190), the control 0. Now mprof holds the target by
+/// pidfd and its `/proc` directory from the first step, and checks every thread it seizes
+/// is the target's: 190 trials on the main interpreter (20 on the others), no newcomer harmed.
+#[test]
+fn a_pid_reused_during_the_attach_is_never_touched() {
+    if common::tier::full_tier_only(
+        "a_pid_reused_during_the_attach_is_never_touched",
+        "190 kills and PID reuses during an attach",
+    ) || !common::tier::root("PID reuse", "a PID namespace and its ns_last_pid")
+    {
+        return;
+    }
+    let all = pythons();
+    let main = main_python(&all);
+    let Some(control) = pid_reuse_run(&main, 20, false) else {
+        common::tier::skip_here(
+            "PID reuse",
+            "no PID namespace can be made here (unshare --pid)",
+        );
+        return;
+    };
+    assert!(control.ends_with("harmed=0"), "control: {control}");
+    for py in &all {
+        let trials = if py.label == main.label { 190 } else { 20 };
+        let summary = pid_reuse_run(py, trials, true).expect("summary");
+        eprintln!("{}: {summary} (control: {control})", py.label);
+        assert!(summary.ends_with("harmed=0"), "{}: {summary}", py.label);
+        let reused: u32 = summary
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix("reused="))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        assert!(
+            reused * 2 > trials,
+            "{}: too few PIDs reused: {summary}",
+            py.label
+        );
+    }
+}

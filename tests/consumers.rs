@@ -334,6 +334,66 @@ fn html_report_shows_the_top_site_with_the_network_off() {
     assert_png(&shot);
 }
 
+/// Issue 47, point 8: function names that hold `<!--`, `<script>` and `</script>` (names come
+/// from the capture: anything) no longer empty the HTML report's top-sites table. The page's
+/// JSON is in a script element, where `<!--` followed by `<script` changes how the browser
+/// looks for the element's end: the table had no rows. Every row is there, shown as text.
+#[test]
+fn html_report_with_markup_in_names_still_shows_every_site() {
+    let test = "html_report_with_markup_in_names_still_shows_every_site";
+    let dir = tempfile::tempdir().unwrap();
+    let names = [
+        "<!--<script>alert(1)</script>",
+        "a<!--b",
+        "</script><b>bold</b>",
+        "plain",
+    ];
+    let mut c = CaptureBuilder::new();
+    c.meta("mode=record\ncommand=python app.py\npid=7\nrate=1\n");
+    for (i, name) in names.iter().enumerate() {
+        let code = i as u64 + 1;
+        c.code(code, "app.py", name, 10 * code as u32);
+        c.alloc(
+            0x10 * code,
+            1000 * code,
+            code,
+            &[(code, 10 * code as u32 + 1)],
+        );
+    }
+    let capture = c.write(dir.path(), "markup.mprof");
+    let html = dir.path().join("report.html");
+    ok(&["html", path_str(&capture), "-o", path_str(&html)]);
+    let text = std::fs::read_to_string(&html).unwrap();
+    let data = &text[text.find("id=\"sites-data\">").unwrap()..];
+    let data = &data[..data.find("</script>").unwrap()];
+    assert!(
+        !data[1..].contains('<'),
+        "markup left in the page's JSON: {data}"
+    );
+    // The page's JSON is checked in both tiers; what the browser makes of it, in the full one.
+    if common::tier::full_tier_only(test, CONSUMER) {
+        return;
+    }
+    let Some(browser) = chromium(test) else {
+        return;
+    };
+    let url = format!("file://{}", html.display());
+    let out = run_chromium(
+        &browser,
+        &url,
+        &["--virtual-time-budget=5000", "--dump-dom"],
+        true,
+    );
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let body = sites_body(&dom);
+    assert_eq!(body.matches("<tr").count(), names.len(), "rows: {body}");
+    assert!(
+        body.contains("&lt;!--&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{body}"
+    );
+    assert!(!dom.contains("<b>bold</b>"), "a name became markup");
+}
+
 fn assert_png(path: &Path) {
     let png = std::fs::read(path).expect("screenshot written");
     assert!(png.starts_with(b"\x89PNG"), "{} is no PNG", path.display());

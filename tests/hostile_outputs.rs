@@ -337,3 +337,142 @@ fn a_failed_attach_keeps_the_other_sessions_capture() {
     let json = common::report_json(&capture, &[]);
     assert!(json["samples"].as_u64().unwrap() > 0, "{json}");
 }
+
+/// Issue 47, point 11: a symlinked *directory* on the way to an output (with
+/// `fs.protected_symlinks` off, a shared directory's symlinks are followed by anyone) was
+/// followed by root for every output (9 of 9). Each directory is now opened relative to the
+/// one before with `O_NOFOLLOW`, and a symlink on the way is followed only when it is root's
+/// or the invoking user's: nobody's is refused, root's own still works, and nothing is
+/// written in the directory it points to.
+#[test]
+fn a_symlinked_directory_on_the_way_is_followed_only_when_it_is_trusted() {
+    if !common::tier::root(
+        "symlinked directories on the way",
+        "symlinks planted by nobody",
+    ) {
+        return;
+    }
+    let py = main_python(&pythons());
+    let dir = nobodys_dir();
+    let d = dir.path();
+    let roots = common::tempdir(); // root's directory, which nobody wants root to write into
+    let capture = d.join("real.mprof");
+    let out = run_with_timeout(
+        mprof()
+            .args(["record", "--rate", "1", "-o"])
+            .arg(&capture)
+            .args([
+                "--",
+                py.path.to_str().unwrap(),
+                "-c",
+                "x = bytearray(10**6)",
+            ]),
+        LIMIT,
+    );
+    assert!(clean_exit(&out, "record"));
+    plant(&d.join("sub"), roots.path());
+    let views: [(&[&str], &str); 8] = [
+        (&["flamegraph"], "f.svg"),
+        (&["timeline"], "t.svg"),
+        (&["html"], "r.html"),
+        (&["export"], "e.pb.gz"),
+        (&["export", "-f", "json"], "e.json"),
+        (&["export", "-f", "speedscope"], "e.speedscope.json"),
+        (&["export", "-f", "folded"], "e.folded"),
+        (&["report"], "c.mprof"),
+    ];
+    for (view, name) in views {
+        let target = d.join("sub").join(name);
+        let mut cmd = mprof();
+        cmd.args(view).arg(&capture);
+        if view[0] == "report" {
+            // A report goes to stdout: the capture of a record is the last kind of output.
+            cmd = mprof();
+            cmd.args(["record", "-o"]).arg(&target).args([
+                "--",
+                py.path.to_str().unwrap(),
+                "-c",
+                "pass",
+            ]);
+        } else {
+            cmd.arg("-o").arg(&target);
+        }
+        let out = run_with_timeout(&mut cmd, LIMIT);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !clean_exit(&out, view[0]),
+            "{view:?}: written through: {err}"
+        );
+        assert!(
+            err.contains("symlink of uid 65534") && err.lines().count() == 1,
+            "{view:?}: {err}"
+        );
+    }
+    assert!(names(roots.path()).is_empty(), "{:?}", names(roots.path()));
+    // A symlinked directory of root's own (as /var/run is) is followed.
+    let own = common::tempdir();
+    std::os::unix::fs::symlink(roots.path(), own.path().join("link")).unwrap();
+    let out = run_with_timeout(
+        mprof()
+            .arg("flamegraph")
+            .arg(&capture)
+            .arg("-o")
+            .arg(own.path().join("link").join("f.svg")),
+        LIMIT,
+    );
+    assert!(clean_exit(&out, "flamegraph through root's own link"));
+    assert_eq!(names(roots.path()), ["f.svg"]);
+}
+
+/// Issue 47, point 9: the disk fills under `record` (a 1 MiB tmpfs, in a mount namespace of
+/// the test's own). mprof used to exit with status 2 after about a second, leaving the program
+/// to run on unsupervised and its exit status lost (4 of 4, `--follow-children` too). Now the
+/// capture stops where the disk is full, mprof says so and goes on supervising: the program
+/// runs to its end, its exit status (7) is mprof's, and the capture reads up to where it
+/// stopped.
+#[test]
+fn a_full_disk_stops_the_capture_not_the_supervision() {
+    if !common::tier::root("full disk under record", "a tmpfs in a mount namespace") {
+        return;
+    }
+    let py = main_python(&pythons());
+    let program = "import sys, time\nkept = [str(i) * 4 for i in range(300000)]\n\
+                   time.sleep(0.3)\nprint('done', flush=True)\nsys.exit(7)\n";
+    for follow in [false, true] {
+        let dir = common::tempdir();
+        let small = dir.path().join("small");
+        std::fs::create_dir(&small).unwrap();
+        let capture = small.join("c.mprof");
+        let mut line = format!(
+            "mount -t tmpfs -o size=1m tmpfs '{}' && exec '{}' record --rate 1 -o '{}'",
+            small.display(),
+            env!("CARGO_BIN_EXE_mprof"),
+            capture.display()
+        );
+        if follow {
+            line.push_str(" --follow-children");
+        }
+        line.push_str(&format!(" -- '{}' -c \"$0\"", py.path.display()));
+        let out = run_with_timeout(
+            Command::new("unshare").args(["-m", "sh", "-c", &line, program]),
+            LIMIT,
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        let what = if follow {
+            "--follow-children"
+        } else {
+            "record"
+        };
+        assert_eq!(out.status.code(), Some(7), "{what}: {err}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("done"),
+            "{what}: the program did not run to its end: {err}"
+        );
+        assert!(
+            err.contains("the capture cannot be written any more")
+                && err.contains("the capture stopped at"),
+            "{what}: {err}"
+        );
+        eprintln!("{what}: {}", err.lines().last().unwrap_or(""));
+    }
+}

@@ -4,6 +4,12 @@
 # commands"). Does nothing for what is already there.
 #   - numpy (tests/requirements.txt) into pyenv's newest 3.11, the interpreter the numpy test
 #     finds it in;
+#   - the Python tools of pymprof's wheel (python/requirements-build.txt: maturin, zig,
+#     cargo-zigbuild, auditwheel) into a venv of their own, MPROF_PYTOOLS (default
+#     ~/.cache/mprof/pytools), where tools/cc-floor.sh finds zig to link the mprof binary
+#     against glibc 2.28; and the wheels of python/tests/requirements.txt (pytest) downloaded
+#     into its wheels/ folder, which tests/wheel.rs installs into fresh venvs without the
+#     network. Made again when either requirements file changes;
 #   - the npm packages of tests/js, from their lockfile (`npm ci`), when npm is installed;
 #   - `go tool pprof`, which Go builds on its first call (seconds when idle, over 300 s on a
 #     loaded fresh machine: a test must not time out on it), when Go is installed.
@@ -18,6 +24,21 @@ if [ -z "$python" ]; then
     echo "tools/test-deps.sh: no pyenv 3.11 under $root: numpy not installed" >&2
 elif ! "$python" -c "import numpy" 2>/dev/null; then
     "$python" -m pip install --quiet --root-user-action=ignore -r tests/requirements.txt
+fi
+
+tools="${MPROF_PYTOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/mprof/pytools}"
+want=$(cat python/requirements-build.txt python/tests/requirements.txt | sha256sum | cut -c1-16)
+if [ "$(cat "$tools/.made-from" 2>/dev/null)" != "$want" ]; then
+    builder=${python:-$(command -v python3)}
+    rm -rf "$tools"
+    mkdir -p "$(dirname "$tools")"
+    "$builder" -m venv "$tools"
+    "$tools/bin/pip" install --quiet --disable-pip-version-check -r python/requirements-build.txt
+    for version in 3.8 3.13; do
+        "$tools/bin/pip" download --quiet --disable-pip-version-check --only-binary=:all: \
+            --python-version "$version" --dest "$tools/wheels" -r python/tests/requirements.txt
+    done
+    echo "$want" >"$tools/.made-from"
 fi
 
 # The same test as tests/common/tools.rs: installed, and not older than the lockfile.

@@ -181,7 +181,8 @@ impl fmt::Display for AttachError {
             ),
             Busy(pid) => write!(
                 f,
-                "PID {pid} is already being profiled (by another mprof attach or mprof record)"
+                "PID {pid} is already being profiled (by another mprof attach, mprof record, or \
+                 pymprof inside the program)"
             ),
             ForeignAgent(pid) => write!(
                 f,

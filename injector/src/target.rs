@@ -419,21 +419,38 @@ impl Liveness {
     /// Why the process is no longer the program attached: it exited, or it exec'd.
     pub fn left(&self) -> Option<AttachError> {
         if self.proc.exited() {
-            // A program that replaced the one attached, and exited since, left its name.
-            return Some(match self.proc.comm() {
-                Ok(now) if !now.is_empty() && now != self.comm => AttachError::Execed {
-                    pid: self.proc.pid,
-                    from: self.exe.clone(),
-                    to: format!("{now}, which has exited since"),
-                },
-                _ => AttachError::Exited(self.proc.pid),
-            });
+            return Some(self.exited());
         }
         let mut byte = [0u8];
-        if self.probe != 0 && self.mem.read(self.probe, &mut byte).is_err() {
-            return Some(self.execed());
+        if self.probe == 0 || self.mem.read(self.probe, &mut byte).is_ok() {
+            return None;
         }
-        None
+        // The memory attached is gone: an exec, or an exit under way (a dying process loses
+        // its memory before it is a zombie, and its program file with it; a process that
+        // exec'd has the new one).
+        for _ in 0..50 {
+            if self.proc.exited() {
+                return Some(self.exited());
+            }
+            if self.proc.exe().is_ok() {
+                return Some(self.execed());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Some(self.execed())
+    }
+
+    /// The error of a target that has exited: a program that replaced the one attached, and
+    /// exited since, left its name.
+    fn exited(&self) -> AttachError {
+        match self.proc.comm() {
+            Ok(now) if !now.is_empty() && now != self.comm => AttachError::Execed {
+                pid: self.proc.pid,
+                from: self.exe.clone(),
+                to: format!("{now}, which has exited since"),
+            },
+            _ => AttachError::Exited(self.proc.pid),
+        }
     }
 
     /// The error of a target that replaced its program.

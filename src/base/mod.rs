@@ -1,6 +1,7 @@
 //! The bottom of the pipeline: what every stage may use, and nothing of mprof's own.
 
 pub mod clock;
+pub mod limits;
 pub mod memory;
 pub mod output;
 pub mod signals;

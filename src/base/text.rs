@@ -25,18 +25,29 @@ fn is_unsafe(c: char) -> bool {
 /// result contains no unsafe character, so applying it twice changes nothing more; a string
 /// without unsafe characters is returned as it is, without copying.
 pub fn printable(s: &str) -> Cow<'_, str> {
-    if !s.chars().any(is_unsafe) {
+    escaped(s, is_unsafe)
+}
+
+/// `s` with every character `escape` picks written as a visible escape.
+fn escaped(s: &str, escape: impl Fn(char) -> bool) -> Cow<'_, str> {
+    if !s.chars().any(&escape) {
         return Cow::Borrowed(s);
     }
     let mut out = String::with_capacity(s.len() + 8);
     for c in s.chars() {
-        if is_unsafe(c) {
+        if escape(c) {
             let _ = write!(out, "\\u{{{:x}}}", c as u32);
         } else {
             out.push(c);
         }
     }
     Cow::Owned(out)
+}
+
+/// `s` as [`printable`] makes it, but for its line breaks and tabs, which stay: a message of
+/// several lines for a terminal. Every message mprof prints goes through it (`say!`).
+pub fn terminal_safe(s: &str) -> Cow<'_, str> {
+    escaped(s, |c| is_unsafe(c) && !matches!(c, '\n' | '\t'))
 }
 
 /// `s` escaped for XML and HTML text and attribute values, after [`printable`].

@@ -53,6 +53,20 @@ pub struct CaptureWriter {
     written: u64,
     /// Samples and frees not written yet (see [`super::pack`]).
     packer: Packer,
+    /// Why the file could no longer be written (a full disk, a quota), with the bytes it holds
+    /// and the bytes lost since: from the first failed write on, nothing more is written (a
+    /// file with a hole in it would read as corrupt), and the session goes on without it.
+    stopped: Option<Stopped>,
+}
+
+/// A capture that could no longer be written.
+#[derive(Clone, Debug)]
+pub struct Stopped {
+    pub why: String,
+    /// Bytes the file held when the first write failed (its last records may be cut short).
+    pub kept: u64,
+    /// Bytes of records that came later and were dropped.
+    pub lost: u64,
 }
 
 impl CaptureWriter {
@@ -79,6 +93,7 @@ impl CaptureWriter {
             pending,
             written: FILE_HEADER as u64,
             packer: Packer::default(),
+            stopped: None,
         })
     }
 
@@ -89,8 +104,43 @@ impl CaptureWriter {
     }
 
     /// Appends one already-encoded record (as it came out of the ring). A sample or a free
-    /// joins the packed run; any other record is written after it.
+    /// joins the packed run; any other record is written after it. Once a write has failed,
+    /// records are counted as lost and not written (see [`CaptureWriter::stopped`]): the
+    /// error is said once, and never ends the session, which goes on supervising the program.
     pub fn write_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        if let Some(s) = &mut self.stopped {
+            s.lost += bytes.len() as u64;
+            return Ok(());
+        }
+        let result = self.append(bytes);
+        self.stop_on(result);
+        Ok(())
+    }
+
+    /// Why the capture stopped being written, if it did.
+    pub fn stopped(&self) -> Option<&Stopped> {
+        self.stopped.as_ref()
+    }
+
+    /// After a write that failed: the capture stops here, said once.
+    fn stop_on(&mut self, result: Result<()>) {
+        let Err(e) = result else { return };
+        let kept = self.out.get_ref().metadata().map_or(0, |m| m.len());
+        crate::say!(
+            "mprof: warning: the capture cannot be written any more ({e:#}); it ends at {} \
+             (its last record may be cut short): what the program does from now on is not \
+             recorded, and mprof goes on supervising it",
+            crate::base::units::human_bytes(kept as f64)
+        );
+        self.stopped = Some(Stopped {
+            why: format!("{e:#}"),
+            kept,
+            lost: 0,
+        });
+    }
+
+    /// [`CaptureWriter::write_raw`] before a failure.
+    fn append(&mut self, bytes: &[u8]) -> Result<()> {
         let starts_run = self.packer.is_empty();
         if let Some(added) = self.packer.add(bytes) {
             // The PACKED record's preamble is counted when its run starts.
@@ -125,16 +175,25 @@ impl CaptureWriter {
     }
 
     /// Pushes buffered records to the file, so a crash from here on loses nothing before it.
-    /// (Dropping the writer writes the packed run too; the file buffer flushes itself.)
+    /// (Dropping the writer writes the packed run too; the file buffer flushes itself.) A
+    /// failure stops the capture as a failed write does.
     pub fn flush(&mut self) -> Result<()> {
-        self.write_packed()?;
-        self.out.flush().context("writing capture file")
+        if self.stopped.is_some() {
+            return Ok(());
+        }
+        let result = self
+            .write_packed()
+            .and_then(|()| self.out.flush().context("writing capture file"));
+        self.stop_on(result);
+        Ok(())
     }
 }
 
 impl Drop for CaptureWriter {
     fn drop(&mut self) {
-        let _ = self.write_packed();
+        if self.stopped.is_none() {
+            let _ = self.write_packed();
+        }
     }
 }
 

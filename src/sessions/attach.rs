@@ -113,7 +113,10 @@ fn inject(
     if state == STATE_FAILED || outcome.start_ret != 0 {
         let message = ring.message();
         if message.contains("already running") {
-            bail!("PID {pid} is already being profiled (by another mprof attach or mprof record)");
+            bail!(
+                "PID {pid} is already being profiled (by another mprof attach, mprof record, or \
+                 pymprof inside the program)"
+            );
         }
         let why = if message.is_empty() {
             format!("start returned {}", outcome.start_ret)
@@ -363,6 +366,10 @@ pub struct Options<'a> {
 
 /// Attaches to `pid`, samples until `duration` or a signal, detaches and prints the summary.
 pub fn run(o: Options) -> Result<ExitCode> {
+    crate::base::limits::ensure_descriptors(
+        crate::base::limits::SESSION_DESCRIPTORS,
+        "mprof attach",
+    )?;
     let Options {
         pid,
         duration,

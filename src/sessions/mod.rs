@@ -2,7 +2,8 @@
 //! file's last record.
 //!
 //! - [`record`] (launch a program) and [`attach`] (inject the agent into a running one), over
-//!   the one loop both run, [`driver`];
+//!   the one loop both run, [`driver`]; [`inprocess`] (a program's session on itself, for
+//!   pymprof);
 //! - [`reader`]: the ring a target's agent writes, drained into the capture (and shown to the
 //!   live view, which the driver feeds);
 //! - [`children`] (followed child processes, each with its ring and capture) and
@@ -14,6 +15,7 @@ pub mod attach;
 pub mod children;
 pub mod driver;
 pub mod hints;
+pub mod inprocess;
 pub mod procfs;
 pub mod reader;
 pub mod record;

@@ -251,6 +251,10 @@ pub fn run(
     live: bool,
     follow_children: bool,
 ) -> Result<ExitCode> {
+    crate::base::limits::ensure_descriptors(
+        crate::base::limits::SESSION_DESCRIPTORS,
+        "mprof record",
+    )?;
     if live {
         Live::check_terminal()?;
     }
@@ -390,6 +394,7 @@ pub fn run(
     // Children may outlive the program a moment (a pool's workers exiting with it).
     session.finish(Duration::from_secs(2))?;
     let children_note = session.children_note();
+    let stopped = session.reader.capture.stopped().cloned();
     drop(session);
     drop(agent);
     let state = ring.state()?;
@@ -428,6 +433,15 @@ pub fn run(
     }
     if let Some(out) = &program_output {
         crate::say!("mprof: the program's output is in {}", out.display());
+    }
+    if let Some(s) = stopped {
+        crate::say!(
+            "mprof: warning: the capture stopped at {} ({}): {} of records from then on were \
+             lost; the program ran to its end, and its exit status is mprof's",
+            crate::base::units::human_bytes(s.kept as f64),
+            s.why,
+            crate::base::units::human_bytes(s.lost as f64)
+        );
     }
     Ok(ExitCode::from(exit_code(status)))
 }

@@ -191,8 +191,10 @@ fn sites(html: &mut String, p: &Profile) -> Result<()> {
             });
         }
     }
-    // `</` would end the script element early: JSON allows `<\/` for it.
-    let json = serde_json::to_string(&data)?.replace("</", "<\\/");
+    // Inside a script element, `</script` would end it early and `<!--` would change how the
+    // parser looks for its end (names in a capture can be anything): no `<`, `>` or `&` is
+    // left as such. They only occur inside JSON strings, where `\u003c` means the same.
+    let json = script_safe_json(&serde_json::to_string(&data)?);
     html.push_str(
         "<h2>Top allocation sites</h2>\n<label>sort by <select id=\"sites-view\" \
          onchange=\"fillSites()\"><option value=\"0\">allocated</option>\
@@ -207,6 +209,13 @@ fn sites(html: &mut String, p: &Profile) -> Result<()> {
     );
     html.push_str(SITES_SCRIPT);
     Ok(())
+}
+
+/// JSON text with `<`, `>` and `&` written as JSON escapes, for a `<script>` element.
+fn script_safe_json(json: &str) -> String {
+    json.replace('<', "\\u003c")
+        .replace('>', "\\u003e")
+        .replace('&', "\\u0026")
 }
 
 /// Builds the sites table from the embedded JSON (text nodes only: no markup from data).

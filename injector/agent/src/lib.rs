@@ -21,6 +21,15 @@ mod code_dealloc;
 mod cycles;
 mod exec_env;
 mod follow;
+// The cdylib's own build only: test and Miri builds link (or interpret) without it.
+#[cfg(all(
+    target_arch = "x86_64",
+    target_os = "linux",
+    target_env = "gnu",
+    not(test),
+    not(miri)
+))]
+mod glibc_floor;
 mod got;
 mod hooks;
 mod layout_check;

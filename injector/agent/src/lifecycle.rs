@@ -184,8 +184,6 @@ pub struct Session {
     pub max_depth: usize,
     /// The sampled blocks that are still live.
     pub set: AddrSet,
-    /// Sampled blocks being reallocated now, outside the lock (see `sampling::sampled_realloc`).
-    pub moving: Moving,
     pub caches: Caches,
     /// Node ids of the stacks announced so far, and each thread's previous chain.
     pub stacks: Stacks,
@@ -202,6 +200,8 @@ pub struct Session {
     /// mapped until the last of those threads is done (at most a few: sessions started and
     /// stopped within one bounded wait; one more than fit stays mapped for good).
     parked: [Option<Mapped>; 4],
+    /// Sampled blocks being reallocated now, outside the lock (see `sampling::sampled_realloc`).
+    pub moving: Moving,
 }
 
 // SAFETY: the raw pointers in `Session` (the ring mapping, the address set's table) are
@@ -215,7 +215,6 @@ pub static SESSION: SpinLock<Session> = SpinLock::new(Session {
     this_thread: None,
     max_depth: 0,
     set: AddrSet::new(),
-    moving: Moving::new(),
     caches: Caches {
         generation: 0,
         codes: [None; CODE_CACHE],
@@ -227,6 +226,7 @@ pub static SESSION: SpinLock<Session> = SpinLock::new(Session {
     native_samples_mapped: 0,
     leaving: None,
     parked: [None, None, None, None],
+    moving: Moving::new(),
 });
 
 /// Why a session could not start; the text goes into the ring's message.

@@ -12,13 +12,18 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub struct SpinLock<T> {
-    /// The holder's thread pointer, 0 when free.
+    /// The holder's thread pointer, 0 when free; its lowest bit (a thread pointer is aligned)
+    /// says that work was deferred to the release ([`SpinLock::defer`]), which a release reads
+    /// on the line it writes anyway.
     holder: AtomicUsize,
-    /// Work to run once the lock is released (a `fn()`, 0 when none): what must not run with
-    /// the lock held (see [`Guard::defer`]). Beside `holder`, on the line a release writes.
-    deferred: AtomicUsize,
     value: UnsafeCell<T>,
+    /// The work deferred (a `fn()`), read only when `holder` says there is some: after the
+    /// value, where the common release never looks.
+    deferred: AtomicUsize,
 }
+
+/// `holder`'s bit that says work was deferred.
+const DEFERRED: usize = 1;
 
 // SAFETY: the lock gives one thread at a time access to the `T` inside, so sharing the
 // lock between threads is sound when `T` may be sent between them.
@@ -32,8 +37,8 @@ impl<T> SpinLock<T> {
     pub const fn new(value: T) -> SpinLock<T> {
         SpinLock {
             holder: AtomicUsize::new(0),
-            deferred: AtomicUsize::new(0),
             value: UnsafeCell::new(value),
+            deferred: AtomicUsize::new(0),
         }
     }
 
@@ -64,7 +69,7 @@ impl<T> SpinLock<T> {
     #[inline]
     pub fn held_by_me(&self) -> bool {
         // Relaxed: only this thread ever stores its own pointer there.
-        self.holder.load(Ordering::Relaxed) == thread_pointer()
+        self.holder.load(Ordering::Relaxed) & !DEFERRED == thread_pointer()
     }
 
     /// The lock, unless the calling thread holds it already: `None` then (taking it would
@@ -78,7 +83,7 @@ impl<T> SpinLock<T> {
         {
             Ok(_) => Some(Guard { lock: self }),
             // Relaxed is enough: only this thread ever stores its own pointer there.
-            Err(holder) if holder == me => None,
+            Err(holder) if holder & !DEFERRED == me => None,
             Err(_) => Some(self.lock_as(me)),
         }
     }
@@ -104,6 +109,9 @@ impl<T> SpinLock<T> {
     pub fn defer(&self, work: fn()) {
         debug_assert!(self.held_by_me());
         self.deferred.store(work as usize, Ordering::Relaxed);
+        // Only the holder stores into `holder` while it holds the lock.
+        self.holder
+            .store(thread_pointer() | DEFERRED, Ordering::Relaxed);
     }
 
     /// Takes the lock before `fork()` so that the child never inherits it held.
@@ -138,11 +146,13 @@ impl<T> DerefMut for Guard<'_, T> {
 impl<T> Drop for Guard<'_, T> {
     #[inline(always)]
     fn drop(&mut self) {
-        // Taken while the lock is held: only its holder stores there.
-        let work = self.lock.deferred.load(Ordering::Relaxed);
-        if work != 0 {
-            self.lock.deferred.store(0, Ordering::Relaxed);
+        // Read while the lock is held: only its holder stores there.
+        let deferred = self.lock.holder.load(Ordering::Relaxed) & DEFERRED != 0;
+        if !deferred {
+            self.lock.holder.store(0, Ordering::Release);
+            return;
         }
+        let work = self.lock.deferred.swap(0, Ordering::Relaxed);
         self.lock.holder.store(0, Ordering::Release);
         if work != 0 {
             // SAFETY: stored by `defer` from a `fn()`.

@@ -3,8 +3,10 @@
 //! file someone else can truncate under us. A file is opened with `O_PATH` first (which reads
 //! nothing and cannot block), must be a regular file of a sane size, and is then reopened for
 //! reading through the descriptor. Files that only root or the user running mprof can change
-//! are mapped read-only; any other file is read into memory (up to [`MAX_COPIED`] bytes), so
-//! that nobody can make mprof fault by truncating a mapped file.
+//! are mapped read-only; any other file is read into memory (up to [`MAX_COPIED`] bytes, and
+//! [`MAX_COPIED_TOTAL`] for all files together), so that nobody can make mprof fault by
+//! truncating a mapped file, nor make it hold gigabytes by naming large files of their own in
+//! a capture (a copy that cannot be allocated is a warning, never an abort).
 //!
 //! Files are kept for the life of the process, once per (device, inode, size, mtime): the
 //! symbols borrow from them (`'static`), and a second report of the same capture in the same
@@ -22,6 +24,11 @@ use std::sync::Mutex;
 pub const MAX_MAPPED: u64 = 16 << 30;
 /// Largest file copied into memory (one that others could truncate under a mapping).
 pub const MAX_COPIED: u64 = 256 << 20;
+/// Most bytes copied into memory from all such files together, in one process.
+pub const MAX_COPIED_TOTAL: u64 = 512 << 20;
+
+/// Bytes copied so far (see [`MAX_COPIED_TOTAL`]).
+static COPIED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Most distinct files kept open by one process.
 pub const MAX_FILES: usize = 1024;
 
@@ -98,17 +105,36 @@ fn map(file: &File, len: u64) -> Result<&'static [u8], String> {
     Ok(unsafe { std::slice::from_raw_parts(ptr as *const u8, len as usize) })
 }
 
-/// Reads the file into memory kept for the life of the process.
+/// Reads the file into memory kept for the life of the process, within the budgets.
 fn copy(file: File, len: u64) -> Result<&'static [u8], String> {
+    use std::sync::atomic::Ordering;
     if len > MAX_COPIED {
         return Err(format!(
             "a file of {len} bytes that other users can change (at most {MAX_COPIED} are read)"
         ));
     }
-    let mut bytes = Vec::with_capacity(len as usize);
-    file.take(len)
-        .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
+    let before = COPIED.fetch_add(len, Ordering::Relaxed);
+    if before + len > MAX_COPIED_TOTAL {
+        COPIED.fetch_sub(len, Ordering::Relaxed);
+        return Err(format!(
+            "a file of {len} bytes that other users can change, past the {} MiB read of such \
+             files in all",
+            MAX_COPIED_TOTAL >> 20
+        ));
+    }
+    let mut bytes = Vec::new();
+    let read = bytes
+        .try_reserve_exact(len as usize)
+        .map_err(|_| format!("no memory for a copy of its {len} bytes"))
+        .and_then(|()| {
+            file.take(len)
+                .read_to_end(&mut bytes)
+                .map_err(|e| e.to_string())
+        });
+    if let Err(e) = read {
+        COPIED.fetch_sub(len, Ordering::Relaxed);
+        return Err(e);
+    }
     Ok(Box::leak(bytes.into_boxed_slice()))
 }
 

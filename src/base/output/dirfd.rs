@@ -35,14 +35,66 @@ pub(super) fn uid() -> libc::uid_t {
     unsafe { libc::getuid() }
 }
 
-/// Opens the directory `parent` (`O_PATH`: only as an anchor for the `*at` calls).
+/// Symlinks followed at most while walking one directory path (as the kernel allows).
+const MAX_DIR_LINKS: usize = 40;
+
+/// Opens the directory `parent` (`O_PATH`: only as an anchor for the `*at` calls), one
+/// component at a time, each relative to the one before and opened with `O_NOFOLLOW`. A
+/// component that is a symlink is followed only when it belongs to root or to the invoking
+/// user: a directory on the way that another user made a symlink (in a shared directory, with
+/// `fs.protected_symlinks` off) cannot send root's output elsewhere.
 pub(super) fn open_dir(parent: &Path) -> io::Result<OwnedFd> {
-    // std adds O_CLOEXEC; O_PATH ignores the read access mode.
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
-        .open(parent)
-        .map(OwnedFd::from)
+    use std::collections::VecDeque;
+    use std::path::Component;
+    let anchor = |p: &str| {
+        // std adds O_CLOEXEC; O_PATH ignores the read access mode.
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+            .open(p)
+            .map(OwnedFd::from)
+    };
+    let owned = |c: Component| c.as_os_str().to_owned();
+    let mut todo: VecDeque<OsString> = parent.components().map(owned).collect();
+    let mut dir = anchor(if parent.is_absolute() { "/" } else { "." })?;
+    let (mut links, mut walked) = (0, PathBuf::new());
+    while let Some(part) = todo.pop_front() {
+        walked.push(&part);
+        if part == "/" {
+            dir = anchor("/")?;
+            continue;
+        }
+        if part == "." {
+            continue;
+        }
+        let name = cstr(&part);
+        let st = lstat_at(&dir, &name)?.ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+            if st.st_uid != 0 && st.st_uid != uid() {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{} is a symlink of uid {}'s (not yours, not root's): mprof does not \
+                         follow it",
+                        walked.display(),
+                        st.st_uid
+                    ),
+                ));
+            }
+            links += 1;
+            if links > MAX_DIR_LINKS {
+                return Err(io::Error::from_raw_os_error(libc::ELOOP));
+            }
+            let target = readlink_at(&dir, &name)?;
+            for c in target.components().rev() {
+                todo.push_front(owned(c));
+            }
+            continue;
+        }
+        let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        dir = open_at(&dir, &name, flags, 0)?;
+    }
+    Ok(dir)
 }
 
 /// `fstatat` without following a symlink; `None` if nothing is there.
