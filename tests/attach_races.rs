@@ -285,7 +285,11 @@ fn storm_run(py: &Python, lib: &Path, attaches: usize) -> (bool, Vec<String>) {
     std::fs::write(dir.path().join("stop"), b"").unwrap();
     let (status, out) = target.finish(LIMIT);
     let done = out.iter().any(|l| l.starts_with("done loads="));
-    (status.success() && done, failed)
+    let ok = status.success() && done;
+    if !ok {
+        failed.push(format!("the target ended with {status}, output {out:?}"));
+    }
+    (ok, failed)
 }
 
 /// Point 2: native threads that `dlopen` and `dlclose` libraries (holding no GIL, as a plugin

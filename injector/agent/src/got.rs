@@ -19,8 +19,10 @@
 //!   object's own lazy-binding stub), never a value the loader has not written yet.
 //! - Objects loaded later are caught by the hook of `dlopen`, which scans again; a scan leaves
 //!   entries that already point to a hook alone, so it can run any number of times.
-//! - Entries are put back inside `dl_iterate_phdr` too, only in objects still listed (an object
-//!   unloaded since may have another in its place), and never with the session lock held (it
+//! - Entries are put back inside `dl_iterate_phdr` too, only in objects still listed and only
+//!   inside their own segments (an object unloaded since may have another, of another size, in
+//!   its place, and the pages around it may be going away under another thread's `dlclose`),
+//!   and never with the session lock held (it
 //!   runs once that lock is released, see `lock::Guard::defer`).
 //! - Not patched: the agent itself, the dynamic loader, and, for the allocator family, the
 //!   interpreter's own image (libpython, or the executable of a static Python): its calls of
@@ -362,6 +364,14 @@ unsafe extern "C" fn restore_visit(info: *mut DlPhdrInfo, _: usize, data: *mut c
         return 0;
     }
     for slot in &r.slots[from..to] {
+        // Another object may sit where the patched one was (unloaded since, and a different
+        // library loaded at the same address has the same key): only an entry inside this
+        // object's own segments is read. The maps read at the start may still show pages of an
+        // object another thread's `dlclose` has unlisted and is unmapping now; a listed object
+        // stays mapped while the loader's list lock is held.
+        if !contains(info, slot.addr) {
+            continue;
+        }
         let Some(page) = prot.at(slot.addr) else {
             continue;
         };
@@ -537,6 +547,9 @@ unsafe fn patch_object(s: &mut Scan, info: &DlPhdrInfo, extension: bool) {
                 continue;
             };
             let addr = bias + r.offset as usize;
+            if !contains(info, addr) {
+                continue;
+            }
             let Some(page) = prot.at(addr) else {
                 continue;
             };
@@ -595,7 +608,62 @@ fn page_size() -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::Seen;
+    use super::*;
+
+    /// The key of a loaded object other than the test binary (the C library's).
+    fn a_listed_object() -> (usize, usize) {
+        unsafe extern "C" fn find(info: *mut DlPhdrInfo, _: usize, data: *mut c_void) -> c_int {
+            let info = &*info;
+            let name = if info.name.is_null() {
+                &[][..]
+            } else {
+                CStr::from_ptr(info.name).to_bytes()
+            };
+            if name.windows(4).any(|w| w == b"libc") {
+                *(data as *mut (usize, usize)) = (info.addr, info.phdr as usize);
+                return 1;
+            }
+            0
+        }
+        let mut key = (0, 0);
+        // SAFETY: the callback writes the key it was handed.
+        unsafe { dl_iterate_phdr(find, &mut key as *mut (usize, usize) as *mut c_void) };
+        assert_ne!(key, (0, 0), "no C library listed");
+        key
+    }
+
+    /// An entry kept from an object unloaded since, whose place (and key) another object took:
+    /// it lies outside the new one's segments, in pages that may be another thread's
+    /// `dlclose` unmapping (here: pages that cannot be read at all). The restore leaves it
+    /// alone; reading it killed targets of the dlopen storm with SIGSEGV (1 in 40 on CI).
+    #[test]
+    fn a_restore_reads_no_entry_outside_the_object_listed_under_its_key() {
+        let _serial = TEST_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let page = page_size();
+        // SAFETY: a fresh private mapping, no access, unmapped at the end of the test.
+        let gone = unsafe {
+            sys::mmap(
+                std::ptr::null_mut(),
+                page,
+                sys::PROT_NONE,
+                sys::MAP_PRIVATE | sys::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(gone, sys::MAP_FAILED);
+        let serial = SERIAL.load(std::sync::atomic::Ordering::Acquire);
+        GOT_LOCK.lock().slots.push(Slot {
+            object: a_listed_object(),
+            addr: gone as usize,
+            original: 0,
+            hook: 1,
+        });
+        restore_all(serial);
+        assert!(GOT_LOCK.lock().slots.is_empty());
+        // SAFETY: mapped above, used by nobody else.
+        unsafe { sys::munmap(gone, page) };
+    }
 
     #[test]
     fn an_object_is_skipped_from_its_third_scan_until_something_is_unloaded() {

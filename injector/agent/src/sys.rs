@@ -4,6 +4,8 @@
 use std::ffi::{c_char, c_int, c_long, c_void};
 
 pub const RTLD_DEFAULT: *mut c_void = std::ptr::null_mut();
+#[cfg(test)]
+pub const PROT_NONE: c_int = 0;
 pub const PROT_READ: c_int = 1;
 pub const PROT_WRITE: c_int = 2;
 pub const PROT_EXEC: c_int = 4;
