@@ -112,11 +112,15 @@ impl Hot {
             return [leak(&now[0]), leak(&now[1]), leak(&now[2])];
         }
         let [mem, obj] = &self.first;
-        [
-            leak(&now[0]),
-            (*mem.get()).write(now[1]),
-            (*obj.get()).write(now[2]),
-        ]
+        // SAFETY: the first copies are written here alone, once (`first_taken` was false),
+        // under the session lock with the layer in no chain (contract): no hook reads them yet.
+        unsafe {
+            [
+                leak(&now[0]),
+                (*mem.get()).write(now[1]),
+                (*obj.get()).write(now[2]),
+            ]
+        }
     }
 }
 
@@ -195,10 +199,16 @@ pub fn active() -> usize {
     ACTIVE.load(Ordering::Relaxed)
 }
 
+/// The allocator installed now in `domain`.
+///
+/// # Safety
+/// `domain` is 0 (RAW), 1 (MEM) or 2 (OBJ).
 unsafe fn current(api: &Api, domain: usize) -> Allocator {
     let mut a = std::mem::MaybeUninit::<Allocator>::uninit();
-    (api.get_allocator)(domain as i32, a.as_mut_ptr());
-    a.assume_init()
+    // SAFETY: `PyMem_GetAllocator` of a domain that exists (contract) fills `a`.
+    unsafe { (api.get_allocator)(domain as i32, a.as_mut_ptr()) };
+    // SAFETY: filled by the call just above.
+    unsafe { a.assume_init() }
 }
 
 impl HookTable {
@@ -225,11 +235,16 @@ pub fn frees_to_pymalloc(layer: usize) -> bool {
 }
 
 /// Remembers pymalloc's functions if the current allocators are the interpreter's defaults.
+///
+/// # Safety
+/// No condition of the caller's: it calls the interpreter's functions, each where it is
+/// sound (see there).
 unsafe fn learn_pymalloc(api: &Api, now: &[Allocator; 3]) {
     if PYMALLOC[0].load(Ordering::Relaxed) != 0 {
         return;
     }
-    let default = if api.minor == 12 && (api.is_initialized)() == 0 {
+    // SAFETY: `Py_IsInitialized` takes no argument and reads a runtime flag.
+    let default = if api.minor == 12 && unsafe { (api.is_initialized)() } == 0 {
         // 3.12's `_PyMem_GetCurrentAllocatorName` takes a lock that the runtime may not have
         // made yet. Before initialization the allocators are the built-in defaults, whose
         // shape tells them apart: pymalloc is the same function set in MEM and OBJ with no
@@ -242,8 +257,12 @@ unsafe fn learn_pymalloc(api: &Api, now: &[Allocator; 3]) {
     } else {
         match api.allocator_name {
             Some(name) => {
-                let name = name();
-                !name.is_null() && CStr::from_ptr(name) == c"pymalloc"
+                // SAFETY: `_PyMem_GetCurrentAllocatorName` takes no argument; the one version
+                // whose lock may not exist yet (3.12 before initialization) took the branch
+                // above.
+                let name = unsafe { name() };
+                // SAFETY: a non-null answer is a static NUL-terminated string.
+                !name.is_null() && unsafe { CStr::from_ptr(name) } == c"pymalloc"
             }
             None => false,
         }
@@ -309,8 +328,10 @@ fn hook_over(table: &HookTable, layer: usize, domain: usize, prev: &Allocator) -
 pub unsafe fn install(api: &Api, table: &HookTable, rate: u64) -> Result<usize, &'static str> {
     let fast_frees = rate >= FREES_TO_PYMALLOC_MIN_RATE;
     let every = rate <= 1;
-    let now: [Allocator; 3] = [current(api, 0), current(api, 1), current(api, 2)];
-    learn_pymalloc(api, &now);
+    // SAFETY: the three domains.
+    let now: [Allocator; 3] = unsafe { [current(api, 0), current(api, 1), current(api, 2)] };
+    // SAFETY: `learn_pymalloc` asks nothing of its caller.
+    unsafe { learn_pymalloc(api, &now) };
     let found = (0..LAYERS).find(|&l| (0..3).all(|d| table.is_hook(l, d, &now[d])));
     if let Some(layer) = found {
         let hot = &HOT[layer];
@@ -322,7 +343,12 @@ pub unsafe fn install(api: &Api, table: &HookTable, rate: u64) -> Result<usize, 
             hot.frees_to_pymalloc.store(bypass, Ordering::Release);
             hot.every.store(every, Ordering::Release);
             for d in if every_changed { 0 } else { 1 }..3 {
-                (api.set_allocator)(d as i32, &hook_over(table, layer, d, prev(layer, d)));
+                // SAFETY: `PyMem_SetAllocator` copies the struct; its functions (the layer's
+                // hooks, the allocator they wrap) live as long as the process, and the hooks
+                // find the allocator they wrap in `HOT`, set at the layer's installation.
+                unsafe {
+                    (api.set_allocator)(d as i32, &hook_over(table, layer, d, prev(layer, d)))
+                };
             }
         }
         ACTIVE.store(layer, Ordering::Release);
@@ -339,13 +365,17 @@ pub unsafe fn install(api: &Api, table: &HookTable, rate: u64) -> Result<usize, 
         .frees_to_pymalloc
         .store(bypass, Ordering::Release);
     HOT[layer].every.store(every, Ordering::Release);
-    let kept = HOT[layer].keep(&now);
+    // SAFETY: under the session lock (contract), and the layer is in no chain (found so).
+    let kept = unsafe { HOT[layer].keep(&now) };
     for (d, prev) in kept.into_iter().enumerate() {
         HOT[layer].prev[d].store(
             prev as *const Allocator as *mut Allocator,
             Ordering::Release,
         );
-        (api.set_allocator)(d as i32, &hook_over(table, layer, d, prev));
+        // SAFETY: `PyMem_SetAllocator` copies the struct; its functions (the layer's hooks,
+        // the allocator they wrap) live as long as the process, and the hooks find the
+        // allocator they wrap in `HOT`, stored just above.
+        unsafe { (api.set_allocator)(d as i32, &hook_over(table, layer, d, prev)) };
         IN_CHAIN[layer][d].store(true, Ordering::Relaxed);
     }
     ACTIVE.store(layer, Ordering::Release);
@@ -363,7 +393,8 @@ pub unsafe fn still_reached(api: &Api, table: &HookTable) -> bool {
         return true;
     }
     (0..3).all(|d| {
-        let now = current(api, d);
+        // SAFETY: one of the three domains.
+        let now = unsafe { current(api, d) };
         table.is_hook(layer, d, &now) || reaches(&now, table.mallocs(layer, d))
     })
 }
@@ -394,9 +425,12 @@ pub unsafe fn uninstall(api: &Api, table: &HookTable) -> Lost {
         return lost;
     }
     for (d, in_chain) in IN_CHAIN[layer].iter().enumerate() {
-        let now = current(api, d);
+        // SAFETY: one of the three domains.
+        let now = unsafe { current(api, d) };
         if table.is_hook(layer, d, &now) {
-            (api.set_allocator)(d as i32, prev(layer, d));
+            // SAFETY: `PyMem_SetAllocator` copies the struct: the allocator the layer's hook
+            // wrapped, whose functions the blocks it made still need, and which is as it was.
+            unsafe { (api.set_allocator)(d as i32, prev(layer, d)) };
             in_chain.store(false, Ordering::Relaxed);
         } else {
             lost.domains[d] = !reaches(&now, table.mallocs(layer, d));

@@ -5,7 +5,10 @@
 //! It links nothing but libc, finds CPython's symbols with `dlsym`, never calls into Python on
 //! the hot path, and is never unloaded.
 
+// Every unsafe operation, in an `unsafe fn` too, sits in an `unsafe` block whose SAFETY comment
+// says why it is sound (attributes of the crate root: the agent's bare-rustc build obeys them).
 #![warn(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 //!
 //! Modules, bottom up: `sys` (libc), `lock`, `python` (the interpreter's API), `pyframes` (stack
@@ -106,27 +109,38 @@ fn map_ring(fd: c_int) -> Option<(*mut u8, usize)> {
 }
 
 /// Claims the ring at `base` for this process and starts sampling. Returns 0 on success.
+///
+/// # Safety
+/// `base` maps `len` bytes (at least a header) of a ring made by mprof, a mapping of this
+/// process's own that nothing else uses: the session owns it from now on, or it is unmapped.
 unsafe fn claim_and_start(base: *mut u8, len: usize) -> c_int {
-    let h = &*(base as *const RingHeader);
-    let pid = sys::getpid() as u32;
+    // SAFETY: the ring's header, mapped (contract); its shared words are atomics.
+    let h = unsafe { &*(base as *const RingHeader) };
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { sys::getpid() } as u32;
     if h.agent_pid
         .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed)
         .is_err()
     {
-        sys::munmap(base.cast(), len);
+        // SAFETY: the mapping is this function's to undo (contract); `h` is not used after.
+        unsafe { sys::munmap(base.cast(), len) };
         return 3; // another process (our parent, say) took it first
     }
     if python::api().is_some() {
-        python::write_version(h as *const RingHeader as *mut RingHeader);
+        // SAFETY: the header of the ring this process just claimed, which mprof reads only
+        // once a session is active on it.
+        unsafe { python::write_version(h as *const RingHeader as *mut RingHeader) };
     }
     register_fork_handlers();
-    match lifecycle::start(base, len, &hooks::TABLE) {
+    // SAFETY: the ring's mapping, the session's from now on (contract).
+    match unsafe { lifecycle::start(base, len, &hooks::TABLE) } {
         Ok(()) => 0,
         Err(e) => {
             lifecycle::write_message(h, &e.text());
             h.state.store(STATE_FAILED, Ordering::Release);
             // This ring is the refused one (a running session has its own): never keep it.
-            sys::munmap(base.cast(), len);
+            // SAFETY: the refused start kept nothing of the mapping; `h` is not used after.
+            unsafe { sys::munmap(base.cast(), len) };
             1
         }
     }
@@ -283,7 +297,10 @@ unsafe fn leave_audit_hooks() {
         return;
     }
     let fields = entry as *const usize;
-    if *fields.add(1) != first_audit_event as python::AuditHook as usize {
+    // SAFETY: the block `escape::capture_raw` saw the interpreter allocate (aligned, checked
+    // above): the hook's `_Py_AuditHookEntry`, three words, never freed while the hook is in
+    // the list.
+    if unsafe { *fields.add(1) } != first_audit_event as python::AuditHook as usize {
         return;
     }
     let Some((start, len)) = sys::symbol_extent(c"_PyRuntime") else {
@@ -294,10 +311,14 @@ unsafe fn leave_audit_hooks() {
     }
     // Word by word, volatile: other threads change parts of `_PyRuntime` without the GIL.
     let words = start as *mut usize;
-    let mut found =
-        (0..len / std::mem::size_of::<usize>()).filter(|&i| words.add(i).read_volatile() == entry);
+    // SAFETY: the words of `_PyRuntime` (its symbol's extent, aligned: checked above).
+    let mut found = (0..len / std::mem::size_of::<usize>())
+        .filter(|&i| unsafe { words.add(i).read_volatile() } == entry);
     if let (Some(i), None) = (found.next(), found.next()) {
-        words.add(i).write_volatile(*fields);
+        // SAFETY: the one word of `_PyRuntime` that holds the entry's address, the list's head:
+        // it takes the entry's `next`, with the GIL held (contract) as every change of the list
+        // is.
+        unsafe { words.add(i).write_volatile(*fields) };
     }
 }
 
@@ -331,7 +352,8 @@ static AGENT_FINI: extern "C" fn() = agent_fini;
 pub unsafe extern "C" fn mprof_agent_start(fd: c_int) -> c_int {
     own_name::rename();
     match map_ring(fd) {
-        Some((base, len)) => claim_and_start(base, len),
+        // SAFETY: the ring just mapped from `fd`, a ring made by mprof (contract).
+        Some((base, len)) => unsafe { claim_and_start(base, len) },
         None => 2,
     }
 }
@@ -350,13 +372,17 @@ pub unsafe extern "C" fn mprof_agent_check_layout(
     cap: usize,
 ) -> c_int {
     let Some(api) = python::api() else { return 2 };
-    match layout_check::check(api, &*row) {
+    // SAFETY: `row` points to a `PyLayout` (contract).
+    match layout_check::check(api, unsafe { &*row }) {
         Ok(()) => 0,
         Err(why) => {
             let n = why.len().min(cap.saturating_sub(1));
-            std::ptr::copy_nonoverlapping(why.as_ptr(), msg, n);
+            // SAFETY: `n < cap` bytes into the `cap` writable bytes at `msg` (contract), from
+            // a string of the agent's own.
+            unsafe { std::ptr::copy_nonoverlapping(why.as_ptr(), msg, n) };
             if cap > 0 {
-                *msg.add(n) = 0;
+                // SAFETY: `n < cap`: the last of those bytes at most.
+                unsafe { *msg.add(n) = 0 };
             }
             1
         }

@@ -287,7 +287,10 @@ pub unsafe fn start(
     let layout = layout::for_version(api.major, api.minor)
         .ok_or(StartError::Unsupported(api.major, api.minor))?;
     crate::layout_check::check(api, layout).map_err(StartError::Layout)?;
-    let ring = Ring::attach(base, len).map_err(StartError::BadRing)?;
+    // SAFETY: `len` mapped bytes of a ring at `base` (page-aligned), owned by this session
+    // from now on (contract): they stay mapped while it keeps the `Ring`, and no other `Ring`
+    // writes there.
+    let ring = unsafe { Ring::attach(base, len) }.map_err(StartError::BadRing)?;
     touch_for_samples(&ring);
     crate::addrset::touch_filter();
     crate::code_dealloc::wrap(layout, api.code_type);
@@ -299,7 +302,8 @@ pub unsafe fn start(
         }
     }
     let h = ring.header();
-    let layer = chain::install(api, table, h.rate).map_err(StartError::Hooks)?;
+    // SAFETY: under the session lock, taken above.
+    let layer = unsafe { chain::install(api, table, h.rate) }.map_err(StartError::Hooks)?;
     let (max_depth, rate, seed) = (h.max_depth, h.rate, h.seed);
     crate::follow::remember(h);
     let native = h.config_flags & CONFIG_PYTHON_ONLY == 0;
