@@ -44,6 +44,7 @@ mod sys;
 mod unwind;
 
 use lifecycle::SESSION;
+use mprof_common::layout::ABSENT;
 use mprof_common::record::EndReason;
 use mprof_common::ring::{RingHeader, STATE_FAILED, STATE_WAITING};
 use std::ffi::{c_char, c_int, CStr};
@@ -283,11 +284,14 @@ unsafe extern "C" fn first_audit_event(
 /// hook is in that list the interpreter builds every audit event's arguments (a tuple) to
 /// pass them on: about 140 instructions an event, 0.1% of a tornado server's work.
 ///
-/// There is no API to remove a hook, so the list's head is found in `_PyRuntime`: the one word
-/// there that holds the address of the hook's entry (`_Py_AuditHookEntry`: next, function,
-/// data; the block `escape::capture_raw` saw made), which is replaced with the entry's `next`.
+/// There is no API to remove a hook, so the list's head is changed in place: the word of
+/// `_PyRuntime` at the layout table's `runtime_audit_head` (`audit_hook_head`, from 3.12
+/// `audit_hooks.head`). The agent's hook, added before the interpreter initialised, is the
+/// first: that word must hold the address of its entry (`_Py_AuditHookEntry`: next, function,
+/// data; the block `escape::capture_raw` saw made), and is replaced with the entry's `next`.
 /// The entry stays allocated: an event being raised now goes on to `next` from it. If the word
-/// is not found exactly once, or the entry does not name this hook, the hook stays.
+/// holds anything else (an interpreter laid out otherwise than its headers say), or the entry
+/// does not name this hook, the hook stays.
 ///
 /// # Safety
 /// With the GIL held, from inside the agent's own audit hook.
@@ -303,22 +307,33 @@ unsafe fn leave_audit_hooks() {
     if unsafe { *fields.add(1) } != first_audit_event as python::AuditHook as usize {
         return;
     }
+    // The row of this version: the one the session's start checked (the hook is added only
+    // once a session started).
+    let Some(layout) =
+        python::api().and_then(|api| mprof_common::layout::for_version(api.major, api.minor))
+    else {
+        return;
+    };
+    let offset = layout.runtime_audit_head as usize;
     let Some((start, len)) = sys::symbol_extent(c"_PyRuntime") else {
         return;
     };
-    if !start.is_multiple_of(std::mem::align_of::<usize>()) {
+    let word = std::mem::size_of::<usize>();
+    let head = start.wrapping_add(offset);
+    if layout.runtime_audit_head == ABSENT
+        || offset.saturating_add(word) > len
+        || !head.is_multiple_of(std::mem::align_of::<usize>())
+    {
         return;
     }
-    // Word by word, volatile: other threads change parts of `_PyRuntime` without the GIL.
-    let words = start as *mut usize;
-    // SAFETY: the words of `_PyRuntime` (its symbol's extent, aligned: checked above).
-    let mut found = (0..len / std::mem::size_of::<usize>())
-        .filter(|&i| unsafe { words.add(i).read_volatile() } == entry);
-    if let (Some(i), None) = (found.next(), found.next()) {
-        // SAFETY: the one word of `_PyRuntime` that holds the entry's address, the list's head:
-        // it takes the entry's `next`, with the GIL held (contract) as every change of the list
-        // is.
-        unsafe { words.add(i).write_volatile(*fields) };
+    // Volatile: other threads change parts of `_PyRuntime` without the GIL.
+    let head = head as *mut usize;
+    // SAFETY: an aligned word inside `_PyRuntime` (its symbol's extent: checked above).
+    if unsafe { head.read_volatile() } == entry {
+        // SAFETY: the list's head, which holds the entry's address: it takes the entry's
+        // `next` (the entry is readable, above), with the GIL held (contract) as every change
+        // of the list once the interpreter runs is.
+        unsafe { head.write_volatile(*fields) };
     }
 }
 
