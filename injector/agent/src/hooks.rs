@@ -3,7 +3,7 @@
 //! Each hook wraps the allocator that was installed before it (so blocks allocated before the
 //! agent arrived are freed by their own allocator) and ignores its `ctx` argument: the pair
 //! {function, ctx} can be read torn by another thread while it is being swapped, so the hooks
-//! always use the allocator `chain` saved for them. There are `chain::LAYERS` copies of every
+//! always use the allocator `chain` saved for them. There are `sampler::LAYERS` copies of every
 //! hook (const-generic `L`), each with its own saved allocator and countdowns.
 //!
 //! The fast path of an allocation is one subtraction and compare; of a free, one hash and one
@@ -16,36 +16,16 @@
 //! (`sampling::sampled_alloc`).
 
 use crate::addrset::maybe_sampled;
-use crate::chain::{self, FreeFn, HookTable, LAYERS, SMALL_MAX};
+use crate::chain::{self, FreeFn, HookTable, MEM, OBJ, PASSING, RAW, SMALL_MAX, UNUSED};
 use crate::python::Allocator;
-use crate::sampler::{self, THREAD};
-use crate::sampling::{self, MEM, OBJ, RAW};
+use crate::sampler::{self, LAYERS, THREAD};
+use crate::sampling;
 use crate::sys;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
-/// The thread (by its thread pointer) inside a MEM or OBJ call that pymalloc may pass to the
-/// RAW domain: the RAW hooks let that thread's calls through uncounted, as the outer hook
-/// counted them. Only a thread holding the GIL sets it (MEM and OBJ need the GIL), so a plain
-/// global does, and setting it costs no TLS lookup (the thread's busy flag would); not with
-/// several GILs (see [`UNUSED`]).
-static PASSING: AtomicUsize = AtomicUsize::new(0);
-
-/// `PASSING` while the process has interpreters with GILs of their own: two threads may then
-/// be inside MEM or OBJ calls at once, and one global cannot mark both. Every MEM and OBJ call
-/// takes the slow path then, whose busy flag (thread-local) lets the nested RAW call through.
-const UNUSED: usize = usize::MAX;
-
-/// From now on `PASSING` is not used (see [`UNUSED`]). Stored again from the slow path (see
-/// `sampler::enter_several_gils`): a call that was inside `nested` when it was first stored
-/// puts back what it found.
-pub fn leave_passing_unused() {
-    if PASSING.load(Ordering::Relaxed) != UNUSED {
-        PASSING.store(UNUSED, Ordering::Relaxed);
-    }
-}
-
-/// Calls `f` with the thread marked as passing a call to RAW, so the RAW hooks let it through.
+/// Calls `f` with the thread marked as passing a call to RAW, so the RAW hooks let it through
+/// (see `chain::PASSING`).
 #[inline(always)]
 fn nested<T>(f: impl FnOnce() -> T) -> T {
     let was = PASSING.load(Ordering::Relaxed);
@@ -58,7 +38,7 @@ fn nested<T>(f: impl FnOnce() -> T) -> T {
     r
 }
 
-/// Whether this RAW call comes from pymalloc under a MEM or OBJ hook (see `PASSING`).
+/// Whether this RAW call comes from pymalloc under a MEM or OBJ hook (see `chain::PASSING`).
 #[inline(always)]
 fn passed_from_above() -> bool {
     PASSING.load(Ordering::Relaxed) == sys::thread_pointer()
@@ -84,7 +64,7 @@ fn count_down<const D: usize, const L: usize>(size: usize) -> bool {
     chain::gil_take::<L>(size)
 }
 
-/// A MEM or OBJ call that pymalloc will pass to RAW, guarded (see `PASSING`). Out of line, with
+/// A MEM or OBJ call that pymalloc will pass to RAW, guarded (see `chain::PASSING`). Out of line, with
 /// the arguments by value: inlined, the call it makes (not a tail call) made every call of the
 /// hook save a register, the small ones' too.
 ///
@@ -451,3 +431,44 @@ pub static TABLE: HookTable = HookTable {
 };
 
 const _: () = assert!(LAYERS == 4, "TABLE lists one entry per layer");
+
+#[cfg(test)]
+mod tests {
+    use super::TABLE;
+    use crate::chain::{hook_over, wrapped, HOT, RAW};
+    use crate::sampler::LAYERS;
+
+    /// `chain` puts a layer's hooks over the allocators it wraps: over the layer's first copies
+    /// of them, the kind of this table's hooks that reads those copies in place.
+    #[test]
+    fn hooks_over_the_first_copies_are_the_kind_that_reads_them_in_place() {
+        // The last layer, which no other test installs. Its first installation keeps the MEM
+        // and OBJ allocators in `Hot::first`; any later one in copies of its own.
+        let layer = LAYERS - 1;
+        let now = [TABLE.hooks[0][0], TABLE.hooks[0][1], TABLE.hooks[0][2]];
+        // SAFETY: the layer is in no chain, and no other test touches it.
+        let first = unsafe { HOT[layer].keep(&now) };
+        // SAFETY: as above.
+        let again = unsafe { HOT[layer].keep(&now) };
+        for d in 0..3 {
+            let over = hook_over(&TABLE, layer, d, first[d]);
+            let expected = if d == RAW {
+                &TABLE.hooks[layer][d]
+            } else {
+                assert!(std::ptr::eq(wrapped::<true>(layer, d), first[d]));
+                &TABLE.over_first[layer][d - 1]
+            };
+            assert_eq!(over.malloc as usize, expected.malloc as usize, "domain {d}");
+            assert_eq!(
+                over.realloc as usize, expected.realloc as usize,
+                "domain {d}"
+            );
+            assert!(TABLE.is_hook(layer, d, &over));
+            assert!(!TABLE.is_hook(0, d, &over));
+            // Copies elsewhere are wrapped by the hooks that follow the layer's pointer.
+            let later = hook_over(&TABLE, layer, d, again[d]);
+            assert_eq!(later.malloc as usize, TABLE.hooks[layer][d].malloc as usize);
+            assert!(TABLE.is_hook(layer, d, &later));
+        }
+    }
+}

@@ -4,17 +4,23 @@
 //!
 //! It links nothing but libc, finds CPython's symbols with `dlsym`, never calls into Python on
 //! the hot path, and is never unloaded.
+//!
+//! Modules, bottom up: `sys` (libc), `lock` (the spin lock), `prot` (page protections),
+//! `own_name`, `cycles`, `map_request`, `exec_env`, `python` (the interpreter's API),
+//! `code_dealloc`, `pyframes` (stack walking), `layout_check`, `stacks`, `addrset` (sampled
+//! blocks), `sampler` (countdowns), `chain` (the allocator chain and the hook layers in it),
+//! `got`, `cfi`, `unwind` (native stacks), `follow` (children), `lifecycle` (the one owner of
+//! a session: start, stop), `sample_stack`, `sampling` (the hooks' slow path), `hooks` (the
+//! hooks' fast path), `native` (the C allocator's hooks), `locks` (their order, the fork
+//! handlers), and here the entry points.
+//!
+//! Each module imports only modules before it in that list (`injector/agent/tests/layers.rs`
+//! checks it).
 
 // Every unsafe operation, in an `unsafe fn` too, sits in an `unsafe` block whose SAFETY comment
 // says why it is sound (attributes of the crate root: the agent's bare-rustc build obeys them).
 #![warn(clippy::undocumented_unsafe_blocks)]
 #![deny(unsafe_op_in_unsafe_fn)]
-
-//!
-//! Modules, bottom up: `sys` (libc), `lock`, `python` (the interpreter's API), `pyframes` (stack
-//! walking), `addrset` (sampled blocks), `sampler` (countdowns), `chain` (the allocator chain
-//! and the hook layers in it), `lifecycle` (the one owner of a session: start, stop), `sampling`
-//! (the hooks' slow path), `hooks` (the hooks' fast path), and here the entry points.
 
 mod addrset;
 #[cfg(target_arch = "x86_64")]
@@ -43,13 +49,11 @@ mod stacks;
 mod sys;
 mod unwind;
 
-use lifecycle::SESSION;
 use mprof_common::layout::ABSENT;
 use mprof_common::record::EndReason;
 use mprof_common::ring::{RingHeader, STATE_FAILED, STATE_WAITING};
 use std::ffi::{c_char, c_int, CStr};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Once;
+use std::sync::atomic::Ordering;
 
 /// Environment variable naming the inherited ring file descriptor (record mode).
 const ENV_RING_FD: &CStr = c"MPROF_RING_FD";
@@ -132,9 +136,9 @@ unsafe fn claim_and_start(base: *mut u8, len: usize) -> c_int {
         // once a session is active on it.
         unsafe { python::write_version(h as *const RingHeader as *mut RingHeader) };
     }
-    register_fork_handlers();
+    locks::register_fork_handlers();
     // SAFETY: the ring's mapping, the session's from now on (contract).
-    match unsafe { lifecycle::start(base, len, &hooks::TABLE) } {
+    match unsafe { lifecycle::start(base, len, &hooks::TABLE, native::install) } {
         Ok(()) => 0,
         Err(e) => {
             lifecycle::write_message(h, &e.text());
@@ -414,60 +418,4 @@ pub extern "C" fn mprof_agent_stop(_unused: c_int) -> c_int {
     } else {
         1
     }
-}
-
-static FORK_HANDLERS: Once = Once::new();
-
-/// The process that forked, as the child's copy of it says: a child asked for its parent
-/// once its parent returned from `fork` may already get init (the parent exited, as a
-/// daemon's intermediate process does at once), and mprof could not tell it is one of the
-/// program's.
-static FORKED_BY: AtomicU32 = AtomicU32::new(0);
-
-pub(crate) extern "C" fn before_fork() {
-    // SAFETY: getpid has no preconditions.
-    FORKED_BY.store(unsafe { sys::getpid() } as u32, Ordering::Relaxed);
-    // The locks' order (see `locks`): the session's, then the GOT scans'.
-    SESSION.raw_lock();
-    got::lock_for_fork();
-}
-
-pub(crate) extern "C" fn after_fork_parent() {
-    got::unlock_after_fork();
-    // SAFETY: taken by `before_fork` on this thread.
-    unsafe { SESSION.raw_unlock() };
-}
-
-/// The child of a fork shares the parent's ring but is not the parent: it stops writing there.
-/// When children are followed it goes on in a ring of its own, handed to mprof.
-extern "C" fn after_fork_child() {
-    got::unlock_after_fork();
-    // SAFETY: the child's copies of the locks `before_fork` took in the parent.
-    unsafe { SESSION.raw_unlock() };
-    // The forking thread's cached id is its parent's: the child's records must carry its own.
-    let _ = sampler::THREAD.try_with(|t| t.tid.set(0));
-    let mut s = SESSION.lock();
-    let running = s.mapped.is_some();
-    match running
-        .then(|| follow::make_and_announce(follow::FORKED, FORKED_BY.load(Ordering::Relaxed)))
-        .flatten()
-    {
-        Some(own) => {
-            // SAFETY: the descriptor is not needed once mapped (mprof has its own).
-            unsafe { sys::close(own.fd) };
-            lifecycle::continue_in_child(&mut s, own.base, own.len);
-        }
-        None => lifecycle::forget_in_child(&mut s),
-    }
-}
-
-fn register_fork_handlers() {
-    // SAFETY: pthread_atfork with handlers that live as long as the process (never unloaded).
-    FORK_HANDLERS.call_once(|| unsafe {
-        sys::pthread_atfork(
-            Some(before_fork),
-            Some(after_fork_parent),
-            Some(after_fork_child),
-        );
-    });
 }

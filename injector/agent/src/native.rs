@@ -17,21 +17,15 @@
 
 use crate::addrset::maybe_sampled;
 use crate::got::{self, Hook, Scope};
+use crate::lifecycle;
 use crate::sampler::{self, THREAD};
 use crate::sampling::{self, MMAP, NATIVE};
 use crate::sys;
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Whether native allocations are sampled in the running session.
-static ON: AtomicBool = AtomicBool::new(false);
 /// An address inside the interpreter's image (`Py_GetVersion`), set at install.
 static INTERPRETER: AtomicUsize = AtomicUsize::new(0);
-
-/// Whether the running session samples native allocations (read by the slow path).
-pub fn on() -> bool {
-    ON.load(Ordering::Relaxed)
-}
 
 #[inline(always)]
 fn count_down(size: usize) -> bool {
@@ -288,8 +282,8 @@ unsafe extern "C" fn hook_dlopen(name: *const c_char, flags: c_int) -> *mut c_vo
 /// can be symbolized.
 unsafe extern "C" fn hook_dlclose(handle: *mut c_void) -> c_int {
     let inside_agent = THREAD.with(|t| t.busy.get());
-    if !inside_agent && on() {
-        crate::lifecycle::before_unload();
+    if !inside_agent && lifecycle::native_on() {
+        lifecycle::before_unload();
     }
     // SAFETY: the caller's call.
     unsafe { sys::dlclose(handle) }
@@ -299,7 +293,7 @@ unsafe extern "C" fn hook_dlclose(handle: *mut c_void) -> c_int {
 unsafe extern "C" fn hook_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     // SAFETY: the caller's call.
     let found = unsafe { sys::dlsym(handle, name) };
-    if found.is_null() || !on() {
+    if found.is_null() || !lifecycle::native_on() {
         return found;
     }
     real_to_hook()
@@ -449,43 +443,12 @@ fn agent() -> usize {
     hook_malloc as *const () as usize
 }
 
-/// Starts sampling native allocations for the session numbered `serial`: points every loaded
-/// object's GOT entries at the hooks. `interpreter` is an address inside the interpreter's
-/// image (`Py_GetVersion`). Called without the session lock held (the scan takes the loader's
-/// lock); does nothing if that session ended meanwhile.
-pub fn install(interpreter: *const c_void, serial: u64) {
+/// Points every loaded object's GOT entries at the hooks for the session numbered `serial`;
+/// returns whether it did (not if that session ended meanwhile). `interpreter` is an address
+/// inside the interpreter's image (`Py_GetVersion`). Called by `lifecycle::start` (which
+/// starts sampling native allocations if so) without the session lock held (the scan takes
+/// the loader's lock). `lifecycle` stops the sampling and restores the entries.
+pub fn install(interpreter: *const c_void, serial: u64) -> bool {
     INTERPRETER.store(interpreter as usize, Ordering::Relaxed);
-    if got::patch_all(&hooks(), agent(), interpreter as usize, serial) {
-        ON.store(true, Ordering::Release);
-    }
-}
-
-/// Stops sampling native allocations; with `restore`, the patched GOT entries are put back
-/// once the session lock is released (the restore takes the loader's list lock, which a thread
-/// may hold while it waits for the session lock in a hook). Called with the session lock held,
-/// after the session serial moved on to `serial`.
-pub fn uninstall(restore: bool, serial: u64) {
-    ON.store(false, Ordering::Release);
-    if restore {
-        RESTORE_SERIAL.store(serial, Ordering::Relaxed);
-        crate::lifecycle::SESSION.defer(restore_deferred);
-    }
-}
-
-/// The session serial a deferred restore is for.
-static RESTORE_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Puts the GOT entries back, after the session lock was released (see [`uninstall`]); not if
-/// another session started meanwhile.
-fn restore_deferred() {
-    let serial = RESTORE_SERIAL.load(Ordering::Relaxed);
-    // Busy: what the restore allocates is the agent's own.
-    let done = THREAD.try_with(|t| {
-        let was = t.busy.replace(true);
-        got::restore_all(serial);
-        t.busy.set(was);
-    });
-    if done.is_err() {
-        got::restore_all(serial); // a thread whose locals are gone: it is exiting
-    }
+    got::patch_all(&hooks(), agent(), interpreter as usize, serial)
 }

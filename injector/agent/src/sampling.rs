@@ -3,7 +3,7 @@
 //! block was sampled. Runs under the session lock (`lifecycle::SESSION`); notices there when
 //! the session must end.
 
-use crate::chain;
+use crate::chain::{self, MEM, OBJ, RAW};
 use crate::cycles::{self, Part};
 use crate::lifecycle::{self, Session, ENABLED, SESSION};
 use crate::python::{Api, ThisThread};
@@ -24,10 +24,8 @@ use std::hint::cold_path;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// The RAW domain, called without the GIL (its countdowns are per thread).
-pub const RAW: usize = 0;
-pub const MEM: usize = 1;
-pub const OBJ: usize = 2;
+// The domains a sample comes from: the interpreter's three (`chain::RAW`, `MEM`, `OBJ`), then
+// the agent's own two.
 /// The C allocator family and anonymous `mmap`, seen through the GOT hooks (`native`): any
 /// thread, any moment; one per-thread countdown for both.
 pub const NATIVE: usize = 3;
@@ -109,14 +107,14 @@ fn native_stack<'a>(t: &ThreadState, out: &'a mut [MaybeUninit<u64>]) -> &'a [u6
 #[inline(always)]
 fn decide(domain: usize, layer: usize, t: &ThreadState, size: usize) -> bool {
     if domain >= NATIVE {
-        let enabled = ENABLED.load(Ordering::Acquire) && crate::native::on();
+        let enabled = ENABLED.load(Ordering::Acquire) && lifecycle::native_on();
         return decide_per_thread(enabled, &t.native_countdown, &t.native_epoch, size);
     }
     let enabled = ENABLED.load(Ordering::Acquire) && chain::active() == layer;
     if domain != RAW && enabled && sampler::several_gils() {
         // Another interpreter's thread may have stored over the shared countdown: held down
         // again, and this thread's own countdown decides (see `sampler`).
-        sampler::enter_several_gils(layer);
+        chain::enter_several_gils(layer);
         let (countdown, drawn_in) = (&t.countdown[layer], &t.epoch[layer]);
         if drawn_in.get() == EPOCH.load(Ordering::Relaxed) {
             let c = countdown.get() - size as i64;
@@ -560,7 +558,7 @@ unsafe fn notice_other_interpreter(api: &Api, layout: &PyLayout, tstate: *const 
     // SAFETY: the calling thread's interpreter, read just above.
     if interp != main && unsafe { has_own_gil(layout, interp) } {
         WATCHED.store(NOT_WATCHED, Ordering::Relaxed);
-        sampler::enter_several_gils(chain::active());
+        chain::enter_several_gils(chain::active());
     }
 }
 
