@@ -57,8 +57,13 @@ fn outcome(status: ExitStatus, err: &str) -> String {
 
 /// One trial: the target execs `program` after a pseudo-random delay while mprof attaches (or,
 /// for the control, while nothing does). Returns the exec'd program's exit status and mprof's
-/// outcome.
-fn exec_trial(py: &Python, rng: &mut Lcg, program: &[&str], attach: bool) -> (ExitStatus, String) {
+/// outcome, and the target's output (for a failure's message).
+fn exec_trial(
+    py: &Python,
+    rng: &mut Lcg,
+    program: &[&str],
+    attach: bool,
+) -> (ExitStatus, String, Vec<String>) {
     let delay = format!("{:.4}", rng.below(25) as f64 / 1000.0);
     let who = if rng.below(2) == 0 { "main" } else { "thread" };
     let target = Target::start(
@@ -78,8 +83,8 @@ fn exec_trial(py: &Python, rng: &mut Lcg, program: &[&str], attach: bool) -> (Ex
     } else {
         "control".into()
     };
-    let (status, _) = target.finish(LIMIT);
-    (status, said)
+    let (status, out) = target.finish(LIMIT);
+    (status, said, out)
 }
 
 /// Point 1 of the attach races: a target that execs a setuid-root program (`passwd -S`, as
@@ -111,18 +116,18 @@ fn a_target_that_execs_a_setuid_program_during_the_attach_is_left_alone() {
         let mut rng = Lcg(0x5e7_u64 + trials);
         let mut harmed = Vec::new();
         for i in 0..trials / 4 {
-            let (status, _) = exec_trial(py, &mut rng, &passwd, false);
+            let (status, _, out) = exec_trial(py, &mut rng, &passwd, false);
             assert!(
                 status.success(),
-                "{}: control {i}: passwd failed: {status}",
+                "{}: control {i}: passwd failed: {status}, output {out:?}",
                 py.label
             );
         }
         let mut said = BTreeMap::<String, usize>::new();
         for i in 0..trials {
-            let (status, what) = exec_trial(py, &mut rng, &passwd, true);
+            let (status, what, out) = exec_trial(py, &mut rng, &passwd, true);
             if !status.success() {
-                harmed.push(format!("trial {i}: {status} ({what})"));
+                harmed.push(format!("trial {i}: {status} ({what}), output {out:?}"));
             }
             *said.entry(what).or_default() += 1;
         }
@@ -172,8 +177,12 @@ fn an_exec_during_the_attach_is_not_called_an_exit() {
     let mut rng = Lcg(0xe8ec);
     let mut said = BTreeMap::<String, usize>::new();
     for _ in 0..20 {
-        let (status, what) = exec_trial(&py, &mut rng, &["/bin/sleep", "sleep", "0.6"], true);
-        assert!(status.success(), "{}: sleep failed: {status}", py.label);
+        let (status, what, out) = exec_trial(&py, &mut rng, &["/bin/sleep", "sleep", "0.6"], true);
+        assert!(
+            status.success(),
+            "{}: sleep failed: {status} ({what}), output {out:?}",
+            py.label
+        );
         *said.entry(what).or_default() += 1;
     }
     eprintln!("{}: 20 execs of sleep during an attach: {said:?}", py.label);
@@ -303,7 +312,11 @@ fn storm_run(py: &Python, lib: &Path, attaches: usize) -> (bool, Vec<String>) {
     std::fs::write(dir.path().join("stop"), b"").unwrap();
     let (status, out) = target.finish(LIMIT);
     let done = out.iter().any(|l| l.starts_with("done loads="));
-    (status.success() && done, failed)
+    let ok = status.success() && done;
+    if !ok {
+        failed.push(format!("the target ended with {status}, output {out:?}"));
+    }
+    (ok, failed)
 }
 
 /// Point 2: native threads that `dlopen` and `dlclose` libraries (holding no GIL, as a plugin
