@@ -414,6 +414,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
 }
 
 fn main() -> ExitCode {
+    mprof::base::memory::return_large_blocks();
     let cli = Cli::parse();
     mprof::analysis::symbols::set_show_interpreter_frames(cli.show_interpreter_frames);
     match run(cli) {

@@ -816,7 +816,7 @@ fn rss_readings(capture: &Path) -> Vec<u64> {
     let mut readings = Vec::new();
     mprof::capture::file::CaptureFile::open(capture)
         .expect("a capture")
-        .for_each(|record, _| {
+        .for_each(|record| {
             if let mprof_common::record::Record::Rss { rss_bytes, .. } = record {
                 readings.push(rss_bytes);
             }
