@@ -16,6 +16,7 @@
 //! [`MAX_META_VALUE`] and [`MAX_NAME`] bytes.
 
 use crate::analysis::estimate::{Estimate, Sample};
+pub(crate) use crate::analysis::live::Block;
 use crate::analysis::live::LiveTable;
 use crate::analysis::names::{Location, StackId, StackResolver, MAX_NAME};
 use crate::base::text::elide;
@@ -30,22 +31,6 @@ pub const MAX_META_VALUE: usize = 4096;
 pub const MAX_META_KEYS: usize = 64;
 /// Longest metadata key kept, in bytes; longer keys are dropped.
 const MAX_META_KEY: usize = 64;
-
-/// A live sampled block.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Block {
-    pub stack: StackId,
-    pub tid: u32,
-    pub(crate) size: u64,
-    pub(crate) rate: u64,
-}
-
-impl Block {
-    /// What the block stands for.
-    pub fn sample(&self) -> Sample {
-        Sample::new(self.size, self.rate)
-    }
-}
 
 /// What one process of a capture did on its own (see the module doc).
 #[derive(Clone, Debug, Default)]

@@ -15,8 +15,24 @@
 //!
 //! The table grows (doubles) at three quarters full.
 
-use crate::analysis::aggregate::Block;
+use crate::analysis::estimate::Sample;
 use crate::analysis::names::{FastMap, StackId};
+
+/// A live sampled block.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Block {
+    pub stack: StackId,
+    pub tid: u32,
+    pub(crate) size: u64,
+    pub(crate) rate: u64,
+}
+
+impl Block {
+    /// What the block stands for.
+    pub fn sample(&self) -> Sample {
+        Sample::new(self.size, self.rate)
+    }
+}
 
 /// A block's size that does not fit the entry: the size is in [`LiveTable::big`].
 const BIG: u32 = u32::MAX;
