@@ -64,6 +64,7 @@ FIELDS = [
     "runtime_finalizing",
     "runtime_tss",
     "runtime_auto_interp",
+    "runtime_audit_head",
     "tss_key",
 ]
 
@@ -167,6 +168,10 @@ def field_exprs(minor):
         ),
         "runtime_auto_interp": (
             "offsetof(_PyRuntimeState, gilstate.autoInterpreterState)" if minor <= 11 else None
+        ),
+        "runtime_audit_head": (
+            "offsetof(_PyRuntimeState, audit_hook_head)" if minor <= 11
+            else "offsetof(_PyRuntimeState, audit_hooks.head)"
         ),
         "tss_key": "offsetof(Py_tss_t, _key)",
     }

@@ -92,6 +92,9 @@ pub struct PyLayout {
     /// `_PyRuntimeState.gilstate.autoInterpreterState` (≤3.11, NULL before the thread states
     /// are set up and after they are torn down, when the key is not to be read), else `ABSENT`.
     pub runtime_auto_interp: u16,
+    /// `_PyRuntimeState.audit_hook_head` (≤3.11) or `.audit_hooks.head`: the first entry of
+    /// the list of C audit hooks (`_Py_AuditHookEntry`: next, function, data), NULL if none.
+    pub runtime_audit_head: u16,
     /// `Py_tss_t._key` (a `pthread_key_t`); `_is_initialized`, an `int`, is at 0.
     pub tss_key: u16,
 }

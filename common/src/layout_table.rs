@@ -37,6 +37,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         runtime_finalizing: 16,
         runtime_tss: 1392,
         runtime_auto_interp: 1384,
+        runtime_audit_head: 1456,
         tss_key: 4,
     },
     // CPython 3.9.18
@@ -73,6 +74,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         runtime_finalizing: 16,
         runtime_tss: 584,
         runtime_auto_interp: 576,
+        runtime_audit_head: 648,
         tss_key: 4,
     },
     // CPython 3.10.13
@@ -109,6 +111,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         runtime_finalizing: 16,
         runtime_tss: 584,
         runtime_auto_interp: 576,
+        runtime_audit_head: 648,
         tss_key: 4,
     },
     // CPython 3.11.7
@@ -145,6 +148,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         runtime_finalizing: 24,
         runtime_tss: 592,
         runtime_auto_interp: 584,
+        runtime_audit_head: 656,
         tss_key: 4,
     },
     // CPython 3.12.1
@@ -181,6 +185,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         runtime_finalizing: 24,
         runtime_tss: 1544,
         runtime_auto_interp: ABSENT,
+        runtime_audit_head: 3064,
         tss_key: 4,
     },
     // CPython 3.13.0
@@ -217,6 +222,7 @@ pub const LAYOUTS: &[PyLayout] = &[
         runtime_finalizing: 608,
         runtime_tss: 2160,
         runtime_auto_interp: ABSENT,
+        runtime_audit_head: 10424,
         tss_key: 4,
     },
 ];

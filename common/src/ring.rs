@@ -218,14 +218,18 @@ impl Ring {
         assert!(data_size.is_power_of_two() && (4096..=MAX_DATA_SIZE).contains(&data_size));
         // Raw writes, no reference: in `attach` the target can already reach this memory.
         let h = base as *mut RingHeader;
-        std::ptr::addr_of_mut!((*h).magic).write_volatile(RING_MAGIC);
-        std::ptr::addr_of_mut!((*h).version).write_volatile(RING_VERSION);
-        std::ptr::addr_of_mut!((*h).header_size).write_volatile(HEADER_SIZE as u32);
-        std::ptr::addr_of_mut!((*h).data_size).write_volatile(data_size as u64);
-        std::ptr::addr_of_mut!((*h).rate).write_volatile(rate);
-        std::ptr::addr_of_mut!((*h).seed).write_volatile(seed);
-        std::ptr::addr_of_mut!((*h).max_depth).write_volatile(max_depth);
-        std::ptr::addr_of_mut!((*h).config_flags).write_volatile(config_flags);
+        // SAFETY: the caller gives `region_size(data_size)` writable, 8-aligned bytes, which
+        // hold the header: every field written is in bounds and aligned.
+        unsafe {
+            std::ptr::addr_of_mut!((*h).magic).write_volatile(RING_MAGIC);
+            std::ptr::addr_of_mut!((*h).version).write_volatile(RING_VERSION);
+            std::ptr::addr_of_mut!((*h).header_size).write_volatile(HEADER_SIZE as u32);
+            std::ptr::addr_of_mut!((*h).data_size).write_volatile(data_size as u64);
+            std::ptr::addr_of_mut!((*h).rate).write_volatile(rate);
+            std::ptr::addr_of_mut!((*h).seed).write_volatile(seed);
+            std::ptr::addr_of_mut!((*h).max_depth).write_volatile(max_depth);
+            std::ptr::addr_of_mut!((*h).config_flags).write_volatile(config_flags);
+        }
         fence(Ordering::Release);
     }
 
@@ -240,7 +244,7 @@ impl Ring {
             return Err("region smaller than the ring header");
         }
         // SAFETY: at least HEADER_SIZE mapped bytes (checked above), aligned (caller).
-        let h = &*(base as *const RingHeader);
+        let h = unsafe { &*(base as *const RingHeader) };
         if h.magic != RING_MAGIC {
             return Err("bad ring magic");
         }

@@ -1,7 +1,10 @@
 //! What enters the target process: the agent library, embedded in the mprof binary, and the
 //! means of loading it (a preload for `record`, ptrace for `attach`).
 
+// Every unsafe operation, in an `unsafe fn` too, sits in an `unsafe` block whose SAFETY comment
+// says why it is sound (attributes of the crate root: the agent's bare-rustc build obeys them).
 #![warn(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod agent;
 #[cfg(target_arch = "x86_64")]

@@ -16,9 +16,16 @@ fn check(r: c_long) -> io::Result<c_long> {
     }
 }
 
+/// One ptrace request, with errno cleared first.
+///
+/// # Safety
+/// `addr` and `data` are what `req` takes: where it reads or writes mprof's own memory
+/// (`PTRACE_GETREGS`' buffer, say), that memory is valid for it.
 unsafe fn request(req: libc::c_uint, tid: u32, addr: usize, data: usize) -> io::Result<c_long> {
-    *libc::__errno_location() = 0;
-    check(libc::ptrace(req, tid as pid_t, addr, data))
+    // SAFETY: `__errno_location` points to the calling thread's own errno.
+    unsafe { *libc::__errno_location() = 0 };
+    // SAFETY: the arguments are valid for `req` (contract).
+    check(unsafe { libc::ptrace(req, tid as pid_t, addr, data) })
 }
 
 /// Traces `tid` without stopping it (no SIGSTOP is sent). System-call stops report

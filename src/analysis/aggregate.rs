@@ -16,7 +16,8 @@
 //! [`MAX_META_VALUE`] and [`MAX_NAME`] bytes.
 
 use crate::analysis::estimate::{Estimate, Sample};
-use crate::analysis::live::{Block, LiveTable};
+pub(crate) use crate::analysis::live::Block;
+use crate::analysis::live::LiveTable;
 use crate::analysis::names::{Location, StackId, StackResolver, MAX_NAME};
 use crate::base::text::elide;
 use crate::capture::meta::{ended_by_exec, meta_pairs, meta_rate, meta_u64};

@@ -410,11 +410,14 @@ fn window(seed: &[u8], rng: &mut Rng) -> Vec<u8> {
     bytes
 }
 
+/// Mutated inputs per run: `MPROF_FUZZ_ITERATIONS`, else 3,000, or 300 in the test suite's fast
+/// tier (`MPROF_TESTS=fast`, docs/testing.md), which still runs every seed and crafted case.
 fn iterations() -> usize {
+    let fast = std::env::var("MPROF_TESTS").is_ok_and(|t| t == "fast");
     std::env::var("MPROF_FUZZ_ITERATIONS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(3000)
+        .unwrap_or(if fast { 300 } else { 3000 })
 }
 
 #[test]

@@ -20,12 +20,17 @@
 //! is done only at rates of [`FREES_TO_PYMALLOC_MIN_RATE`] and above.
 
 use crate::python::{Allocator, Api};
-use crate::sampler::IDLE_COUNTDOWN;
-use crate::sampling::RAW;
+use crate::sampler::{self, ALWAYS_SLOW, IDLE_COUNTDOWN, LAYERS};
 use std::cell::UnsafeCell;
 use std::ffi::{c_void, CStr};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicUsize, Ordering};
+
+/// The RAW domain, called without the GIL (its countdowns are per thread); the interpreter's
+/// numbers of its allocator domains (`PyMemAllocatorDomain`).
+pub const RAW: usize = 0;
+pub const MEM: usize = 1;
+pub const OBJ: usize = 2;
 
 /// pymalloc hands requests above this size to the RAW domain (3.8+).
 pub const SMALL_MAX: usize = 512;
@@ -33,9 +38,6 @@ pub const SMALL_MAX: usize = 512;
 /// growth then costs at most 1.6% more memory.
 pub const FREES_TO_PYMALLOC_MIN_RATE: u64 = 32 << 10;
 
-/// Layers of hooks: how many times a session may find its hooks taken out of the chain before
-/// the process has to be restarted to be profiled again.
-pub const LAYERS: usize = 4;
 /// `ACTIVE` when no layer samples.
 pub const NONE: usize = LAYERS;
 
@@ -106,17 +108,21 @@ impl Hot {
     ///
     /// # Safety
     /// Under the session lock, with the layer in no chain.
-    unsafe fn keep(&'static self, now: &[Allocator; 3]) -> [&'static Allocator; 3] {
+    pub unsafe fn keep(&'static self, now: &[Allocator; 3]) -> [&'static Allocator; 3] {
         let leak = |a: &Allocator| -> &'static Allocator { Box::leak(Box::new(*a)) };
         if self.first_taken.swap(true, Ordering::Relaxed) {
             return [leak(&now[0]), leak(&now[1]), leak(&now[2])];
         }
         let [mem, obj] = &self.first;
-        [
-            leak(&now[0]),
-            (*mem.get()).write(now[1]),
-            (*obj.get()).write(now[2]),
-        ]
+        // SAFETY: the first copies are written here alone, once (`first_taken` was false),
+        // under the session lock with the layer in no chain (contract): no hook reads them yet.
+        unsafe {
+            [
+                leak(&now[0]),
+                (*mem.get()).write(now[1]),
+                (*obj.get()).write(now[2]),
+            ]
+        }
     }
 }
 
@@ -124,6 +130,58 @@ impl Hot {
 #[inline(always)]
 pub fn gil_countdown(layer: usize) -> &'static AtomicI64 {
     &HOT[layer].countdown
+}
+
+/// Arms `layer`'s MEM and OBJ countdown for the session starting (see `sampler::gil_start`).
+pub fn arm_countdown(layer: usize) {
+    gil_countdown(layer).store(sampler::gil_start(), Ordering::Relaxed);
+}
+
+/// Arms the countdowns of `layer`, which takes over sampling within the running session.
+pub fn arm_layer(layer: usize) {
+    sampler::next_epoch();
+    arm_countdown(layer);
+}
+
+/// Switches every countdown to idle.
+pub fn idle() {
+    sampler::next_epoch();
+    for layer in 0..LAYERS {
+        gil_countdown(layer).store(IDLE_COUNTDOWN, Ordering::Relaxed);
+    }
+}
+
+/// The thread (by its thread pointer) inside a MEM or OBJ call that pymalloc may pass to the
+/// RAW domain: the RAW hooks let that thread's calls through uncounted, as the outer hook
+/// counted them (see `hooks::nested`). Only a thread holding the GIL sets it (MEM and OBJ need
+/// the GIL), so a plain global does, and setting it costs no TLS lookup (the thread's busy
+/// flag would); not with several GILs (see [`UNUSED`]).
+pub static PASSING: AtomicUsize = AtomicUsize::new(0);
+
+/// `PASSING` while the process has interpreters with GILs of their own: two threads may then
+/// be inside MEM or OBJ calls at once, and one global cannot mark both. Every MEM and OBJ call
+/// takes the slow path then, whose busy flag (thread-local) lets the nested RAW call through.
+pub const UNUSED: usize = usize::MAX;
+
+/// From now on `PASSING` is not used (see [`UNUSED`]). Stored again from the slow path (see
+/// [`enter_several_gils`]): a call that was inside `hooks::nested` when it was first stored
+/// puts back what it found.
+fn leave_passing_unused() {
+    if PASSING.load(Ordering::Relaxed) != UNUSED {
+        PASSING.store(UNUSED, Ordering::Relaxed);
+    }
+}
+
+/// From now on MEM and OBJ calls count down per thread: the sampling `layer`'s shared countdown
+/// is held at [`ALWAYS_SLOW`] and `PASSING` is left unused. Called again from the slow path
+/// of every MEM and OBJ call then, to undo another interpreter's thread storing over either:
+/// only what changed is written.
+pub fn enter_several_gils(layer: usize) {
+    sampler::set_several_gils();
+    if layer < LAYERS {
+        gil_countdown(layer).store(ALWAYS_SLOW, Ordering::Relaxed);
+    }
+    leave_passing_unused();
 }
 
 /// Takes `size` bytes off `L`'s MEM and OBJ countdown (GIL held): false when they took it to
@@ -195,10 +253,16 @@ pub fn active() -> usize {
     ACTIVE.load(Ordering::Relaxed)
 }
 
+/// The allocator installed now in `domain`.
+///
+/// # Safety
+/// `domain` is 0 (RAW), 1 (MEM) or 2 (OBJ).
 unsafe fn current(api: &Api, domain: usize) -> Allocator {
     let mut a = std::mem::MaybeUninit::<Allocator>::uninit();
-    (api.get_allocator)(domain as i32, a.as_mut_ptr());
-    a.assume_init()
+    // SAFETY: `PyMem_GetAllocator` of a domain that exists (contract) fills `a`.
+    unsafe { (api.get_allocator)(domain as i32, a.as_mut_ptr()) };
+    // SAFETY: filled by the call just above.
+    unsafe { a.assume_init() }
 }
 
 impl HookTable {
@@ -212,7 +276,7 @@ impl HookTable {
     }
 
     /// Whether `a` is `layer`'s hook of `domain` (either kind).
-    fn is_hook(&self, layer: usize, domain: usize, a: &Allocator) -> bool {
+    pub fn is_hook(&self, layer: usize, domain: usize, a: &Allocator) -> bool {
         self.mallocs(layer, domain).contains(&(a.malloc as usize))
     }
 }
@@ -225,11 +289,16 @@ pub fn frees_to_pymalloc(layer: usize) -> bool {
 }
 
 /// Remembers pymalloc's functions if the current allocators are the interpreter's defaults.
+///
+/// # Safety
+/// No condition of the caller's: it calls the interpreter's functions, each where it is
+/// sound (see there).
 unsafe fn learn_pymalloc(api: &Api, now: &[Allocator; 3]) {
     if PYMALLOC[0].load(Ordering::Relaxed) != 0 {
         return;
     }
-    let default = if api.minor == 12 && (api.is_initialized)() == 0 {
+    // SAFETY: `Py_IsInitialized` takes no argument and reads a runtime flag.
+    let default = if api.minor == 12 && unsafe { (api.is_initialized)() } == 0 {
         // 3.12's `_PyMem_GetCurrentAllocatorName` takes a lock that the runtime may not have
         // made yet. Before initialization the allocators are the built-in defaults, whose
         // shape tells them apart: pymalloc is the same function set in MEM and OBJ with no
@@ -242,8 +311,12 @@ unsafe fn learn_pymalloc(api: &Api, now: &[Allocator; 3]) {
     } else {
         match api.allocator_name {
             Some(name) => {
-                let name = name();
-                !name.is_null() && CStr::from_ptr(name) == c"pymalloc"
+                // SAFETY: `_PyMem_GetCurrentAllocatorName` takes no argument; the one version
+                // whose lock may not exist yet (3.12 before initialization) took the branch
+                // above.
+                let name = unsafe { name() };
+                // SAFETY: a non-null answer is a static NUL-terminated string.
+                !name.is_null() && unsafe { CStr::from_ptr(name) } == c"pymalloc"
             }
             None => false,
         }
@@ -274,7 +347,7 @@ fn is_pymalloc(a: &Allocator) -> bool {
 }
 
 /// The allocator that puts `layer`'s hook of `domain` in front of `prev`.
-fn hook_over(table: &HookTable, layer: usize, domain: usize, prev: &Allocator) -> Allocator {
+pub fn hook_over(table: &HookTable, layer: usize, domain: usize, prev: &Allocator) -> Allocator {
     let hot = &HOT[layer];
     let over_first =
         domain != RAW && std::ptr::eq(prev, hot.first[domain - 1].get().cast::<Allocator>());
@@ -309,8 +382,10 @@ fn hook_over(table: &HookTable, layer: usize, domain: usize, prev: &Allocator) -
 pub unsafe fn install(api: &Api, table: &HookTable, rate: u64) -> Result<usize, &'static str> {
     let fast_frees = rate >= FREES_TO_PYMALLOC_MIN_RATE;
     let every = rate <= 1;
-    let now: [Allocator; 3] = [current(api, 0), current(api, 1), current(api, 2)];
-    learn_pymalloc(api, &now);
+    // SAFETY: the three domains.
+    let now: [Allocator; 3] = unsafe { [current(api, 0), current(api, 1), current(api, 2)] };
+    // SAFETY: `learn_pymalloc` asks nothing of its caller.
+    unsafe { learn_pymalloc(api, &now) };
     let found = (0..LAYERS).find(|&l| (0..3).all(|d| table.is_hook(l, d, &now[d])));
     if let Some(layer) = found {
         let hot = &HOT[layer];
@@ -322,7 +397,12 @@ pub unsafe fn install(api: &Api, table: &HookTable, rate: u64) -> Result<usize, 
             hot.frees_to_pymalloc.store(bypass, Ordering::Release);
             hot.every.store(every, Ordering::Release);
             for d in if every_changed { 0 } else { 1 }..3 {
-                (api.set_allocator)(d as i32, &hook_over(table, layer, d, prev(layer, d)));
+                // SAFETY: `PyMem_SetAllocator` copies the struct; its functions (the layer's
+                // hooks, the allocator they wrap) live as long as the process, and the hooks
+                // find the allocator they wrap in `HOT`, set at the layer's installation.
+                unsafe {
+                    (api.set_allocator)(d as i32, &hook_over(table, layer, d, prev(layer, d)))
+                };
             }
         }
         ACTIVE.store(layer, Ordering::Release);
@@ -339,13 +419,17 @@ pub unsafe fn install(api: &Api, table: &HookTable, rate: u64) -> Result<usize, 
         .frees_to_pymalloc
         .store(bypass, Ordering::Release);
     HOT[layer].every.store(every, Ordering::Release);
-    let kept = HOT[layer].keep(&now);
+    // SAFETY: under the session lock (contract), and the layer is in no chain (found so).
+    let kept = unsafe { HOT[layer].keep(&now) };
     for (d, prev) in kept.into_iter().enumerate() {
         HOT[layer].prev[d].store(
             prev as *const Allocator as *mut Allocator,
             Ordering::Release,
         );
-        (api.set_allocator)(d as i32, &hook_over(table, layer, d, prev));
+        // SAFETY: `PyMem_SetAllocator` copies the struct; its functions (the layer's hooks,
+        // the allocator they wrap) live as long as the process, and the hooks find the
+        // allocator they wrap in `HOT`, stored just above.
+        unsafe { (api.set_allocator)(d as i32, &hook_over(table, layer, d, prev)) };
         IN_CHAIN[layer][d].store(true, Ordering::Relaxed);
     }
     ACTIVE.store(layer, Ordering::Release);
@@ -363,7 +447,8 @@ pub unsafe fn still_reached(api: &Api, table: &HookTable) -> bool {
         return true;
     }
     (0..3).all(|d| {
-        let now = current(api, d);
+        // SAFETY: one of the three domains.
+        let now = unsafe { current(api, d) };
         table.is_hook(layer, d, &now) || reaches(&now, table.mallocs(layer, d))
     })
 }
@@ -394,9 +479,12 @@ pub unsafe fn uninstall(api: &Api, table: &HookTable) -> Lost {
         return lost;
     }
     for (d, in_chain) in IN_CHAIN[layer].iter().enumerate() {
-        let now = current(api, d);
+        // SAFETY: one of the three domains.
+        let now = unsafe { current(api, d) };
         if table.is_hook(layer, d, &now) {
-            (api.set_allocator)(d as i32, prev(layer, d));
+            // SAFETY: `PyMem_SetAllocator` copies the struct: the allocator the layer's hook
+            // wrapped, whose functions the blocks it made still need, and which is as it was.
+            unsafe { (api.set_allocator)(d as i32, prev(layer, d)) };
             in_chain.store(false, Ordering::Relaxed);
         } else {
             lost.domains[d] = !reaches(&now, table.mallocs(layer, d));
@@ -427,42 +515,4 @@ fn reaches(top: &Allocator, targets: [usize; 2]) -> bool {
         ctx = if words[0] < 4096 { words[1] } else { words[0] };
     }
     false
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::hooks::TABLE;
-
-    #[test]
-    fn hooks_over_the_first_copies_are_the_kind_that_reads_them_in_place() {
-        // The last layer, which no other test installs. Its first installation keeps the MEM
-        // and OBJ allocators in `Hot::first`; any later one in copies of its own.
-        let layer = LAYERS - 1;
-        let now = [TABLE.hooks[0][0], TABLE.hooks[0][1], TABLE.hooks[0][2]];
-        // SAFETY: the layer is in no chain, and no other test touches it.
-        let first = unsafe { HOT[layer].keep(&now) };
-        // SAFETY: as above.
-        let again = unsafe { HOT[layer].keep(&now) };
-        for d in 0..3 {
-            let over = hook_over(&TABLE, layer, d, first[d]);
-            let expected = if d == RAW {
-                &TABLE.hooks[layer][d]
-            } else {
-                assert!(std::ptr::eq(wrapped::<true>(layer, d), first[d]));
-                &TABLE.over_first[layer][d - 1]
-            };
-            assert_eq!(over.malloc as usize, expected.malloc as usize, "domain {d}");
-            assert_eq!(
-                over.realloc as usize, expected.realloc as usize,
-                "domain {d}"
-            );
-            assert!(TABLE.is_hook(layer, d, &over));
-            assert!(!TABLE.is_hook(0, d, &over));
-            // Copies elsewhere are wrapped by the hooks that follow the layer's pointer.
-            let later = hook_over(&TABLE, layer, d, again[d]);
-            assert_eq!(later.malloc as usize, TABLE.hooks[layer][d].malloc as usize);
-            assert!(TABLE.is_hook(layer, d, &later));
-        }
-    }
 }

@@ -84,14 +84,16 @@ pub unsafe fn with_follow_env<R>(
         return exec(envp);
     }
     // SAFETY: written before `ARMED` was set, never after.
-    let kept = &*std::ptr::addr_of!(KEPT);
+    let kept = unsafe { &*std::ptr::addr_of!(KEPT) };
     let agent = &kept.agent[..kept.agent_len];
     let mut entries = [std::ptr::null::<c_char>(); MAX_ENTRIES + 3];
     let mut n = 0;
     let (mut theirs, mut follows) = (None::<&[u8]>, false);
     let mut at = envp;
-    while !(*at).is_null() {
-        let entry = CStr::from_ptr(*at).to_bytes();
+    // SAFETY: `at` is an element of `envp`, up to its NULL end (contract).
+    while !unsafe { *at }.is_null() {
+        // SAFETY: a non-null element of `envp`: a NUL-terminated string (contract).
+        let entry = unsafe { CStr::from_ptr(*at) }.to_bytes();
         if entry.starts_with(PRELOAD) {
             theirs = Some(&entry[PRELOAD.len()..]);
         } else {
@@ -99,10 +101,12 @@ pub unsafe fn with_follow_env<R>(
             if n == MAX_ENTRIES {
                 return exec(envp);
             }
-            entries[n] = *at;
+            // SAFETY: an element of `envp`, read above.
+            entries[n] = unsafe { *at };
             n += 1;
         }
-        at = at.add(1);
+        // SAFETY: `at` was not the NULL end: the next element is in the array too.
+        at = unsafe { at.add(1) };
     }
     let loads_agent = theirs.is_some_and(|t| preloaded(t).any(|p| p == agent));
     if follows && loads_agent {

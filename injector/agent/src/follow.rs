@@ -220,11 +220,14 @@ const ANNOUNCE_WAIT_NS: u64 = 500_000_000;
 unsafe fn connect_within(s: c_int, addr: &sys::SockaddrUn, len: u32, wait_ns: u64) -> bool {
     let start = sys::now_ns();
     loop {
-        if sys::connect(s, addr, len) == 0 {
+        // SAFETY: a socket of this process and `len` bytes of address (contract).
+        if unsafe { sys::connect(s, addr, len) } == 0 {
             return true;
         }
         // A full backlog says EAGAIN at once (Unix sockets never say EINPROGRESS).
-        if *sys::errno() != sys::EAGAIN || sys::now_ns().saturating_sub(start) >= wait_ns {
+        // SAFETY: `errno` points to the calling thread's own errno.
+        if unsafe { *sys::errno() } != sys::EAGAIN || sys::now_ns().saturating_sub(start) >= wait_ns
+        {
             return false;
         }
         sys::sleep_ns(5_000_000);

@@ -19,8 +19,10 @@
 //!   object's own lazy-binding stub), never a value the loader has not written yet.
 //! - Objects loaded later are caught by the hook of `dlopen`, which scans again; a scan leaves
 //!   entries that already point to a hook alone, so it can run any number of times.
-//! - Entries are put back inside `dl_iterate_phdr` too, only in objects still listed (an object
-//!   unloaded since may have another in its place), and never with the session lock held (it
+//! - Entries are put back inside `dl_iterate_phdr` too, only in objects still listed and only
+//!   inside their own segments (an object unloaded since may have another, of another size, in
+//!   its place, and the pages around it may be going away under another thread's `dlclose`),
+//!   and never with the session lock held (it
 //!   runs once that lock is released, see `lock::Guard::defer`).
 //! - Not patched: the agent itself, the dynamic loader, and, for the allocator family, the
 //!   interpreter's own image (libpython, or the executable of a static Python): its calls of
@@ -264,8 +266,13 @@ struct Scan<'a> {
 pub const PT_LOAD: u32 = 1;
 
 /// Whether `addr` lies in one of the object's loaded segments.
+///
+/// # Safety
+/// `info` describes an object as `dl_iterate_phdr` hands it, during the callback: `phdr`
+/// points to its `phnum` program headers, mapped with it.
 pub unsafe fn contains(info: &DlPhdrInfo, addr: usize) -> bool {
-    std::slice::from_raw_parts(info.phdr, info.phnum as usize)
+    // SAFETY: the object's program headers (contract).
+    unsafe { std::slice::from_raw_parts(info.phdr, info.phnum as usize) }
         .iter()
         .filter(|p| p.p_type == PT_LOAD)
         .any(|p| {
@@ -346,7 +353,9 @@ struct Restore<'a> {
 }
 
 unsafe extern "C" fn restore_visit(info: *mut DlPhdrInfo, _: usize, data: *mut c_void) -> c_int {
-    let r = &mut *(data as *mut Restore);
+    // SAFETY: `data` is the `Restore` that `restore_all` lent the loader for the call; nothing
+    // else uses it meanwhile.
+    let r = unsafe { &mut *(data as *mut Restore) };
     if !r.started {
         r.started = true;
         r.prot = Protections::read();
@@ -354,19 +363,34 @@ unsafe extern "C" fn restore_visit(info: *mut DlPhdrInfo, _: usize, data: *mut c
     let Some(prot) = &r.prot else {
         return 1; // no protections known: nothing is written
     };
-    let info = &*info;
+    // SAFETY: the loader's description of one object, valid during the callback.
+    let info = unsafe { &*info };
     let key = (info.addr, info.phdr as usize);
     let from = r.slots.partition_point(|s| s.object < key);
     let to = r.slots.partition_point(|s| s.object <= key);
-    if from == to || relocating(info, prot) {
+    // SAFETY: an object as the loader hands it, during the callback.
+    if from == to || unsafe { relocating(info, prot) } {
         return 0;
     }
     for slot in &r.slots[from..to] {
+        // Another object may sit where the patched one was (unloaded since, and a different
+        // library loaded at the same address has the same key): only an entry inside this
+        // object's own segments is read. The maps read at the start may still show pages of an
+        // object another thread's `dlclose` has unlisted and is unmapping now; a listed object
+        // stays mapped while the loader's list lock is held.
+        // SAFETY: the object as the loader hands it, during the callback.
+        if !unsafe { contains(info, slot.addr) } {
+            continue;
+        }
         let Some(page) = prot.at(slot.addr) else {
             continue;
         };
-        if std::ptr::read_volatile(slot.addr as *const usize) == slot.hook {
-            write_entry(slot.addr, slot.original, page.prot(), page.write);
+        // SAFETY: an entry the agent patched, an aligned word inside an object the loader lists
+        // (so keeps mapped).
+        if unsafe { std::ptr::read_volatile(slot.addr as *const usize) } == slot.hook {
+            // SAFETY: that entry, still pointing at the hook: it takes back the function it
+            // held, relocated, not being relocated (checked above).
+            unsafe { write_entry(slot.addr, slot.original, page.prot(), page.write) };
         }
     }
     0
@@ -415,8 +439,11 @@ extern "C" {
 }
 
 unsafe extern "C" fn visit(info: *mut DlPhdrInfo, size: usize, data: *mut c_void) -> c_int {
-    let s = &mut *(data as *mut Scan);
-    let info = &*info;
+    // SAFETY: `data` is the `Scan` that `scan` lent the loader for the call; nothing else uses
+    // it meanwhile.
+    let s = unsafe { &mut *(data as *mut Scan) };
+    // SAFETY: the loader's description of one object, valid during the callback.
+    let info = unsafe { &*info };
     if !s.started {
         s.started = true;
         let counted = size >= std::mem::offset_of!(DlPhdrInfo, subs) + 8;
@@ -430,7 +457,8 @@ unsafe extern "C" fn visit(info: *mut DlPhdrInfo, size: usize, data: *mut c_void
     };
     // Being relocated by another thread's `dlopen`: left for the scan its `dlopen` hook makes
     // once it returns (not noted as seen).
-    if relocating(info, prot) {
+    // SAFETY: an object as the loader hands it, during the callback.
+    if unsafe { relocating(info, prot) } {
         return 0;
     }
     if !s.seen.must_scan((info.addr, info.phdr as usize)) {
@@ -439,15 +467,19 @@ unsafe extern "C" fn visit(info: *mut DlPhdrInfo, size: usize, data: *mut c_void
     let name = if info.name.is_null() {
         &[][..]
     } else {
-        CStr::from_ptr(info.name).to_bytes()
+        // SAFETY: a non-null `dlpi_name` is the loader's NUL-terminated name of the object.
+        unsafe { CStr::from_ptr(info.name) }.to_bytes()
     };
-    let skip = contains(info, s.agent)
+    // SAFETY: an object as the loader hands it, during the callback.
+    let skip = unsafe { contains(info, s.agent) }
         || name.windows(7).any(|w| w == b"ld-linux")
         || name.windows(7).any(|w| w == b"ld-musl")
         || name.starts_with(b"linux-vdso")
         || name.starts_with(b"linux-gate");
     if !skip {
-        patch_object(s, info, is_extension_module(name));
+        // SAFETY: an object as the loader hands it, during the callback, relocated (checked
+        // above) and not the agent or the loader.
+        unsafe { patch_object(s, info, is_extension_module(name)) };
     }
     0
 }
@@ -464,8 +496,12 @@ fn fix(ptr: u64, bias: usize) -> usize {
 
 /// The part of an object's RELRO region the loader makes read-only once it has relocated the
 /// object (whole pages: the last partial page stays writable), if any.
+///
+/// # Safety
+/// As for [`contains`].
 unsafe fn relro_pages(info: &DlPhdrInfo) -> Option<(usize, usize)> {
-    let phdrs = std::slice::from_raw_parts(info.phdr, info.phnum as usize);
+    // SAFETY: the object's program headers (contract).
+    let phdrs = unsafe { std::slice::from_raw_parts(info.phdr, info.phnum as usize) };
     let p = phdrs.iter().find(|p| p.p_type == PT_GNU_RELRO)?;
     let mask = !(page_size() - 1);
     let start = (info.addr + p.p_vaddr as usize) & mask;
@@ -475,12 +511,22 @@ unsafe fn relro_pages(info: &DlPhdrInfo) -> Option<(usize, usize)> {
 
 /// Whether the loader is still relocating the object: it has a RELRO region that is not
 /// read-only yet.
+///
+/// # Safety
+/// As for [`contains`].
 unsafe fn relocating(info: &DlPhdrInfo, prot: &Protections) -> bool {
-    relro_pages(info).is_some_and(|(start, end)| !prot.read_only(start, end))
+    // SAFETY: this function's contract.
+    unsafe { relro_pages(info) }.is_some_and(|(start, end)| !prot.read_only(start, end))
 }
 
+/// Points the object's hookable GOT entries at their hooks and notes them in `s.slots`.
+///
+/// # Safety
+/// As for [`contains`], under the loader's list lock (in its callback): the object stays
+/// mapped meanwhile, and the loader has relocated it (not [`relocating`]).
 unsafe fn patch_object(s: &mut Scan, info: &DlPhdrInfo, extension: bool) {
-    let phdrs = std::slice::from_raw_parts(info.phdr, info.phnum as usize);
+    // SAFETY: the object's program headers (contract).
+    let phdrs = unsafe { std::slice::from_raw_parts(info.phdr, info.phnum as usize) };
     let bias = info.addr;
     let Some(dynamic) = phdrs.iter().find(|p| p.p_type == PT_DYNAMIC) else {
         return;
@@ -491,9 +537,13 @@ unsafe fn patch_object(s: &mut Scan, info: &DlPhdrInfo, extension: bool) {
     let (mut strtab, mut strsz, mut symtab) = (0, 0, 0);
     let (mut jmprel, mut pltrelsz, mut rela, mut relasz) = (0, 0, 0, 0);
     let mut d = (bias + dynamic.p_vaddr as usize) as *const Dyn;
-    while (*d).tag != DT_NULL {
-        let v = (*d).val;
-        match (*d).tag {
+    // SAFETY: the loaded object's dynamic section (its PT_DYNAMIC segment, mapped with it),
+    // an array of entries that ends with DT_NULL: `d` never goes past that end.
+    while unsafe { (*d).tag } != DT_NULL {
+        // SAFETY: as above.
+        let v = unsafe { (*d).val };
+        // SAFETY: as above.
+        match unsafe { (*d).tag } {
             DT_STRTAB => strtab = fix(v, bias),
             DT_STRSZ => strsz = v as usize,
             DT_SYMTAB => symtab = fix(v, bias),
@@ -503,29 +553,37 @@ unsafe fn patch_object(s: &mut Scan, info: &DlPhdrInfo, extension: bool) {
             DT_RELASZ => relasz = v as usize,
             _ => {}
         }
-        d = d.add(1);
+        // SAFETY: `d` was not the DT_NULL end: the next entry is in the section too.
+        d = unsafe { d.add(1) };
     }
     if strtab == 0 || symtab == 0 {
         return;
     }
-    let in_interpreter = contains(info, s.interpreter);
+    // SAFETY: this function's contract.
+    let in_interpreter = unsafe { contains(info, s.interpreter) };
     for (table, size) in [(jmprel, pltrelsz), (rela, relasz)] {
         if table == 0 {
             continue;
         }
-        let relocs =
-            std::slice::from_raw_parts(table as *const Rela, size / std::mem::size_of::<Rela>());
+        // SAFETY: the relocation table the dynamic section names, `size` bytes of it, mapped
+        // with the object.
+        let relocs = unsafe {
+            std::slice::from_raw_parts(table as *const Rela, size / std::mem::size_of::<Rela>())
+        };
         for r in relocs {
             let kind = (r.info & 0xffff_ffff) as u32;
             let data = kind == R_ABS64;
             if kind != R_JUMP_SLOT && kind != R_GLOB_DAT && !data {
                 continue;
             }
-            let sym = &*(symtab as *const Sym).add((r.info >> 32) as usize);
+            // SAFETY: the symbol the relocation names, in the object's symbol table.
+            let sym = unsafe { &*(symtab as *const Sym).add((r.info >> 32) as usize) };
             if sym.name as usize >= strsz || sym.shndx != 0 {
                 continue; // defined here, not imported
             }
-            let name = CStr::from_ptr((strtab + sym.name as usize) as *const c_char);
+            // SAFETY: an offset inside the object's string table (`< strsz`, checked above),
+            // where a NUL-terminated name starts.
+            let name = unsafe { CStr::from_ptr((strtab + sym.name as usize) as *const c_char) };
             let Some(hook) = s.hooks.iter().find(|h| {
                 h.name == name
                     && match h.scope {
@@ -537,10 +595,16 @@ unsafe fn patch_object(s: &mut Scan, info: &DlPhdrInfo, extension: bool) {
                 continue;
             };
             let addr = bias + r.offset as usize;
+            // SAFETY: the object as the loader hands it, during the callback.
+            if !unsafe { contains(info, addr) } {
+                continue;
+            }
             let Some(page) = prot.at(addr) else {
                 continue;
             };
-            let original = std::ptr::read_volatile(addr as *const usize);
+            // SAFETY: the relocation's target, an aligned word in the object on a page that
+            // is mapped (`prot` has it).
+            let original = unsafe { std::ptr::read_volatile(addr as *const usize) };
             if original == hook.addr {
                 continue; // patched by an earlier scan
             }
@@ -557,7 +621,9 @@ unsafe fn patch_object(s: &mut Scan, info: &DlPhdrInfo, extension: bool) {
             if !prot.at(original).is_some_and(|r| r.exec) {
                 continue;
             }
-            write_entry(addr, hook.addr, page.prot(), page.write);
+            // SAFETY: a relocated GOT entry (or data word) that holds the function the hook
+            // stands for, whose callers may call the hook instead.
+            unsafe { write_entry(addr, hook.addr, page.prot(), page.write) };
             s.slots.retain(|slot| slot.addr != addr);
             s.slots.push(Slot {
                 object: (info.addr, info.phdr as usize),
@@ -572,14 +638,24 @@ unsafe fn patch_object(s: &mut Scan, info: &DlPhdrInfo, extension: bool) {
 /// Writes a GOT entry (an aligned word: threads calling through it see the old or the new
 /// function, never a mix). A page that is not `writable` is made writable for the time of the
 /// write and given back its protection `prot` after it.
+///
+/// # Safety
+/// `addr` is an aligned word of a loaded object on a mapped page whose protection is `prot`
+/// (`writable` when it includes writing), which the object's code reads as a function's
+/// address and may find `value`, a function that stands for it, in.
 unsafe fn write_entry(addr: usize, value: usize, prot: c_int, writable: bool) {
     let page = (addr & !(page_size() - 1)) as *mut c_void;
-    if !writable && sys::mprotect(page, page_size(), prot | sys::PROT_WRITE) != 0 {
+    // SAFETY: the page of `addr`, mapped (contract): made writable, with the protections it
+    // had besides.
+    if !writable && unsafe { sys::mprotect(page, page_size(), prot | sys::PROT_WRITE) } != 0 {
         return;
     }
-    std::ptr::write_volatile(addr as *mut usize, value);
+    // SAFETY: an aligned word on a writable page (contract, or made so just above) that may
+    // take `value` (contract).
+    unsafe { std::ptr::write_volatile(addr as *mut usize, value) };
     if !writable {
-        sys::mprotect(page, page_size(), prot);
+        // SAFETY: the same page, given back the protection it had.
+        unsafe { sys::mprotect(page, page_size(), prot) };
     }
 }
 
@@ -595,7 +671,66 @@ fn page_size() -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::Seen;
+    use super::*;
+
+    /// The key of a loaded object other than the test binary (the C library's).
+    fn a_listed_object() -> (usize, usize) {
+        unsafe extern "C" fn find(info: *mut DlPhdrInfo, _: usize, data: *mut c_void) -> c_int {
+            // SAFETY: the loader hands a valid entry and its NUL-terminated name for the time
+            // of the callback; `data` is the key the caller passed.
+            unsafe {
+                let info = &*info;
+                let name = if info.name.is_null() {
+                    &[][..]
+                } else {
+                    CStr::from_ptr(info.name).to_bytes()
+                };
+                if name.windows(4).any(|w| w == b"libc") {
+                    *(data as *mut (usize, usize)) = (info.addr, info.phdr as usize);
+                    return 1;
+                }
+            }
+            0
+        }
+        let mut key = (0, 0);
+        // SAFETY: the callback writes the key it was handed.
+        unsafe { dl_iterate_phdr(find, &mut key as *mut (usize, usize) as *mut c_void) };
+        assert_ne!(key, (0, 0), "no C library listed");
+        key
+    }
+
+    /// An entry kept from an object unloaded since, whose place (and key) another object took:
+    /// it lies outside the new one's segments, in pages that may be another thread's
+    /// `dlclose` unmapping (here: pages that cannot be read at all). The restore leaves it
+    /// alone; reading it killed targets of the dlopen storm with SIGSEGV (1 in 40 on CI).
+    #[test]
+    fn a_restore_reads_no_entry_outside_the_object_listed_under_its_key() {
+        let _serial = TEST_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let page = page_size();
+        // SAFETY: a fresh private mapping, no access, unmapped at the end of the test.
+        let gone = unsafe {
+            sys::mmap(
+                std::ptr::null_mut(),
+                page,
+                sys::PROT_NONE,
+                sys::MAP_PRIVATE | sys::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(gone, sys::MAP_FAILED);
+        let serial = SERIAL.load(std::sync::atomic::Ordering::Acquire);
+        GOT_LOCK.lock().slots.push(Slot {
+            object: a_listed_object(),
+            addr: gone as usize,
+            original: 0,
+            hook: 1,
+        });
+        restore_all(serial);
+        assert!(GOT_LOCK.lock().slots.is_empty());
+        // SAFETY: mapped above, used by nobody else.
+        unsafe { sys::munmap(gone, page) };
+    }
 
     #[test]
     fn an_object_is_skipped_from_its_third_scan_until_something_is_unloaded() {

@@ -4,14 +4,23 @@
 //!
 //! It links nothing but libc, finds CPython's symbols with `dlsym`, never calls into Python on
 //! the hot path, and is never unloaded.
-
-#![warn(clippy::undocumented_unsafe_blocks)]
-
 //!
-//! Modules, bottom up: `sys` (libc), `lock`, `python` (the interpreter's API), `pyframes` (stack
-//! walking), `addrset` (sampled blocks), `sampler` (countdowns), `chain` (the allocator chain
-//! and the hook layers in it), `lifecycle` (the one owner of a session: start, stop), `sampling`
-//! (the hooks' slow path), `hooks` (the hooks' fast path), and here the entry points.
+//! Modules, bottom up: `glibc_floor` (old symbol versions), `sys` (libc), `lock` (the spin
+//! lock), `prot` (page protections), `own_name`, `cycles`, `map_request`, `exec_env`, `python`
+//! (the interpreter's API), `code_dealloc`, `pyframes` (stack walking), `layout_check`,
+//! `stacks`, `addrset` (sampled blocks), `sampler` (countdowns), `chain` (the allocator chain
+//! and the hook layers in it), `got`, `cfi`, `unwind` (native stacks), `follow` (children),
+//! `lifecycle` (the one owner of a session: start, stop), `sample_stack`, `sampling` (the
+//! hooks' slow path), `hooks` (the hooks' fast path), `native` (the C allocator's hooks),
+//! `locks` (their order, the fork handlers), and here the entry points.
+//!
+//! Each module imports only modules before it in that list (`injector/agent/tests/layers.rs`
+//! checks it).
+
+// Every unsafe operation, in an `unsafe fn` too, sits in an `unsafe` block whose SAFETY comment
+// says why it is sound (attributes of the crate root: the agent's bare-rustc build obeys them).
+#![warn(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 mod addrset;
 #[cfg(target_arch = "x86_64")]
@@ -49,12 +58,11 @@ mod stacks;
 mod sys;
 mod unwind;
 
-use lifecycle::SESSION;
+use mprof_common::layout::ABSENT;
 use mprof_common::record::EndReason;
 use mprof_common::ring::{RingHeader, STATE_FAILED, STATE_WAITING};
 use std::ffi::{c_char, c_int, CStr};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Once;
+use std::sync::atomic::Ordering;
 
 /// Environment variable naming the inherited ring file descriptor (record mode).
 const ENV_RING_FD: &CStr = c"MPROF_RING_FD";
@@ -115,27 +123,38 @@ fn map_ring(fd: c_int) -> Option<(*mut u8, usize)> {
 }
 
 /// Claims the ring at `base` for this process and starts sampling. Returns 0 on success.
+///
+/// # Safety
+/// `base` maps `len` bytes (at least a header) of a ring made by mprof, a mapping of this
+/// process's own that nothing else uses: the session owns it from now on, or it is unmapped.
 unsafe fn claim_and_start(base: *mut u8, len: usize) -> c_int {
-    let h = &*(base as *const RingHeader);
-    let pid = sys::getpid() as u32;
+    // SAFETY: the ring's header, mapped (contract); its shared words are atomics.
+    let h = unsafe { &*(base as *const RingHeader) };
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { sys::getpid() } as u32;
     if h.agent_pid
         .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed)
         .is_err()
     {
-        sys::munmap(base.cast(), len);
+        // SAFETY: the mapping is this function's to undo (contract); `h` is not used after.
+        unsafe { sys::munmap(base.cast(), len) };
         return 3; // another process (our parent, say) took it first
     }
     if python::api().is_some() {
-        python::write_version(h as *const RingHeader as *mut RingHeader);
+        // SAFETY: the header of the ring this process just claimed, which mprof reads only
+        // once a session is active on it.
+        unsafe { python::write_version(h as *const RingHeader as *mut RingHeader) };
     }
-    register_fork_handlers();
-    match lifecycle::start(base, len, &hooks::TABLE) {
+    locks::register_fork_handlers();
+    // SAFETY: the ring's mapping, the session's from now on (contract).
+    match unsafe { lifecycle::start(base, len, &hooks::TABLE, native::install) } {
         Ok(()) => 0,
         Err(e) => {
             lifecycle::write_message(h, &e.text());
             h.state.store(STATE_FAILED, Ordering::Release);
             // This ring is the refused one (a running session has its own): never keep it.
-            sys::munmap(base.cast(), len);
+            // SAFETY: the refused start kept nothing of the mapping; `h` is not used after.
+            unsafe { sys::munmap(base.cast(), len) };
             1
         }
     }
@@ -278,11 +297,14 @@ unsafe extern "C" fn first_audit_event(
 /// hook is in that list the interpreter builds every audit event's arguments (a tuple) to
 /// pass them on: about 140 instructions an event, 0.1% of a tornado server's work.
 ///
-/// There is no API to remove a hook, so the list's head is found in `_PyRuntime`: the one word
-/// there that holds the address of the hook's entry (`_Py_AuditHookEntry`: next, function,
-/// data; the block `escape::capture_raw` saw made), which is replaced with the entry's `next`.
+/// There is no API to remove a hook, so the list's head is changed in place: the word of
+/// `_PyRuntime` at the layout table's `runtime_audit_head` (`audit_hook_head`, from 3.12
+/// `audit_hooks.head`). The agent's hook, added before the interpreter initialised, is the
+/// first: that word must hold the address of its entry (`_Py_AuditHookEntry`: next, function,
+/// data; the block `escape::capture_raw` saw made), and is replaced with the entry's `next`.
 /// The entry stays allocated: an event being raised now goes on to `next` from it. If the word
-/// is not found exactly once, or the entry does not name this hook, the hook stays.
+/// holds anything else (an interpreter laid out otherwise than its headers say), or the entry
+/// does not name this hook, the hook stays.
 ///
 /// # Safety
 /// With the GIL held, from inside the agent's own audit hook.
@@ -292,21 +314,39 @@ unsafe fn leave_audit_hooks() {
         return;
     }
     let fields = entry as *const usize;
-    if *fields.add(1) != first_audit_event as python::AuditHook as usize {
+    // SAFETY: the block `escape::capture_raw` saw the interpreter allocate (aligned, checked
+    // above): the hook's `_Py_AuditHookEntry`, three words, never freed while the hook is in
+    // the list.
+    if unsafe { *fields.add(1) } != first_audit_event as python::AuditHook as usize {
         return;
     }
+    // The row of this version: the one the session's start checked (the hook is added only
+    // once a session started).
+    let Some(layout) =
+        python::api().and_then(|api| mprof_common::layout::for_version(api.major, api.minor))
+    else {
+        return;
+    };
+    let offset = layout.runtime_audit_head as usize;
     let Some((start, len)) = sys::symbol_extent(c"_PyRuntime") else {
         return;
     };
-    if !start.is_multiple_of(std::mem::align_of::<usize>()) {
+    let word = std::mem::size_of::<usize>();
+    let head = start.wrapping_add(offset);
+    if layout.runtime_audit_head == ABSENT
+        || offset.saturating_add(word) > len
+        || !head.is_multiple_of(std::mem::align_of::<usize>())
+    {
         return;
     }
-    // Word by word, volatile: other threads change parts of `_PyRuntime` without the GIL.
-    let words = start as *mut usize;
-    let mut found =
-        (0..len / std::mem::size_of::<usize>()).filter(|&i| words.add(i).read_volatile() == entry);
-    if let (Some(i), None) = (found.next(), found.next()) {
-        words.add(i).write_volatile(*fields);
+    // Volatile: other threads change parts of `_PyRuntime` without the GIL.
+    let head = head as *mut usize;
+    // SAFETY: an aligned word inside `_PyRuntime` (its symbol's extent: checked above).
+    if unsafe { head.read_volatile() } == entry {
+        // SAFETY: the list's head, which holds the entry's address: it takes the entry's
+        // `next` (the entry is readable, above), with the GIL held (contract) as every change
+        // of the list once the interpreter runs is.
+        unsafe { head.write_volatile(*fields) };
     }
 }
 
@@ -340,7 +380,8 @@ static AGENT_FINI: extern "C" fn() = agent_fini;
 pub unsafe extern "C" fn mprof_agent_start(fd: c_int) -> c_int {
     own_name::rename();
     match map_ring(fd) {
-        Some((base, len)) => claim_and_start(base, len),
+        // SAFETY: the ring just mapped from `fd`, a ring made by mprof (contract).
+        Some((base, len)) => unsafe { claim_and_start(base, len) },
         None => 2,
     }
 }
@@ -359,13 +400,17 @@ pub unsafe extern "C" fn mprof_agent_check_layout(
     cap: usize,
 ) -> c_int {
     let Some(api) = python::api() else { return 2 };
-    match layout_check::check(api, &*row) {
+    // SAFETY: `row` points to a `PyLayout` (contract).
+    match layout_check::check(api, unsafe { &*row }) {
         Ok(()) => 0,
         Err(why) => {
             let n = why.len().min(cap.saturating_sub(1));
-            std::ptr::copy_nonoverlapping(why.as_ptr(), msg, n);
+            // SAFETY: `n < cap` bytes into the `cap` writable bytes at `msg` (contract), from
+            // a string of the agent's own.
+            unsafe { std::ptr::copy_nonoverlapping(why.as_ptr(), msg, n) };
             if cap > 0 {
-                *msg.add(n) = 0;
+                // SAFETY: `n < cap`: the last of those bytes at most.
+                unsafe { *msg.add(n) = 0 };
             }
             1
         }
@@ -382,60 +427,4 @@ pub extern "C" fn mprof_agent_stop(_unused: c_int) -> c_int {
     } else {
         1
     }
-}
-
-static FORK_HANDLERS: Once = Once::new();
-
-/// The process that forked, as the child's copy of it says: a child asked for its parent
-/// once its parent returned from `fork` may already get init (the parent exited, as a
-/// daemon's intermediate process does at once), and mprof could not tell it is one of the
-/// program's.
-static FORKED_BY: AtomicU32 = AtomicU32::new(0);
-
-pub(crate) extern "C" fn before_fork() {
-    // SAFETY: getpid has no preconditions.
-    FORKED_BY.store(unsafe { sys::getpid() } as u32, Ordering::Relaxed);
-    // The locks' order (see `locks`): the session's, then the GOT scans'.
-    SESSION.raw_lock();
-    got::lock_for_fork();
-}
-
-pub(crate) extern "C" fn after_fork_parent() {
-    got::unlock_after_fork();
-    // SAFETY: taken by `before_fork` on this thread.
-    unsafe { SESSION.raw_unlock() };
-}
-
-/// The child of a fork shares the parent's ring but is not the parent: it stops writing there.
-/// When children are followed it goes on in a ring of its own, handed to mprof.
-extern "C" fn after_fork_child() {
-    got::unlock_after_fork();
-    // SAFETY: the child's copies of the locks `before_fork` took in the parent.
-    unsafe { SESSION.raw_unlock() };
-    // The forking thread's cached id is its parent's: the child's records must carry its own.
-    let _ = sampler::THREAD.try_with(|t| t.tid.set(0));
-    let mut s = SESSION.lock();
-    let running = s.mapped.is_some();
-    match running
-        .then(|| follow::make_and_announce(follow::FORKED, FORKED_BY.load(Ordering::Relaxed)))
-        .flatten()
-    {
-        Some(own) => {
-            // SAFETY: the descriptor is not needed once mapped (mprof has its own).
-            unsafe { sys::close(own.fd) };
-            lifecycle::continue_in_child(&mut s, own.base, own.len);
-        }
-        None => lifecycle::forget_in_child(&mut s),
-    }
-}
-
-fn register_fork_handlers() {
-    // SAFETY: pthread_atfork with handlers that live as long as the process (never unloaded).
-    FORK_HANDLERS.call_once(|| unsafe {
-        sys::pthread_atfork(
-            Some(before_fork),
-            Some(after_fork_parent),
-            Some(after_fork_child),
-        );
-    });
 }

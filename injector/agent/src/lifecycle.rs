@@ -40,6 +40,16 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 /// Whether a session is running. Read by the slow path only.
 pub static ENABLED: AtomicBool = AtomicBool::new(false);
 
+/// Whether native allocations are sampled in the running session: set once the GOT entries
+/// point at the native hooks (`native::install`), cleared when the session stops.
+static NATIVE: AtomicBool = AtomicBool::new(false);
+
+/// Whether the running session samples native allocations (read by the slow path and the
+/// native hooks).
+pub fn native_on() -> bool {
+    NATIVE.load(Ordering::Relaxed)
+}
+
 /// How long the reader may stay silent before its session counts as orphaned.
 pub const READER_TIMEOUT_NS: u64 = 1_500_000_000;
 
@@ -105,7 +115,8 @@ impl Mapped {
 /// Arms the countdowns of a session sampling at `rate` in `layer`; at `--rate 1` the sampled
 /// set holds every address (see `AddrSet::hold_everything`).
 fn configure_sampling(s: &mut Session, rate: u64, seed: u64, layer: usize) {
-    sampler::configure(rate, seed, layer);
+    sampler::configure(rate, seed);
+    chain::arm_countdown(layer);
     if rate <= 1 {
         s.set.hold_everything();
     }
@@ -274,7 +285,9 @@ pub fn write_message(h: &RingHeader, text: &str) {
 }
 
 /// Starts a session writing into the ring mapped at `base` (`len` bytes), with the hooks of
-/// `table`. The caller has claimed the ring. A session whose reader died is ended first.
+/// `table`, and with native allocations sampled (if the ring asks) once `install_native`
+/// (`native::install`) has pointed the GOT at the native hooks. The caller has claimed the
+/// ring. A session whose reader died is ended first.
 ///
 /// # Safety
 /// `base` must map `len` bytes of a ring made by mprof, owned by this session from now on.
@@ -282,12 +295,16 @@ pub unsafe fn start(
     base: *mut u8,
     len: usize,
     table: &'static HookTable,
+    install_native: fn(*const std::ffi::c_void, u64) -> bool,
 ) -> Result<(), StartError> {
     let api = python::api().ok_or(StartError::NotPython)?;
     let layout = layout::for_version(api.major, api.minor)
         .ok_or(StartError::Unsupported(api.major, api.minor))?;
     crate::layout_check::check(api, layout).map_err(StartError::Layout)?;
-    let ring = Ring::attach(base, len).map_err(StartError::BadRing)?;
+    // SAFETY: `len` mapped bytes of a ring at `base` (page-aligned), owned by this session
+    // from now on (contract): they stay mapped while it keeps the `Ring`, and no other `Ring`
+    // writes there.
+    let ring = unsafe { Ring::attach(base, len) }.map_err(StartError::BadRing)?;
     touch_for_samples(&ring);
     crate::addrset::touch_filter();
     crate::code_dealloc::wrap(layout, api.code_type);
@@ -299,7 +316,8 @@ pub unsafe fn start(
         }
     }
     let h = ring.header();
-    let layer = chain::install(api, table, h.rate).map_err(StartError::Hooks)?;
+    // SAFETY: under the session lock, taken above.
+    let layer = unsafe { chain::install(api, table, h.rate) }.map_err(StartError::Hooks)?;
     let (max_depth, rate, seed) = (h.max_depth, h.rate, h.seed);
     crate::follow::remember(h);
     let native = h.config_flags & CONFIG_PYTHON_ONLY == 0;
@@ -320,8 +338,8 @@ pub unsafe fn start(
     drop(s);
     // Outside the session lock: the GOT scan takes the loader's lock, which a thread inside
     // `dlopen` holds while it allocates (and may wait for the session lock in a hook).
-    if native {
-        crate::native::install(api.get_version, serial);
+    if native && install_native(api.get_version, serial) {
+        NATIVE.store(true, Ordering::Release);
     }
     Ok(())
 }
@@ -352,7 +370,7 @@ pub fn reinstall_if_replaced() {
     }
     // SAFETY: under the session lock, with the GIL held.
     match unsafe { chain::install(api, table, sampler::rate()) } {
-        Ok(layer) => sampler::arm_layer(layer),
+        Ok(layer) => chain::arm_layer(layer),
         Err(why) => {
             if let Some(m) = &s.mapped {
                 write_message(m.ring.header(), why);
@@ -376,9 +394,9 @@ pub fn stop(reason: EndReason) -> bool {
 /// ring kept for [`at_exit`].
 pub fn stop_locked(s: &mut Session, reason: EndReason) {
     ENABLED.store(false, Ordering::Release);
-    sampler::idle();
+    chain::idle();
     let serial = crate::got::SERIAL.fetch_add(1, Ordering::AcqRel) + 1;
-    crate::native::uninstall(reason != EndReason::Finalizing, serial);
+    stop_native(reason != EndReason::Finalizing, serial);
     let lost = match (s.table, python::api()) {
         (Some(table), Some(api)) if reason != EndReason::Finalizing => {
             // SAFETY: under the session lock.
@@ -432,6 +450,36 @@ pub fn stop_locked(s: &mut Session, reason: EndReason) {
             }
         }
         None => let_go(s, m),
+    }
+}
+
+/// Stops sampling native allocations; with `restore`, the patched GOT entries are put back
+/// once the session lock is released (the restore takes the loader's list lock, which a thread
+/// may hold while it waits for the session lock in a hook). Called with the session lock held,
+/// after the session serial moved on to `serial`.
+pub fn stop_native(restore: bool, serial: u64) {
+    NATIVE.store(false, Ordering::Release);
+    if restore {
+        RESTORE_SERIAL.store(serial, Ordering::Relaxed);
+        SESSION.defer(restore_deferred);
+    }
+}
+
+/// The session serial a deferred restore is for.
+static RESTORE_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Puts the GOT entries back, after the session lock was released (see [`stop_native`]); not
+/// if another session started meanwhile.
+fn restore_deferred() {
+    let serial = RESTORE_SERIAL.load(Ordering::Relaxed);
+    // Busy: what the restore allocates is the agent's own.
+    let done = sampler::THREAD.try_with(|t| {
+        let was = t.busy.replace(true);
+        crate::got::restore_all(serial);
+        t.busy.set(was);
+    });
+    if done.is_err() {
+        crate::got::restore_all(serial); // a thread whose locals are gone: it is exiting
     }
 }
 
@@ -609,7 +657,7 @@ pub fn continue_in_child(s: &mut Session, base: *mut u8, len: usize) {
     // SAFETY: getpid has no preconditions.
     h.agent_pid
         .store(unsafe { sys::getpid() } as u32, Ordering::Release);
-    configure_sampling(s, h.rate, h.seed, chain::active().min(chain::LAYERS - 1));
+    configure_sampling(s, h.rate, h.seed, chain::active().min(sampler::LAYERS - 1));
     h.state.store(STATE_ACTIVE, Ordering::Release);
     s.mapped = Some(Mapped::new(ring, base, len, layout, api));
 }
@@ -618,7 +666,7 @@ pub fn continue_in_child(s: &mut Session, base: *mut u8, len: usize) {
 /// but to count itself as a child that was not followed.
 pub fn forget_in_child(s: &mut Session) {
     ENABLED.store(false, Ordering::Release);
-    sampler::idle();
+    chain::idle();
     if let Some(m) = s.mapped.take() {
         m.ring
             .header()

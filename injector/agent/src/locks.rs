@@ -1,4 +1,5 @@
-//! The agent's locks, their order, and the fork protocol: the rules, each with its test below.
+//! The agent's locks, their order, and the fork protocol: the rules, each with its test below,
+//! and the fork handlers that follow rule 5.
 //!
 //! # The locks
 //! - `SESSION` (`lifecycle`): the session's state. Taken by every sample and sampled free (the
@@ -40,6 +41,70 @@
 //!    mprof, or one whose backlog is full, costs the child at most half a second, after which
 //!    it runs on unprofiled; its `fork()` never hangs.
 
+use crate::lifecycle::{self, SESSION};
+use crate::{follow, got, sampler, sys};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Once;
+
+static FORK_HANDLERS: Once = Once::new();
+
+/// The process that forked, as the child's copy of it says: a child asked for its parent
+/// once its parent returned from `fork` may already get init (the parent exited, as a
+/// daemon's intermediate process does at once), and mprof could not tell it is one of the
+/// program's.
+static FORKED_BY: AtomicU32 = AtomicU32::new(0);
+
+/// Rule 5's prepare handler.
+extern "C" fn before_fork() {
+    // SAFETY: getpid has no preconditions.
+    FORKED_BY.store(unsafe { sys::getpid() } as u32, Ordering::Relaxed);
+    // The locks' order (rule 1): the session's, then the GOT scans'.
+    SESSION.raw_lock();
+    got::lock_for_fork();
+}
+
+/// Rule 5's handler in the parent.
+extern "C" fn after_fork_parent() {
+    got::unlock_after_fork();
+    // SAFETY: taken by `before_fork` on this thread.
+    unsafe { SESSION.raw_unlock() };
+}
+
+/// The child of a fork shares the parent's ring but is not the parent: it stops writing there.
+/// When children are followed it goes on in a ring of its own, handed to mprof.
+extern "C" fn after_fork_child() {
+    got::unlock_after_fork();
+    // SAFETY: the child's copies of the locks `before_fork` took in the parent.
+    unsafe { SESSION.raw_unlock() };
+    // The forking thread's cached id is its parent's: the child's records must carry its own.
+    let _ = sampler::THREAD.try_with(|t| t.tid.set(0));
+    let mut s = SESSION.lock();
+    let running = s.mapped.is_some();
+    match running
+        .then(|| follow::make_and_announce(follow::FORKED, FORKED_BY.load(Ordering::Relaxed)))
+        .flatten()
+    {
+        Some(own) => {
+            // SAFETY: the descriptor is not needed once mapped (mprof has its own).
+            unsafe { sys::close(own.fd) };
+            lifecycle::continue_in_child(&mut s, own.base, own.len);
+        }
+        None => lifecycle::forget_in_child(&mut s),
+    }
+}
+
+/// Registers the fork handlers (once a process: they live as long as it does).
+pub fn register_fork_handlers() {
+    // SAFETY: pthread_atfork with handlers that live as long as the process (never unloaded).
+    FORK_HANDLERS.call_once(|| unsafe {
+        sys::pthread_atfork(
+            Some(before_fork),
+            Some(after_fork_parent),
+            Some(after_fork_child),
+        );
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use crate::lifecycle::SESSION;
@@ -56,9 +121,9 @@ mod tests {
         let forked = AtomicBool::new(false);
         std::thread::scope(|s| {
             s.spawn(|| {
-                crate::before_fork();
+                super::before_fork();
                 forked.store(true, Ordering::Release);
-                crate::after_fork_parent();
+                super::after_fork_parent();
             });
             std::thread::sleep(Duration::from_millis(100));
             assert!(
@@ -83,7 +148,7 @@ mod tests {
         let serial = crate::got::SERIAL.load(Ordering::Acquire);
         crate::got::want_hooks_for_test();
         let held = SESSION.lock();
-        crate::native::uninstall(true, serial);
+        crate::lifecycle::stop_native(true, serial);
         assert!(crate::got::hooks_wanted(), "no restore under SESSION");
         drop(held);
         assert!(

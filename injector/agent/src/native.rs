@@ -8,39 +8,47 @@
 //! and `mmap` (bytes are bytes), then the real function (the agent's own GOT, never patched).
 //! Frees go through the same filter of sampled addresses as Python's. File-backed mappings are
 //! not heap: they pass straight through.
+//!
+//! The hooks are reached only through the GOT entries of the functions they stand for, so
+//! they are called as those are, with their arguments, and each passes the call on to the
+//! real function with the same arguments (a block it frees or reallocates is the C library's,
+//! as the caller's contract with that function says); they run on the calling thread, as a
+//! sample requires (`sampling::sampled_alloc`).
 
 use crate::addrset::maybe_sampled;
 use crate::got::{self, Hook, Scope};
+use crate::lifecycle;
 use crate::sampler::{self, THREAD};
 use crate::sampling::{self, MMAP, NATIVE};
 use crate::sys;
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Whether native allocations are sampled in the running session.
-static ON: AtomicBool = AtomicBool::new(false);
 /// An address inside the interpreter's image (`Py_GetVersion`), set at install.
 static INTERPRETER: AtomicUsize = AtomicUsize::new(0);
-
-/// Whether the running session samples native allocations (read by the slow path).
-pub fn on() -> bool {
-    ON.load(Ordering::Relaxed)
-}
 
 #[inline(always)]
 fn count_down(size: usize) -> bool {
     THREAD.with(|t| t.busy.get() || sampler::take(&t.native_countdown, size))
 }
 
+/// An allocation of `size` bytes (`call` makes it), sampled when the countdown runs out.
+///
+/// # Safety
+/// From a hook, on the allocating thread (see the module's doc).
 #[inline(always)]
 unsafe fn alloc(size: usize, domain: usize, call: impl FnOnce() -> *mut c_void) -> *mut c_void {
     if count_down(size) {
         return call();
     }
-    slow_alloc(size, domain, call)
+    // SAFETY: this function's contract.
+    unsafe { slow_alloc(size, domain, call) }
 }
 
 /// The slow path of [`alloc`], out of line: the hooks' fast path keeps nothing across it.
+///
+/// # Safety
+/// As for [`alloc`].
 #[cold]
 #[inline(never)]
 unsafe fn slow_alloc(
@@ -49,7 +57,8 @@ unsafe fn slow_alloc(
     call: impl FnOnce() -> *mut c_void,
 ) -> *mut c_void {
     // The native domains ask for the size they were given (see `sampling::asked`).
-    sampling::sampled_alloc(domain, 0, size, |_| call())
+    // SAFETY: from a hook, on the allocating thread (contract).
+    unsafe { sampling::sampled_alloc(domain, 0, size, |_| call()) }
 }
 
 #[inline(always)]
@@ -66,59 +75,83 @@ fn record_free(ptr: *mut c_void) {
     sampling::sampled_free(ptr as usize);
 }
 
+// In the hooks below, "the caller's call" is the call the hook stands in for, passed on to
+// the real function with the caller's arguments (see the module's doc).
+
 unsafe extern "C" fn hook_malloc(size: usize) -> *mut c_void {
-    alloc(size, NATIVE, || sys::malloc(size))
+    // SAFETY: from this hook, on the allocating thread; the caller's call.
+    unsafe { alloc(size, NATIVE, || sys::malloc(size)) }
 }
 
 unsafe extern "C" fn hook_calloc(n: usize, size: usize) -> *mut c_void {
-    alloc(n.saturating_mul(size), NATIVE, || sys::calloc(n, size))
+    // SAFETY: from this hook, on the allocating thread; the caller's call.
+    unsafe { alloc(n.saturating_mul(size), NATIVE, || sys::calloc(n, size)) }
 }
 
 unsafe extern "C" fn hook_realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
     let ran_out = !count_down(size);
     if ran_out || maybe_sampled(ptr as usize) {
-        return sampling::sampled_realloc(NATIVE, 0, ptr as usize, size, ran_out, |_| {
-            sys::realloc(ptr, size)
-        });
+        // SAFETY: from this hook, on the reallocating thread; the caller's call.
+        return unsafe {
+            sampling::sampled_realloc(NATIVE, 0, ptr as usize, size, ran_out, |_| {
+                sys::realloc(ptr, size)
+            })
+        };
     }
-    sys::realloc(ptr, size)
+    // SAFETY: the caller's call.
+    unsafe { sys::realloc(ptr, size) }
 }
 
 unsafe extern "C" fn hook_reallocarray(ptr: *mut c_void, n: usize, size: usize) -> *mut c_void {
     let total = n.saturating_mul(size);
     let ran_out = !count_down(total);
     if ran_out || maybe_sampled(ptr as usize) {
-        return sampling::sampled_realloc(NATIVE, 0, ptr as usize, total, ran_out, |_| {
-            sys::reallocarray(ptr, n, size)
-        });
+        // SAFETY: from this hook, on the reallocating thread; the caller's call.
+        return unsafe {
+            sampling::sampled_realloc(NATIVE, 0, ptr as usize, total, ran_out, |_| {
+                sys::reallocarray(ptr, n, size)
+            })
+        };
     }
-    sys::reallocarray(ptr, n, size)
+    // SAFETY: the caller's call.
+    unsafe { sys::reallocarray(ptr, n, size) }
 }
 
 unsafe extern "C" fn hook_free(ptr: *mut c_void) {
     if maybe_sampled(ptr as usize) {
-        return slow_free(ptr);
+        // SAFETY: the caller's free of `ptr`.
+        return unsafe { slow_free(ptr) };
     }
-    sys::free(ptr)
+    // SAFETY: the caller's call.
+    unsafe { sys::free(ptr) }
 }
 
 /// A free that passed the filter, out of line so that `hook_free` saves no register; the
 /// common case calls nothing either (`sampling::sampled_free_here`), and saves none.
+///
+/// # Safety
+/// `ptr` is what a caller of `free` may free.
 #[cold]
 #[inline(never)]
 unsafe fn slow_free(ptr: *mut c_void) {
     if !sampling::sampled_free_here(ptr as usize) {
-        return slow_free_rest(ptr);
+        // SAFETY: this function's contract.
+        return unsafe { slow_free_rest(ptr) };
     }
-    sys::free(ptr)
+    // SAFETY: a block the caller may free (contract).
+    unsafe { sys::free(ptr) }
 }
 
 /// [`slow_free`] when its common case did not apply.
+///
+/// # Safety
+/// As for [`slow_free`].
 #[cold]
 #[inline(never)]
 unsafe fn slow_free_rest(ptr: *mut c_void) {
     sampling::sampled_free(ptr as usize);
-    sys::free(ptr)
+    // SAFETY: a block the caller may free (contract).
+    unsafe { sys::free(ptr) }
 }
 
 unsafe extern "C" fn hook_posix_memalign(
@@ -127,32 +160,40 @@ unsafe extern "C" fn hook_posix_memalign(
     size: usize,
 ) -> c_int {
     let mut ret = 0;
-    let p = alloc(size, NATIVE, || {
-        ret = sys::posix_memalign(out, align, size);
-        if ret == 0 {
-            *out
-        } else {
-            std::ptr::null_mut()
-        }
-    });
+    // SAFETY: from this hook, on the allocating thread; the caller's call, whose `out` holds
+    // the block's address once it succeeded.
+    let p = unsafe {
+        alloc(size, NATIVE, || {
+            ret = sys::posix_memalign(out, align, size);
+            if ret == 0 {
+                *out
+            } else {
+                std::ptr::null_mut()
+            }
+        })
+    };
     let _ = p;
     ret
 }
 
 unsafe extern "C" fn hook_aligned_alloc(align: usize, size: usize) -> *mut c_void {
-    alloc(size, NATIVE, || sys::aligned_alloc(align, size))
+    // SAFETY: from this hook, on the allocating thread; the caller's call.
+    unsafe { alloc(size, NATIVE, || sys::aligned_alloc(align, size)) }
 }
 
 unsafe extern "C" fn hook_memalign(align: usize, size: usize) -> *mut c_void {
-    alloc(size, NATIVE, || sys::memalign(align, size))
+    // SAFETY: from this hook, on the allocating thread; the caller's call.
+    unsafe { alloc(size, NATIVE, || sys::memalign(align, size)) }
 }
 
 unsafe extern "C" fn hook_valloc(size: usize) -> *mut c_void {
-    alloc(size, NATIVE, || sys::valloc(size))
+    // SAFETY: from this hook, on the allocating thread; the caller's call.
+    unsafe { alloc(size, NATIVE, || sys::valloc(size)) }
 }
 
 unsafe extern "C" fn hook_pvalloc(size: usize) -> *mut c_void {
-    alloc(size, NATIVE, || sys::pvalloc(size))
+    // SAFETY: from this hook, on the allocating thread; the caller's call.
+    unsafe { alloc(size, NATIVE, || sys::pvalloc(size)) }
 }
 
 unsafe extern "C" fn hook_mmap(
@@ -164,7 +205,8 @@ unsafe extern "C" fn hook_mmap(
     off: i64,
 ) -> *mut c_void {
     let call = || {
-        let p = sys::mmap(addr, len, prot, flags, fd, off);
+        // SAFETY: the caller's call.
+        let p = unsafe { sys::mmap(addr, len, prot, flags, fd, off) };
         if p == sys::MAP_FAILED {
             std::ptr::null_mut()
         } else {
@@ -172,7 +214,8 @@ unsafe extern "C" fn hook_mmap(
         }
     };
     let p = if flags & sys::MAP_ANONYMOUS != 0 {
-        alloc(len, MMAP, call)
+        // SAFETY: from this hook, on the mapping thread.
+        unsafe { alloc(len, MMAP, call) }
     } else {
         call()
     };
@@ -186,7 +229,8 @@ unsafe extern "C" fn hook_mmap(
 unsafe extern "C" fn hook_munmap(addr: *mut c_void, len: usize) -> c_int {
     // A mapping is counted as freed when its start is unmapped (all of it, or its head).
     free_check(addr);
-    sys::munmap(addr, len)
+    // SAFETY: the caller's call.
+    unsafe { sys::munmap(addr, len) }
 }
 
 unsafe extern "C" fn hook_mremap(
@@ -197,7 +241,8 @@ unsafe extern "C" fn hook_mremap(
     new_addr: *mut c_void,
 ) -> *mut c_void {
     let call = || {
-        let p = sys::mremap(old, old_len, new_len, flags, new_addr);
+        // SAFETY: the caller's call.
+        let p = unsafe { sys::mremap(old, old_len, new_len, flags, new_addr) };
         if p == sys::MAP_FAILED {
             std::ptr::null_mut()
         } else {
@@ -206,7 +251,8 @@ unsafe extern "C" fn hook_mremap(
     };
     let ran_out = !count_down(new_len);
     let p = if ran_out || maybe_sampled(old as usize) {
-        sampling::sampled_realloc(MMAP, 0, old as usize, new_len, ran_out, |_| call())
+        // SAFETY: from this hook, on the remapping thread.
+        unsafe { sampling::sampled_realloc(MMAP, 0, old as usize, new_len, ran_out, |_| call()) }
     } else {
         call()
     };
@@ -218,7 +264,8 @@ unsafe extern "C" fn hook_mremap(
 }
 
 unsafe extern "C" fn hook_dlopen(name: *const c_char, flags: c_int) -> *mut c_void {
-    let handle = sys::dlopen(name, flags);
+    // SAFETY: the caller's call.
+    let handle = unsafe { sys::dlopen(name, flags) };
     if !handle.is_null() {
         // Whatever it loaded imports the allocator family too.
         THREAD.with(|t| {
@@ -235,16 +282,18 @@ unsafe extern "C" fn hook_dlopen(name: *const c_char, flags: c_int) -> *mut c_vo
 /// can be symbolized.
 unsafe extern "C" fn hook_dlclose(handle: *mut c_void) -> c_int {
     let inside_agent = THREAD.with(|t| t.busy.get());
-    if !inside_agent && on() {
-        crate::lifecycle::before_unload();
+    if !inside_agent && lifecycle::native_on() {
+        lifecycle::before_unload();
     }
-    sys::dlclose(handle)
+    // SAFETY: the caller's call.
+    unsafe { sys::dlclose(handle) }
 }
 
 /// `dlsym`: a lookup of a hooked function (ctypes' `libc.malloc`, cffi) gets its hook.
 unsafe extern "C" fn hook_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-    let found = sys::dlsym(handle, name);
-    if found.is_null() || !on() {
+    // SAFETY: the caller's call.
+    let found = unsafe { sys::dlsym(handle, name) };
+    if found.is_null() || !lifecycle::native_on() {
         return found;
     }
     real_to_hook()
@@ -261,7 +310,9 @@ unsafe extern "C" fn hook_execve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    crate::exec_env::with_follow_env(envp, |envp| sys::execve(path, argv, envp))
+    // SAFETY: the caller's `envp`, as exec takes it; the caller's call, with it or with the
+    // array `with_follow_env` made (as exec takes it too).
+    unsafe { crate::exec_env::with_follow_env(envp, |envp| sys::execve(path, argv, envp)) }
 }
 
 /// `posix_spawn`, or with `PATH` `posix_spawnp` (which looks `path` up in `PATH`).
@@ -278,7 +329,13 @@ unsafe extern "C" fn hook_posix_spawn<const PATH: bool>(
     } else {
         sys::posix_spawn
     };
-    crate::exec_env::with_follow_env(envp, |envp| real(pid, path, file_actions, attr, argv, envp))
+    // SAFETY: the caller's `envp`, as exec takes it; the caller's call, with it or with the
+    // array `with_follow_env` made (as exec takes it too).
+    unsafe {
+        crate::exec_env::with_follow_env(envp, |envp| {
+            real(pid, path, file_actions, attr, argv, envp)
+        })
+    }
 }
 
 /// The real functions (as the agent itself calls them) and their hooks.
@@ -386,43 +443,12 @@ fn agent() -> usize {
     hook_malloc as *const () as usize
 }
 
-/// Starts sampling native allocations for the session numbered `serial`: points every loaded
-/// object's GOT entries at the hooks. `interpreter` is an address inside the interpreter's
-/// image (`Py_GetVersion`). Called without the session lock held (the scan takes the loader's
-/// lock); does nothing if that session ended meanwhile.
-pub fn install(interpreter: *const c_void, serial: u64) {
+/// Points every loaded object's GOT entries at the hooks for the session numbered `serial`;
+/// returns whether it did (not if that session ended meanwhile). `interpreter` is an address
+/// inside the interpreter's image (`Py_GetVersion`). Called by `lifecycle::start` (which
+/// starts sampling native allocations if so) without the session lock held (the scan takes
+/// the loader's lock). `lifecycle` stops the sampling and restores the entries.
+pub fn install(interpreter: *const c_void, serial: u64) -> bool {
     INTERPRETER.store(interpreter as usize, Ordering::Relaxed);
-    if got::patch_all(&hooks(), agent(), interpreter as usize, serial) {
-        ON.store(true, Ordering::Release);
-    }
-}
-
-/// Stops sampling native allocations; with `restore`, the patched GOT entries are put back
-/// once the session lock is released (the restore takes the loader's list lock, which a thread
-/// may hold while it waits for the session lock in a hook). Called with the session lock held,
-/// after the session serial moved on to `serial`.
-pub fn uninstall(restore: bool, serial: u64) {
-    ON.store(false, Ordering::Release);
-    if restore {
-        RESTORE_SERIAL.store(serial, Ordering::Relaxed);
-        crate::lifecycle::SESSION.defer(restore_deferred);
-    }
-}
-
-/// The session serial a deferred restore is for.
-static RESTORE_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Puts the GOT entries back, after the session lock was released (see [`uninstall`]); not if
-/// another session started meanwhile.
-fn restore_deferred() {
-    let serial = RESTORE_SERIAL.load(Ordering::Relaxed);
-    // Busy: what the restore allocates is the agent's own.
-    let done = THREAD.try_with(|t| {
-        let was = t.busy.replace(true);
-        got::restore_all(serial);
-        t.busy.set(was);
-    });
-    if done.is_err() {
-        got::restore_all(serial); // a thread whose locals are gone: it is exiting
-    }
+    got::patch_all(&hooks(), agent(), interpreter as usize, serial)
 }

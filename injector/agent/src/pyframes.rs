@@ -9,17 +9,31 @@ use std::mem::MaybeUninit;
 /// Deepest stack the agent ever records.
 pub const MAX_FRAMES: usize = 256;
 
+/// The `T` at `off` bytes into the object at `base`.
+///
+/// # Safety
+/// Those `size_of::<T>()` bytes must be inside the object, readable, and hold a `T` (at any
+/// alignment).
 unsafe fn read<T: Copy>(base: *const c_void, off: u16) -> T {
-    std::ptr::read_unaligned((base as *const u8).add(off as usize) as *const T)
+    // SAFETY: the caller's contract: in bounds of one object, readable, a valid `T`.
+    unsafe { std::ptr::read_unaligned((base as *const u8).add(off as usize) as *const T) }
 }
 
 /// The innermost frame of the thread whose state is `tstate`.
+///
+/// # Safety
+/// `tstate` must be the calling thread's own live thread state and `l` the layout of the
+/// running interpreter (the session checked it at its start).
 unsafe fn top_frame(l: &PyLayout, tstate: *const c_void) -> *const c_void {
-    let f: *const c_void = read(tstate, l.tstate_frame);
+    // SAFETY: `tstate_frame` is a pointer field of the live thread state `tstate` in this
+    // interpreter's layout.
+    let f: *const c_void = unsafe { read(tstate, l.tstate_frame) };
     if l.cframe_current_frame == ABSENT || f.is_null() {
         f
     } else {
-        read(f, l.cframe_current_frame)
+        // SAFETY: 3.11–3.12: `f` is the thread's `cframe` (not null here), a live `_PyCFrame`
+        // whose `current_frame` pointer is at `cframe_current_frame`.
+        unsafe { read(f, l.cframe_current_frame) }
     }
 }
 
@@ -38,12 +52,20 @@ pub enum Found {
     Broken,
 }
 
+/// What frame `f` runs (see [`Found`]).
+///
+/// # Safety
+/// `f` must be a live frame of the calling thread (not null), and `l` the layout of the
+/// running interpreter.
 pub unsafe fn code_and_offset(api: &Api, l: &PyLayout, f: *const c_void) -> Found {
-    let code: *mut c_void = read(f, l.frame_code);
+    // SAFETY: `f` is a live frame (contract); `frame_code` is its code (or executable) pointer.
+    let code: *mut c_void = unsafe { read(f, l.frame_code) };
     if code.is_null() {
         return Found::Unstarted;
     }
-    if !is_code(api, l, code) {
+    // SAFETY: a live frame's non-null `f_code`/`f_executable` is a live object: the frame
+    // holds a reference to it.
+    if !unsafe { is_code(api, l, code) } {
         // 3.13's f_executable may hold other objects; before, f_code is always a code object.
         return if l.minor >= 13 {
             Found::Skip
@@ -53,7 +75,8 @@ pub unsafe fn code_and_offset(api: &Api, l: &PyLayout, f: *const c_void) -> Foun
     }
     if l.frame_owner == ABSENT {
         // 3.8–3.10: PyFrameObject with an int f_lasti (in code units from 3.10).
-        let lasti: i32 = read(f, l.frame_instr);
+        // SAFETY: `f` is a live `PyFrameObject` (contract), `frame_instr` its int `f_lasti`.
+        let lasti: i32 = unsafe { read(f, l.frame_instr) };
         let offset = if lasti < 0 || l.minor < 10 {
             lasti
         } else {
@@ -61,13 +84,18 @@ pub unsafe fn code_and_offset(api: &Api, l: &PyLayout, f: *const c_void) -> Foun
         };
         return Found::Code(code, offset);
     }
-    let owner: u8 = read(f, l.frame_owner);
+    // SAFETY: 3.11+: `f` is a live `_PyInterpreterFrame` (contract) and `frame_owner` its
+    // `owner` byte.
+    let owner: u8 = unsafe { read(f, l.frame_owner) };
     if l.owner_cstack != ABSENT && owner as u16 == l.owner_cstack {
         return Found::Skip;
     }
-    let instr: usize = read(f, l.frame_instr);
+    // SAFETY: the same live frame; `frame_instr` is its instruction pointer.
+    let instr: usize = unsafe { read(f, l.frame_instr) };
     let start = code as usize + l.code_adaptive as usize;
-    let first_traceable: i32 = read(code, l.code_firsttraceable);
+    // SAFETY: `code` is a live code object (checked just above); `_co_firsttraceable` is an
+    // int field of it.
+    let first_traceable: i32 = unsafe { read(code, l.code_firsttraceable) };
     let incomplete = instr < start + first_traceable as usize * 2;
     if owner as u16 != l.owner_generator && incomplete {
         return Found::Unstarted;
@@ -88,16 +116,24 @@ pub struct RawFrame {
 /// Whether frame `f` (running a code object) was the first one its C-level call of the
 /// bytecode loop ran: every frame before 3.11; `is_entry` in 3.11; from 3.12 the frame right
 /// above one owned by the C stack (or the outermost).
+///
+/// # Safety
+/// As for [`code_and_offset`].
 pub unsafe fn is_entry(l: &PyLayout, f: *const c_void) -> bool {
     if l.frame_owner == ABSENT {
         return true;
     }
     if l.frame_is_entry != ABSENT {
-        return read::<u8>(f, l.frame_is_entry) != 0;
+        // SAFETY: 3.11: `f` is a live `_PyInterpreterFrame` (contract); `is_entry` is its bool.
+        return unsafe { read::<u8>(f, l.frame_is_entry) } != 0;
     }
-    let prev: *const c_void = read(f, l.frame_back);
+    // SAFETY: `f` is a live interpreter frame (contract); `previous` is its link outward.
+    let prev: *const c_void = unsafe { read(f, l.frame_back) };
     prev.is_null()
-        || (l.owner_cstack != ABSENT && read::<u8>(prev, l.frame_owner) as u16 == l.owner_cstack)
+        || (l.owner_cstack != ABSENT
+            // SAFETY: a non-null `previous` of a live frame of this thread is a live frame
+            // too; `owner` is its byte.
+            && unsafe { read::<u8>(prev, l.frame_owner) } as u16 == l.owner_cstack)
 }
 
 /// A frame's `at` that cannot be told exactly (a 3.8–3.10 frame whose `f_lasti` does not
@@ -133,25 +169,39 @@ pub unsafe fn ats(
     out: &mut [MaybeUninit<usize>],
     first: &mut [MaybeUninit<usize>; FIRST],
 ) -> (usize, bool) {
-    let f = top_frame(l, tstate);
+    // SAFETY: as for `walk` (the caller's contract).
+    let f = unsafe { top_frame(l, tstate) };
     let (back, instr) = (l.frame_back, l.frame_instr);
+    // In the three calls of `chain` below, `f` is the calling thread's top frame or null (the
+    // caller's contract) and each frame's link outward is at `back`. `chain` calls the closure
+    // on the chain's links alone, live frames of this interpreter, and the closure reads
+    // fields of that frame where `l` places them.
     if l.frame_owner == ABSENT {
         let code = l.frame_code;
-        chain(f, back, out, first, |f| {
-            let lasti = read::<i32>(f, instr) as u32 as usize;
-            if lasti < 1 << 16 {
-                read::<usize>(f, code) | lasti << 47
-            } else {
-                UNCOMPARABLE
-            }
-        })
+        // SAFETY: see above; the closure reads a `PyFrameObject`'s int `f_lasti` and its
+        // `f_code` pointer.
+        unsafe {
+            chain(f, back, out, first, |f| {
+                let lasti = read::<i32>(f, instr) as u32 as usize;
+                if lasti < 1 << 16 {
+                    read::<usize>(f, code) | lasti << 47
+                } else {
+                    UNCOMPARABLE
+                }
+            })
+        }
     } else if l.frame_is_entry != ABSENT && entries {
         let entry = l.frame_is_entry;
-        chain(f, back, out, first, |f| {
-            read::<usize>(f, instr) | read::<u8>(f, entry) as usize
-        })
+        // SAFETY: see above; the closure reads a 3.11 `_PyInterpreterFrame`'s `prev_instr`
+        // pointer and its `is_entry` bool.
+        unsafe {
+            chain(f, back, out, first, |f| {
+                read::<usize>(f, instr) | read::<u8>(f, entry) as usize
+            })
+        }
     } else {
-        chain(f, back, out, first, |f| read(f, instr))
+        // SAFETY: see above; the closure reads an `_PyInterpreterFrame`'s instruction pointer.
+        unsafe { chain(f, back, out, first, |f| read(f, instr)) }
     }
 }
 
@@ -159,6 +209,11 @@ pub unsafe fn ats(
 /// frames that changed are nearly always among them, and they are not walked again.
 pub const FIRST: usize = 4;
 
+/// Walks the chain from `f` for [`ats`] (see there), calling `at` on each link.
+///
+/// # Safety
+/// `f` must be null or a live frame whose pointer at `back` links to the next live frame
+/// (null ends the chain); `at` must be sound to call on any such frame.
 #[inline(always)]
 unsafe fn chain(
     mut f: *const c_void,
@@ -178,8 +233,10 @@ unsafe fn chain(
             return (k, true);
         }
         slot.write(f as usize);
-        (*out.add(end - 1 - k)).write(at(f));
-        f = read(f, back);
+        // SAFETY: `k < kept <= end`: the slot is inside `out`.
+        unsafe { (*out.add(end - 1 - k)).write(at(f)) };
+        // SAFETY: `f` is a non-null link: a live frame with its link at `back` (contract).
+        f = unsafe { read(f, back) };
     }
     let mut room = end - kept;
     while room >= 8 {
@@ -187,15 +244,19 @@ unsafe fn chain(
             if f.is_null() {
                 return (end - room + k - 1, true);
             }
-            (*out.add(room - k)).write(at(f));
-            f = read(f, back);
+            // SAFETY: `1 <= k <= 8 <= room <= end`: the slot is inside `out`.
+            unsafe { (*out.add(room - k)).write(at(f)) };
+            // SAFETY: `f` is a non-null link: a live frame with its link at `back` (contract).
+            f = unsafe { read(f, back) };
         }
         room -= 8;
     }
     while room > 0 && !f.is_null() {
         room -= 1;
-        (*out.add(room)).write(at(f));
-        f = read(f, back);
+        // SAFETY: `room < end`: the slot is inside `out`.
+        unsafe { (*out.add(room)).write(at(f)) };
+        // SAFETY: `f` is a non-null link: a live frame with its link at `back` (contract).
+        f = unsafe { read(f, back) };
     }
     (end - room, f.is_null())
 }
@@ -206,10 +267,13 @@ unsafe fn chain(
 /// # Safety
 /// As for [`walk`].
 pub unsafe fn innermost(l: &PyLayout, tstate: *const c_void, out: &mut [MaybeUninit<usize>]) {
-    let mut f = top_frame(l, tstate);
+    // SAFETY: as for `walk` (the caller's contract).
+    let mut f = unsafe { top_frame(l, tstate) };
     for slot in out {
         slot.write(f as usize);
-        f = read(f, l.frame_back);
+        // SAFETY: the chain has at least `out.len()` links (contract): `f` is a live frame of
+        // the calling thread, with its link outward at `frame_back`.
+        f = unsafe { read(f, l.frame_back) };
     }
 }
 
@@ -239,16 +303,20 @@ pub unsafe fn cut(
     whole: bool,
     max: usize,
 ) -> Cut {
-    let mut f = top_frame(l, tstate);
+    // SAFETY: as for `walk` (the caller's contract).
+    let mut f = unsafe { top_frame(l, tstate) };
     let mut python = 0;
     for k in 0..links {
-        match code_and_offset(api, l, f) {
+        // SAFETY: `k < links`, and the chain has at least `links` links (contract): `f` is a
+        // live frame of the calling thread.
+        match unsafe { code_and_offset(api, l, f) } {
             Found::Code(..) if python == max => return Cut::At(k),
             Found::Code(..) => python += 1,
             Found::Broken => return Cut::Unknown,
             Found::Skip | Found::Unstarted => {}
         }
-        f = read(f, l.frame_back);
+        // SAFETY: the same live frame; `frame_back` is its link outward.
+        f = unsafe { read(f, l.frame_back) };
     }
     if whole {
         Cut::Whole
@@ -261,7 +329,8 @@ pub unsafe fn cut(
 /// whether the stack was deeper than `max`.
 ///
 /// # Safety
-/// `tstate` must be the calling thread's own thread state (its frames cannot change under us).
+/// `tstate` must be the calling thread's own thread state (its frames cannot change under us),
+/// and `l` the layout of the running interpreter (the session checked it at its start).
 pub unsafe fn walk(
     api: &Api,
     l: &PyLayout,
@@ -271,14 +340,17 @@ pub unsafe fn walk(
 ) -> (usize, bool) {
     let max = max.min(out.len());
     let mut n = 0;
-    let mut f = top_frame(l, tstate);
+    // SAFETY: the caller's contract.
+    let mut f = unsafe { top_frame(l, tstate) };
     let mut guard = 0;
     while !f.is_null() && guard < 100_000 {
         guard += 1;
-        let (code, offset) = match code_and_offset(api, l, f) {
+        // SAFETY: `f` is a non-null link of the calling thread's own chain: a live frame.
+        let (code, offset) = match unsafe { code_and_offset(api, l, f) } {
             Found::Code(code, offset) => (code, offset),
             Found::Skip | Found::Unstarted => {
-                f = read(f, l.frame_back);
+                // SAFETY: the same live frame; `frame_back` is its link outward.
+                f = unsafe { read(f, l.frame_back) };
                 continue;
             }
             Found::Broken => (std::ptr::null_mut(), 0),
@@ -286,7 +358,8 @@ pub unsafe fn walk(
         if n == max {
             return (n, true);
         }
-        let entry = !code.is_null() && is_entry(l, f);
+        // SAFETY: the same live frame of the calling thread.
+        let entry = !code.is_null() && unsafe { is_entry(l, f) };
         out[n].write(RawFrame {
             code,
             offset,
@@ -296,7 +369,8 @@ pub unsafe fn walk(
         if code.is_null() {
             break;
         }
-        f = read(f, l.frame_back);
+        // SAFETY: the same live frame; `frame_back` is its link outward.
+        f = unsafe { read(f, l.frame_back) };
     }
     (n, false)
 }
@@ -307,9 +381,11 @@ pub unsafe fn walk(
 /// `code` must be a live code object.
 pub unsafe fn line_of(api: &Api, l: &PyLayout, code: *mut c_void, offset: i32) -> u32 {
     let line = if offset < 0 {
-        read::<i32>(code, l.code_firstlineno)
+        // SAFETY: `code` is a live code object (contract); `co_firstlineno` is its int.
+        unsafe { read::<i32>(code, l.code_firstlineno) }
     } else {
-        (api.addr2line)(code, offset)
+        // SAFETY: `PyCode_Addr2Line` on a live code object (contract); it allocates nothing.
+        unsafe { (api.addr2line)(code, offset) }
     };
     line.max(0) as u32
 }
@@ -341,17 +417,22 @@ pub unsafe fn code_key(l: &PyLayout, code: *const c_void) -> CodeKey {
         l.code_name
     };
     let instance = if l.code_version != ABSENT {
-        read::<u32>(code, l.code_version) as usize
+        // SAFETY: `code` is a live code object (contract); 3.12+: `co_version` is its u32.
+        unsafe { read::<u32>(code, l.code_version) as usize }
     } else {
         match crate::code_dealloc::freed_at(code as usize) {
             Some(freed) => freed as usize,
-            None => printed_instance(l, code),
+            // SAFETY: `code` is a live code object (contract).
+            None => unsafe { printed_instance(l, code) },
         }
     };
     CodeKey {
         code: code as usize,
-        name: read(code, name_off),
-        filename: read(code, l.code_filename),
+        // SAFETY: `code` is a live code object (contract); `co_qualname` or `co_name` is a
+        // pointer field of it.
+        name: unsafe { read(code, name_off) },
+        // SAFETY: the same live code object; `co_filename` is a pointer field of it.
+        filename: unsafe { read(code, l.code_filename) },
         instance,
     }
 }
@@ -365,8 +446,12 @@ pub unsafe fn code_key(l: &PyLayout, code: *const c_void) -> CodeKey {
 #[cold]
 #[inline(never)]
 unsafe fn printed_instance(l: &PyLayout, code: *const c_void) -> usize {
-    line_table_print(l, read(code, l.code_linetable))
-        ^ (read::<i32>(code, l.code_firstlineno) as u32 as usize).rotate_left(20)
+    // SAFETY: `code` is a live code object (contract): its line table (`co_lnotab` or
+    // `co_linetable`) is NULL or a bytes object it holds alive; `co_firstlineno` is an int.
+    unsafe {
+        line_table_print(l, read(code, l.code_linetable))
+            ^ (read::<i32>(code, l.code_firstlineno) as u32 as usize).rotate_left(20)
+    }
 }
 
 /// What tells a code object's line table (a bytes object) from another's before 3.12: its
@@ -380,16 +465,21 @@ unsafe fn line_table_print(l: &PyLayout, table: *const c_void) -> usize {
     if table.is_null() {
         return 0;
     }
-    let len: isize = read(table, l.bytes_size);
+    // SAFETY: `table` is a live bytes object (contract, not null here); `ob_size` is its length.
+    let len: isize = unsafe { read(table, l.bytes_size) };
     let mut print = table as usize ^ (len as usize).rotate_left(40);
-    let data = (table as *const u8).add(l.bytes_data as usize);
+    // SAFETY: `ob_sval`, the first byte of the same object.
+    let data = unsafe { (table as *const u8).add(l.bytes_data as usize) };
     if len >= 8 {
-        let first = std::ptr::read_unaligned(data as *const u64);
-        let last = std::ptr::read_unaligned(data.add(len as usize - 8) as *const u64);
+        // SAFETY: the bytes object holds `len >= 8` bytes from `data`: its first and last eight.
+        let first = unsafe { std::ptr::read_unaligned(data as *const u64) };
+        // SAFETY: as above.
+        let last = unsafe { std::ptr::read_unaligned(data.add(len as usize - 8) as *const u64) };
         print ^= (first ^ last.rotate_left(29)) as usize;
     } else {
         for i in 0..len.max(0) as usize {
-            print ^= (*data.add(i) as usize) << (8 * i);
+            // SAFETY: `i < len`: one of the object's bytes.
+            print ^= (unsafe { *data.add(i) } as usize) << (8 * i);
         }
     }
     print
@@ -401,11 +491,14 @@ unsafe fn line_table_print(l: &PyLayout, table: *const c_void) -> usize {
 /// # Safety
 /// `f` must be a live frame of the calling thread.
 pub unsafe fn live_code_key(api: &Api, l: &PyLayout, f: *const c_void) -> CodeKey {
-    let code: *const c_void = read(f, l.frame_code);
-    if code.is_null() || !is_code(api, l, code) {
+    // SAFETY: `f` is a live frame (contract); `frame_code` is its code (or executable) pointer.
+    let code: *const c_void = unsafe { read(f, l.frame_code) };
+    // SAFETY: a live frame's non-null code or executable is a live object it holds.
+    if code.is_null() || !unsafe { is_code(api, l, code) } {
         return CodeKey::default();
     }
-    code_key(l, code)
+    // SAFETY: a live code object (checked just above).
+    unsafe { code_key(l, code) }
 }
 
 /// Whether the live object `obj` (a frame's code or executable) is a code object.
@@ -413,7 +506,8 @@ pub unsafe fn live_code_key(api: &Api, l: &PyLayout, f: *const c_void) -> CodeKe
 /// # Safety
 /// `obj` must be a live object.
 unsafe fn is_code(api: &Api, l: &PyLayout, obj: *const c_void) -> bool {
-    read::<*mut c_void>(obj, l.object_type) == api.code_type
+    // SAFETY: `obj` is a live object (contract); `ob_type` is its type pointer.
+    unsafe { read::<*mut c_void>(obj, l.object_type) == api.code_type }
 }
 
 /// The first line of a code object.
@@ -421,7 +515,8 @@ unsafe fn is_code(api: &Api, l: &PyLayout, obj: *const c_void) -> bool {
 /// # Safety
 /// `code` must be a live code object.
 pub unsafe fn first_line(l: &PyLayout, code: *const c_void) -> u32 {
-    read::<i32>(code, l.code_firstlineno).max(0) as u32
+    // SAFETY: `code` is a live code object (contract); `co_firstlineno` is its int.
+    unsafe { read::<i32>(code, l.code_firstlineno) }.max(0) as u32
 }
 
 /// Copies a `str` object's text into `buf` as UTF-8 (cut at the buffer's end); returns the
@@ -433,7 +528,8 @@ pub unsafe fn read_str(l: &PyLayout, s: *const c_void, buf: &mut [u8]) -> usize 
     if s.is_null() {
         return 0;
     }
-    let state: u32 = read(s, l.unicode_state);
+    // SAFETY: `s` is a live `str` (contract, not null here); `state` is its bit-field word.
+    let state: u32 = unsafe { read(s, l.unicode_state) };
     let kind = (state >> 2) & 7;
     let compact = state & (1 << 5) != 0;
     let ascii = state & (1 << 6) != 0;
@@ -441,14 +537,21 @@ pub unsafe fn read_str(l: &PyLayout, s: *const c_void, buf: &mut [u8]) -> usize 
         buf[0] = b'?';
         return 1;
     }
-    let len: isize = read(s, l.unicode_length);
-    let data = (s as *const u8).add(if ascii { l.ascii_size } else { l.compact_size } as usize);
+    // SAFETY: the same live `str`; `length` is its length in characters.
+    let len: isize = unsafe { read(s, l.unicode_length) };
+    // SAFETY: a compact string's characters follow its header (`PyASCIIObject` when ASCII,
+    // `PyCompactUnicodeObject` otherwise) in the same block.
+    let data =
+        unsafe { (s as *const u8).add(if ascii { l.ascii_size } else { l.compact_size } as usize) };
     let mut n = 0;
     for i in 0..len.max(0) as usize {
-        let c = match kind {
-            1 => *data.add(i) as u32,
-            2 => std::ptr::read_unaligned((data as *const u16).add(i)) as u32,
-            _ => std::ptr::read_unaligned((data as *const u32).add(i)),
+        // SAFETY: `i < len`: character `i` of the compact string, `kind` bytes wide.
+        let c = unsafe {
+            match kind {
+                1 => *data.add(i) as u32,
+                2 => std::ptr::read_unaligned((data as *const u16).add(i)) as u32,
+                _ => std::ptr::read_unaligned((data as *const u32).add(i)),
+            }
         };
         let ch = char::from_u32(c).unwrap_or('\u{fffd}');
         if n + ch.len_utf8() > buf.len() {

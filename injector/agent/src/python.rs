@@ -160,8 +160,12 @@ pub unsafe fn write_version(h: *mut mprof_common::ring::RingHeader) {
     if let Some(Some(api)) = API.get() {
         let v = api.version.to_bytes();
         let n = v.len().min(63);
-        let dst = std::ptr::addr_of_mut!((*h).py_version) as *mut u8;
-        std::ptr::copy_nonoverlapping(v.as_ptr(), dst, n);
+        // SAFETY: `h` is a ring header this process owns (contract), whose `py_version` holds
+        // 64 bytes: `n <= 63` of them are written, from a string that does not overlap it.
+        unsafe {
+            let dst = std::ptr::addr_of_mut!((*h).py_version) as *mut u8;
+            std::ptr::copy_nonoverlapping(v.as_ptr(), dst, n);
+        }
     }
 }
 
@@ -205,7 +209,8 @@ pub struct ThisThread {
 /// `slot`'s low 32 bits are an offset of `sys::KeySlots` (inside every thread's own
 /// descriptor).
 unsafe fn holds(slot: isize, value: *mut c_void) -> bool {
-    crate::sys::thread_word(slot as u32 as isize) == value as usize
+    // SAFETY: an offset of `KeySlots` (contract), inside the calling thread's descriptor.
+    unsafe { crate::sys::thread_word(slot as u32 as isize) == value as usize }
 }
 
 /// `ThisThread`s made so far.

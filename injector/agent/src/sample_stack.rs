@@ -244,29 +244,43 @@ impl Announcer<'_> {
     pub unsafe fn this_thread(&mut self, tid: u32, tstate: *const c_void) -> Option<Stack> {
         let mut ats = [const { MaybeUninit::<usize>::uninit() }; LINK_CAP];
         let mut first = [const { MaybeUninit::<usize>::uninit() }; FIRST];
-        let (n, whole) = frames::ats(self.layout, tstate, self.entries, &mut ats, &mut first);
+        // SAFETY: `tstate` is the calling thread's own (contract) and `self.layout` the
+        // session's, checked against this interpreter at its start.
+        let (n, whole) =
+            unsafe { frames::ats(self.layout, tstate, self.entries, &mut ats, &mut first) };
         // SAFETY: `ats` wrote the last `n`.
-        let ats: &[usize] = std::slice::from_raw_parts(ats.as_ptr().add(LINK_CAP - n).cast(), n);
+        let ats: &[usize] =
+            unsafe { std::slice::from_raw_parts(ats.as_ptr().add(LINK_CAP - n).cast(), n) };
         if !whole || n > self.max_depth {
             cold_path();
-            return self.again().deep(tid, tstate, ats, whole, &first).ok();
+            // SAFETY: the calling thread's own `tstate` (contract); `ats` and `first` as the
+            // walk just wrote them.
+            return unsafe { self.again().deep(tid, tstate, ats, whole, &first) }.ok();
         }
-        let through = match self.cached(tid, ats, &first, false) {
+        // SAFETY: `ats` and `first` as the walk just wrote them.
+        let through = match unsafe { self.cached(tid, ats, &first, false) } {
             Ok(Through::Stack(stack)) => return Some(stack),
             Ok(Through::Changed {
                 chain,
                 same,
                 parent,
-            }) => self
-                .again()
-                .changed(&mut *chain, tstate, ats, &first, false, same, parent),
+            }) => {
+                // SAFETY: `chain` is the thread's chain `cached` found, mapped memory of
+                // `stacks` that interning never touches (see there); `tstate` is the calling
+                // thread's own.
+                unsafe {
+                    self.again()
+                        .changed(&mut *chain, tstate, ats, &first, false, same, parent)
+                }
+            }
             other => other,
         };
         match through {
             Ok(Through::Stack(stack)) => Some(stack),
             Err(Lost::TableFull) => {
                 cold_path();
-                self.again().uncached(tid, tstate).ok()
+                // SAFETY: the calling thread's own `tstate` (contract).
+                unsafe { self.again().uncached(tid, tstate) }.ok()
             }
             Err(Lost::RingFull) => {
                 cold_path();
@@ -274,7 +288,8 @@ impl Announcer<'_> {
             }
             Ok(_) => {
                 cold_path();
-                self.again().plain(tid, tstate).ok()
+                // SAFETY: the calling thread's own `tstate` (contract).
+                unsafe { self.again().plain(tid, tstate) }.ok()
             }
         }
     }
@@ -298,10 +313,16 @@ impl Announcer<'_> {
 
     /// [`Announcer::uncached`], once more with the emptied table when the table was full: a
     /// stack never needs more than a fraction of it.
+    ///
+    /// # Safety
+    /// As for [`Announcer::this_thread`].
     unsafe fn plain(&mut self, tid: u32, tstate: *const c_void) -> Result<Stack, Lost> {
-        match self.uncached(tid, tstate) {
-            Err(Lost::TableFull) => self.uncached(tid, tstate),
-            other => other,
+        // SAFETY: the calling thread's own `tstate` (contract), both times.
+        unsafe {
+            match self.uncached(tid, tstate) {
+                Err(Lost::TableFull) => self.uncached(tid, tstate),
+                other => other,
+            }
         }
     }
 
@@ -312,6 +333,10 @@ impl Announcer<'_> {
     /// them alone). Finding that cut reads every link it passes, so the whole chain is tried
     /// first, unless the thread's previous stack was cut. Out of line: the common sample is
     /// not so deep.
+    ///
+    /// # Safety
+    /// As for [`Announcer::this_thread`]; `ats` and `first` as `frames::ats` wrote them for
+    /// `tstate`.
     #[inline(never)]
     unsafe fn deep(
         &mut self,
@@ -327,24 +352,35 @@ impl Announcer<'_> {
             let (links, cut) = if whole_first {
                 (n, false)
             } else {
-                match frames::cut(self.api, self.layout, tstate, n, whole, self.max_depth) {
+                // SAFETY: the calling thread's own `tstate` (contract), whose chain has the
+                // `n` links of `ats` at least.
+                match unsafe {
+                    frames::cut(self.api, self.layout, tstate, n, whole, self.max_depth)
+                } {
                     Cut::At(links) => (links, true),
                     Cut::Whole => (n, false),
                     Cut::Unknown => break,
                 }
             };
-            match self.through(tid, tstate, &ats[n - links..], first, cut) {
+            // SAFETY: the calling thread's own `tstate`; the innermost `links` of `ats`, and
+            // `first` as the walk kept it (contract).
+            match unsafe { self.through(tid, tstate, &ats[n - links..], first, cut) } {
                 Ok(Through::Stack(stack)) => return Ok(stack),
                 Ok(Through::Deeper) if whole_first => whole_first = false,
                 Ok(_) => break,
-                Err(Lost::TableFull) => return self.uncached(tid, tstate),
+                // SAFETY: the calling thread's own `tstate` (contract).
+                Err(Lost::TableFull) => return unsafe { self.uncached(tid, tstate) },
                 Err(lost) => return Err(lost),
             }
         }
-        self.plain(tid, tstate)
+        // SAFETY: the calling thread's own `tstate` (contract).
+        unsafe { self.plain(tid, tstate) }
     }
 
     /// [`Announcer::cached`], and [`Announcer::changed`] when it asks for it.
+    ///
+    /// # Safety
+    /// As for [`Announcer::changed`].
     unsafe fn through(
         &mut self,
         tid: u32,
@@ -353,12 +389,18 @@ impl Announcer<'_> {
         first: &[MaybeUninit<usize>; FIRST],
         cut: bool,
     ) -> Result<Through, Lost> {
-        match self.cached(tid, ats, first, cut)? {
+        // SAFETY: `ats` and `first` as the walk wrote them (contract).
+        match unsafe { self.cached(tid, ats, first, cut) }? {
             Through::Changed {
                 chain,
                 same,
                 parent,
-            } => self.changed(&mut *chain, tstate, ats, first, cut, same, parent),
+            } => {
+                // SAFETY: `chain` is the thread's chain `cached` found, mapped memory of
+                // `stacks` that interning never touches (see there); the rest is this
+                // function's contract.
+                unsafe { self.changed(&mut *chain, tstate, ats, first, cut, same, parent) }
+            }
             other => Ok(other),
         }
     }
@@ -368,6 +410,10 @@ impl Announcer<'_> {
     /// the stack is cut outside them, at `max_depth` Python frames). Where links other than
     /// the innermost alone changed, [`Through::Changed`] says so, for the caller to call
     /// [`Announcer::changed`].
+    ///
+    /// # Safety
+    /// `first` holds the addresses of the innermost `min(ats.len(), FIRST)` links of the
+    /// calling thread's chain, live frames.
     #[inline(always)]
     unsafe fn cached(
         &mut self,
@@ -383,7 +429,7 @@ impl Announcer<'_> {
         let chain: *mut ThreadChain = chain;
         // SAFETY: the chain is mapped memory of `stacks` that interning never touches (node
         // ids live in another mapping), so it can be used beside `&mut self`.
-        let chain = &mut *chain;
+        let chain = unsafe { &mut *chain };
         let n = ats.len();
         if chain.cut != cut {
             cold_path();
@@ -404,8 +450,11 @@ impl Announcer<'_> {
             // the thread ran lately: the loop below without its set-up.
             let at = ats[same];
             let outer = outer_of(ats, same, outside);
-            let f = first[0].assume_init() as *const c_void;
-            if let Some(made) = self.recall(chain, at, outer, Cached { node, depth }, f) {
+            // SAFETY: `n >= 1`: the walk wrote the first address (contract).
+            let f = unsafe { first[0].assume_init() } as *const c_void;
+            // SAFETY: `f` is the innermost link, a live frame of the calling thread.
+            if let Some(made) = unsafe { self.recall(chain, at, outer, Cached { node, depth }, f) }
+            {
                 if made.depth as usize > self.max_depth {
                     cold_path();
                     return Ok(Through::Deeper);
@@ -431,6 +480,10 @@ impl Announcer<'_> {
     /// the innermost alone run lately; `parent`: what the links outside them made. Out of
     /// line: a loop's samples change the innermost frame alone, and the code below took
     /// registers from theirs.
+    ///
+    /// # Safety
+    /// As for [`Announcer::this_thread`]; `ats` (outermost first) and `first` as
+    /// `frames::ats` wrote them for `tstate` (`ats` may be the innermost part of its output).
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn changed(
@@ -470,17 +523,20 @@ impl Announcer<'_> {
         let changed: &[MaybeUninit<usize>] = if n - same <= FIRST {
             first
         } else {
-            frames::innermost(self.layout, tstate, &mut walked[..n - same]);
+            // SAFETY: the calling thread's own `tstate` (contract), whose chain has the `n`
+            // links of `ats` at least.
+            unsafe { frames::innermost(self.layout, tstate, &mut walked[..n - same]) };
             &walked
         };
         let mut cacheable = true;
         let mut prefetched = false;
         for i in same..n {
             // SAFETY: the first `n - same` were written, by the walk or by `innermost`.
-            let f = changed[n - 1 - i].assume_init() as *const c_void;
+            let f = unsafe { changed[n - 1 - i].assume_init() } as *const c_void;
             let (at, outer) = (ats[i], outer_of(ats, i, outside));
             let parent = Cached { node, depth };
-            if let Some(made) = self.recall(chain, at, outer, parent, f) {
+            // SAFETY: `f` is a link of the calling thread's chain: a live frame.
+            if let Some(made) = unsafe { self.recall(chain, at, outer, parent, f) } {
                 if made.depth as usize > self.max_depth {
                     cold_path();
                     return Ok(Through::Deeper);
@@ -492,9 +548,11 @@ impl Announcer<'_> {
                     // looked up in the frame cache, which at the default rate is cold at every
                     // sample. Their sets are asked for at once, so that their misses overlap.
                     prefetched = true;
-                    self.prefetch_frames(&changed[..n - i]);
+                    // SAFETY: the `n - i` innermost links, written (above) and live.
+                    unsafe { self.prefetch_frames(&changed[..n - i]) };
                 }
-                match frames::code_and_offset(self.api, self.layout, f) {
+                // SAFETY: `f` is a link of the calling thread's chain: a live frame.
+                match unsafe { frames::code_and_offset(self.api, self.layout, f) } {
                     Found::Skip => {}
                     Found::Unstarted => {
                         cold_path();
@@ -510,15 +568,18 @@ impl Announcer<'_> {
                             cold_path();
                             return Ok(Through::Deeper);
                         }
-                        let entry = self.entries && frames::is_entry(self.layout, f);
+                        // SAFETY: the same live frame.
+                        let entry = self.entries && unsafe { frames::is_entry(self.layout, f) };
                         let raw = RawFrame {
                             code,
                             offset,
                             entry,
                         };
-                        node = self.node_of(node, raw)?;
+                        // SAFETY: `code` is the code object the live frame `f` holds.
+                        node = unsafe { self.node_of(node, raw) }?;
                         if at != UNCOMPARABLE {
-                            let key = frames::code_key(self.layout, code);
+                            // SAFETY: as above.
+                            let key = unsafe { frames::code_key(self.layout, code) };
                             chain.remember(at, outer, key, parent, Cached { node, depth });
                         }
                     }
@@ -543,12 +604,20 @@ impl Announcer<'_> {
     /// looked up (outermost first), and before 3.12 for the counts in their code keys. A frame
     /// recalled after all wastes its requests. Out of line: most samples recall every frame
     /// that changed.
+    ///
+    /// # Safety
+    /// Every element of `changed` is written: the address of a live frame of the calling
+    /// thread.
     #[inline(never)]
     unsafe fn prefetch_frames(&self, changed: &[MaybeUninit<usize>]) {
         let counted = self.layout.code_version == ABSENT;
         for f in changed.iter().rev().take(PREFETCHED) {
-            let f = f.assume_init() as *const c_void;
-            if let Found::Code(code, offset) = frames::code_and_offset(self.api, self.layout, f) {
+            // SAFETY: written (contract).
+            let f = unsafe { f.assume_init() } as *const c_void;
+            if let Found::Code(code, offset) =
+                // SAFETY: a live frame of the calling thread (contract).
+                unsafe { frames::code_and_offset(self.api, self.layout, f) }
+            {
                 self.stacks.prefetch_frame(code as usize, offset);
                 if counted {
                     crate::code_dealloc::prefetch_freed_at(code as usize);
@@ -576,13 +645,17 @@ impl Announcer<'_> {
             return None;
         }
         chain.recall(at, outer, parent, || {
-            frames::live_code_key(self.api, self.layout, f)
+            // SAFETY: `f` is a live frame of the calling thread (contract).
+            unsafe { frames::live_code_key(self.api, self.layout, f) }
         })
     }
 
     /// The plain walk: innermost `max_depth` frames, interned from the outermost kept. The
     /// thread's cached chain is void after it. Rare (a chain too deep or broken, a full
     /// table): out of line, so that the common path's code stays together.
+    ///
+    /// # Safety
+    /// As for [`Announcer::this_thread`].
     #[cold]
     #[inline(never)]
     unsafe fn uncached(&mut self, tid: u32, tstate: *const c_void) -> Result<Stack, Lost> {
@@ -590,15 +663,22 @@ impl Announcer<'_> {
             chain.len = 0;
         }
         let mut raw = [const { MaybeUninit::<RawFrame>::uninit() }; MAX_FRAMES];
-        let (n, truncated) = frames::walk(self.api, self.layout, tstate, &mut raw, self.max_depth);
+        // SAFETY: the calling thread's own `tstate` (contract) and the session's layout.
+        let (n, truncated) =
+            unsafe { frames::walk(self.api, self.layout, tstate, &mut raw, self.max_depth) };
         let mut node = 0;
         for f in raw[..n].iter().rev() {
-            node = self.node_of(node, f.assume_init())?;
+            // SAFETY: the walk wrote the first `n`, each a live code object of the calling
+            // thread's frames or null.
+            node = unsafe { self.node_of(node, f.assume_init()) }?;
         }
         Ok(Stack::new(node, n as u32, truncated))
     }
 
     /// The node of frame `f` on top of `parent`, announced if new.
+    ///
+    /// # Safety
+    /// `f.code` is null or a live code object.
     unsafe fn node_of(&mut self, parent: u32, f: RawFrame) -> Result<u32, Lost> {
         if f.code.is_null() {
             // Where the walk stopped at something it could not read: `<unknown>`.
@@ -616,16 +696,19 @@ impl Announcer<'_> {
             parent,
             offset: f.offset,
             entry: f.entry,
-            code: frames::code_key(self.layout, f.code),
+            // SAFETY: a live code object (contract; not null here).
+            code: unsafe { frames::code_key(self.layout, f.code) },
         };
         if let Some(node) = self.stacks.known_frame(&key) {
             return Ok(node);
         }
-        self.announce(key.code)?;
+        // SAFETY: the key just read from the live code object.
+        unsafe { self.announce(key.code) }?;
         let node = Node {
             parent,
             code: f.code as u64,
-            line: self.line(key.code, f),
+            // SAFETY: the same live code object.
+            line: unsafe { self.line(key.code, f) },
             entry: f.entry,
         };
         let id = self.intern(&node)?;
@@ -659,6 +742,9 @@ impl Announcer<'_> {
     }
 
     /// Writes a CODE record for the code object of `key` unless it was announced already.
+    ///
+    /// # Safety
+    /// `key` was read from a code object that is still live (its name and file name too).
     unsafe fn announce(&mut self, key: CodeKey) -> Result<(), Lost> {
         let (l, caches) = (self.layout, &mut *self.caches);
         let code = key.code as *const c_void;
@@ -668,9 +754,13 @@ impl Announcer<'_> {
         }
         let mut filename = [0u8; 1024];
         let mut name = [0u8; 512];
-        let flen = frames::read_str(l, key.filename as *const c_void, &mut filename);
-        let nlen = frames::read_str(l, key.name as *const c_void, &mut name);
-        let firstline = frames::first_line(l, code);
+        // SAFETY: the live code object's `co_filename` and `co_name` (or `co_qualname`),
+        // `str` objects it holds alive (contract).
+        let flen = unsafe { frames::read_str(l, key.filename as *const c_void, &mut filename) };
+        // SAFETY: as above.
+        let nlen = unsafe { frames::read_str(l, key.name as *const c_void, &mut name) };
+        // SAFETY: a live code object (contract).
+        let firstline = unsafe { frames::first_line(l, code) };
         let written = self
             .ring
             .try_write(KIND_CODE, 0, CODE_FIXED + flen + nlen, |b| {
@@ -690,6 +780,9 @@ impl Announcer<'_> {
 
     /// The line of a frame, through a direct-mapped cache: scanning line tables is the most
     /// expensive part of a new frame.
+    ///
+    /// # Safety
+    /// `f.code` is a live code object, the one `key` was read from.
     unsafe fn line(&mut self, key: CodeKey, f: RawFrame) -> u32 {
         let s = &mut *self.caches;
         let h =
@@ -700,7 +793,8 @@ impl Announcer<'_> {
                 return e.line;
             }
         }
-        let line = frames::line_of(self.api, self.layout, f.code, f.offset);
+        // SAFETY: a live code object (contract).
+        let line = unsafe { frames::line_of(self.api, self.layout, f.code, f.offset) };
         s.lines[slot] = Some(LineEntry {
             generation: s.generation,
             key,

@@ -16,11 +16,16 @@
 //! thread's own countdown (the RAW one) down instead. Slower, only in such processes.
 //!
 //! Each hook layer (see `chain`) has countdowns of its own, so that a layer that only passes
-//! calls through never takes bytes from the sampling one.
+//! calls through never takes bytes from the sampling one. The MEM and OBJ countdown of each
+//! layer sits beside the allocators it wraps, in `chain` (which arms it); here, everything
+//! else.
 
-use crate::chain::{gil_countdown, LAYERS};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+/// Layers of hooks (see `chain`): how many times a session may find its hooks taken out of the
+/// chain before the process has to be restarted to be profiled again.
+pub const LAYERS: usize = 4;
 
 /// Countdown while sampling is off: the slow path is visited once per this many bytes, to notice
 /// a new session.
@@ -41,22 +46,16 @@ pub fn several_gils() -> bool {
     SEVERAL_GILS.load(Ordering::Relaxed)
 }
 
-/// From now on MEM and OBJ calls count down per thread: the sampling `layer`'s shared countdown
-/// is held at [`ALWAYS_SLOW`] and `PASSING` is left unused. Called again from the slow path
-/// of every MEM and OBJ call then, to undo another interpreter's thread storing over either:
-/// only what changed is written.
-pub fn enter_several_gils(layer: usize) {
+/// From now on MEM and OBJ calls count down per thread (see `chain::enter_several_gils`, which
+/// holds their shared countdown down too). Only a change is written.
+pub fn set_several_gils() {
     if !several_gils() {
         SEVERAL_GILS.store(true, Ordering::Relaxed);
     }
-    if layer < LAYERS {
-        gil_countdown(layer).store(ALWAYS_SLOW, Ordering::Relaxed);
-    }
-    crate::hooks::leave_passing_unused();
 }
 
 /// What the shared MEM and OBJ countdown starts a session at.
-fn gil_start() -> i64 {
+pub fn gil_start() -> i64 {
     if several_gils() {
         ALWAYS_SLOW
     } else {
@@ -129,9 +128,9 @@ fn splitmix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Sets the rate and seed of a new session (0 = seed from the clock) and arms the countdowns
-/// of the sampling `layer`.
-pub fn configure(rate: u64, seed: u64, layer: usize) {
+/// Sets the rate and seed of a new session (0 = seed from the clock); the threads' own
+/// countdowns are drawn afresh (`chain::arm_countdown` arms the sampling layer's shared one).
+pub fn configure(rate: u64, seed: u64) {
     // At most 2⁶²: a draw multiplies it as a signed 64-bit integer.
     RATE.store(rate.clamp(1, 1 << 62), Ordering::Relaxed);
     let seed = if seed != 0 {
@@ -140,8 +139,7 @@ pub fn configure(rate: u64, seed: u64, layer: usize) {
         crate::sys::precise_ns() ^ (crate::sys::gettid() as u64) << 32
     };
     RNG.store(splitmix(seed) | 1, Ordering::Relaxed);
-    EPOCH.fetch_add(1, Ordering::Relaxed);
-    gil_countdown(layer).store(gil_start(), Ordering::Relaxed);
+    next_epoch();
 }
 
 /// The session's sampling rate, in bytes.
@@ -149,18 +147,10 @@ pub fn rate() -> u64 {
     RATE.load(Ordering::Relaxed)
 }
 
-/// Arms the countdowns of `layer`, which takes over sampling within the running session.
-pub fn arm_layer(layer: usize) {
+/// Every thread's own countdowns are drawn afresh, or set idle, at its next allocation (they
+/// are of an older epoch then).
+pub fn next_epoch() {
     EPOCH.fetch_add(1, Ordering::Relaxed);
-    gil_countdown(layer).store(gil_start(), Ordering::Relaxed);
-}
-
-/// Switches every countdown to idle.
-pub fn idle() {
-    EPOCH.fetch_add(1, Ordering::Relaxed);
-    for layer in 0..LAYERS {
-        gil_countdown(layer).store(IDLE_COUNTDOWN, Ordering::Relaxed);
-    }
 }
 
 fn next_u64() -> u64 {

@@ -3,7 +3,7 @@
 //! block was sampled. Runs under the session lock (`lifecycle::SESSION`); notices there when
 //! the session must end.
 
-use crate::chain;
+use crate::chain::{self, MEM, OBJ, RAW};
 use crate::cycles::{self, Part};
 use crate::lifecycle::{self, Session, ENABLED, SESSION};
 use crate::python::{Api, ThisThread};
@@ -24,10 +24,8 @@ use std::hint::cold_path;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// The RAW domain, called without the GIL (its countdowns are per thread).
-pub const RAW: usize = 0;
-pub const MEM: usize = 1;
-pub const OBJ: usize = 2;
+// The domains a sample comes from: the interpreter's three (`chain::RAW`, `MEM`, `OBJ`), then
+// the agent's own two.
 /// The C allocator family and anonymous `mmap`, seen through the GOT hooks (`native`): any
 /// thread, any moment; one per-thread countdown for both.
 pub const NATIVE: usize = 3;
@@ -58,6 +56,11 @@ fn asked(domain: usize, layer: usize, size: usize, sample: bool) -> usize {
 /// for), then record the sample. Inlined into the hooks' own out-of-line slow paths (each
 /// has a closure of its own, so a copy of this each either way): called, the closure's
 /// captures went through memory.
+///
+/// # Safety
+/// From one of the agent's allocator hooks, on the thread that allocates: a sample walks that
+/// thread's own Python frames with plain loads (`sample_stack`), which only that thread
+/// changes, and it is inside this call.
 #[inline(always)]
 pub unsafe fn sampled_alloc(
     domain: usize,
@@ -75,7 +78,8 @@ pub unsafe fn sampled_alloc(
             let start = cycles::now();
             let mut native = [const { MaybeUninit::<u64>::uninit() }; MAX_NATIVE_FRAMES];
             let native = native_stack(t, &mut native);
-            record_alloc(t, ptr as usize, size, allocator_of(domain), native);
+            // SAFETY: on the allocating thread, from its hook (contract).
+            unsafe { record_alloc(t, ptr as usize, size, allocator_of(domain), native) };
             cycles::add(Part::AllocRecord, start);
         }
         t.busy.set(was_busy);
@@ -103,14 +107,14 @@ fn native_stack<'a>(t: &ThreadState, out: &'a mut [MaybeUninit<u64>]) -> &'a [u6
 #[inline(always)]
 fn decide(domain: usize, layer: usize, t: &ThreadState, size: usize) -> bool {
     if domain >= NATIVE {
-        let enabled = ENABLED.load(Ordering::Acquire) && crate::native::on();
+        let enabled = ENABLED.load(Ordering::Acquire) && lifecycle::native_on();
         return decide_per_thread(enabled, &t.native_countdown, &t.native_epoch, size);
     }
     let enabled = ENABLED.load(Ordering::Acquire) && chain::active() == layer;
     if domain != RAW && enabled && sampler::several_gils() {
         // Another interpreter's thread may have stored over the shared countdown: held down
         // again, and this thread's own countdown decides (see `sampler`).
-        sampler::enter_several_gils(layer);
+        chain::enter_several_gils(layer);
         let (countdown, drawn_in) = (&t.countdown[layer], &t.epoch[layer]);
         if drawn_in.get() == EPOCH.load(Ordering::Relaxed) {
             let c = countdown.get() - size as i64;
@@ -169,6 +173,10 @@ fn tid(t: &ThreadState) -> u32 {
     t.tid.get()
 }
 
+/// Records a sampled block, unless this thread holds the session lock already.
+///
+/// # Safety
+/// As for [`sampled_alloc`].
 unsafe fn record_alloc(
     t: &ThreadState,
     addr: usize,
@@ -186,7 +194,8 @@ unsafe fn record_alloc(
             allocator,
             native,
         };
-        record_alloc_locked(&mut shared, block)
+        // SAFETY: on the allocating thread, from its hook (contract).
+        unsafe { record_alloc_locked(&mut shared, block) }
     }
 }
 
@@ -197,6 +206,9 @@ unsafe fn record_alloc(
 /// realloc released it, and it goes back into the set if the realloc failed (the block is
 /// live as it was). Should another thread sample an allocation at its address meanwhile (the
 /// realloc released it), that thread writes the FREE first, so the records keep their order.
+///
+/// # Safety
+/// As for [`sampled_alloc`].
 #[cold]
 #[inline(never)]
 pub unsafe fn sampled_realloc(
@@ -236,7 +248,10 @@ pub unsafe fn sampled_realloc(
                     // No room to note it: the call is made under the lock, as a last resort.
                     cold_path();
                     let ptr = call(asked(domain, layer, size, sample));
-                    finish_realloc(&mut shared, t, old, true, ptr, size, domain, native, sample);
+                    // SAFETY: on the reallocating thread, from its hook (contract).
+                    unsafe {
+                        finish_realloc(&mut shared, t, old, true, ptr, size, domain, native, sample)
+                    };
                     drop(shared);
                     t.busy.set(was_busy);
                     return ptr;
@@ -247,17 +262,20 @@ pub unsafe fn sampled_realloc(
         if moving || (sample && !ptr.is_null()) {
             let mut shared = SESSION.lock();
             let still_moving = moving && shared.moving.take(old);
-            finish_realloc(
-                &mut shared,
-                t,
-                old,
-                still_moving,
-                ptr,
-                size,
-                domain,
-                native,
-                sample,
-            );
+            // SAFETY: on the reallocating thread, from its hook (contract).
+            unsafe {
+                finish_realloc(
+                    &mut shared,
+                    t,
+                    old,
+                    still_moving,
+                    ptr,
+                    size,
+                    domain,
+                    native,
+                    sample,
+                )
+            };
         }
         cycles::add(Part::Realloc, start);
         t.busy.set(was_busy);
@@ -267,6 +285,9 @@ pub unsafe fn sampled_realloc(
 
 /// After a sampled realloc's call, under the lock: the old block (`sampled`: out of the set,
 /// its FREE not written by another thread) freed or live again, and the new block recorded.
+///
+/// # Safety
+/// As for [`sampled_alloc`].
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn finish_realloc(
@@ -295,7 +316,8 @@ unsafe fn finish_realloc(
             allocator: allocator_of(domain),
             native,
         };
-        record_alloc_locked(shared, block);
+        // SAFETY: on the reallocating thread, from its hook (contract).
+        unsafe { record_alloc_locked(shared, block) };
     }
 }
 
@@ -312,24 +334,36 @@ struct Sampled<'a> {
 /// Records a sample under the session lock. Whether samples carry native stacks is read
 /// once, and each case has code of its own: without them (the common session) no test of
 /// the flag is left in the sample's path, where it was tested four times.
+///
+/// # Safety
+/// As for [`sampled_alloc`].
 #[inline(always)]
 unsafe fn record_alloc_locked(shared: &mut Session, block: Sampled) {
     if crate::unwind::on() {
         cold_path();
-        record_alloc_native(shared, block);
+        // SAFETY: this function's contract.
+        unsafe { record_alloc_native(shared, block) };
     } else {
-        record_alloc_with::<false>(shared, block);
+        // SAFETY: this function's contract.
+        unsafe { record_alloc_with::<false>(shared, block) };
     }
 }
 
 /// [`record_alloc_locked`] with native stacks (`--native`). Out of line: the unwind that
 /// comes with it costs far more than the call.
+///
+/// # Safety
+/// As for [`sampled_alloc`].
 #[inline(never)]
 unsafe fn record_alloc_native(shared: &mut Session, block: Sampled) {
-    record_alloc_with::<true>(shared, block);
+    // SAFETY: this function's contract.
+    unsafe { record_alloc_with::<true>(shared, block) };
 }
 
 /// [`record_alloc_locked`] for sessions with native stacks (`WITH_NATIVE`) or without.
+///
+/// # Safety
+/// As for [`sampled_alloc`].
 #[inline(always)]
 unsafe fn record_alloc_with<const WITH_NATIVE: bool>(shared: &mut Session, block: Sampled) {
     let Sampled {
@@ -385,14 +419,19 @@ unsafe fn record_alloc_with<const WITH_NATIVE: bool>(shared: &mut Session, block
         max_depth: *max_depth,
         entries: with_native,
     };
-    let stack = match this_thread_state(api, this_thread.as_ref(), &t.key_slot) {
+    // SAFETY: the session's `api` and `this_thread` were made for this interpreter at its
+    // start; `t` is the calling thread's own.
+    let stack = match unsafe { this_thread_state(api, this_thread.as_ref(), &t.key_slot) } {
         None => {
             cold_path();
             Stack::NONE
         }
         Some(tstate) => {
-            notice_other_interpreter(api, layout, tstate);
-            match announcer.this_thread(tid, tstate) {
+            // SAFETY: `this_thread_state` answered the calling thread's own thread state.
+            unsafe { notice_other_interpreter(api, layout, tstate) };
+            // SAFETY: the calling thread's own thread state, whose frames only this thread
+            // changes, and it is in an allocator call (this function's contract).
+            match unsafe { announcer.this_thread(tid, tstate) } {
                 Some(stack) => stack,
                 None => {
                     cold_path();
@@ -497,7 +536,8 @@ unsafe fn notice_other_interpreter(api: &Api, layout: &PyLayout, tstate: *const 
     }
     if main == UNKNOWN {
         main = match api.main_interpreter {
-            Some(main_interpreter) if layout.minor >= 12 => main_interpreter() as usize,
+            // SAFETY: `PyInterpreterState_Main` takes no argument and reads a runtime field.
+            Some(main_interpreter) if layout.minor >= 12 => unsafe { main_interpreter() as usize },
             _ => NOT_WATCHED,
         };
         if main == UNKNOWN {
@@ -508,12 +548,17 @@ unsafe fn notice_other_interpreter(api: &Api, layout: &PyLayout, tstate: *const 
             return;
         }
     }
-    let interp: usize = std::ptr::read_unaligned(
-        (tstate as *const u8).add(layout.tstate_interp as usize) as *const usize,
-    );
-    if interp != main && has_own_gil(layout, interp) {
+    // SAFETY: `tstate` is the calling thread's live thread state (contract); `interp` is its
+    // pointer field at `tstate_interp` in this interpreter's layout.
+    let interp: usize = unsafe {
+        std::ptr::read_unaligned(
+            (tstate as *const u8).add(layout.tstate_interp as usize) as *const usize
+        )
+    };
+    // SAFETY: the calling thread's interpreter, read just above.
+    if interp != main && unsafe { has_own_gil(layout, interp) } {
         WATCHED.store(NOT_WATCHED, Ordering::Relaxed);
-        sampler::enter_several_gils(chain::active());
+        chain::enter_several_gils(chain::active());
     }
 }
 
@@ -524,7 +569,11 @@ unsafe fn notice_other_interpreter(api: &Api, layout: &PyLayout, tstate: *const 
 /// `interp` is the calling thread's interpreter.
 unsafe fn has_own_gil(layout: &PyLayout, interp: usize) -> bool {
     layout.interp_own_gil != mprof_common::layout::ABSENT
-        && std::ptr::read_unaligned((interp + layout.interp_own_gil as usize) as *const i32) != 0
+        // SAFETY: `interp` is a live `PyInterpreterState` (contract) and, from 3.12 (the
+        // offset is not ABSENT), `ceval.own_gil` is its int at that offset.
+        && unsafe {
+            std::ptr::read_unaligned((interp + layout.interp_own_gil as usize) as *const i32) != 0
+        }
 }
 
 /// The calling thread's thread state, if the thread has one: read from the runtime's words
@@ -532,6 +581,10 @@ unsafe fn has_own_gil(layout: &PyLayout, interp: usize) -> bool {
 /// `PyGILState_GetThisThreadState`. No `Py_IsInitialized` first: both answer NULL before the
 /// interpreter sets up its thread states and after it tears them down (3.8–3.13), and a
 /// session ends when finalization starts, before anything is torn down.
+///
+/// # Safety
+/// `api` and `read` were made for the running interpreter; `verified` is the calling thread's
+/// own word (`ThreadState::key_slot`).
 unsafe fn this_thread_state(
     api: &Api,
     read: Option<&ThisThread>,
@@ -539,7 +592,8 @@ unsafe fn this_thread_state(
 ) -> Option<*const c_void> {
     let tstate = match read {
         Some(read) => read.get(api, verified),
-        None => (api.this_thread_state)(),
+        // SAFETY: PyGILState_GetThisThreadState has no preconditions.
+        None => unsafe { (api.this_thread_state)() },
     };
     (!tstate.is_null()).then_some(tstate as *const c_void)
 }

@@ -4,6 +4,8 @@
 use std::ffi::{c_char, c_int, c_long, c_void};
 
 pub const RTLD_DEFAULT: *mut c_void = std::ptr::null_mut();
+#[cfg(test)]
+pub const PROT_NONE: c_int = 0;
 pub const PROT_READ: c_int = 1;
 pub const PROT_WRITE: c_int = 2;
 pub const PROT_EXEC: c_int = 4;
@@ -476,12 +478,16 @@ pub unsafe fn thread_word(offset: isize) -> usize {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
         let v: usize;
-        std::arch::asm!(
-            "mov {v}, qword ptr fs:[{o}]",
-            o = in(reg) offset,
-            v = lateout(reg) v,
-            options(nostack, readonly, preserves_flags)
-        );
+        // SAFETY: a load of one word at `fs:offset`, inside the calling thread's own
+        // descriptor (contract); it changes no register but `v`, and no flag.
+        unsafe {
+            std::arch::asm!(
+                "mov {v}, qword ptr fs:[{o}]",
+                o = in(reg) offset,
+                v = lateout(reg) v,
+                options(nostack, readonly, preserves_flags)
+            )
+        };
         v
     }
     // No KeySlots are found elsewhere, so this is never called there.
@@ -522,7 +528,7 @@ pub unsafe fn touch_pages_for_writing(p: *mut u8, len: usize) {
     use std::sync::atomic::{AtomicU8, Ordering};
     for offset in (0..len).step_by(4096) {
         // SAFETY: within the mapping (the caller); any byte may be seen as an AtomicU8.
-        let b = AtomicU8::from_ptr(p.add(offset));
+        let b = unsafe { AtomicU8::from_ptr(p.add(offset)) };
         let v = b.load(Ordering::Relaxed);
         // Failure means another thread wrote the byte: the page is in already.
         let _ = b.compare_exchange(v, v, Ordering::Relaxed, Ordering::Relaxed);

@@ -289,12 +289,17 @@ mod walk {
         _size: usize,
         data: *mut c_void,
     ) -> c_int {
-        let search = &mut *(data as *mut Search);
-        let info = &*info;
-        if info.phdr.is_null() || !contains(info, search.pc) {
+        // SAFETY: `data` is the `Search` that `by_program_headers` lent the loader for the
+        // call; nothing else uses it meanwhile.
+        let search = unsafe { &mut *(data as *mut Search) };
+        // SAFETY: the loader's description of one object, valid during the callback.
+        let info = unsafe { &*info };
+        // SAFETY: an object as the loader hands it, during the callback (`phdr` checked).
+        if info.phdr.is_null() || !unsafe { contains(info, search.pc) } {
             return 0;
         }
-        let headers = std::slice::from_raw_parts(info.phdr, usize::from(info.phnum));
+        // SAFETY: the object's `phnum` program headers, mapped with it.
+        let headers = unsafe { std::slice::from_raw_parts(info.phdr, usize::from(info.phnum)) };
         search.found = tables_of(info.addr, headers);
         1
     }
@@ -773,8 +778,11 @@ mod libgcc {
     }
 
     unsafe extern "C" fn step(ctx: *mut c_void, arg: *mut c_void) -> c_int {
-        let w = &mut *(arg as *mut Walk);
-        let ip = _Unwind_GetIP(ctx);
+        // SAFETY: `arg` is the `Walk` that `unwind` lent `_Unwind_Backtrace` for the call;
+        // nothing else uses it meanwhile.
+        let w = unsafe { &mut *(arg as *mut Walk) };
+        // SAFETY: `ctx` is the unwinder's context of this step, valid during the callback.
+        let ip = unsafe { _Unwind_GetIP(ctx) };
         if ip == 0 || !push(w.out, &mut w.n, ip) {
             return URC_END_OF_STACK;
         }
