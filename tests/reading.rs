@@ -7,8 +7,10 @@ mod common;
 use common::{mprof, run_with_timeout};
 use mprof::capture::frame::{encode, frame_of, Declared};
 use mprof::capture::pack::Packer;
-use mprof_common::record::{encode as encode_record, Record};
-use mprof_common::stacks::{brief_aux, encode_brief, encode_context, encode_stack, Node};
+use mprof_common::record::{encode as encode_record, Record, ALLOC_NATIVE_STACK};
+use mprof_common::stacks::{
+    brief_aux, encode_brief, encode_context, encode_sample, encode_stack, Node, Sample,
+};
 use std::path::Path;
 use std::time::Duration;
 
@@ -171,9 +173,10 @@ fn thirty_million_samples_open_by_default_within_the_memory_bound() {
     }
 }
 
-/// A frame whose records hold more live blocks than it declares, and a capture whose frames
-/// declare more than a real capture needs: both refused with one line, the second before
-/// anything is read, and read when `MPROF_READ_MEMORY_MIB` allows it.
+/// A frame whose records hold more live blocks than it declares, a capture whose frames
+/// declare more than a real capture needs, and a frame whose samples carry more bytes of
+/// native stacks than it declares: all refused with one line, the second before anything is
+/// read, and read when `MPROF_READ_MEMORY_MIB` allows it.
 #[test]
 fn crafted_frames_are_refused() {
     let dir = common::tempdir();
@@ -230,6 +233,39 @@ fn crafted_frames_are_refused() {
     );
     let allowed = report("greedy.mprof", &greedy, Some("1000000"));
     assert!(allowed.status.success(), "{allowed:?}");
+    // Samples that carry their native stacks whole, declared as fewer bytes than they hold.
+    let mut records = encode_record(&Record::Meta {
+        text: "rate=1\n".into(),
+    });
+    records.extend(encode_stack(1, &Node::default()));
+    for i in 0..10u64 {
+        let s = Sample {
+            tid: 1,
+            flags: ALLOC_NATIVE_STACK,
+            addr: 0x1000 + 16 * i,
+            size: 16,
+            time_ns: 5,
+            stack: 1,
+        };
+        records.extend(encode_sample(&s, 1, Some(&[0x40_0000 + i, 0x40_1000])));
+    }
+    let honest = frame_of(&records);
+    let mut declared = Declared::read(&honest[8..]).unwrap();
+    assert_eq!(declared.stacks, 10 * (8 + 16));
+    assert!(report("native.mprof", &honest, None).status.success());
+    declared.stacks -= 1;
+    let lying = report(
+        "native-lying.mprof",
+        &encode(&declared, &honest[8 + 24..]),
+        None,
+    );
+    let err = String::from_utf8_lossy(&lying.stderr);
+    assert_eq!(lying.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("more bytes of whole stacks than it declares (239)"),
+        "{err}"
+    );
 }
 
 /// The captures of older formats kept in `tests/captures` (see its README).

@@ -11,7 +11,8 @@
 //! are bounded where they are interned ([`MAX_NAME`], [`MAX_DEPTH`], [`MAX_META_VALUE`]); and
 //! the reader's memory is checked as it reads (`Budget`, counted by [`crate::base::memory`])
 //! against an allowance derived from what the capture's frames declare (stack nodes, names,
-//! live blocks: [`MEMORY_PER_NODE`], [`MEMORY_PER_TEXT`], [`MEMORY_PER_LIVE`]), plus
+//! live blocks, whole stacks: [`MEMORY_PER_NODE`], [`MEMORY_PER_TEXT`], [`MEMORY_PER_LIVE`],
+//! [`MEMORY_PER_STACK_BYTE`]), plus
 //! [`MEMORY_PER_BYTE`] times the size of its plain records (formats before 5) plus
 //! [`MEMORY_FIXED`]. The reader holds nothing per sample: a capture of any length opens.
 
@@ -68,13 +69,14 @@ impl fmt::Display for LoadError {
             ),
             LoadError::Declares { declared, memory } => write!(
                 f,
-                "its frames declare {} stack nodes, {} bytes of names and {} live blocks: \
-                 reading it would take {} MiB of memory, more than the {} MiB mprof takes \
-                 without asking, and more than real captures need: it may be corrupt or \
-                 crafted. To read it anyway, allow more memory with {}=<MiB>",
+                "its frames declare {} stack nodes, {} bytes of names, {} live blocks and {} \
+                 bytes of whole stacks: reading it would take {} MiB of memory, more than the \
+                 {} MiB mprof takes without asking, and more than real captures need: it may \
+                 be corrupt or crafted. To read it anyway, allow more memory with {}=<MiB>",
                 declared.nodes,
                 declared.text,
                 declared.live,
+                declared.stacks,
                 memory >> 20,
                 MEMORY_CEILING >> 20,
                 build::MEMORY_ENV
@@ -515,7 +517,8 @@ pub mod series;
 pub(crate) use build::Budget;
 use build::Builder;
 pub use build::{
-    declared_memory, MEMORY_CEILING, MEMORY_ENV, MEMORY_PER_LIVE, MEMORY_PER_NODE, MEMORY_PER_TEXT,
+    declared_memory, MEMORY_CEILING, MEMORY_ENV, MEMORY_PER_LIVE, MEMORY_PER_NODE,
+    MEMORY_PER_STACK_BYTE, MEMORY_PER_TEXT,
 };
 #[cfg(any(test, fuzzing))]
 pub use build::{last_limit, reset_last_limit};

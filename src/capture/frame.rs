@@ -4,7 +4,7 @@
 //! ```text
 //!  0        4        6        8        12       16       20        24       28       32
 //!  +--------+--------+--------+--------+--------+--------+---------+--------+--------+---- ... ---+
-//!  | len:u32|kind=15 |codec=1 | raw    | nodes  | text   | samples | live   | 0      | zstd frame |
+//!  | len:u32|kind=15 |codec=1 | raw    | nodes  | text   | samples | live   | stacks | zstd frame |
 //!  +--------+--------+--------+--------+--------+--------+---------+--------+--------+---- ... ---+
 //!   preamble (every record's)  what the frame declares (u32 each)
 //! ```
@@ -17,6 +17,9 @@
 //! - `live`: the most sampled blocks live at once up to the end of the frame, as the writer
 //!   counts them (a sample's address becomes live, a free of a live address ends it; one
 //!   capture, one process);
+//! - `stacks`: bytes of the stacks that samples carry whole ([`whole_stack`]: a SAMPLE's
+//!   native section, an ALLOC's frames), each distinct one counted in the first frame that
+//!   has it: a reader interns every distinct one into its trie of stacks;
 //! - the zstd frame carries its content checksum, so a damaged frame is found, not misread.
 //!
 //! The declarations are the capture's index: the reader's memory allowance is derived from
@@ -27,11 +30,12 @@
 
 use super::pack::{Unpacker, KIND_PACKED};
 use mprof_common::record::{
-    KIND_ALLOC, KIND_CODE, KIND_FREE, KIND_META, KIND_MODULE, KIND_THREAD, PREAMBLE,
+    ALLOC_FIXED, KIND_ALLOC, KIND_CODE, KIND_FREE, KIND_META, KIND_MODULE, KIND_THREAD, PREAMBLE,
 };
-use mprof_common::stacks::{KIND_BRIEF, KIND_SAMPLE, KIND_STACK};
+use mprof_common::stacks::{KIND_BRIEF, KIND_SAMPLE, KIND_STACK, SAMPLE_FIXED};
+use std::collections::hash_map::RandomState;
 use std::collections::HashSet;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 
 /// The kind of a FRAME record.
 pub const KIND_FRAME: u16 = 15;
@@ -58,6 +62,7 @@ pub struct Declared {
     pub text: u32,
     pub samples: u32,
     pub live: u32,
+    pub stacks: u32,
 }
 
 impl Declared {
@@ -70,11 +75,19 @@ impl Declared {
             text: word(2),
             samples: word(3),
             live: word(4),
+            stacks: word(5),
         })
     }
 
     fn write(&self, out: &mut Vec<u8>) {
-        for word in [self.raw, self.nodes, self.text, self.samples, self.live, 0] {
+        for word in [
+            self.raw,
+            self.nodes,
+            self.text,
+            self.samples,
+            self.live,
+            self.stacks,
+        ] {
             out.extend_from_slice(&word.to_le_bytes());
         }
     }
@@ -117,6 +130,36 @@ impl Counts {
     }
 }
 
+/// The part of a sample record (`bytes`, whole) that carries a stack whole, if it has one: an
+/// ALLOC's frames and native section, a SAMPLE's native section (see `mprof_common::stacks`).
+/// A reader interns each distinct one (see [`Declared::stacks`]).
+pub fn whole_stack(bytes: &[u8]) -> Option<&[u8]> {
+    let fixed = match u16::from_le_bytes([*bytes.get(4)?, *bytes.get(5)?]) {
+        KIND_ALLOC => PREAMBLE + ALLOC_FIXED,
+        KIND_SAMPLE => PREAMBLE + SAMPLE_FIXED,
+        _ => return None,
+    };
+    bytes.get(fixed..).filter(|rest| !rest.is_empty())
+}
+
+/// The whole stacks seen so far in a capture (by a hash of their bytes, keyed at random: the
+/// writer and a reader count alike without sharing a hash), to count each distinct one once.
+#[derive(Default)]
+pub struct SeenStacks {
+    hashes: HashSet<u64>,
+    keys: RandomState,
+}
+
+impl SeenStacks {
+    /// The bytes of `bytes`' whole stack if it carries one not seen before (now seen), else 0.
+    pub fn new_bytes(&mut self, bytes: &[u8]) -> u32 {
+        match whole_stack(bytes) {
+            Some(stack) if self.hashes.insert(self.keys.hash_one(stack)) => stack.len() as u32,
+            _ => 0,
+        }
+    }
+}
+
 /// Hashes a block's address for a table of live blocks (the writer's, and the reader's in
 /// `crate::analysis`): a program allocates and frees in runs through the same pools, so the
 /// four 16-byte granules of each 64 bytes of memory hash to four neighbouring buckets, and the
@@ -153,6 +196,8 @@ pub struct FrameBuilder {
     declared: Declared,
     /// The sampled blocks live now (addresses).
     live: HashSet<u64, BuildHasherDefault<GroupHasher>>,
+    /// The whole stacks of the capture so far.
+    stacks: SeenStacks,
 }
 
 impl FrameBuilder {
@@ -167,6 +212,7 @@ impl FrameBuilder {
                 d.samples += 1;
                 self.live.insert(addr);
                 d.live = d.live.max(self.live.len() as u32);
+                d.stacks = d.stacks.saturating_add(self.stacks.new_bytes(bytes));
             }
             Counts::Free(addr) => {
                 self.live.remove(&addr);
@@ -321,6 +367,7 @@ mod tests {
                 text: 8 + 7,
                 samples: 5,
                 live: 3,
+                stacks: 0,
             }
         );
         let mut out = Vec::new();
@@ -335,5 +382,38 @@ mod tests {
             decompress(7, &frame[PREAMBLE..], &mut out, &mut d),
             Err(FrameError::Codec(7))
         ));
+    }
+
+    /// The whole stacks of samples are declared by their bytes, each distinct one once in the
+    /// capture, whatever the frame it comes back in.
+    #[test]
+    fn each_distinct_whole_stack_is_declared_once() {
+        use mprof_common::stacks::{encode_sample, Sample};
+        let sample = |addr: u64, native: &[u64]| {
+            let s = Sample {
+                tid: 1,
+                flags: mprof_common::record::ALLOC_NATIVE_STACK,
+                addr,
+                size: 8,
+                time_ns: 1,
+                stack: 1,
+            };
+            encode_sample(&s, 1, Some(native))
+        };
+        let (a, b) = ([1u64, 2, 3], [1u64, 2, 3, 4]);
+        let mut builder = FrameBuilder::default();
+        let mut declared = |records: &[Vec<u8>]| {
+            for r in records {
+                builder.count(r);
+                builder.append(r);
+            }
+            let frame = builder.take().unwrap().unwrap();
+            Declared::read(&frame[PREAMBLE..]).unwrap().stacks
+        };
+        // A native section: its count and its addresses (8 + 8 per address).
+        let first = declared(&[sample(16, &a), sample(32, &a), sample(48, &b)]);
+        assert_eq!(first, (8 + 24) + (8 + 32));
+        assert_eq!(declared(&[sample(64, &b), sample(80, &a)]), 0);
+        assert_eq!(declared(&[sample(96, &[9])]), 8 + 8);
     }
 }

@@ -12,7 +12,9 @@
 //! far declare ([`Records::declared`]): the analysis derives the memory it may take from it.
 
 use super::format::{tail_warning, Pass, EXPANSION, FILE_HEADER, MAX_CAPTURE_RECORD};
-use super::frame::{decompress, Counts, Declared, FrameError, KIND_FRAME, MAX_FRAME_RECORD};
+use super::frame::{
+    decompress, Counts, Declared, FrameError, SeenStacks, KIND_FRAME, MAX_FRAME_RECORD,
+};
 use super::pack::{Item, Unpacker, KIND_PACKED};
 use super::stacks::{Brief, Interned, Stacks};
 use anyhow::{Context, Result};
@@ -94,6 +96,7 @@ pub struct Totals {
     pub text: u64,
     pub samples: u64,
     pub live: u64,
+    pub stacks: u64,
 }
 
 impl Totals {
@@ -104,6 +107,7 @@ impl Totals {
         self.text += other.text;
         self.samples += other.samples;
         self.live += other.live;
+        self.stacks += other.stacks;
     }
 
     /// Takes back totals merged before.
@@ -113,6 +117,7 @@ impl Totals {
         self.text -= other.text;
         self.samples -= other.samples;
         self.live -= other.live;
+        self.stacks -= other.stacks;
     }
 }
 
@@ -146,6 +151,7 @@ struct Framed {
     nodes: u32,
     text: u32,
     samples: u32,
+    stacks: u32,
 }
 
 /// The records of a capture, read one at a time ([`super::file::CaptureFile::records`]).
@@ -175,6 +181,8 @@ pub struct Records<'a> {
     totals: Totals,
     /// Frames of a codec this reader does not know, skipped.
     unknown_codecs: u64,
+    /// The whole stacks of samples read so far in frames.
+    seen_stacks: SeenStacks,
 }
 
 impl<'a> Records<'a> {
@@ -197,6 +205,7 @@ impl<'a> Records<'a> {
             decompressor: None,
             totals: Totals::default(),
             unknown_codecs: 0,
+            seen_stacks: SeenStacks::default(),
         }
     }
 
@@ -438,6 +447,7 @@ impl<'a> Records<'a> {
         };
         if framed {
             self.count(Counts::of(bytes))?;
+            self.count_stack(bytes)?;
         }
         let interned = match kind {
             KIND_FRAME if !framed => return self.frame(body, aux, origin),
@@ -498,6 +508,7 @@ impl<'a> Records<'a> {
                 t.text += declared.text as u64;
                 t.samples += declared.samples as u64;
                 t.live = t.live.max(declared.live as u64);
+                t.stacks += declared.stacks as u64;
                 self.framed = Some(Framed {
                     declared,
                     ..Framed::default()
@@ -541,6 +552,24 @@ impl<'a> Records<'a> {
             .into()),
             None => Ok(()),
         }
+    }
+
+    /// Counts the whole stack a sample record of the frame being read carries, if it is one
+    /// the capture had not had (see [`Declared::stacks`]).
+    fn count_stack(&mut self, bytes: &[u8]) -> Result<()> {
+        let Some(f) = &mut self.framed else {
+            return Ok(());
+        };
+        f.stacks = f.stacks.saturating_add(self.seen_stacks.new_bytes(bytes));
+        if f.stacks > f.declared.stacks {
+            return Err(Undeclared {
+                at: self.chunk_origin,
+                what: "bytes of whole stacks",
+                declared: f.declared.stacks,
+            }
+            .into());
+        }
+        Ok(())
     }
 
     /// Reading stops at a damaged record that starts at `at` in the file.

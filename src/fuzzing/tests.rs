@@ -271,12 +271,14 @@ fn framed(bytes: &[u8], rng: &mut Rng) -> Vec<u8> {
         let mut frame = frame_of(&bytes[starts[i]..starts[j]]);
         if rng.below(6) == 0 && frame.len() >= PREAMBLE + 24 {
             let mut d = Declared::read(&frame[PREAMBLE..]).unwrap();
-            match rng.below(6) {
+            match rng.below(8) {
                 0 => d.nodes = d.nodes.saturating_sub(1 + rng.below(3) as u32),
                 1 => d.text = d.text.saturating_sub(1 + rng.below(100) as u32),
                 2 => d.samples = d.samples.saturating_sub(1),
                 3 => d.live = d.live.saturating_sub(1 + rng.below(3) as u32),
                 4 => d.raw = d.raw.wrapping_add(1),
+                5 => d.stacks = d.stacks.saturating_sub(1 + rng.below(64) as u32),
+                6 => d.stacks = u32::MAX,
                 _ => d.live = u32::MAX,
             }
             frame = encode(&d, &frame[PREAMBLE + 24..]);
