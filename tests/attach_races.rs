@@ -8,30 +8,12 @@
 
 mod common;
 
-use common::procs::{attach_once, signal, Target, LIMIT};
+use common::procs::{attach_once, signal, Lcg, Target, LIMIT};
 use common::{main_python, mprof, pythons, run_with_timeout, script, tools, Python};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, ExitStatus};
 use std::time::Duration;
-
-/// A small deterministic generator, so a failing trial can be replayed from its seed.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-
-    /// A number in `0..n`.
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// mprof's one-line message without the numbers that vary (PIDs, paths' digits, times).
 fn outcome(status: ExitStatus, err: &str) -> String {

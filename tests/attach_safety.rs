@@ -3,23 +3,11 @@
 
 mod common;
 
+use common::procs::Lcg;
 use common::{mprof, pythons, script, ChildGuard, Python};
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// A small deterministic generator, so a failing trial can be replayed from its seed.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-}
 
 /// The unprofiled output of the kill target, and a step count that keeps it busy for a while.
 fn baseline(py: &Python, mode: &str, steps: u32) -> String {
