@@ -34,6 +34,9 @@ pub const VIEWS_EVERY: usize = 8;
 pub struct Cost {
     /// Whether the capture loaded (an error is a fine outcome for garbage).
     pub loaded: bool,
+    /// Whether the reader refused it for the memory it would take
+    /// ([`crate::analysis::profile::LoadError::TooDense`]).
+    pub too_dense: bool,
     /// Most memory the reader held beyond what the thread held before, in bytes (the warnings
     /// it returns included).
     pub peak_memory: usize,
@@ -75,8 +78,15 @@ pub fn check_some(bytes: &[u8], path: &Path, views: bool) -> Cost {
          {bound} allowed)",
         bytes.len()
     );
+    let too_dense = loaded.as_ref().err().is_some_and(|e| {
+        matches!(
+            e.downcast_ref::<crate::analysis::profile::LoadError>(),
+            Some(crate::analysis::profile::LoadError::TooDense { .. })
+        )
+    });
     let mut cost = Cost {
         loaded: loaded.is_ok(),
+        too_dense,
         peak_memory,
         ..Cost::default()
     };

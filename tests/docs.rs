@@ -391,7 +391,7 @@ fn cli_reference() -> String {
 fn the_cli_reference_is_the_binarys_help() {
     let path = root().join("docs/cli.md");
     let generated = cli_reference();
-    if std::env::var_os("MPROF_BLESS").is_some_and(|v| v == "1") {
+    if mprof::capture::testing::bless() {
         std::fs::write(&path, &generated).unwrap();
         return;
     }

@@ -4,7 +4,19 @@
 
 use crate::capture::file::{FORMAT_VERSION, MAGIC};
 use mprof_common::record::{encode, Allocator, Frame, Record};
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+
+/// Whether the golden-file tests rewrite their files instead of comparing: only when
+/// `MPROF_BLESS` is `1`. Any other value (`0`, empty) compares, as when it is unset.
+pub fn bless() -> bool {
+    bless_value(std::env::var_os("MPROF_BLESS").as_deref())
+}
+
+/// [`bless`] for the value `MPROF_BLESS` has (`None`: unset).
+pub fn bless_value(value: Option<&OsStr>) -> bool {
+    value.is_some_and(|v| v == "1")
+}
 
 /// A Code record: the code object at address `code` is `name` in `file`, starting at
 /// `firstline`.
@@ -134,5 +146,27 @@ impl CaptureBuilder {
         let path = dir.join(name);
         std::fs::write(&path, &self.bytes).expect("write a test capture");
         path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bless_value;
+    use std::ffi::OsStr;
+
+    /// `MPROF_BLESS=0`, an empty value or none compare with the golden files; `1` rewrites.
+    #[test]
+    fn only_mprof_bless_1_rewrites_golden_files() {
+        for off in [
+            None,
+            Some(""),
+            Some("0"),
+            Some(" 1"),
+            Some("no"),
+            Some("false"),
+        ] {
+            assert!(!bless_value(off.map(OsStr::new)), "{off:?} must not bless");
+        }
+        assert!(bless_value(Some(OsStr::new("1"))));
     }
 }

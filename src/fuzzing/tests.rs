@@ -620,6 +620,13 @@ fn dense_crafted_captures_are_refused_within_the_memory_bound() {
         cost.loaded,
         cost.peak_memory as f64 / bytes.len() as f64
     );
+    assert!(
+        !cost.loaded && cost.too_dense,
+        "the dense capture must be refused for the memory it would take (loaded: {}, refused \
+         as too dense: {})",
+        cost.loaded,
+        cost.too_dense
+    );
 }
 
 /// A packed `--rate 1` capture of an older format (PACKED records outside frames) whose

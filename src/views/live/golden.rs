@@ -132,7 +132,7 @@ fn check(name: &str, actual: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/golden")
         .join(format!("{name}.txt"));
-    if std::env::var_os("MPROF_BLESS").is_some() {
+    if crate::capture::testing::bless() {
         std::fs::write(&path, actual).unwrap();
         return;
     }
