@@ -641,13 +641,6 @@ fn bad_input_gets_a_clear_error_and_a_nonzero_exit() {
         "command not found: no-such-command-xyz",
     );
     fails_with(
-        mprof()
-            .args(["record", "-o"])
-            .arg(&capture)
-            .args(["--", "true"]),
-        "did not start a Python that mprof can profile (CPython 3.8 to 3.13",
-    );
-    fails_with(
         mprof().args(["record", "-o", "/nonexistent-dir/x.mprof", "--", "true"]),
         "cannot write capture file",
     );
@@ -908,4 +901,117 @@ fn peak_rss_is_the_high_water_mark_even_of_a_killed_program() {
         peak >> 20,
         readings >> 20
     );
+}
+
+/// A program killed by a signal is flagged: in the summary `record` prints, in the capture (its
+/// `exit_signal`), in the text report and in `report --json`; one that exits by itself has its
+/// exit code there and no such flag.
+#[test]
+fn a_program_killed_by_a_signal_is_flagged_in_capture_summary_and_report() {
+    let code = "import os, signal\nkeep = [bytes(1000) for _ in range(20000)]\n\
+                os.kill(os.getpid(), signal.SIGKILL)";
+    for py in pythons() {
+        let dir = tempfile::tempdir().unwrap();
+        let capture = dir.path().join("c.mprof");
+        let out = record_output(&py, &capture, &[], &["-c", code]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(137), "{}: {err}", py.label);
+        let flag = "the program was killed by signal 9 (SIGKILL)";
+        assert!(
+            err.contains(&format!("mprof: {flag}")),
+            "{}: {err}",
+            py.label
+        );
+        let text =
+            common::views::stdout(&common::views::ok(&["report", capture.to_str().unwrap()]));
+        assert!(
+            text.contains(&format!("warning: {flag}")),
+            "{}: {text}",
+            py.label
+        );
+        let report = report_json(&capture, &[]);
+        assert_eq!(report["exit_signal"], 9, "{}", py.label);
+        assert_eq!(report["exit_code"], Value::Null, "{}", py.label);
+        assert!(report["warnings"].to_string().contains(flag), "{report}");
+
+        let out = record(&py, &capture, &[], &["-c", "pass"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("killed by signal"), "{}: {err}", py.label);
+        let report = report_json(&capture, &[]);
+        assert_eq!(report["exit_code"], 0, "{}", py.label);
+        assert_eq!(report["exit_signal"], Value::Null, "{}", py.label);
+    }
+}
+
+/// A program that starts no Python (`ls`, a shell that exits) is run to its end and its exit
+/// status is mprof's, as for a Python program; mprof says once, plainly, that nothing was
+/// sampled.
+#[test]
+fn a_program_without_python_passes_its_exit_status_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("c.mprof");
+    let missing = dir.path().join("no-such-file");
+    let cases: [(Vec<String>, i32); 4] = [
+        (vec!["ls".into(), dir.path().display().to_string()], 0),
+        (vec!["ls".into(), missing.display().to_string()], 2),
+        (vec!["sh".into(), "-c".into(), "exit 7".into()], 7),
+        (vec!["false".into()], 1),
+    ];
+    for (command, status) in cases {
+        let out = run_with_timeout(
+            mprof()
+                .arg("record")
+                .arg("-o")
+                .arg(&capture)
+                .arg("--")
+                .args(&command),
+            LIMIT,
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(status), "{command:?}: {err}");
+        let said = format!(
+            "mprof: {} did not start a Python that mprof can profile (CPython 3.8 to 3.13",
+            command[0]
+        );
+        assert_eq!(err.matches(&said).count(), 1, "{command:?}: {err}");
+        assert!(
+            err.contains(&format!("mprof exits with its status ({status})")),
+            "{command:?}: {err}"
+        );
+        assert_eq!(err.matches("mprof:").count(), 1, "said once: {err}");
+    }
+}
+
+/// A rate so large that no sample is taken says so, and names a rate that takes some, instead
+/// of `0 B ± 0 B`; recording again at that rate takes samples.
+#[test]
+fn a_rate_that_takes_no_sample_says_so_and_which_rate_would() {
+    for py in pythons() {
+        let dir = tempfile::tempdir().unwrap();
+        let capture = dir.path().join("c.mprof");
+        let out = record(&py, &capture, &["--rate", "1TiB"], &["-c", "pass"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("mprof: no sample was taken at rate 1.00 TiB"),
+            "{}: {err}",
+            py.label
+        );
+        assert!(!err.contains("0 B ± 0 B"), "{}: {err}", py.label);
+        let text =
+            common::views::stdout(&common::views::ok(&["report", capture.to_str().unwrap()]));
+        assert!(!text.contains("0 B ± 0 B"), "{}: {text}", py.label);
+        assert!(
+            text.contains("total allocated: unknown (no sample)"),
+            "{text}"
+        );
+        let rate = err
+            .split("--rate ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("{}: no rate suggested: {err}", py.label))
+            .to_owned();
+        record(&py, &capture, &["--rate", &rate], &["-c", "pass"]);
+        let samples = report_json(&capture, &[])["samples"].as_u64().unwrap();
+        assert!(samples >= 10, "{}: --rate {rate} took {samples}", py.label);
+    }
 }

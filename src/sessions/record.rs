@@ -101,6 +101,28 @@ fn exit_code(status: ExitStatus) -> u8 {
     }
 }
 
+/// The Meta lines that say how the program ended: `exit_code=N`, or `exit_signal=N` when a
+/// signal killed it (the views say so, see `crate::views::about::ending_text`).
+fn exit_meta(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit_code={code}\n"),
+        (None, Some(sig)) => format!("exit_signal={sig}\n"),
+        _ => String::new(),
+    }
+}
+
+/// The program's exit status in words: `status 2`, or `killed by SIGKILL, 137`.
+fn status_text(status: ExitStatus) -> String {
+    match status.signal() {
+        Some(sig) => format!(
+            "killed by {}: {}",
+            crate::base::signals::name(sig),
+            exit_code(status)
+        ),
+        None => exit_code(status).to_string(),
+    }
+}
+
 /// What mprof says when the live view closes before the program ends, and does about it.
 fn view_closed(closed: Closed, pid: u32, command: &str) {
     match closed {
@@ -389,7 +411,11 @@ pub fn run(
         .map(|b| format!("max_rss={b}\n"))
         .unwrap_or_default();
     session.reader.capture.write(&Record::Meta {
-        text: format!("exit_unix_ms={}\n{max_rss}", crate::base::clock::unix_ms()),
+        text: format!(
+            "exit_unix_ms={}\n{max_rss}{}",
+            crate::base::clock::unix_ms(),
+            exit_meta(status)
+        ),
     })?;
     // Children may outlive the program a moment (a pool's workers exiting with it).
     session.finish(Duration::from_secs(2))?;
@@ -405,14 +431,17 @@ pub fn run(
             ring.message()
         );
     }
-    if state == STATE_WAITING {
-        bail!(
-            "{} did not start a Python that mprof can profile (CPython 3.8 to 3.13: the mprof \
-             agent never ran in it)",
-            command[0]
+    let no_python = state == STATE_WAITING;
+    if no_python {
+        crate::say!(
+            "mprof: {} did not start a Python that mprof can profile (CPython 3.8 to 3.13: the \
+             mprof agent never ran in it), so nothing was sampled; mprof exits with its status \
+             ({})",
+            command[0],
+            status_text(status)
         );
     }
-    if !quiet {
+    if !quiet && !no_python {
         let profile = Profile::load(output)?;
         crate::say!("{}", report::summary(&profile));
         crate::say!("mprof: capture written to {}", output.display());

@@ -56,10 +56,13 @@ pub fn python_version(p: &Profile) -> Option<&str> {
 /// The peak line: `peak live heap X ± Y, 1.2 s in; peak RSS Z`.
 pub fn peak_text(p: &Profile) -> String {
     let t = p.totals();
-    let mut out = format!(
-        "peak live heap {}",
-        plus_minus(t.peak.bytes, t.peak.stderr())
-    );
+    let mut out = match p.samples {
+        0 => "peak live heap unknown (no sample)".to_owned(),
+        _ => format!(
+            "peak live heap {}",
+            plus_minus(t.peak.bytes, t.peak.stderr())
+        ),
+    };
     if let Some(s) = p.peak_seconds {
         let _ = write!(out, " at {s:.3} s");
     }
@@ -70,6 +73,62 @@ pub fn peak_text(p: &Profile) -> String {
         None => out.push_str("; no RSS reading"),
     }
     out
+}
+
+/// How the program ended when it did not end by itself: `the program was killed by signal 9
+/// (SIGKILL)…`, from the `exit_signal` that `record` writes.
+pub fn ending_text(p: &Profile) -> Option<String> {
+    let sig: i32 = p.meta.get("exit_signal")?.parse().ok()?;
+    Some(format!(
+        "the program was killed by signal {sig} ({}): the capture ends there, and its live \
+         bytes are what it held when it died",
+        crate::base::signals::name(sig)
+    ))
+}
+
+/// What a capture without a sample says instead of `0 B ± 0 B`: that no sample was taken at
+/// its rate, and a rate that would take some (a hundredth of the peak RSS, about 100
+/// samples, when the capture has an RSS reading).
+pub fn no_sample_text(p: &Profile) -> Option<String> {
+    if p.samples > 0 || !p.rate_known || p.rate <= 1 {
+        return None;
+    }
+    let rate = human_bytes(p.rate as f64);
+    let mut out = format!(
+        "no sample was taken at rate {rate}: the program allocated too little for this rate \
+         (a block of s bytes is sampled with probability 1 - exp(-s/rate))"
+    );
+    let suggest = |bytes: u64| {
+        let r = bytes.max(1).next_power_of_two() / 2;
+        match r {
+            r if r >= 1 << 20 => format!("{}MiB", r >> 20),
+            r if r >= 1 << 10 => format!("{}KiB", r >> 10),
+            r => format!("{}", r.max(1)),
+        }
+    };
+    match p.max_rss.filter(|&rss| rss / 100 < p.rate) {
+        Some(rss) => {
+            let _ = write!(
+                out,
+                "; --rate {} (about a hundredth of its peak RSS, {}) would take about 100 samples",
+                suggest(rss / 100),
+                human_bytes(rss as f64)
+            );
+        }
+        None => {
+            let _ = write!(out, "; --rate {} would take some", suggest(p.rate / 1024));
+        }
+    }
+    Some(out)
+}
+
+/// What views say about how the capture ended, beside its figures: the signal that killed the
+/// program ([`ending_text`]), the rate that took no sample ([`no_sample_text`]).
+pub fn ending_notes(p: &Profile) -> Vec<String> {
+    [ending_text(p), no_sample_text(p)]
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// The lines every text view starts with: the target, rate and counts, the warnings.
@@ -101,6 +160,9 @@ pub fn header_lines(p: &Profile) -> Vec<String> {
     }
     if let Some(w) = p.incomplete() {
         lines.push(format!("warning: {w}"));
+    }
+    for note in ending_notes(p) {
+        lines.push(format!("warning: {note}"));
     }
     if p.dropped > 0 {
         lines.push(format!(

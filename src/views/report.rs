@@ -10,7 +10,7 @@ use crate::analysis::sites::{rows, whole, Row};
 use crate::base::text::printable;
 use crate::base::units::human_bytes;
 use crate::views::about::{
-    header_lines, members, peak_text, plus_minus, rate_text, view_title, NOT_NATIVE,
+    ending_notes, header_lines, members, peak_text, plus_minus, rate_text, view_title, NOT_NATIVE,
 };
 use crate::views::formats::write_stdout;
 use anyhow::Result;
@@ -56,6 +56,9 @@ const MAX_CALLERS: usize = 16;
 /// mmap C`) unless only Python's were recorded or one allocator is shown.
 pub fn total_text(p: &Profile, view: View) -> String {
     let total = p.totals().get(view);
+    if p.samples == 0 {
+        return format!("total {}: unknown (no sample)", view.name());
+    }
     let mut out = format!(
         "total {}: {}",
         view.name(),
@@ -167,9 +170,15 @@ pub fn summary(p: &Profile) -> String {
              --per-process lists them)"
         );
     }
+    let notes = ending_notes(p);
+    for note in &notes {
+        let _ = writeln!(out, "mprof: {note}");
+    }
     if p.samples == 0 {
-        let _ = write!(out, "mprof: no allocation was sampled");
-        return out;
+        if notes.is_empty() {
+            let _ = write!(out, "mprof: no allocation was sampled");
+        }
+        return out.trim_end().to_owned();
     }
     let t = p.totals();
     // An attach sees only what was allocated after it came: its heap is not the process's.

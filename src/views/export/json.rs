@@ -47,6 +47,10 @@ pub struct JsonReport<'a> {
     duration_seconds: f64,
     /// `ended` (END record), `finished` (mprof closed the file, no END) or `incomplete`.
     completeness: &'static str,
+    /// The program's exit code, when `record` saw it exit (null otherwise).
+    exit_code: Option<i64>,
+    /// The signal that killed the program, when one did (null otherwise).
+    exit_signal: Option<i64>,
     warnings: Vec<String>,
     meta: &'a BTreeMap<String, String>,
     threads: &'a BTreeMap<u32, String>,
@@ -243,7 +247,13 @@ pub fn json_report(p: &Profile, view: View, by: Grouping, top: usize) -> JsonRep
             Completeness::Finished => "finished",
             Completeness::Incomplete => "incomplete",
         },
-        warnings: p.warnings(),
+        exit_code: p.meta.get("exit_code").and_then(|v| v.parse().ok()),
+        exit_signal: p.meta.get("exit_signal").and_then(|v| v.parse().ok()),
+        warnings: {
+            let mut w = p.warnings();
+            w.extend(crate::views::about::ending_notes(p));
+            w
+        },
         meta: &p.meta,
         threads: &p.threads,
         native_recorded: p.native_recorded(),
