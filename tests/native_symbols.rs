@@ -1,7 +1,8 @@
 //! Native stacks (`--native`) beyond the plain chain: an `-O2` build with an inlined level, a
-//! stripped library (`.dynsym`, `module+0x…`), separate debug files (`.gnu_debuglink`, build
-//! id), libraries deleted or replaced after the run, every view of a mixed capture, and
-//! hostile MODULE records and files. One interpreter (the newest present) is enough here.
+//! stripped library (`.dynsym`, `exported+0x…`), separate debug files (`.gnu_debuglink`,
+//! build id), libraries deleted or replaced after the run, every view of a mixed capture, and
+//! hostile MODULE records and files: one interpreter (the newest present) is enough there.
+//! Clone names and a stripped extension: every interpreter.
 
 mod common;
 
@@ -14,7 +15,7 @@ use std::process::Command;
 
 /// `-O2 -g` with a `static inline` level: the inlined function is a frame of its own, at the
 /// line of its call in its caller; a stripped library: `.dynsym`'s exported name, and
-/// `module+0x…` for the static functions.
+/// `exported+0x…` (the nearest exported function before them) for the static functions.
 #[test]
 fn inlined_frames_and_stripped_libraries() {
     if common::tier::full_tier_only(
@@ -53,11 +54,9 @@ fn inlined_frames_and_stripped_libraries() {
         .unwrap_or_else(|| panic!("stripped: no chain stack"));
     assert_eq!(s[0].file, so.to_str().unwrap(), "{:?}", s[0]);
     assert_eq!(s[0].line, 0);
+    // The static functions: after the exported chain_level2, named from it.
     for f in &s[1..3] {
-        assert!(
-            f.function.starts_with(&format!("{base}+0x")),
-            "stripped: {f:?}"
-        );
+        assert!(f.function.starts_with("chain_level2+0x"), "stripped: {f:?}");
         assert_eq!(f.kind, "native");
     }
     assert!(!warnings.iter().any(|w| w.contains(base)), "{warnings:?}");
@@ -373,4 +372,121 @@ fn hostile_module_records_and_files_are_warnings_not_crashes() {
     }
     assert!(err.contains("corrupt record"), "{err}");
     assert!(text.contains("main (app.py:2)"), "{text}");
+}
+
+/// The address and size of `name` in the symbols `nm` lists for `so` (`-D`: the dynamic ones).
+fn nm(so: &Path, dynamic: bool) -> Vec<(u64, u64, String)> {
+    let mut cmd = Command::new("nm");
+    cmd.args(["-S", "--defined-only"]);
+    if dynamic {
+        cmd.arg("-D");
+    }
+    let out = cmd.arg(so).output().expect("nm");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (addr, size, kind, name) = match f[..] {
+                [a, s, k, n] => (a, s, k, n),
+                _ => return None,
+            };
+            (kind == "T" || kind == "t").then(|| {
+                (
+                    u64::from_str_radix(addr, 16).unwrap(),
+                    u64::from_str_radix(size, 16).unwrap(),
+                    name.to_owned(),
+                )
+            })
+        })
+        .collect()
+}
+
+/// The innermost frame of the first stack of `all` whose innermost frame `pick` accepts.
+fn leaf(all: &[Vec<Frame>], pick: impl Fn(&str) -> bool) -> Option<&Frame> {
+    all.iter().map(|s| &s[0]).find(|f| pick(&f.function))
+}
+
+/// Clones of C++ functions are demangled with their suffix kept readable (`[clone .isra.0]`),
+/// also when the demangler refuses the name whole (its outline); in a stripped extension (no
+/// `.symtab`), a static function is named after the nearest exported function before it with
+/// the offset (`names_exported+0x1a`), never `module+0x…`. On every interpreter present, with
+/// an extension compiled for it.
+#[test]
+fn clone_names_and_stripped_extensions_have_readable_names() {
+    const CLONE: &str = "clone_alloc(unsigned long) [clone .isra.0]";
+    const REFUSED: &str =
+        "arrow::py::(anonymous namespace)::ObjectWriterVisitor::Visit<…>(…) [clone .isra.0]";
+    for py in common::pythons() {
+        let dir = common::tempdir();
+        let Some(so) =
+            common::native::build_names(&py, dir.path(), &["-O1", "-fno-toplevel-reorder"])
+        else {
+            continue;
+        };
+        let base = so.file_name().unwrap().to_str().unwrap().to_owned();
+        let record = |name: &str| {
+            let capture = dir.path().join(name);
+            common::record_script(
+                &py,
+                &["-q", "--native"],
+                &[],
+                &capture,
+                "native_names_workload.py",
+                dir.path(),
+            );
+            // The workload's own stacks: through `allocate`.
+            let mut all = report_stacks(&capture, &[]).0;
+            all.retain(|s| s.iter().any(|f| f.function == "allocate"));
+            all
+        };
+        let all = record("symtab.mprof");
+        for name in [CLONE, REFUSED, "hidden_alloc"] {
+            let f = leaf(&all, |n| n == name)
+                .unwrap_or_else(|| panic!("{}: no frame {name}: {all:?}", py.label));
+            assert_eq!(f.kind, "native", "{}: {f:?}", py.label);
+        }
+
+        // Where hidden_alloc lies, and the exported function just before it.
+        let hidden = nm(&so, false)
+            .into_iter()
+            .find(|s| s.2 == "hidden_alloc")
+            .expect("hidden_alloc in .symtab");
+        let exported = nm(&so, true)
+            .into_iter()
+            .filter(|s| s.0 <= hidden.0)
+            .max_by_key(|s| s.0)
+            .expect("an exported function before hidden_alloc");
+        assert_eq!(
+            exported.2, "names_exported",
+            "{}: the source's order",
+            py.label
+        );
+        let status = Command::new("strip").arg(&so).status().unwrap();
+        assert!(status.success());
+        assert!(nm(&so, false).is_empty(), "{base} keeps a .symtab");
+        let all = record("stripped.mprof");
+        for name in [CLONE, REFUSED] {
+            assert!(
+                leaf(&all, |n| n == name).is_some(),
+                "{}: stripped: no frame {name}: {all:?}",
+                py.label
+            );
+        }
+        let prefix = format!("{}+0x", exported.2);
+        let f = leaf(&all, |n| n.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("{}: stripped: no frame {prefix}…: {all:?}", py.label));
+        let offset = u64::from_str_radix(&f.function[prefix.len()..], 16).unwrap();
+        let (from, to) = (hidden.0 - exported.0, hidden.0 + hidden.1 - exported.0);
+        assert!(
+            (from..=to).contains(&offset),
+            "{}: {} is not in hidden_alloc ({from:#x}..{to:#x})",
+            py.label,
+            f.function
+        );
+        assert!(
+            !all.iter().flatten().any(|f| f.function.starts_with(&base)),
+            "{}: stripped: a frame named {base}+0x…: {all:?}",
+            py.label
+        );
+    }
 }

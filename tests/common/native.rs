@@ -18,6 +18,11 @@ pub fn build_chain(py: &Python, dir: &Path, flags: &[&str]) -> Option<PathBuf> {
     build(py, dir, "native_chain", flags)
 }
 
+/// Builds `tests/c/native_names.c` for `py` into `dir` with the compiler flags `flags`.
+pub fn build_names(py: &Python, dir: &Path, flags: &[&str]) -> Option<PathBuf> {
+    build(py, dir, "native_names", flags)
+}
+
 /// Builds `tests/c/stack_switch.c` for `py` into `dir` (see `tests/py/stack_switch_workload.py`).
 pub fn build_stack_switch(py: &Python, dir: &Path) -> Option<PathBuf> {
     build(py, dir, "stack_switch", &["-g", "-O1"])

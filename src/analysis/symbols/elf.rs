@@ -24,7 +24,11 @@ pub struct Sym {
 
 /// The function symbols of a file, sorted by address, for lookups.
 #[derive(Default)]
-pub struct Symbols(Vec<Sym>);
+pub struct Symbols {
+    sorted: Vec<Sym>,
+    /// Whether a `.symtab` was read (a stripped file has only `.dynsym`'s exported names).
+    full: bool,
+}
 
 impl Symbols {
     /// The symbols of `data` (`.symtab` and `.dynsym`), or none if it is not an ELF file.
@@ -39,8 +43,9 @@ impl Symbols {
         let Ok(file) = object::File::parse(data) else {
             return;
         };
+        self.full |= file.symbols().next().is_some();
         for sym in file.symbols().chain(file.dynamic_symbols()) {
-            if self.0.len() >= MAX_SYMBOLS {
+            if self.sorted.len() >= MAX_SYMBOLS {
                 break;
             }
             if sym.kind() != SymbolKind::Text || !sym.is_definition() || sym.address() == 0 {
@@ -50,7 +55,7 @@ impl Symbols {
             if name.is_empty() {
                 continue;
             }
-            self.0.push(Sym {
+            self.sorted.push(Sym {
                 addr: sym.address(),
                 size: sym.size(),
                 name,
@@ -59,18 +64,21 @@ impl Symbols {
         }
         // At one address: sized before unsized, global before local, then the name with the
         // fewest leading underscores (`malloc` before `__libc_malloc`).
-        self.0.sort_by_key(|s| {
+        self.sorted.sort_by_key(|s| {
             let underscores = s.name.len() - s.name.trim_start_matches('_').len();
             (s.addr, s.size == 0, !s.global, underscores, s.name)
         });
-        self.0.dedup_by_key(|s| s.addr);
+        self.sorted.dedup_by_key(|s| s.addr);
     }
 
     /// The function that holds `addr`: a sized symbol that covers it, or an unsized one just
     /// before it (assembly without sizes).
     pub fn find(&self, addr: u64) -> Option<&Sym> {
-        let at = self.0.partition_point(|s| s.addr <= addr).checked_sub(1)?;
-        let sym = &self.0[at];
+        let at = self
+            .sorted
+            .partition_point(|s| s.addr <= addr)
+            .checked_sub(1)?;
+        let sym = &self.sorted[at];
         let within = match sym.size {
             0 => addr - sym.addr < 4096,
             size => addr - sym.addr < size,
@@ -78,14 +86,30 @@ impl Symbols {
         within.then_some(sym)
     }
 
+    /// For a stripped file (no `.symtab`): the nearest exported function symbol at or before
+    /// `addr` and the offset from it, to name an address in a static function as
+    /// `exported+0x1a`. None when the file has a `.symtab` (whose symbols cover its
+    /// functions) or no function starts before `addr`.
+    pub fn nearest_exported(&self, addr: u64) -> Option<(&Sym, u64)> {
+        if self.full {
+            return None;
+        }
+        let at = self
+            .sorted
+            .partition_point(|s| s.addr <= addr)
+            .checked_sub(1)?;
+        let sym = &self.sorted[at];
+        Some((sym, addr - sym.addr))
+    }
+
     /// Whether there is no symbol at all.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.sorted.is_empty()
     }
 
     /// Whether a function of this name is defined.
     pub fn defines(&self, name: &str) -> bool {
-        self.0.iter().any(|s| s.name == name)
+        self.sorted.iter().any(|s| s.name == name)
     }
 }
 

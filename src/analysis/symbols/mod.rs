@@ -6,7 +6,8 @@
 //!   and again when the link map changes.
 //! - Reading: [`map`] follows the MODULE records of a capture; [`symbolizer`] turns an address
 //!   into function, file and line (DWARF through `addr2line`, inlined frames included; else
-//!   `.symtab`/`.dynsym`; else `module+0xoffset`), with debug information from the file, from
+//!   `.symtab`/`.dynsym`, [`demangle`]d; in a stripped file, the nearest exported symbol
+//!   before it, `name+0xoffset`; else `module+0xoffset`), with debug information from the file, from
 //!   `/usr/lib/debug/.build-id/`, or through `.gnu_debuglink` ([`loader`], [`elf`], [`mod@file`]);
 //!   [`merge`] puts the Python frames in place of the bytecode loop's activations; the stack
 //!   trie's side (`crate::analysis::names`) ties them to its frames.
@@ -15,6 +16,7 @@
 //! (`--show-interpreter-frames`): a process-wide display setting, read when a capture is
 //! loaded.
 
+pub mod demangle;
 pub mod elf;
 pub mod file;
 pub mod loader;

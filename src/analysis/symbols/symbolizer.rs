@@ -1,11 +1,14 @@
 //! Symbolizing one native address of one module: the frames it stands for (inlined functions
 //! first, from DWARF), or the function symbol that holds it, or `module+0xoffset`; and what
-//! kind of frame it is for the merge with the Python stack ([`Class`]).
+//! kind of frame it is for the merge with the Python stack ([`Class`]). In a stripped file,
+//! an address outside the exported functions is named after the nearest one before it
+//! (`exported+0x1a`).
 //!
 //! Modules are loaded once per build id (or path and size, without one). Loading a module
 //! parses debug information of a file on this machine, not of the capture, so the memory it
 //! takes is counted apart ([`Symbolizer::held`]) from the capture reader's allowance.
 
+use super::demangle::demangle;
 use super::loader::{self, base_name, Loaded};
 use mprof_common::record::{Module, MODULE_MAIN};
 use std::collections::{HashMap, HashSet};
@@ -182,11 +185,12 @@ fn lookup(loaded: &Loaded, vaddr: u64) -> Vec<SymFrame> {
         .as_ref()
         .map(|ctx| dwarf_frames(ctx, vaddr))
         .unwrap_or_default();
-    let symbol = || {
-        loaded
+    let symbol = || match loaded.symbols.find(vaddr) {
+        Some(s) => Some(demangle(s.name)),
+        None => loaded
             .symbols
-            .find(vaddr)
-            .map(|s| addr2line::demangle_auto(s.name.into(), None).into_owned())
+            .nearest_exported(vaddr)
+            .map(|(s, offset)| format!("{}+{offset:#x}", demangle(s.name))),
     };
     match frames.last_mut() {
         Some(outer) if outer.function.is_empty() => match symbol() {
