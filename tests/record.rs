@@ -1015,3 +1015,38 @@ fn a_rate_that_takes_no_sample_says_so_and_which_rate_would() {
         assert!(samples >= 10, "{}: --rate {rate} took {samples}", py.label);
     }
 }
+
+/// The diff of a default-rate capture against a `--rate 1` capture of the same program: the
+/// total's error is the two sides' own errors combined (the exact side has none), not a floor
+/// far above both; the output says where the error comes from.
+#[test]
+fn a_diff_against_an_exact_capture_combines_the_sides_own_errors() {
+    let code = "keep = [str(i) * 3 for i in range(100000)]\n\
+                keep += [bytearray(1 << 20) for _ in range(40)]";
+    for py in pythons() {
+        let dir = tempfile::tempdir().unwrap();
+        let sampled = dir.path().join("sampled.mprof");
+        let exact = dir.path().join("exact.mprof");
+        record(&py, &sampled, &["-q"], &["-c", code]);
+        record(&py, &exact, &["-q", "--rate", "1"], &["-c", code]);
+        let (a, b) = (sampled.to_str().unwrap(), exact.to_str().unwrap());
+        let diff = common::views::json(&["diff", a, b]);
+        let total = &diff["total"];
+        let side = |k: &str| total[k].as_u64().unwrap() as f64;
+        assert_eq!(total["new_stderr"], 0, "{}: {total}", py.label);
+        assert!(side("base_samples") >= 30.0, "{}: {total}", py.label);
+        let combined = (side("base_stderr").powi(2) + side("new_stderr").powi(2)).sqrt();
+        assert!(
+            (side("change_stderr") - combined).abs() <= 1.0,
+            "{}: the change's error is not the sides' own combined: {total}",
+            py.label
+        );
+        assert_eq!(total["floor"], false, "{}: {total}", py.label);
+        let text = common::views::stdout(&common::views::ok(&["diff", a, b]));
+        assert!(
+            text.contains("± stderr of a change: √(base² + new²) of the two sides' own"),
+            "{}: {text}",
+            py.label
+        );
+    }
+}

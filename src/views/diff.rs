@@ -8,10 +8,15 @@
 //! A side's variance is estimated from its samples, which says nothing when it has few or
 //! none: a site that happened to get no sample in a sampled capture reads 0 ± 0, and beside an
 //! exact capture (`--rate 1`) of the same program its whole size read as a real change. So the
-//! variance of a sampled side is at least what it would be if the site held, on both sides,
-//! the bytes the two sides hold on average (the question the test asks: could there be no
-//! change at all?), in blocks of their average size: `B·s/(e^(s/rate) − 1)`, the variance of
-//! the estimate of `B` bytes in blocks of `s` bytes (at most `B·rate`, for small blocks).
+//! variance of a sampled side with fewer than [`FLOOR_SAMPLES`] samples at a site is at least
+//! what it would be if the site held, on both sides, the bytes the two sides hold on average
+//! (the question the test asks: could there be no change at all?), in blocks of their average
+//! size: `B·s/(e^(s/rate) − 1)`, the variance of the estimate of `B` bytes in blocks of `s`
+//! bytes (at most `B·rate`, for small blocks). A side with more samples keeps its own
+//! variance: the average block size of a site that mixes many small blocks with a few large
+//! ones (a whole program's total) overstates the variance many times (a total of ± 1.5 MiB
+//! against an exact capture read ± 3.9 MiB), and an exact side has none. The output says
+//! which changes the floor raised (`[floor]`).
 
 use crate::analysis::estimate::Estimate;
 use crate::analysis::grouping::Grouping;
@@ -29,6 +34,10 @@ use std::path::Path;
 
 /// How many standard errors a change must exceed not to be noise.
 pub const NOISE_SIGMAS: f64 = 2.0;
+
+/// A sampled side with fewer samples than this at a site has its variance raised to the
+/// floor (see the module's doc); with more, its own estimate stands.
+pub const FLOOR_SAMPLES: u64 = 10;
 
 /// One site in both captures.
 #[derive(Clone, Debug)]
@@ -56,14 +65,32 @@ impl Change {
         self.new.bytes - self.base.bytes
     }
 
-    /// The standard error of the change (see the module's doc for the variance of a side with
-    /// few samples).
+    /// The standard error of the change: `√(σ_base² + σ_new²)`, a side's variance raised to
+    /// the floor when it has few samples (see the module's doc).
     pub fn stderr(&self) -> f64 {
+        let (base, _) = self.side_variance(&self.base, self.rates.0);
+        let (new, _) = self.side_variance(&self.new, self.rates.1);
+        (base + new).sqrt()
+    }
+
+    /// Whether the floor raised either side's variance.
+    pub fn floored(&self) -> bool {
+        self.side_variance(&self.base, self.rates.0).1
+            || self.side_variance(&self.new, self.rates.1).1
+    }
+
+    /// A side's variance in the change, and whether the floor raised it.
+    fn side_variance(&self, side: &Estimate, rate: f64) -> (f64, bool) {
+        if side.samples >= FLOOR_SAMPLES {
+            return (side.variance, false);
+        }
         let bytes = (self.base.bytes + self.new.bytes) / 2.0;
         let count = (self.base.count + self.new.count) / 2.0;
-        let floor = |rate: f64| no_change_variance(rate, bytes, count);
-        (self.base.variance.max(floor(self.rates.0)) + self.new.variance.max(floor(self.rates.1)))
-            .sqrt()
+        let floor = no_change_variance(rate, bytes, count);
+        match floor > side.variance {
+            true => (floor, true),
+            false => (side.variance, false),
+        }
     }
 
     /// Whether the change is within [`NOISE_SIGMAS`] standard errors of zero.
@@ -161,7 +188,7 @@ pub fn text(base: &Profile, new: &Profile, view: View, by: Grouping, top: usize)
         plus_minus(total.new.bytes, total.new.stderr()),
         signed(total.bytes()),
         human_bytes(total.stderr()),
-        if total.is_noise() { " (noise)" } else { "" }
+        marks(&total, " (", ")")
     );
     out.push('\n');
     let all = changes(base, new, view, by);
@@ -186,7 +213,7 @@ pub fn text(base: &Profile, new: &Profile, view: View, by: Grouping, top: usize)
             human_bytes(c.new.bytes),
             format!("{} → {}", c.base.samples, c.new.samples),
             c.label,
-            if c.is_noise() { "  [noise]" } else { "" }
+            marks(c, "  [", "]")
         );
     }
     if shown.len() > limit {
@@ -200,7 +227,30 @@ pub fn text(base: &Profile, new: &Profile, view: View, by: Grouping, top: usize)
         out,
         "[noise]: the change is within {NOISE_SIGMAS} standard errors of zero"
     );
+    out.push_str(&error_note());
     out
+}
+
+/// Where the error of a change comes from, under every text diff.
+pub fn error_note() -> String {
+    format!(
+        "± stderr of a change: √(base² + new²) of the two sides' own standard errors (a \
+         --rate 1 side has none); [floor]: a sampled side with fewer than {FLOOR_SAMPLES} \
+         samples there counts at least the error of the two sides' average bytes sampled at \
+         its rate, so that a site it missed is not a change by itself\n"
+    )
+}
+
+/// `[noise]`, `[floor]`, both (`[noise, floor]`) or nothing, between `open` and `close`.
+fn marks(c: &Change, open: &str, close: &str) -> String {
+    let marks: Vec<&str> = [(c.is_noise(), "noise"), (c.floored(), "floor")]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+    match marks.is_empty() {
+        true => String::new(),
+        false => format!("{open}{}{close}", marks.join(", ")),
+    }
 }
 
 #[derive(Serialize)]
@@ -225,6 +275,8 @@ struct JsonChange {
     change_bytes: i64,
     change_stderr: u64,
     noise: bool,
+    /// Whether a side with few samples had its error raised to the floor.
+    floor: bool,
 }
 
 impl From<&Change> for JsonChange {
@@ -240,6 +292,7 @@ impl From<&Change> for JsonChange {
             change_bytes: c.bytes().round() as i64,
             change_stderr: whole(c.stderr()),
             noise: c.is_noise(),
+            floor: c.floored(),
         }
     }
 }
