@@ -344,3 +344,125 @@ fn a_followed_child_run_with_a_command_string_has_its_own_code() {
         );
     }
 }
+
+/// Runs `program args` under `mprof record` in `cwd`, returns the `report --json` (by your
+/// code, allocated bytes, every row).
+fn record_in(cwd: &Path, capture: &Path, program: &Path, args: &[&str]) -> serde_json::Value {
+    let out = run_with_timeout(
+        common::mprof()
+            .current_dir(cwd)
+            .args(["record", "-q", "-o"])
+            .arg(capture)
+            .arg("--")
+            .arg(program)
+            .args(args),
+        Duration::from_secs(120),
+    );
+    assert!(
+        out.status.success(),
+        "{program:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    report_json(capture, &["--top", "0"])
+}
+
+/// Checks a report of the launcher workload: no row is headed by the console script's stub
+/// or by runpy; the user's line heads the row of its 20 MB; the tool's own 10 MB have no
+/// frame of yours.
+fn check_launcher_report(label: &str, report: &serde_json::Value, stub: &Path, line: u64) {
+    let rows = report["locations"].as_array().unwrap();
+    for row in rows {
+        let file = row["file"].as_str().unwrap();
+        assert!(
+            file != stub.to_str().unwrap()
+                && !file.ends_with("runpy.py")
+                && file != "<frozen runpy>",
+            "{label}: a launcher heads a row: {row}"
+        );
+    }
+    let top = rows
+        .iter()
+        .max_by_key(|r| r["alloc_bytes"].as_u64().unwrap())
+        .unwrap();
+    assert!(
+        top["file"].as_str().unwrap().ends_with("/app.py") && top["line"] == line,
+        "{label}: the top row is not the user's line {line}: {top}"
+    );
+    assert_eq!(top["in_your_code"], true, "{label}: {top}");
+    let tool = rows
+        .iter()
+        .find(|r| r["function"] == "tool_work" || r["innermost"]["function"] == "tool_work")
+        .unwrap_or_else(|| panic!("{label}: no row for the tool's own allocations"));
+    assert_eq!(tool["in_your_code"], false, "{label}: {tool}");
+}
+
+/// A console script installed in a real virtualenv (`pip install --no-index` of a local
+/// wheel: its `bin/` stub imports the tool and calls it, as uvicorn's and pytest's do) and
+/// the same tool run as `python -m tinylauncher`: the stub and runpy never head a row of the
+/// your-code grouping; the user's module line does. On every interpreter present.
+#[test]
+fn console_script_launchers_and_runpy_are_not_your_code() {
+    let app = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/launcher_app.py");
+    let line = 1 + std::fs::read_to_string(&app)
+        .unwrap()
+        .lines()
+        .position(|l| l.contains("# USER LINE"))
+        .unwrap() as u64;
+    for py in pythons() {
+        let dir = tempfile::tempdir().unwrap();
+        let (wheels, venv, project) = (
+            dir.path().join("wheels"),
+            dir.path().join("venv"),
+            dir.path().join("project"),
+        );
+        for d in [&wheels, &project] {
+            std::fs::create_dir(d).unwrap();
+        }
+        std::fs::copy(&app, project.join("app.py")).unwrap();
+        let run = |cmd: &mut std::process::Command, what: &str| {
+            let out = run_with_timeout(cmd, Duration::from_secs(180));
+            assert!(
+                out.status.success(),
+                "{}: {what}: {}",
+                py.label,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        run(
+            std::process::Command::new(&py.path)
+                .arg(common::script("make_wheel.py"))
+                .arg(&wheels),
+            "making the wheel",
+        );
+        let made = run_with_timeout(
+            std::process::Command::new(&py.path)
+                .args(["-m", "venv"])
+                .arg(&venv),
+            Duration::from_secs(180),
+        );
+        if !made.status.success() {
+            common::tier::skip_here(
+                &format!("{}: the launcher test", py.label),
+                &format!("no venv: {}", String::from_utf8_lossy(&made.stderr).trim()),
+            );
+            continue;
+        }
+        let python = venv.join("bin/python");
+        run(
+            std::process::Command::new(&python)
+                .args(["-m", "pip", "install", "-q", "--no-index", "--find-links"])
+                .arg(&wheels)
+                .arg("tinylauncher"),
+            "pip install",
+        );
+        let stub = venv.join("bin/tinylauncher");
+        assert!(stub.is_file(), "{}: pip wrote no console script", py.label);
+        let label = format!("{} console script", py.label);
+        let report = record_in(&project, &dir.path().join("script.mprof"), &stub, &["app"]);
+        check_launcher_report(&label, &report, &stub, line);
+        let label = format!("{} python -m", py.label);
+        let capture = dir.path().join("module.mprof");
+        let report = record_in(&project, &capture, &python, &["-m", "tinylauncher", "app"]);
+        check_launcher_report(&label, &report, &stub, line);
+    }
+}

@@ -5,7 +5,8 @@
 //! - [`names`]: interning of names and stacks (the trie), native stacks resolved into it;
 //! - [`symbols`]: native stacks: the target's modules, symbolization, the merge with Python
 //!   frames;
-//! - [`frames`]: labels and kinds of code; [`focus`]: which code is yours;
+//! - [`frames`]: labels and kinds of code; [`focus`]: which code is yours, [`launchers`]: the
+//!   code that only starts a program (console-script stubs, runpy), which is not;
 //! - [`aggregate`]: records replayed one at a time (the live view uses it directly), the
 //!   live blocks in their table (`live`);
 //! - [`profile`]: a whole capture (or set of captures), within its memory allowance;
@@ -17,6 +18,7 @@ pub mod estimate;
 pub mod focus;
 pub mod frames;
 pub mod grouping;
+pub mod launchers;
 pub(crate) mod live;
 pub mod names;
 pub mod profile;

@@ -1,0 +1,5 @@
+import sys
+
+from tinylauncher.cli import main
+
+sys.exit(main())
