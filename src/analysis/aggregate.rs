@@ -139,6 +139,8 @@ pub(crate) struct Aggregator {
     /// The process the records belong to, and every process seen.
     process: u32,
     procs: Vec<ProcessFigures>,
+    /// Where the capture's own process's RSS is (see [`crate::analysis::resident`]).
+    pub(crate) resident: crate::analysis::resident::ResidentTracker,
 }
 
 /// Most processes one aggregator tells apart (the processes of a capture are bounded before).
@@ -171,6 +173,7 @@ impl Aggregator {
                 rate,
                 ..ProcessFigures::default()
             }],
+            resident: Default::default(),
         }
     }
 
@@ -309,6 +312,13 @@ impl Aggregator {
                 if let Some(old) = &replaced {
                     self.take_live(old);
                 }
+                if self.process == 0 {
+                    if let Some(old) = &replaced {
+                        let was = self.allocator(old.stack);
+                        self.resident.free(*addr, was, &old.sample());
+                    }
+                    self.resident.alloc(*addr, *size, allocator, &sample);
+                }
                 self.live_bytes += sample.bytes;
                 self.live_split[allocator as usize] += sample.bytes;
                 let p = self.proc();
@@ -327,9 +337,19 @@ impl Aggregator {
             Record::Free { addr } => {
                 if let Some(old) = self.live[self.process as usize].remove(addr) {
                     self.take_live(&old);
+                    if self.process == 0 {
+                        let was = self.allocator(old.stack);
+                        self.resident.free(*addr, was, &old.sample());
+                    }
                     return Change::Free(old);
                 }
             }
+            Record::Heap(stats) if self.process == 0 => self.resident.heap(stats),
+            Record::Resident(r) if self.process == 0 => {
+                self.saw_time(r.time_ns);
+                self.resident.resident(r);
+            }
+            Record::Heap(_) | Record::Resident(_) => {}
             Record::Stats { dropped, .. } => {
                 let before = std::mem::replace(&mut self.proc().dropped, *dropped);
                 self.dropped = self.dropped.saturating_sub(before).saturating_add(*dropped);

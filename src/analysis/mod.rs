@@ -8,7 +8,8 @@
 //! - [`frames`]: labels and kinds of code; [`focus`]: which code is yours;
 //! - [`aggregate`]: records replayed one at a time (the live view uses it directly);
 //! - [`profile`]: a whole capture (or set of captures), within its memory allowance;
-//! - [`grouping`] and [`sites`]: the rows every table shows.
+//! - [`grouping`] and [`sites`]: the rows every table shows;
+//! - [`resident`]: where the RSS is (live blocks, allocators' free memory, mappings).
 
 pub mod aggregate;
 pub mod allocators;
@@ -18,5 +19,6 @@ pub mod frames;
 pub mod grouping;
 pub mod names;
 pub mod profile;
+pub mod resident;
 pub mod sites;
 pub mod symbols;

@@ -40,6 +40,7 @@ mod follow;
 ))]
 mod glibc_floor;
 mod got;
+mod heap_stats;
 mod hooks;
 mod layout_check;
 mod lifecycle;

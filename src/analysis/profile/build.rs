@@ -160,6 +160,8 @@ impl Profile {
         agg.live = Vec::new();
         agg.ended = Vec::new();
         let mut peak_seconds = None;
+        let resident = agg.resident.summary(agg.peak().map(|(_, _, t)| t));
+        let breakdowns = agg.resident.breakdowns();
         if let Some((end, _, peak_ns)) = agg.peak() {
             peak_seconds = agg
                 .first_ns
@@ -232,6 +234,8 @@ impl Profile {
             figures,
             sites,
             symbol_warnings,
+            resident,
+            breakdowns,
         };
         profile.add_up();
         Ok(profile)
