@@ -49,8 +49,8 @@ pub use allocator::{Allocator, ALLOCATOR_MASK, ALLOCATOR_SHIFT};
 pub use module::{Module, ModuleRange, MODULE_BIAS_FROM_ELF, MODULE_DELETED, MODULE_MAIN};
 pub use native::{native_stack, NativeStack, MAX_NATIVE_FRAMES};
 pub use resident::{
-    AnonMapping, HeapStats, Resident, MALLOC_GLIBC, MALLOC_JEMALLOC, MALLOC_OTHER,
-    MALLOC_UNKNOWN, MAX_ANON, MAX_NAMED,
+    AnonMapping, HeapStats, Resident, MALLOC_GLIBC, MALLOC_JEMALLOC, MALLOC_OTHER, MALLOC_UNKNOWN,
+    MAX_ANON, MAX_NAMED,
 };
 
 /// Size of the preamble that starts every record.
@@ -235,93 +235,94 @@ pub fn decode(buf: &[u8]) -> Result<(Record, usize), DecodeError> {
         }
     };
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    let record = match kind {
-        KIND_ALLOC => {
-            let nframes = aux as usize;
-            need(ALLOC_FIXED + nframes * FRAME_SIZE)?;
-            let frames = (0..nframes)
-                .map(|i| {
-                    let at = ALLOC_FIXED + i * FRAME_SIZE;
-                    Frame {
-                        code: u64_at(body, at),
-                        line: u32_at(body, at + 8),
-                    }
-                })
-                .collect();
-            let flags = u32_at(body, 4);
-            Record::Alloc {
-                tid: u32_at(body, 0),
-                flags,
-                addr: u64_at(body, 8),
-                size: u64_at(body, 16),
-                time_ns: u64_at(body, 24),
-                frames,
-                native: native_stack(body, nframes, flags),
+    let record =
+        match kind {
+            KIND_ALLOC => {
+                let nframes = aux as usize;
+                need(ALLOC_FIXED + nframes * FRAME_SIZE)?;
+                let frames = (0..nframes)
+                    .map(|i| {
+                        let at = ALLOC_FIXED + i * FRAME_SIZE;
+                        Frame {
+                            code: u64_at(body, at),
+                            line: u32_at(body, at + 8),
+                        }
+                    })
+                    .collect();
+                let flags = u32_at(body, 4);
+                Record::Alloc {
+                    tid: u32_at(body, 0),
+                    flags,
+                    addr: u64_at(body, 8),
+                    size: u64_at(body, 16),
+                    time_ns: u64_at(body, 24),
+                    frames,
+                    native: native_stack(body, nframes, flags),
+                }
             }
-        }
-        KIND_FREE => {
-            need(8)?;
-            Record::Free {
-                addr: u64_at(body, 0),
+            KIND_FREE => {
+                need(8)?;
+                Record::Free {
+                    addr: u64_at(body, 0),
+                }
             }
-        }
-        KIND_CODE => {
-            need(CODE_FIXED)?;
-            let flen = u16_at(body, 12) as usize;
-            let nlen = u16_at(body, 14) as usize;
-            need(CODE_FIXED + flen + nlen)?;
-            let f = &body[CODE_FIXED..CODE_FIXED + flen];
-            let n = &body[CODE_FIXED + flen..CODE_FIXED + flen + nlen];
-            Record::Code {
-                code: u64_at(body, 0),
-                firstline: u32_at(body, 8),
-                filename: text(f),
-                name: text(n),
+            KIND_CODE => {
+                need(CODE_FIXED)?;
+                let flen = u16_at(body, 12) as usize;
+                let nlen = u16_at(body, 14) as usize;
+                need(CODE_FIXED + flen + nlen)?;
+                let f = &body[CODE_FIXED..CODE_FIXED + flen];
+                let n = &body[CODE_FIXED + flen..CODE_FIXED + flen + nlen];
+                Record::Code {
+                    code: u64_at(body, 0),
+                    firstline: u32_at(body, 8),
+                    filename: text(f),
+                    name: text(n),
+                }
             }
-        }
-        KIND_THREAD => {
-            need(8)?;
-            let nlen = u32_at(body, 4) as usize;
-            need(8 + nlen)?;
-            Record::Thread {
-                tid: u32_at(body, 0),
-                name: text(&body[8..8 + nlen]),
+            KIND_THREAD => {
+                need(8)?;
+                let nlen = u32_at(body, 4) as usize;
+                need(8 + nlen)?;
+                Record::Thread {
+                    tid: u32_at(body, 0),
+                    name: text(&body[8..8 + nlen]),
+                }
             }
-        }
-        KIND_RSS => {
-            need(16)?;
-            Record::Rss {
-                time_ns: u64_at(body, 0),
-                rss_bytes: u64_at(body, 8),
+            KIND_RSS => {
+                need(16)?;
+                Record::Rss {
+                    time_ns: u64_at(body, 0),
+                    rss_bytes: u64_at(body, 8),
+                }
             }
-        }
-        KIND_END => {
-            need(8)?;
-            Record::End {
-                reason: aux,
-                time_ns: u64_at(body, 0),
+            KIND_END => {
+                need(8)?;
+                Record::End {
+                    reason: aux,
+                    time_ns: u64_at(body, 0),
+                }
             }
-        }
-        KIND_META => Record::Meta {
-            text: text(body.split(|&c| c == 0).next().unwrap_or(&[])),
-        },
-        KIND_HEAP => Record::Heap(HeapStats::read(body).ok_or_else(|| {
-            DecodeError::Corrupt(format!("HEAP body is {} bytes", body.len()))
-        })?),
-        KIND_RESIDENT => Record::Resident(
-            Resident::decode(body)
-                .ok_or_else(|| DecodeError::Corrupt("RESIDENT body out of bounds".into()))?,
-        ),
-        KIND_STATS => {
-            need(16)?;
-            Record::Stats {
-                samples: u64_at(body, 0),
-                dropped: u64_at(body, 8),
+            KIND_META => Record::Meta {
+                text: text(body.split(|&c| c == 0).next().unwrap_or(&[])),
+            },
+            KIND_HEAP => Record::Heap(HeapStats::read(body).ok_or_else(|| {
+                DecodeError::Corrupt(format!("HEAP body is {} bytes", body.len()))
+            })?),
+            KIND_RESIDENT => Record::Resident(
+                Resident::decode(body)
+                    .ok_or_else(|| DecodeError::Corrupt("RESIDENT body out of bounds".into()))?,
+            ),
+            KIND_STATS => {
+                need(16)?;
+                Record::Stats {
+                    samples: u64_at(body, 0),
+                    dropped: u64_at(body, 8),
+                }
             }
-        }
-        KIND_MODULE => Record::Module(Module::decode(body).map_err(DecodeError::Corrupt)?),
-        other => Record::Unknown { kind: other },
-    };
+            KIND_MODULE => Record::Module(Module::decode(body).map_err(DecodeError::Corrupt)?),
+            other => Record::Unknown { kind: other },
+        };
     Ok((record, len))
 }
 

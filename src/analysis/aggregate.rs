@@ -315,9 +315,10 @@ impl Aggregator {
                 if self.process == 0 {
                     if let Some(old) = &replaced {
                         let was = self.allocator(old.stack);
-                        self.resident.free(*addr, was, &old.sample());
+                        self.resident.free(*addr, was, &old.sample(), true);
                     }
-                    self.resident.alloc(*addr, *size, allocator, &sample);
+                    self.resident
+                        .alloc(*addr, *size, allocator, &sample, *time_ns);
                 }
                 self.live_bytes += sample.bytes;
                 self.live_split[allocator as usize] += sample.bytes;
@@ -339,7 +340,7 @@ impl Aggregator {
                     self.take_live(&old);
                     if self.process == 0 {
                         let was = self.allocator(old.stack);
-                        self.resident.free(*addr, was, &old.sample());
+                        self.resident.free(*addr, was, &old.sample(), false);
                     }
                     return Change::Free(old);
                 }
@@ -363,6 +364,9 @@ impl Aggregator {
             }
             Record::Rss { time_ns, rss_bytes } => {
                 self.saw_time(*time_ns);
+                if self.process == 0 {
+                    self.resident.rss(*time_ns, *rss_bytes);
+                }
                 let p = self.proc();
                 p.max_rss = p.max_rss.max(Some(*rss_bytes));
                 p.last_rss = Some(*rss_bytes);

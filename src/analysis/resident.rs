@@ -22,6 +22,15 @@ use std::collections::HashMap;
 
 /// Most breakdowns kept over a capture (a day's worth at one a second is thinned to this).
 const MAX_KEPT: usize = 4096;
+/// Readings of the mappings that wait for the next statistics (a quiet program: one a second).
+const MAX_PENDING: usize = 64;
+/// RSS readings kept to judge a pairing by (6 s of them), how near in time one must be, and
+/// the least difference of RSS that says another moment (besides 5%).
+const RECENT_RSS: usize = 64;
+/// Statistics more of the program's sampled events away from a reading than this are not
+/// its moment's (a burst of frees went on between them).
+const MAX_EVENTS_APART: u64 = 64;
+const SAME_RSS_SLACK: u64 = 4 << 20;
 /// Named mappings kept in a breakdown (the largest resident ones).
 pub const NAMED_KEPT: usize = 8;
 
@@ -85,11 +94,8 @@ struct Measured {
     mmap_resident: Estimate,
     mmap_mapped: f64,
     named: Vec<(String, u64)>,
-    /// The allocators' statistics read last before it, if any (mprof reads the mappings as
-    /// soon as it sees new statistics, so these are from the same moment unless the program
-    /// has been idle, when they have not changed), and pymalloc's figures read last (a reading
-    /// at the interpreter's end has none: they stay as they were).
-    heap_before: Option<HeapStats>,
+    /// pymalloc's figures read last (they are read on a thread that holds the GIL, so not in
+    /// every reading of the statistics).
     pymalloc_before: Option<HeapStats>,
 }
 
@@ -104,48 +110,177 @@ pub struct ResidentTracker {
     heap: Option<HeapStats>,
     /// The latest statistics with pymalloc's figures.
     pymalloc: Option<HeapStats>,
+    /// The process's own sampled events (allocations and frees of sampled blocks) after `heap`
+    /// in the ring's order.
+    events_since_heap: u64,
+    /// The latest time a record of the ring gave (an allocation's, a statistics reading's): a
+    /// free, which carries none, happened at it or after.
+    ring_clock: u64,
+    /// Readings of the mappings waiting for the statistics to share them out with, oldest
+    /// first (at most [`MAX_PENDING`]).
+    pending: Vec<Pending>,
+    /// The process's RSS as read lately (statm, every 100 ms): time, bytes.
+    recent_rss: std::collections::VecDeque<(u64, u64)>,
     kept: Vec<Parts>,
     /// Every `stride`-th breakdown is kept once `MAX_KEPT` are (the largest RSS always).
     stride: usize,
     seen: usize,
 }
 
+/// A reading of the mappings not shared out yet: the statistics read nearest to it, counted in
+/// the program's own sampled events, are those to use. The agent reads them while the program
+/// allocates (every 256 sampled events, at most every 250 ms) and when a session ends; mprof
+/// reads the mappings about once a second, and at the end while the agent waits. So the
+/// statistics read before a reading may be stale (a burst of frees went on after them, then
+/// the program went quiet), and those read after it exact (the program was quiet until then):
+/// the reading waits for the next statistics and takes whichever are fewer events away.
+struct Pending {
+    measured: Measured,
+    /// The statistics read before the reading, and the events between them and it.
+    before: Option<HeapStats>,
+    events_before: u64,
+    /// The events after the reading so far.
+    events_after: u64,
+}
+
 impl ResidentTracker {
-    /// A sample of the capture's own process.
-    pub fn alloc(&mut self, addr: u64, size: u64, allocator: Allocator, sample: &Sample) {
+    /// A sample of the capture's own process, taken at `time_ns`.
+    pub fn alloc(
+        &mut self,
+        addr: u64,
+        size: u64,
+        allocator: Allocator,
+        sample: &Sample,
+        time_ns: u64,
+    ) {
+        self.ring_clock = self.ring_clock.max(time_ns);
+        self.event();
         self.live[allocator as usize].add(sample);
         if allocator == Allocator::Mmap {
             self.mmaps.insert(addr, (size, *sample));
         }
     }
 
-    /// A sampled block of the capture's own process freed (or replaced).
-    pub fn free(&mut self, addr: u64, allocator: Allocator, sample: &Sample) {
+    /// A sampled block of the capture's own process freed (or replaced, `replaced`: the
+    /// allocation that replaced it counts as the event).
+    pub fn free(&mut self, addr: u64, allocator: Allocator, sample: &Sample, replaced: bool) {
+        if !replaced {
+            self.event();
+        }
         self.live[allocator as usize].remove(sample);
         if allocator == Allocator::Mmap {
             self.mmaps.remove(&addr);
         }
     }
 
-    /// The allocators' statistics, for the readings of the mappings that follow.
+    /// One sampled event of the ring, at `ring_clock` or after.
+    fn event(&mut self) {
+        self.events_since_heap += 1;
+        for p in &mut self.pending {
+            // The ring is drained after the reading may have been written: an event stamped
+            // no later than the reading happened before it.
+            if self.ring_clock <= p.measured.time_ns {
+                p.events_before += 1;
+            } else {
+                p.events_after += 1;
+            }
+        }
+    }
+
+    /// The allocators' statistics, for the readings of the mappings around them.
     pub fn heap(&mut self, stats: &HeapStats) {
-        if std::env::var_os("MPROF_DEBUG_HEAP").is_some() { eprintln!("HEAP {} used {} free {} py {}", stats.time_ns, stats.malloc_used, stats.malloc_free, stats.pymalloc_known); }
+        self.ring_clock = self.ring_clock.max(stats.time_ns);
+        self.events_since_heap = 0;
         self.heap = Some(*stats);
+        for mut p in std::mem::take(&mut self.pending) {
+            if stats.time_ns <= p.measured.time_ns {
+                // Read before the reading, though drained after it (the session's end: the
+                // agent waits while mprof reads the mappings): the nearest before it.
+                p.before = Some(*stats);
+                p.events_before = 0;
+                self.pending.push(p);
+            } else {
+                self.settle(p, Some(*stats));
+            }
+        }
         if stats.pymalloc_known == 1 {
             self.pymalloc = Some(*stats);
         }
     }
 
-    /// A reading of the mappings: shared out and kept.
+    /// A reading of the mappings: shared out once the statistics to use are known.
     pub fn resident(&mut self, r: &Resident) {
-        if std::env::var_os("MPROF_DEBUG_HEAP").is_some() { eprintln!("RES {} rss {}", r.time_ns, r.rss); }
-        let m = self.measure(r);
-        let parts = combine(&m, m.heap_before.as_ref());
+        if self.pending.len() >= MAX_PENDING {
+            let p = self.pending.remove(0);
+            self.settle(p, None);
+        }
+        let measured = self.measure(r);
+        self.pending.push(Pending {
+            measured,
+            before: self.heap,
+            events_before: self.events_since_heap,
+            events_after: 0,
+        });
+    }
+
+    /// The process's RSS read at `time_ns` (statm), as its latest reading there says.
+    pub fn rss(&mut self, time_ns: u64, bytes: u64) {
+        if self.recent_rss.len() >= RECENT_RSS {
+            self.recent_rss.pop_front();
+        }
+        self.recent_rss.push_back((time_ns, bytes));
+    }
+
+    /// Whether the statistics `h` describe the moment of the reading `m`: the program may
+    /// have freed (or touched) a lot between them without one sampled event (a large block
+    /// unsampled, the C library giving memory back as the interpreter tears down), so every
+    /// RSS read from the earlier of the two to the later, and the first one after that, must be
+    /// about the reading's. No RSS read there counts as yes.
+    fn same_moment(&self, h: &HeapStats, m: &Measured) -> bool {
+        let (from, to) = (h.time_ns.min(m.time_ns), h.time_ns.max(m.time_ns));
+        let near = |rss: u64| rss.abs_diff(m.rss) <= (m.rss / 20).max(SAME_RSS_SLACK);
+        let within = self
+            .recent_rss
+            .iter()
+            .filter(|(t, _)| (from..=to).contains(t))
+            .all(|&(_, rss)| near(rss));
+        let next = self
+            .recent_rss
+            .iter()
+            .filter(|(t, _)| *t > to)
+            .min_by_key(|(t, _)| *t)
+            .is_none_or(|&(_, rss)| near(rss));
+        within && next
+    }
+
+    /// Shares out a waiting reading with the statistics read before it or those read `after`
+    /// it: the ones fewer of the program's sampled events away, if they describe the same
+    /// moment (at most [`MAX_EVENTS_APART`] events, the RSS as it was), else the others if they
+    /// do, else none (the allocators' free memory unknown then).
+    fn settle(&mut self, p: Pending, after: Option<HeapStats>) {
+        let before = p.before.map(|h| (h, p.events_before));
+        let after = after.map(|h| (h, p.events_after));
+        let mut candidates = [before, after];
+        candidates.sort_by_key(|c| c.map_or(u64::MAX, |(_, events)| events));
+        let heap = candidates
+            .into_iter()
+            .flatten()
+            .filter(|&(_, events)| events <= MAX_EVENTS_APART)
+            .map(|(h, _)| h)
+            .find(|h| self.same_moment(h, &p.measured));
+        let parts = combine(&p.measured, heap.as_ref());
         self.keep(parts);
     }
 
+    /// The capture has ended: a reading still waiting takes the statistics before it.
+    pub fn finish(&mut self) {
+        for p in std::mem::take(&mut self.pending) {
+            self.settle(p, None);
+        }
+    }
+
     fn measure(&self, r: &Resident) -> Measured {
-        let [python_live, native_live, _] = self.live.clone();
+        let [python_live, native_live, _] = self.live;
         let mut mmap_resident = Estimate::default();
         let mut mmap_mapped = 0.0;
         for (&addr, (size, sample)) in &self.mmaps {
@@ -164,7 +299,6 @@ impl ResidentTracker {
             mmap_resident,
             mmap_mapped,
             named: r.named.iter().take(NAMED_KEPT).cloned().collect(),
-            heap_before: self.heap,
             pymalloc_before: self.pymalloc,
         }
     }
@@ -188,7 +322,7 @@ impl ResidentTracker {
         // The latest reading is always there (it may be the end): between two kept ones it
         // takes the place of the one before, unless that one is the largest.
         let last_is_top = !self.kept.is_empty() && Some(self.kept.len() - 1) == self.peak_index();
-        if self.seen % self.stride == 0 || is_top || last_is_top || self.kept.is_empty() {
+        if self.seen.is_multiple_of(self.stride) || is_top || last_is_top || self.kept.is_empty() {
             self.kept.push(parts);
         } else if let Some(last) = self.kept.last_mut() {
             *last = parts;
@@ -209,9 +343,17 @@ impl ResidentTracker {
     pub fn summary(&self, heap_peak_ns: Option<u64>) -> Option<Where> {
         let all = self.breakdowns();
         let end = all.last()?.clone();
-        let peak_rss = all.iter().max_by_key(|p| p.rss)?.clone();
-        let peak_heap = heap_peak_ns
-            .and_then(|t| all.iter().min_by_key(|p| p.time_ns.abs_diff(t)).cloned());
+        // The largest RSS, or a reading within a tenth of it whose allocators' figures are
+        // known (a reading paired with none names less).
+        let top = all.iter().map(|p| p.rss).max()?;
+        let peak_rss = all
+            .iter()
+            .filter(|p| p.malloc_free.is_some() && p.rss >= top - top / 10)
+            .max_by_key(|p| p.rss)
+            .or_else(|| all.iter().max_by_key(|p| p.rss))?
+            .clone();
+        let peak_heap =
+            heap_peak_ns.and_then(|t| all.iter().min_by_key(|p| p.time_ns.abs_diff(t)).cloned());
         Some(Where {
             end,
             peak_rss,

@@ -186,8 +186,9 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
         let resident_of = (self.last_resident.is_some() && self.reads_rss).then_some(self.pid);
         let mut read_resident = false;
         // Before anything else, and between records: the agent may wait for it at its exit.
-        let mut result = serve_map_request(ring, modules, served, capture, resident_of, &mut observe)
-            .map(|r| read_resident |= r);
+        let mut result =
+            serve_map_request(ring, modules, served, capture, resident_of, &mut observe)
+                .map(|r| read_resident |= r);
         let moved = ring
             .reader()
             .drain_then(

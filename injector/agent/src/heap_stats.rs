@@ -142,25 +142,41 @@ fn sources() -> &'static Sources {
     })
 }
 
-/// Whether `malloc` is the C library's (not a preloaded allocator's): its code lies in libc.
+/// Whether `malloc` is the C library's (not a preloaded allocator's): its code lies in libc, or
+/// (a static Python's executable answers for `malloc` with a stub of its own) no other
+/// allocator's own entry points are there (tcmalloc, mimalloc, rpmalloc, a prefixed jemalloc).
 fn malloc_is_glibcs() -> bool {
+    let sym = |name: &CStr| {
+        // SAFETY: dlsym with a NUL-terminated name.
+        unsafe { sys::dlsym(sys::RTLD_DEFAULT, name.as_ptr()) }
+    };
+    let others = [c"tc_malloc", c"mi_malloc", c"rpmalloc", c"je_malloc"];
+    if others.iter().any(|name| !sym(name).is_null()) {
+        return false;
+    }
+    let malloc = sym(c"malloc");
     let mut info = std::mem::MaybeUninit::<sys::DlInfo>::uninit();
     // SAFETY: dladdr1 writes `info`; flags 0 asks for nothing more.
     let found = unsafe {
         sys::dladdr1(
-            sys::malloc as *const c_void,
+            malloc as *const c_void,
             info.as_mut_ptr(),
             std::ptr::null_mut(),
             0,
         )
     };
-    if found == 0 {
+    if malloc.is_null() || found == 0 {
         return false;
     }
     // SAFETY: dladdr1 filled `info`; its file name is a NUL-terminated string or null.
     let name = unsafe { info.assume_init().fname };
+    if name.is_null() {
+        return false;
+    }
     // SAFETY: as above.
-    !name.is_null() && unsafe { CStr::from_ptr(name) }.to_bytes().windows(7).any(|w| w == b"libc.so")
+    let name = unsafe { CStr::from_ptr(name) }.to_bytes();
+    // The main program's name is empty in the loader's list, or its path: then it is a stub.
+    name.windows(7).any(|w| w == b"libc.so") || !name.windows(3).any(|w| w == b".so")
 }
 
 /// Reads the statistics now. Must run with no agent lock held.
@@ -275,12 +291,14 @@ fn read_pymalloc(print: DebugStatsFn, out: &mut HeapStats) {
 /// print both; digits may be grouped with commas).
 fn parse_pymalloc(text: &[u8]) -> (u64, u64) {
     let number = |s: &[u8]| -> u64 {
-        s.iter()
-            .filter(|b| b.is_ascii_digit())
-            .fold(0u64, |n, &b| n.saturating_mul(10).saturating_add((b - b'0') as u64))
+        s.iter().filter(|b| b.is_ascii_digit()).fold(0u64, |n, &b| {
+            n.saturating_mul(10).saturating_add((b - b'0') as u64)
+        })
     };
     fn after_eq(line: &[u8]) -> Option<&[u8]> {
-        line.iter().rposition(|&b| b == b'=').map(|i| &line[i + 1..])
+        line.iter()
+            .rposition(|&b| b == b'=')
+            .map(|i| &line[i + 1..])
     }
     let (mut arenas, mut used) = (0, 0);
     for line in text.split(|&b| b == b'\n') {

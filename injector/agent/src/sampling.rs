@@ -686,7 +686,7 @@ fn count_free(ring: &Ring) {
     } else {
         crate::heap_stats::FREES_BETWEEN_CHECKS
     };
-    if n % every == 0 {
+    if n.is_multiple_of(every) {
         cold_path();
         heap_stats_check(sys::now_ns(), every);
     }

@@ -160,6 +160,7 @@ impl Profile {
         agg.live = Vec::new();
         agg.ended = Vec::new();
         let mut peak_seconds = None;
+        agg.resident.finish();
         let resident = agg.resident.summary(agg.peak().map(|(_, _, t)| t));
         let breakdowns = agg.resident.breakdowns();
         if let Some((end, _, peak_ns)) = agg.peak() {
