@@ -94,9 +94,6 @@ struct Measured {
     mmap_resident: Estimate,
     mmap_mapped: f64,
     named: Vec<(String, u64)>,
-    /// pymalloc's figures read last (they are read on a thread that holds the GIL, so not in
-    /// every reading of the statistics).
-    pymalloc_before: Option<HeapStats>,
 }
 
 /// Follows the live sampled blocks by allocator and the allocators' statistics, and shares out
@@ -108,8 +105,6 @@ pub struct ResidentTracker {
     /// Its live sampled anonymous mappings: address → (size, what the sample stands for).
     mmaps: HashMap<u64, (u64, Sample)>,
     heap: Option<HeapStats>,
-    /// The latest statistics with pymalloc's figures.
-    pymalloc: Option<HeapStats>,
     /// The process's own sampled events (allocations and frees of sampled blocks) after `heap`
     /// in the ring's order.
     events_since_heap: u64,
@@ -202,9 +197,6 @@ impl ResidentTracker {
             } else {
                 self.settle(p, Some(*stats));
             }
-        }
-        if stats.pymalloc_known == 1 {
-            self.pymalloc = Some(*stats);
         }
     }
 
@@ -299,7 +291,6 @@ impl ResidentTracker {
             mmap_resident,
             mmap_mapped,
             named: r.named.iter().take(NAMED_KEPT).cloned().collect(),
-            pymalloc_before: self.pymalloc,
         }
     }
 
@@ -343,13 +334,14 @@ impl ResidentTracker {
     pub fn summary(&self, heap_peak_ns: Option<u64>) -> Option<Where> {
         let all = self.breakdowns();
         let end = all.last()?.clone();
-        // The largest RSS, or a reading within a tenth of it whose allocators' figures are
-        // known (a reading paired with none names less).
+        // The RSS at its height: the last reading within a tenth of the largest whose
+        // allocators' figures are known (an RSS that stays high after the heap shrank is the
+        // question; a reading paired with no figures names less), else the largest.
         let top = all.iter().map(|p| p.rss).max()?;
         let peak_rss = all
             .iter()
             .filter(|p| p.malloc_free.is_some() && p.rss >= top - top / 10)
-            .max_by_key(|p| p.rss)
+            .next_back()
             .or_else(|| all.iter().max_by_key(|p| p.rss))?
             .clone();
         let peak_heap =
@@ -367,9 +359,9 @@ fn combine(m: &Measured, heap: Option<&HeapStats>) -> Parts {
     let known_malloc =
         heap.filter(|h| h.malloc_kind == MALLOC_GLIBC || h.malloc_kind == MALLOC_JEMALLOC);
     let malloc_free = known_malloc.map(|h| h.malloc_free);
-    let pymalloc = heap
-        .filter(|h| h.pymalloc_known == 1)
-        .or(m.pymalloc_before.as_ref());
+    // pymalloc's figures of the same reading only: those read last may be from before a
+    // burst of frees (a reading made without the GIL has none).
+    let pymalloc = heap.filter(|h| h.pymalloc_known == 1);
     let pymalloc_free = pymalloc.map(|h| h.pymalloc_arenas.saturating_sub(h.pymalloc_used));
     // What the allocators say is in use, beyond what the samples estimate there.
     let in_use =

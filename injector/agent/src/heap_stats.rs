@@ -10,8 +10,9 @@
 //! once the session lock is released (`lock::SpinLock::defer`): the allocators' statistics
 //! take the allocators' own locks, which no agent lock may be held around (see `locks`), and
 //! the hooks call into the real allocator only before or after their own work, so no
-//! allocator lock is held there either. pymalloc's figures need the GIL: they are read only on
-//! a thread that holds it, at most every [`INTERVAL_NS`] (they walk every pool). Also read as
+//! allocator lock is held there either. pymalloc's figures need the GIL: they are read with a
+//! reading made on a thread that holds it (they walk every pool, which the reading's cost, and
+//! so the gap [`due`] leaves after it, says). Also read as
 //! a session starts and ends. Written as one HEAP record (see
 //! `mprof_common::record::HeapStats`); mprof reads the process's mappings as soon as it sees
 //! one, so that both describe one moment.
@@ -44,8 +45,6 @@ static LAST_COST: AtomicU64 = AtomicU64::new(0);
 /// counted since.
 static LAST: AtomicU64 = AtomicU64::new(0);
 static EVENTS: AtomicU64 = AtomicU64::new(0);
-/// When pymalloc's figures were last read.
-static LAST_PYMALLOC: AtomicU64 = AtomicU64::new(0);
 
 /// Whether a reading is due at `now`, `events` sampled events after the last look; the
 /// caller then defers [`read_and_write`]. One thread wins each reading.
@@ -69,7 +68,6 @@ pub fn due(now: u64, events: u64) -> bool {
 /// A reading is due at the next look (a session starts).
 pub fn reset() {
     LAST.store(0, Ordering::Relaxed);
-    LAST_PYMALLOC.store(0, Ordering::Relaxed);
 }
 
 /// glibc's `struct mallinfo2`.
@@ -240,19 +238,39 @@ pub fn read() -> HeapStats {
     });
     // SAFETY: PyGILState_Check takes nothing and reads the calling thread's state.
     let holds_gil = running && s.gil_check.is_some_and(|check| unsafe { check() } == 1);
-    let now = sys::now_ns();
-    let pymalloc_due = now.wrapping_sub(LAST_PYMALLOC.load(Ordering::Relaxed)) >= INTERVAL_NS;
-    if let (Some(print), true, true) = (s.pymalloc, holds_gil, pymalloc_due) {
-        LAST_PYMALLOC.store(now, Ordering::Relaxed);
-        read_pymalloc(print, &mut out);
+    if let (Some(print), true) = (s.pymalloc, holds_gil) {
+        with_pymalloc_current(|| read_pymalloc(print, &mut out));
     }
     out
 }
 
-/// [`read`] with pymalloc's figures whenever they can be read (a session's start and end).
-fn read_all() -> HeapStats {
-    LAST_PYMALLOC.store(0, Ordering::Relaxed);
-    read()
+/// Runs `f` with the allocator the sampling layer wraps in the object domain (pymalloc's) as
+/// that domain's allocator: `_PyObject_DebugMallocStats` prints nothing unless pymalloc is the
+/// object allocator itself, and while a session runs the layer's hooks are. The caller holds
+/// the GIL, without which no thread allocates in that domain, and the allocator that was
+/// current is put back as it was, whatever it is.
+fn with_pymalloc_current(f: impl FnOnce()) {
+    const OBJ: i32 = 2;
+    let layer = crate::chain::active();
+    let Some(api) = crate::python::api() else {
+        return f();
+    };
+    if layer == crate::chain::NONE {
+        return f();
+    }
+    let mut current = std::mem::MaybeUninit::<crate::python::Allocator>::uninit();
+    // SAFETY: PyMem_GetAllocator fills the struct for an existing domain.
+    let current = unsafe {
+        (api.get_allocator)(OBJ, current.as_mut_ptr());
+        current.assume_init()
+    };
+    let wrapped = *crate::chain::prev(layer, OBJ as usize);
+    // SAFETY: PyMem_SetAllocator copies the struct; the wrapped allocator (pymalloc's, or what
+    // was below the layer) lives as long as the process; the GIL is held (see above).
+    unsafe { (api.set_allocator)(OBJ, &wrapped) };
+    f();
+    // SAFETY: as above: the allocator that was current, copied back.
+    unsafe { (api.set_allocator)(OBJ, &current) };
 }
 
 /// pymalloc's arenas and blocks, from what `_PyObject_DebugMallocStats` prints (to a memory
@@ -313,45 +331,21 @@ fn parse_pymalloc(text: &[u8]) -> (u64, u64) {
 }
 
 /// [`read`] on a thread marked busy: what the reading allocates is the agent's own. With no
-/// agent lock held. With `all`, pymalloc's figures are read whenever they can be (a session's
-/// start and end), not only once their interval is over.
-pub fn read_busy(all: bool) -> HeapStats {
-    let one = || if all { read_all() } else { read() };
+/// agent lock held.
+pub fn read_busy() -> HeapStats {
     let stats = crate::sampler::THREAD.try_with(|t| {
         let was = t.busy.replace(true);
-        let s = one();
+        let s = read();
         t.busy.set(was);
         s
     });
     // A thread whose locals are gone (it is exiting) reads them unmarked.
-    stats.unwrap_or_else(|_| one())
+    stats.unwrap_or_else(|_| read())
 }
 
-/// Writes `stats` into the session's ring as a HEAP record stamped now, if a session runs.
-pub fn write(s: &mut crate::lifecycle::Session, stats: HeapStats) {
-    if let Some(m) = s.mapped.as_mut() {
-        let stats = HeapStats {
-            time_ns: sys::now_ns(),
-            ..stats
-        };
-        m.ring
-            .try_write(KIND_HEAP, 0, HeapStats::BODY, |b| stats.write(b));
-    }
-}
-
-/// Reads the statistics and writes them into the session's ring. Deferred from a sample's
-/// slow path: runs with no agent lock held.
-pub fn read_and_write() {
-    let start = sys::precise_ns();
-    let stats = read_busy(false);
-    LAST_COST.store(sys::precise_ns().saturating_sub(start), Ordering::Relaxed);
-    write(&mut crate::lifecycle::SESSION.lock(), stats);
-}
-
-/// [`read_and_write`] with every figure (a session starts).
-pub fn read_all_and_write() {
-    let stats = read_busy(true);
-    write(&mut crate::lifecycle::SESSION.lock(), stats);
+/// The cost of the latest periodic reading (for [`due`]'s gap), set by its caller.
+pub fn cost_was(ns: u64) {
+    LAST_COST.store(ns, Ordering::Relaxed);
 }
 
 #[cfg(test)]

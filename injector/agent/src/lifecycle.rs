@@ -30,7 +30,7 @@ use crate::sampler;
 use crate::stacks::Stacks;
 use crate::sys::{self, now_ns};
 use mprof_common::layout::{self, PyLayout};
-use mprof_common::record::{EndReason, KIND_END};
+use mprof_common::record::{EndReason, HeapStats, KIND_END, KIND_HEAP};
 use mprof_common::ring::{
     Ring, RingHeader, CONFIG_NATIVE_STACKS, CONFIG_PYTHON_ONLY, STATE_ACTIVE, STATE_STOPPED,
     STATE_STOP_REQUESTED,
@@ -344,7 +344,7 @@ pub unsafe fn start(
     // The allocators' statistics as the session starts (an attach: memory allocated before
     // it), and again at the first sample.
     crate::heap_stats::reset();
-    crate::heap_stats::read_all_and_write();
+    read_all_and_write_heap_stats();
     Ok(())
 }
 
@@ -605,11 +605,11 @@ const END_WAIT_NS: u64 = 200_000_000;
 /// them (the agent waits for it, bounded), so that where the RSS was at the session's end is
 /// known before the program tears itself down. Returns whether a session was running.
 fn stop_with_statistics(reason: EndReason) -> bool {
-    let stats = crate::heap_stats::read_busy(true);
+    let stats = crate::heap_stats::read_busy();
     let mut s = SESSION.lock();
     let running = s.mapped.is_some();
     if running {
-        crate::heap_stats::write(&mut s, stats);
+        write_heap_stats(&mut s, stats);
         s = ask_reader_and_wait(s, END_WAIT_NS);
     }
     stop_locked(&mut s, reason);
@@ -750,4 +750,31 @@ fn forget_leaving(s: &mut Session) {
     if let Some((m, _)) = s.leaving.take() {
         unmap(m);
     }
+}
+
+/// Writes `stats` into the session's ring as a HEAP record stamped now, if a session runs.
+pub fn write_heap_stats(s: &mut Session, stats: HeapStats) {
+    if let Some(m) = s.mapped.as_mut() {
+        let stats = HeapStats {
+            time_ns: sys::now_ns(),
+            ..stats
+        };
+        m.ring
+            .try_write(KIND_HEAP, 0, HeapStats::BODY, |b| stats.write(b));
+    }
+}
+
+/// Reads the statistics and writes them into the session's ring. Deferred from a sample's
+/// slow path: runs with no agent lock held.
+pub fn read_and_write_heap_stats() {
+    let start = sys::precise_ns();
+    let stats = crate::heap_stats::read_busy();
+    crate::heap_stats::cost_was(sys::precise_ns().saturating_sub(start));
+    write_heap_stats(&mut SESSION.lock(), stats);
+}
+
+/// [`read_and_write_heap_stats`] as a session starts (its cost is no periodic reading's).
+pub fn read_all_and_write_heap_stats() {
+    let stats = crate::heap_stats::read_busy();
+    write_heap_stats(&mut SESSION.lock(), stats);
 }

@@ -698,7 +698,7 @@ fn count_free(ring: &Ring) {
 #[inline(never)]
 fn heap_stats_check(now: u64, events: u64) {
     if crate::heap_stats::due(now, events) {
-        SESSION.defer(crate::heap_stats::read_and_write);
+        SESSION.defer(lifecycle::read_and_write_heap_stats);
     }
 }
 
