@@ -18,7 +18,7 @@
 //! one, so that both describe one moment.
 
 use crate::sys;
-use mprof_common::record::{HeapStats, KIND_HEAP, MALLOC_GLIBC, MALLOC_JEMALLOC, MALLOC_OTHER};
+use mprof_common::record::{HeapStats, MALLOC_GLIBC, MALLOC_JEMALLOC, MALLOC_OTHER};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
