@@ -340,8 +340,7 @@ impl ResidentTracker {
         let top = all.iter().map(|p| p.rss).max()?;
         let peak_rss = all
             .iter()
-            .filter(|p| p.malloc_free.is_some() && p.rss >= top - top / 10)
-            .next_back()
+            .rfind(|p| p.malloc_free.is_some() && p.rss >= top - top / 10)
             .or_else(|| all.iter().max_by_key(|p| p.rss))?
             .clone();
         let peak_heap =
