@@ -95,7 +95,7 @@ enum Command {
         /// How many rows (0 = all).
         #[arg(long, default_value_t = 20)]
         top: usize,
-        /// Print JSON (schema in the README).
+        /// Print JSON (schema in docs/json.md).
         #[arg(long)]
         json: bool,
         /// Count the files under PATH as your code for `--by your-code`, library or not
@@ -414,6 +414,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
 }
 
 fn main() -> ExitCode {
+    mprof::base::memory::return_large_blocks();
     let cli = Cli::parse();
     mprof::analysis::symbols::set_show_interpreter_frames(cli.show_interpreter_frames);
     match run(cli) {

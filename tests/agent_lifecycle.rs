@@ -127,6 +127,12 @@ fn tracemalloc_stop_during_a_session_does_not_break_later_sessions() {
 /// (a session whose hooks an earlier one took away would be empty).
 #[test]
 fn two_hundred_fast_reattaches_each_capture_samples() {
+    if common::tier::full_tier_only(
+        "two_hundred_fast_reattaches_each_capture_samples",
+        "two hundred attaches in a row",
+    ) {
+        return;
+    }
     let all = pythons();
     let py = main_python(&all);
     let dir = common::tempdir();
@@ -390,6 +396,12 @@ fn raw_allocations_from_eight_threads_without_the_gil() {
 /// cleanly (no debug-allocator complaint about the agent's own block).
 #[test]
 fn every_allocator_setting_is_profiled() {
+    if common::tier::full_tier_only(
+        "every_allocator_setting_is_profiled",
+        "every allocator setting, by design",
+    ) {
+        return;
+    }
     let settings: [(&str, Option<&str>); 6] = [
         ("PYTHONMALLOC=malloc", Some("malloc")),
         ("PYTHONMALLOC=pymalloc", Some("pymalloc")),

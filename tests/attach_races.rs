@@ -8,30 +8,12 @@
 
 mod common;
 
-use common::procs::{attach_once, is_root, signal, Target, LIMIT};
+use common::procs::{attach_once, signal, Lcg, Target, LIMIT};
 use common::{main_python, mprof, pythons, run_with_timeout, script, tools, Python};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, ExitStatus};
 use std::time::Duration;
-
-/// A small deterministic generator, so a failing trial can be replayed from its seed.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-
-    /// A number in `0..n`.
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// mprof's one-line message without the numbers that vary (PIDs, paths' digits, times).
 fn outcome(status: ExitStatus, err: &str) -> String {
@@ -57,8 +39,13 @@ fn outcome(status: ExitStatus, err: &str) -> String {
 
 /// One trial: the target execs `program` after a pseudo-random delay while mprof attaches (or,
 /// for the control, while nothing does). Returns the exec'd program's exit status and mprof's
-/// outcome.
-fn exec_trial(py: &Python, rng: &mut Lcg, program: &[&str], attach: bool) -> (ExitStatus, String) {
+/// outcome, and the target's output (for a failure's message).
+fn exec_trial(
+    py: &Python,
+    rng: &mut Lcg,
+    program: &[&str],
+    attach: bool,
+) -> (ExitStatus, String, Vec<String>) {
     let delay = format!("{:.4}", rng.below(25) as f64 / 1000.0);
     let who = if rng.below(2) == 0 { "main" } else { "thread" };
     let target = Target::start(
@@ -78,8 +65,8 @@ fn exec_trial(py: &Python, rng: &mut Lcg, program: &[&str], attach: bool) -> (Ex
     } else {
         "control".into()
     };
-    let (status, _) = target.finish(LIMIT);
-    (status, said)
+    let (status, out) = target.finish(LIMIT);
+    (status, said, out)
 }
 
 /// Point 1 of the attach races: a target that execs a setuid-root program (`passwd -S`, as
@@ -91,10 +78,16 @@ fn exec_trial(py: &Python, rng: &mut Lcg, program: &[&str], attach: bool) -> (Ex
 /// (a `passwd` that has exited and been reaped leaves nothing to tell by).
 #[test]
 fn a_target_that_execs_a_setuid_program_during_the_attach_is_left_alone() {
-    if !is_root() {
-        eprintln!(
-            "SKIPPED setuid exec during attach: needs root (mprof as root, target as nobody)"
-        );
+    if common::tier::full_tier_only(
+        "a_target_that_execs_a_setuid_program_during_the_attach_is_left_alone",
+        "a race repeated a hundred times",
+    ) {
+        return;
+    }
+    if !common::tier::root(
+        "setuid exec during attach",
+        "mprof as root, target as nobody",
+    ) {
         return;
     }
     let all = pythons();
@@ -105,18 +98,18 @@ fn a_target_that_execs_a_setuid_program_during_the_attach_is_left_alone() {
         let mut rng = Lcg(0x5e7_u64 + trials);
         let mut harmed = Vec::new();
         for i in 0..trials / 4 {
-            let (status, _) = exec_trial(py, &mut rng, &passwd, false);
+            let (status, _, out) = exec_trial(py, &mut rng, &passwd, false);
             assert!(
                 status.success(),
-                "{}: control {i}: passwd failed: {status}",
+                "{}: control {i}: passwd failed: {status}, output {out:?}",
                 py.label
             );
         }
         let mut said = BTreeMap::<String, usize>::new();
         for i in 0..trials {
-            let (status, what) = exec_trial(py, &mut rng, &passwd, true);
+            let (status, what, out) = exec_trial(py, &mut rng, &passwd, true);
             if !status.success() {
-                harmed.push(format!("trial {i}: {status} ({what})"));
+                harmed.push(format!("trial {i}: {status} ({what}), output {out:?}"));
             }
             *said.entry(what).or_default() += 1;
         }
@@ -155,13 +148,23 @@ fn a_target_that_execs_a_setuid_program_during_the_attach_is_left_alone() {
 /// while attached.
 #[test]
 fn an_exec_during_the_attach_is_not_called_an_exit() {
+    if common::tier::full_tier_only(
+        "an_exec_during_the_attach_is_not_called_an_exit",
+        "a race repeated twenty times",
+    ) {
+        return;
+    }
     let all = pythons();
     let py = main_python(&all);
     let mut rng = Lcg(0xe8ec);
     let mut said = BTreeMap::<String, usize>::new();
     for _ in 0..20 {
-        let (status, what) = exec_trial(&py, &mut rng, &["/bin/sleep", "sleep", "0.6"], true);
-        assert!(status.success(), "{}: sleep failed: {status}", py.label);
+        let (status, what, out) = exec_trial(&py, &mut rng, &["/bin/sleep", "sleep", "0.6"], true);
+        assert!(
+            status.success(),
+            "{}: sleep failed: {status} ({what}), output {out:?}",
+            py.label
+        );
         *said.entry(what).or_default() += 1;
     }
     eprintln!("{}: 20 execs of sleep during an attach: {said:?}", py.label);
@@ -226,6 +229,12 @@ fn gdb_lists_libraries(gdb: &Path, pid: u32, what: &str) {
 /// target never profiled (the control), after an attach and detach, and under `record`.
 #[test]
 fn a_debugger_attaches_after_mprof_as_if_mprof_had_never_come() {
+    if common::tier::full_tier_only(
+        "a_debugger_attaches_after_mprof_as_if_mprof_had_never_come",
+        "a real consumer (gdb)",
+    ) {
+        return;
+    }
     let Some(gdb) = tools::gdb("gdb after mprof") else {
         return;
     };
@@ -298,9 +307,16 @@ fn storm_run(py: &Python, lib: &Path, attaches: usize) -> (bool, Vec<String>) {
 /// died of SIGSEGV in ld.so (10 of 10 runs on 3.12, a control 0 of 30). Now a scan leaves an
 /// object being relocated alone, gives every page back the protection it had, and puts the
 /// entries back only in objects still listed, outside the session lock: 200 cycles on the
-/// main interpreter (20 on the others), 0 targets harmed.
+/// main interpreter (10 on the others, where the storm had killed every target), 0 targets
+/// harmed.
 #[test]
 fn threads_loading_libraries_during_attach_and_detach_are_unharmed() {
+    if common::tier::full_tier_only(
+        "threads_loading_libraries_during_attach_and_detach_are_unharmed",
+        "two hundred attach cycles under a storm",
+    ) {
+        return;
+    }
     let dir = common::tempdir();
     let lib = common::native::build_library(dir.path(), "dlopen_storm");
     let all = pythons();
@@ -308,7 +324,7 @@ fn threads_loading_libraries_during_attach_and_detach_are_unharmed() {
     for py in &all {
         let (control, _) = storm_run(py, &lib, 0);
         assert!(control, "{}: the storm failed without mprof", py.label);
-        let cycles = if py.label == main.label { 200 } else { 20 };
+        let cycles = if py.label == main.label { 200 } else { 10 };
         let per_target = 5;
         let (mut harmed, mut failed) = (0, Vec::new());
         for _ in 0..cycles / per_target {
@@ -359,15 +375,21 @@ fn forks_by(target: &Target, limit: Duration) -> u64 {
 /// The fork handler took the GOT lock, then the session lock, while a detach held the session
 /// lock and restored the GOT entries under it: both could wait for ever. The order is one now
 /// (the agent's `locks.rs`, whose test shows the handler waiting for the session lock with
-/// nothing held); this runs 200 detaches (20 on the other interpreters) under the storm: no
+/// nothing held); this runs 200 detaches (10 on the other interpreters) under the storm: no
 /// target hangs, every one ends well.
 #[test]
 fn a_fork_storm_across_detaches_never_hangs() {
+    if common::tier::full_tier_only(
+        "a_fork_storm_across_detaches_never_hangs",
+        "two hundred detaches under a fork storm",
+    ) {
+        return;
+    }
     let all = pythons();
     let main = main_python(&all);
     for py in &all {
-        let detaches = if py.label == main.label { 200 } else { 20 };
-        let per_target = 20;
+        let detaches = if py.label == main.label { 200 } else { 10 };
+        let per_target = detaches.min(20);
         for round in 0..detaches / per_target {
             let dir = common::tempdir();
             let target = Target::python(
@@ -462,8 +484,11 @@ fn forks_go_on_while_mprof_is_stopped() {
 #[test]
 fn a_library_truncated_under_attach_native_never_kills_mprof() {
     use std::os::unix::process::ExitStatusExt;
-    if !is_root() {
-        eprintln!("SKIPPED truncated library: needs root (mprof as root, target as nobody)");
+    if common::tier::full_tier_only(
+        "a_library_truncated_under_attach_native_never_kills_mprof",
+        "20 attaches racing a truncating target",
+    ) || !common::tier::root("truncated library", "mprof as root, target as nobody")
+    {
         return;
     }
     let lib = ["libbz2.so.1", "libxml2.so.2"]
@@ -471,7 +496,10 @@ fn a_library_truncated_under_attach_native_never_kills_mprof() {
         .map(|n| Path::new("/usr/lib/x86_64-linux-gnu").join(n))
         .find(|p| p.is_file());
     let Some(lib) = lib else {
-        eprintln!("SKIPPED truncated library: no libbz2 or libxml2 here");
+        common::tier::skip(
+            "truncated library",
+            "no libbz2 or libxml2 (.ci/run installs libbz2)",
+        );
         return;
     };
     let all = pythons();
@@ -588,22 +616,28 @@ fn pid_reuse_run(py: &Python, trials: u32, mprof: bool) -> Option<String> {
 /// hijacked the newcomer's threads with the old process's addresses: 2 of 60 newcomers died
 /// of SIGSEGV here (the issue saw 4 of 190), the control 0. Now mprof holds the target by
 /// pidfd and its `/proc` directory from the first step, and checks every thread it seizes
-/// is the target's: 190 trials on the main interpreter (20 on the others), no newcomer harmed.
+/// is the target's: 190 trials on the main interpreter (10 on the others), no newcomer harmed.
 #[test]
 fn a_pid_reused_during_the_attach_is_never_touched() {
-    if !is_root() {
-        eprintln!("SKIPPED PID reuse: needs root (a PID namespace and its ns_last_pid)");
+    if common::tier::full_tier_only(
+        "a_pid_reused_during_the_attach_is_never_touched",
+        "190 kills and PID reuses during an attach",
+    ) || !common::tier::root("PID reuse", "a PID namespace and its ns_last_pid")
+    {
         return;
     }
     let all = pythons();
     let main = main_python(&all);
     let Some(control) = pid_reuse_run(&main, 20, false) else {
-        eprintln!("SKIPPED PID reuse: unshare --pid failed here");
+        common::tier::skip_here(
+            "PID reuse",
+            "no PID namespace can be made here (unshare --pid)",
+        );
         return;
     };
     assert!(control.ends_with("harmed=0"), "control: {control}");
     for py in &all {
-        let trials = if py.label == main.label { 190 } else { 20 };
+        let trials = if py.label == main.label { 190 } else { 10 };
         let summary = pid_reuse_run(py, trials, true).expect("summary");
         eprintln!("{}: {summary} (control: {control})", py.label);
         assert!(summary.ends_with("harmed=0"), "{}: {summary}", py.label);

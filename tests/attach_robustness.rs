@@ -8,8 +8,8 @@
 mod common;
 
 use common::procs::{
-    as_nobody, attach_once, attached_ms, attached_workload, is_root, signal, touch, wait_file,
-    Attach, AttachedWorkload, Target, LIMIT,
+    as_nobody, attach_once, attached_ms, attached_workload, signal, touch, wait_file, Attach,
+    AttachedWorkload, Target, LIMIT,
 };
 use common::{
     by_function, main_python, pythons, report_json, run_with_timeout, script, ChildGuard, Python,
@@ -97,6 +97,12 @@ fn torture_run(py: &Python, cycles: usize, plain_for: Duration) -> HashMap<Strin
 /// same checksum and about the same resident size as an unprofiled run.
 #[test]
 fn torture_attach_detach_under_allocation_load() {
+    if common::tier::full_tier_only(
+        "torture_attach_detach_under_allocation_load",
+        "attach and detach repeated under load",
+    ) {
+        return;
+    }
     let all = pythons();
     let main = main_python(&all);
     for py in &all {
@@ -130,6 +136,12 @@ fn torture_attach_detach_under_allocation_load() {
 /// main interpreter, 5 on each other one.
 #[test]
 fn attaches_under_cpu_contention_all_find_a_safe_point() {
+    if common::tier::full_tier_only(
+        "attaches_under_cpu_contention_all_find_a_safe_point",
+        "sixty attaches beside spinning processes",
+    ) {
+        return;
+    }
     let all = pythons();
     let main = main_python(&all);
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -252,7 +264,7 @@ fn errors_are_one_line_and_leave_targets_alone() {
             );
             assert!(!t.maps().contains("mprof"), "nothing was injected into 3.7");
         }
-        None => eprintln!("SKIPPED Python 3.7 check: no pyenv 3.7"),
+        None => common::tier::skip_here("Python 3.7 check", "no pyenv 3.7"),
     }
 
     // A stopped target is refused and stays stopped.
@@ -307,7 +319,9 @@ fn errors_are_one_line_and_leave_targets_alone() {
         "{}",
         result.1
     );
-    fails_with(result, "reached a safe point in 1.0 s");
+    // The time waited, as mprof measured it: 1.0 s, or a tenth more on a loaded machine
+    // (the bound above is what shows that `--timeout 1` was honoured).
+    fails_with(result, "reached a safe point in 1.");
     assert!(!t.maps().contains("mprof"), "nothing was injected");
     assert!(t.alive());
 }
@@ -324,13 +338,15 @@ fn readable_script(dir: &Path, name: &str) -> PathBuf {
 /// CAP_SYS_PTRACE (from a user namespace), the message blames the target's protection.
 #[test]
 fn privileges() {
-    if !is_root() {
-        eprintln!("SKIPPED privilege tests: not running as root");
+    if !common::tier::root("privilege tests", "the target runs as nobody") {
         return;
     }
     let debian = Path::new("/usr/bin/python3");
     if !debian.is_file() {
-        eprintln!("SKIPPED privilege tests: /usr/bin/python3 (readable by nobody) not present");
+        common::tier::skip_here(
+            "privilege tests",
+            "/usr/bin/python3 (readable by nobody) not present",
+        );
         return;
     }
     let dir = common::tempdir();
@@ -406,7 +422,7 @@ fn privileges() {
     );
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     if err.contains("unshare:") {
-        eprintln!("SKIPPED the user-namespace refusal: {}", err.trim());
+        common::tier::skip_here("the user-namespace refusal", err.trim());
     } else {
         fails_with((out.status, err.clone()), "permission denied");
         assert!(

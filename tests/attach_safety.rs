@@ -3,23 +3,11 @@
 
 mod common;
 
+use common::procs::Lcg;
 use common::{mprof, pythons, script, ChildGuard, Python};
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// A small deterministic generator, so a failing trial can be replayed from its seed.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-}
 
 /// The unprofiled output of the kill target, and a step count that keeps it busy for a while.
 fn baseline(py: &Python, mode: &str, steps: u32) -> String {
@@ -137,6 +125,12 @@ fn trial(py: &Python, t: &Trial, steps: u32, expected: &str) -> Result<&'static 
 /// must finish with exactly the output of an unprofiled run and exit 0.
 #[test]
 fn killing_mprof_at_any_moment_never_harms_the_target() {
+    if common::tier::full_tier_only(
+        "killing_mprof_at_any_moment_never_harms_the_target",
+        "210 SIGKILLs at random moments",
+    ) {
+        return;
+    }
     let pys = pythons();
     let seed: u64 = std::env::var("MPROF_KILL_SEED")
         .ok()
@@ -218,10 +212,14 @@ fn killing_mprof_at_any_moment_never_harms_the_target() {
 /// the deleted file, gets a message that says why.
 #[test]
 fn attach_to_an_interpreter_whose_file_was_deleted() {
-    use common::procs::{as_nobody, attach_once, is_root, Target};
+    use common::procs::{as_nobody, attach_once, Target};
     let debian = std::path::Path::new("/usr/bin/python3.11");
-    if !debian.is_file() || !is_root() {
-        eprintln!("SKIPPED deleted-executable test: needs root and Debian's /usr/bin/python3.11");
+    let test = "deleted-executable test";
+    if !common::tier::root(test, "the target runs as nobody") {
+        return;
+    }
+    if !debian.is_file() {
+        common::tier::skip_here(test, "needs Debian's /usr/bin/python3.11");
         return;
     }
     let dir = common::tempdir();
@@ -277,9 +275,9 @@ fn attach_to_an_interpreter_whose_file_was_deleted() {
         );
         assert_eq!(err.trim().lines().count(), 1, "{err}");
     } else {
-        eprintln!(
-            "SKIPPED unprivileged half: kernel.yama.ptrace_scope is {}",
-            scope.trim()
+        common::tier::skip_here(
+            "unprivileged half",
+            &format!("kernel.yama.ptrace_scope is {}", scope.trim()),
         );
     }
 }
@@ -289,6 +287,12 @@ fn attach_to_an_interpreter_whose_file_was_deleted() {
 /// denied" as root), and the winner's capture survives the loser.
 #[test]
 fn concurrent_attaches_to_one_pid() {
+    if common::tier::full_tier_only(
+        "concurrent_attaches_to_one_pid",
+        "a race repeated six times",
+    ) {
+        return;
+    }
     use common::procs::Target;
     let pys = pythons();
     let py = pys
@@ -366,10 +370,9 @@ fn concurrent_attaches_to_one_pid() {
 /// interpreter (a swap, or mprof's "interfered" refusal), not only that the file survived.
 #[test]
 fn a_target_that_swaps_its_descriptors_cannot_make_root_write_a_file() {
-    use common::procs::{attach_once, is_root, Target};
+    use common::procs::{attach_once, Target};
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    if !is_root() {
-        eprintln!("SKIPPED descriptor-swap attack: needs root (mprof as root, target as nobody)");
+    if !common::tier::root("descriptor-swap attack", "mprof as root, target as nobody") {
         return;
     }
     let pys = pythons();

@@ -64,6 +64,12 @@ fn child_capture(dir: &Path, pid: u32) -> std::path::PathBuf {
 /// each worker's bytes in `keep_in_worker` match what it reported, and so does the sum.
 #[test]
 fn pool_workers_are_profiled_with_every_start_method() {
+    if common::tier::full_tier_only(
+        "pool_workers_are_profiled_with_every_start_method",
+        "every start method, by design",
+    ) {
+        return;
+    }
     for py in pythons() {
         for method in ["fork", "spawn", "forkserver"] {
             let dir = common::tempdir();
@@ -138,6 +144,12 @@ fn pool_worker_estimates_lie_within_three_standard_errors() {
 /// none leaves an mprof descriptor in its parent.
 #[test]
 fn prefork_workers_and_a_fork_bomb() {
+    if common::tier::full_tier_only(
+        "prefork_workers_and_a_fork_bomb",
+        "a fork bomb of a hundred children",
+    ) {
+        return;
+    }
     let all = pythons();
     for py in [all[0].clone(), all.last().unwrap().clone()] {
         let dir = common::tempdir();

@@ -1,7 +1,8 @@
 //! mprof's outputs read by their real consumers: `go tool pprof` (top site and bytes,
 //! `-diff_base`), speedscope (its published schema, and its app in headless Chromium), the HTML
 //! report in headless Chromium with no network, and the quick-start flamegraph's labels at
-//! 1200 px (with screenshots of it and of the timeline). A missing tool prints `SKIPPED`.
+//! 1200 px (with screenshots of it and of the timeline). A missing tool prints `SKIPPED` (a
+//! failure in CI); the fast tier runs only the import-folding test, which needs no consumer.
 
 mod common;
 
@@ -13,6 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
+
+/// Why these tests belong to the full tier (docs/testing.md).
+const CONSUMER: &str = "a real consumer of mprof's output (Chromium, go tool pprof, npm packages)";
 
 /// A real capture of tests/py/known_allocs.py at `--rate 1` (exact figures), made once per
 /// test run with the first interpreter found, and the truth the script wrote.
@@ -77,6 +81,12 @@ fn top_rows(text: &str) -> Vec<(f64, String)> {
 
 #[test]
 fn go_pprof_prints_the_known_top_site_with_its_bytes() {
+    if common::tier::full_tier_only(
+        "go_pprof_prints_the_known_top_site_with_its_bytes",
+        CONSUMER,
+    ) {
+        return;
+    }
     let Some(go) = go("go_pprof_prints_the_known_top_site_with_its_bytes") else {
         return;
     };
@@ -151,6 +161,9 @@ fn exact(f_bytes: u64, g_bytes: u64) -> CaptureBuilder {
 
 #[test]
 fn go_pprof_diff_base_shows_the_growth() {
+    if common::tier::full_tier_only("go_pprof_diff_base_shows_the_growth", CONSUMER) {
+        return;
+    }
     let Some(go) = go("go_pprof_diff_base_shows_the_growth") else {
         return;
     };
@@ -191,6 +204,12 @@ fn go_pprof_diff_base_shows_the_growth() {
 
 #[test]
 fn speedscope_file_validates_against_its_schema_and_loads_in_the_app() {
+    if common::tier::full_tier_only(
+        "speedscope_file_validates_against_its_schema_and_loads_in_the_app",
+        CONSUMER,
+    ) {
+        return;
+    }
     let test = "speedscope_file_validates_against_its_schema_and_loads_in_the_app";
     let Some(js) = js_packages(test) else {
         return;
@@ -271,6 +290,12 @@ fn sites_body(dom: &str) -> &str {
 
 #[test]
 fn html_report_shows_the_top_site_with_the_network_off() {
+    if common::tier::full_tier_only(
+        "html_report_shows_the_top_site_with_the_network_off",
+        CONSUMER,
+    ) {
+        return;
+    }
     let test = "html_report_shows_the_top_site_with_the_network_off";
     let (capture, _) = known_capture();
     let dir = tempfile::tempdir().unwrap();
@@ -345,6 +370,10 @@ fn html_report_with_markup_in_names_still_shows_every_site() {
         !data[1..].contains('<'),
         "markup left in the page's JSON: {data}"
     );
+    // The page's JSON is checked in both tiers; what the browser makes of it, in the full one.
+    if common::tier::full_tier_only(test, CONSUMER) {
+        return;
+    }
     let Some(browser) = chromium(test) else {
         return;
     };
@@ -393,6 +422,12 @@ fn boxes(svg: &str) -> Vec<(f64, String, String)> {
 
 #[test]
 fn quick_start_flamegraph_labels_are_readable_at_1200_px() {
+    if common::tier::full_tier_only(
+        "quick_start_flamegraph_labels_are_readable_at_1200_px",
+        CONSUMER,
+    ) {
+        return;
+    }
     let py = pythons().into_iter().next().expect("an interpreter");
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -491,6 +526,12 @@ window.addEventListener("load", function () { setTimeout(function () {
 
 #[test]
 fn flamegraph_zooms_searches_and_shows_figures_in_chromium() {
+    if common::tier::full_tier_only(
+        "flamegraph_zooms_searches_and_shows_figures_in_chromium",
+        CONSUMER,
+    ) {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let capture = fixture().write(d, "app.mprof");

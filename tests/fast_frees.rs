@@ -165,6 +165,12 @@ fn plain_blocks(py: &Python, dir: &Path) -> i64 {
 /// (malloc, the debug hooks).
 #[test]
 fn record_sees_every_free_at_the_default_rate_under_every_allocator() {
+    if common::tier::full_tier_only(
+        "record_sees_every_free_at_the_default_rate_under_every_allocator",
+        "every allocator setting, by design",
+    ) {
+        return;
+    }
     let settings: [Setting; 5] = [
         ("pymalloc", &[], &[]),
         (
@@ -237,6 +243,12 @@ fn attach_sees_every_free_at_the_default_rate() {
 /// block count is what it is without mprof.
 #[test]
 fn a_default_rate_attach_after_one_at_rate_1_sees_every_free() {
+    if common::tier::full_tier_only(
+        "a_default_rate_attach_after_one_at_rate_1_sees_every_free",
+        "two sessions, one at --rate 1",
+    ) {
+        return;
+    }
     for py in pythons() {
         attach_and_churn(&py, Some("1"));
     }

@@ -83,6 +83,12 @@ fn an_attach_to_a_parent_whose_python_children_work_names_them() {
 /// `record` and by `attach`; at the default rate and threshold a light program gets none.
 #[test]
 fn a_fast_growing_capture_is_announced_once() {
+    if common::tier::full_tier_only(
+        "a_fast_growing_capture_is_announced_once",
+        "runs until the capture has grown for seconds",
+    ) {
+        return;
+    }
     let py = &interpreters()[0];
     let dir = tempfile::tempdir().unwrap();
     let record = |args: &[&str], note: Option<&str>| {

@@ -6,7 +6,6 @@
 mod common;
 
 use common::hostile::*;
-use common::procs::is_root;
 use common::{mprof, pythons, run_with_timeout, ChildGuard, Python};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -18,8 +17,10 @@ use std::process::{Command, Stdio};
 /// bounds.
 #[test]
 fn record_survives_a_target_that_scribbles_on_its_ring() {
-    if !is_root() {
-        eprintln!("SKIPPED scribbling targets under record: not root (the target drops to nobody)");
+    if !common::tier::root(
+        "scribbling targets under record",
+        "the target drops to nobody",
+    ) {
         return;
     }
     let sentinel = Sentinel::new();
@@ -136,8 +137,12 @@ fn nobody_target(
 /// finishes, never crashes, and the sentinel is untouched.
 #[test]
 fn attach_survives_a_target_that_scribbles_on_its_ring() {
-    if !is_root() || !Path::new("/usr/bin/python3").is_file() {
-        eprintln!("SKIPPED hostile attach targets: needs root and /usr/bin/python3");
+    let test = "hostile attach targets";
+    if !common::tier::root(test, "the target runs as nobody") {
+        return;
+    }
+    if !Path::new("/usr/bin/python3").is_file() {
+        common::tier::skip_here(test, "/usr/bin/python3 not present");
         return;
     }
     let sentinel = Sentinel::new();

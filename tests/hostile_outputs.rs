@@ -5,7 +5,6 @@
 mod common;
 
 use common::hostile::*;
-use common::procs::is_root;
 use common::{mprof, pythons, run_with_timeout, ChildGuard};
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -53,8 +52,7 @@ fn refused(out: &Output, what: &str) {
 /// children's captures are private (0600, `CAPTURE.d` 0700) even under umask 0.
 #[test]
 fn planted_symlinks_at_output_names_are_refused() {
-    if !is_root() {
-        eprintln!("SKIPPED planted symlinks: not root");
+    if !common::tier::root("planted symlinks", "files planted by nobody") {
         return;
     }
     let sentinel = Sentinel::new();
@@ -348,8 +346,10 @@ fn a_failed_attach_keeps_the_other_sessions_capture() {
 /// written in the directory it points to.
 #[test]
 fn a_symlinked_directory_on_the_way_is_followed_only_when_it_is_trusted() {
-    if !is_root() {
-        eprintln!("SKIPPED symlinked directories on the way: not root");
+    if !common::tier::root(
+        "symlinked directories on the way",
+        "symlinks planted by nobody",
+    ) {
         return;
     }
     let py = main_python(&pythons());
@@ -432,8 +432,7 @@ fn a_symlinked_directory_on_the_way_is_followed_only_when_it_is_trusted() {
 /// stopped.
 #[test]
 fn a_full_disk_stops_the_capture_not_the_supervision() {
-    if !is_root() {
-        eprintln!("SKIPPED full disk under record: needs root (a tmpfs in a mount namespace)");
+    if !common::tier::root("full disk under record", "a tmpfs in a mount namespace") {
         return;
     }
     let py = main_python(&pythons());

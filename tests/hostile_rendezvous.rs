@@ -8,14 +8,19 @@
 mod common;
 
 use common::hostile::{main_python, LIMIT};
-use common::procs::{as_nobody, is_root};
+use common::procs::as_nobody;
 use common::{by_function, mprof, pythons, report_json, run_with_timeout, script};
 use std::process::{Command, Stdio};
 
 #[test]
 fn a_stranger_at_the_rendezvous_neither_stalls_nor_floods_mprof() {
-    if !is_root() {
-        eprintln!("SKIPPED stranger at the rendezvous: not root (the stranger runs as nobody)");
+    if common::tier::full_tier_only(
+        "a_stranger_at_the_rendezvous_neither_stalls_nor_floods_mprof",
+        "fifty connections and twelve rings at --rate 1",
+    ) {
+        return;
+    }
+    if !common::tier::root("stranger at the rendezvous", "the stranger runs as nobody") {
         return;
     }
     let py = main_python(&pythons());

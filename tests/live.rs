@@ -121,7 +121,7 @@ fn mprof_pid(tmux: &Tmux) -> u32 {
 fn python() -> Option<PathBuf> {
     let found = [11, 12, 10, 13, 9, 8].into_iter().find_map(pyenv_python);
     if found.is_none() {
-        eprintln!("SKIPPED live view tests: no pyenv CPython 3.8-3.13 installed");
+        common::tier::skip_here("live view tests", "no pyenv CPython 3.8-3.13 installed");
     }
     found
 }
@@ -136,7 +136,10 @@ fn prerequisites() -> Option<PathBuf> {
 fn have_tmux() -> bool {
     let ok = Command::new("tmux").arg("-V").output().is_ok();
     if !ok {
-        eprintln!("SKIPPED live view tests: tmux is not installed");
+        common::tier::skip(
+            "live view tests",
+            "tmux is not installed (apt-get install -y tmux; .ci/run does)",
+        );
     }
     ok
 }
@@ -524,7 +527,10 @@ fn a_live_view_that_cannot_start_leaves_the_program_recorded() {
     {
         Ok(out) => out,
         Err(e) => {
-            eprintln!("SKIPPED: no `script` ({e})");
+            common::tier::skip(
+                "a terminal that cannot host the view",
+                &format!("no `script` ({e}; apt-get install -y bsdutils; .ci/run does)"),
+            );
             return;
         }
     };

@@ -26,12 +26,16 @@ fn has_row(screen: &str, function: &str) -> bool {
 
 #[test]
 fn live_view_shows_every_process_and_one_at_a_time() {
+    const TEST: &str = "live view of every process";
     let Some(py) = [11, 12, 13, 10].into_iter().find_map(pyenv_python) else {
-        eprintln!("SKIPPED: no pyenv CPython 3.10-3.13 installed");
+        common::tier::skip_here(TEST, "no pyenv CPython 3.10-3.13 installed");
         return;
     };
     if Command::new("tmux").arg("-V").output().is_err() {
-        eprintln!("SKIPPED: tmux is not installed");
+        common::tier::skip(
+            TEST,
+            "tmux is not installed (apt-get install -y tmux; .ci/run does)",
+        );
         return;
     }
     let dir = common::tempdir();

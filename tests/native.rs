@@ -281,6 +281,12 @@ fn a_library_loaded_where_an_unloaded_one_was_is_hooked() {
 /// within ±6% of the truth (unbiased).
 #[test]
 fn record_default_rate_native_estimates_lie_within_three_standard_errors() {
+    if common::tier::full_tier_only(
+        "record_default_rate_native_estimates_lie_within_three_standard_errors",
+        "estimates over fixed seeds; record_sees_every_native_allocator_function runs",
+    ) {
+        return;
+    }
     let mut tally = Tally::default();
     for py in pythons() {
         let dir = common::tempdir();
@@ -444,6 +450,12 @@ fn attach_sees_native_allocations_of_extensions_imported_before_or_after() {
 /// errors as [`Tally`] counts them.
 #[test]
 fn attach_default_rate_native_estimates_lie_within_three_standard_errors() {
+    if common::tier::full_tier_only(
+        "attach_default_rate_native_estimates_lie_within_three_standard_errors",
+        "estimates over fixed seeds; attach_sees_native_allocations… runs",
+    ) {
+        return;
+    }
     let mut tally = Tally::default();
     for py in pythons() {
         for (seed, import_first) in [("3", true), ("3", false), ("5", false)] {
@@ -467,6 +479,12 @@ fn attach_default_rate_native_estimates_lie_within_three_standard_errors() {
 /// `<no Python frame>`.
 #[test]
 fn a_native_storm_survives_twenty_attaches() {
+    if common::tier::full_tier_only(
+        "a_native_storm_survives_twenty_attaches",
+        "twenty attaches to a native storm",
+    ) {
+        return;
+    }
     let all = pythons();
     let py = all
         .iter()

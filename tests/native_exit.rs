@@ -23,8 +23,10 @@ use std::time::{Duration, Instant};
 const SIGKILL: i32 = 9;
 const SIGCONT: i32 = 18;
 const SIGSTOP: i32 = 19;
-/// Runs of the exit race per interpreter.
+/// Runs of the exit race on the main interpreter ([`common::main_python`]) ...
 const RUNS: usize = 5;
+/// ... and on each of the others, where the handshake is the same code.
+const RUNS_ELSEWHERE: usize = 2;
 /// The agent waits for a silent reader this long (`injector/agent/src/map_request.rs`), and
 /// this long at most for any reader.
 const SILENT: Duration = Duration::from_millis(250);
@@ -66,17 +68,29 @@ fn assert_workload_frame(label: &str, f: &Frame) {
 }
 
 /// A program that loads the extension, allocates through it and exits at once, recorded
-/// `--native --rate 1` several times on every interpreter: its C frames are symbolized every
-/// time.
+/// `--native --rate 1` five times on the main interpreter and twice on every other one: its C
+/// frames are symbolized every time.
 #[test]
 fn a_program_that_loads_a_library_and_exits_at_once_is_symbolized() {
+    if common::tier::full_tier_only(
+        "a_program_that_loads_a_library_and_exits_at_once_is_symbolized",
+        "--native --rate 1 recordings repeated on every interpreter",
+    ) {
+        return;
+    }
+    let main = common::main_python(&pythons());
     with_the_extension(|py, dir, so| {
-        for run in 0..RUNS {
+        let runs = if py.label == main.label {
+            RUNS
+        } else {
+            RUNS_ELSEWHERE
+        };
+        for run in 0..runs {
             let capture = dir.join(format!("r{run}.mprof"));
             record_script(py, &RECORD, &[], &capture, "native_exit_workload.py", dir);
             assert_symbolized(&format!("{} run {run}", py.label), &capture, so);
         }
-        eprintln!("{}: {RUNS} short runs, C frames symbolized", py.label);
+        eprintln!("{}: {runs} short runs, C frames symbolized", py.label);
     });
 }
 
@@ -84,6 +98,12 @@ fn a_program_that_loads_a_library_and_exits_at_once_is_symbolized() {
 /// agent has the map read before the library goes, so its frame is symbolized.
 #[test]
 fn a_library_unloaded_right_after_its_allocation_is_symbolized() {
+    if common::tier::full_tier_only(
+        "a_library_unloaded_right_after_its_allocation_is_symbolized",
+        "--native --rate 1 recordings of dlclose",
+    ) {
+        return;
+    }
     with_the_extension(|py, dir, so| {
         let capture = dir.join("dlclose.mprof");
         record_script(
@@ -141,6 +161,12 @@ fn stop_mprof_at_the_exit(target: &Target, mprof_pid: u32, dir: &Path) -> Instan
 /// symbolized.
 #[test]
 fn a_reader_held_up_across_the_exit_still_reads_the_map() {
+    if common::tier::full_tier_only(
+        "a_reader_held_up_across_the_exit_still_reads_the_map",
+        "mprof held stopped across the exit",
+    ) {
+        return;
+    }
     with_the_extension(|py, dir, so| {
         let capture = dir.join("held.mprof");
         let (target, mprof_pid) = start_waiting_workload(py, dir, &capture);
@@ -266,6 +292,12 @@ fn a_killed_mprof_never_holds_the_target_at_its_exit() {
 /// its capture and returns the program's status.
 #[test]
 fn a_stopped_mprof_never_holds_the_target_at_its_exit() {
+    if common::tier::full_tier_only(
+        "a_stopped_mprof_never_holds_the_target_at_its_exit",
+        "mprof held stopped through the exit",
+    ) {
+        return;
+    }
     with_the_extension(|py, dir, _| {
         let capture = dir.join("s.mprof");
         let (target, mprof_pid) = start_waiting_workload(py, dir, &capture);

@@ -196,6 +196,12 @@ fn native_samples_at_the_default_rate_unless_told() {
 /// the program died of SIGSEGV (every run, as every gevent program under `--native` did).
 #[test]
 fn a_stack_switching_extension_survives_native_stacks() {
+    if common::tier::full_tier_only(
+        "a_stack_switching_extension_survives_native_stacks",
+        "a greenlet-like extension built and run at length",
+    ) {
+        return;
+    }
     for py in pythons() {
         let dir = common::tempdir();
         if build_stack_switch(&py, dir.path()).is_none() {

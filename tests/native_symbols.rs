@@ -17,6 +17,12 @@ use std::process::Command;
 /// `module+0x…` for the static functions.
 #[test]
 fn inlined_frames_and_stripped_libraries() {
+    if common::tier::full_tier_only(
+        "inlined_frames_and_stripped_libraries",
+        "builds and symbolizes three libraries",
+    ) {
+        return;
+    }
     let py = one_python();
     let dir = common::tempdir();
     let Some(so) = build_chain(&py, dir.path(), &["-g", "-O2", "-DWITH_INLINE"]) else {
@@ -83,6 +89,12 @@ fn build_id(so: &Path) -> String {
 /// or by build id under a debug directory (`MPROF_DEBUG_DIRS`, for `/usr/lib/debug`).
 #[test]
 fn separate_debug_files_are_found() {
+    if common::tier::full_tier_only(
+        "separate_debug_files_are_found",
+        "builds and symbolizes split debug files",
+    ) {
+        return;
+    }
     let py = one_python();
     let dir = common::tempdir();
     let Some(so) = build_chain(&py, dir.path(), &["-g", "-O1"]) else {
@@ -135,6 +147,12 @@ fn separate_debug_files_are_found() {
 /// it and says why, `module+0x…` frames in the right places, the Python frames intact.
 #[test]
 fn libraries_deleted_or_replaced_after_the_run() {
+    if common::tier::full_tier_only(
+        "libraries_deleted_or_replaced_after_the_run",
+        "builds, deletes and rebuilds libraries",
+    ) {
+        return;
+    }
     let py = one_python();
     let dir = common::tempdir();
     let Some(so) = build_chain(&py, dir.path(), &["-g", "-O1"]) else {
@@ -181,6 +199,12 @@ fn libraries_deleted_or_replaced_after_the_run() {
 /// the timeline, the HTML page, pprof, speedscope and folded stacks.
 #[test]
 fn every_view_shows_native_frames() {
+    if common::tier::full_tier_only(
+        "every_view_shows_native_frames",
+        "every view of a --native capture",
+    ) {
+        return;
+    }
     let py = one_python();
     let dir = common::tempdir();
     if build_chain(&py, dir.path(), &["-g", "-O1"]).is_none() {

@@ -188,6 +188,12 @@ fn pprof_text(path: &Path) -> String {
 /// alone with `--pid`; a pid that is not in the set is refused with a message.
 #[test]
 fn every_view_shows_all_processes_or_one() {
+    if common::tier::full_tier_only(
+        "every_view_shows_all_processes_or_one",
+        "every view of a capture set; a_process_tree_is_one_capture_set runs",
+    ) {
+        return;
+    }
     let py = pythons().pop().unwrap();
     let dir = common::tempdir();
     let (_, truth, _) = record(&py, dir.path());
@@ -307,6 +313,12 @@ fn record_exec_chain(py: &Python, extra: &[&str]) -> ExecChain {
 /// shows both, the first program's blocks leaving the live heap at its exec.
 #[test]
 fn a_child_that_runs_a_new_python_by_exec_keeps_both_programs() {
+    if common::tier::full_tier_only(
+        "a_child_that_runs_a_new_python_by_exec_keeps_both_programs",
+        "exec chains, at length",
+    ) {
+        return;
+    }
     for py in pythons() {
         let ExecChain {
             dir,
@@ -373,6 +385,12 @@ fn a_child_that_runs_a_new_python_by_exec_keeps_both_programs() {
 /// capture; the program's blocks leave the live heap at its exec, and `--pid` shows both.
 #[test]
 fn a_program_that_runs_a_new_python_by_exec_is_followed() {
+    if common::tier::full_tier_only(
+        "a_program_that_runs_a_new_python_by_exec_is_followed",
+        "exec chains, at length",
+    ) {
+        return;
+    }
     for py in pythons() {
         let ExecChain {
             dir,
@@ -505,6 +523,12 @@ fn a_child_is_taken_on_as_soon_as_it_announces_itself() {
 /// admitted and saw go. Before, most runs refused it as "not a descendant" and lost its work.
 #[test]
 fn a_daemon_started_by_a_double_fork_is_followed() {
+    if common::tier::full_tier_only(
+        "a_daemon_started_by_a_double_fork_is_followed",
+        "waits for the daemon to be orphaned",
+    ) {
+        return;
+    }
     for py in pythons() {
         for run in 0..3 {
             let dir = tempfile::tempdir().unwrap();
@@ -563,6 +587,12 @@ fn children_with_environments_of_their_own_are_attached_to() {
 /// capture, exactly at `--rate 1`. Before, none of the five was in it.
 #[test]
 fn short_lived_children_with_environments_of_their_own_are_followed() {
+    if common::tier::full_tier_only(
+        "short_lived_children_with_environments_of_their_own_are_followed",
+        "many short-lived children",
+    ) {
+        return;
+    }
     for py in pythons() {
         let dir = tempfile::tempdir().unwrap();
         let capture = dir.path().join("c.mprof");

@@ -199,10 +199,7 @@ fn default_rate_estimates_lie_within_three_standard_errors() {
 fn interpreters_with_their_own_gil_are_estimated_without_bias() {
     for py in pythons() {
         if py.minor() < 12 {
-            eprintln!(
-                "SKIPPED {}: interpreters share one GIL before 3.12",
-                py.label
-            );
+            common::tier::skip_here(&py.label, "interpreters share one GIL before 3.12");
             continue;
         }
         for gils in ["isolated", "legacy"] {
@@ -492,6 +489,12 @@ fn a_target_killed_mid_run_leaves_a_readable_capture() {
 /// Python writes into it.
 #[test]
 fn a_reader_stopped_again_and_again_at_rate_1_loses_nothing() {
+    if common::tier::full_tier_only(
+        "a_reader_stopped_again_and_again_at_rate_1_loses_nothing",
+        "mprof stopped again and again at --rate 1",
+    ) {
+        return;
+    }
     let py = common::main_python(&pythons());
     let dir = tempfile::tempdir().unwrap();
     let capture = dir.path().join("c.mprof");
@@ -674,7 +677,7 @@ fn bad_input_gets_a_clear_error_and_a_nonzero_exit() {
             "Python 3.7 is not supported",
         );
     } else {
-        eprintln!("SKIPPED the Python 3.7 refusal: no pyenv 3.7 installed");
+        common::tier::skip_here("the Python 3.7 refusal", "no pyenv 3.7 installed");
     }
 }
 
@@ -813,7 +816,7 @@ fn rss_readings(capture: &Path) -> Vec<u64> {
     let mut readings = Vec::new();
     mprof::capture::file::CaptureFile::open(capture)
         .expect("a capture")
-        .for_each(|record, _| {
+        .for_each(|record| {
             if let mprof_common::record::Record::Rss { rss_bytes, .. } = record {
                 readings.push(rss_bytes);
             }

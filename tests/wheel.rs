@@ -34,9 +34,12 @@ fn pytools(test: &str) -> Option<PathBuf> {
     if dir.join("bin/maturin").is_file() && dir.join("wheels").is_dir() {
         return Some(dir);
     }
-    eprintln!(
-        "SKIPPED {test}: no Python build tools in {} (run tools/test-deps.sh)",
-        dir.display()
+    common::tier::skip(
+        test,
+        &format!(
+            "no Python build tools in {} (run tools/test-deps.sh)",
+            dir.display()
+        ),
     );
     None
 }
@@ -106,7 +109,7 @@ fn the_wheel_serves_every_python_and_loads_on_glibc_2_28() {
     let test = "the_wheel_serves_every_python_and_loads_on_glibc_2_28";
     let Some(tools) = pytools(test) else { return };
     if Command::new("objdump").arg("--version").output().is_err() {
-        eprintln!("SKIPPED {test}: no objdump (binutils)");
+        common::tier::skip(test, "no objdump (binutils, which .ci/run installs)");
         return;
     }
     let wheel = wheel(&tools);
@@ -193,10 +196,10 @@ fn in_a_fresh_venv(py: &Python, wheel: &Path, tools: &Path) -> Option<Vec<String
         .output()
         .unwrap();
     if !made.status.success() {
-        eprintln!(
-            "SKIPPED {}: cannot make a venv: {}",
-            py.label,
-            text(&made).trim()
+        // pyenv's interpreters make venvs; Debian's needs python3-venv, which .ci/run installs.
+        common::tier::skip(
+            &py.label,
+            &format!("cannot make a venv: {}", text(&made).trim()),
         );
         return None;
     }
@@ -334,6 +337,9 @@ fn copy_dir(from: &Path, to: &Path) {
 #[test]
 fn installed_in_fresh_venvs_everything_runs_from_the_installed_copy() {
     let test = "installed_in_fresh_venvs_everything_runs_from_the_installed_copy";
+    if common::tier::full_tier_only(test, "pip and pytest in a fresh venv of every interpreter") {
+        return;
+    }
     let Some(tools) = pytools(test) else { return };
     let wheel = wheel(&tools);
     // Two interpreters at a time: most of each one's time is spent waiting on its children.

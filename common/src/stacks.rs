@@ -231,12 +231,12 @@ impl Expander {
         match kind {
             KIND_STACK => self.define(body, aux),
             KIND_SAMPLE => self.expand(body, aux as usize),
-            KIND_CONTEXT => match body.get(..CONTEXT_BODY) {
-                Some(b) => {
-                    self.context = Some((u32_at(b, 0), u64_at(b, 8)));
+            KIND_CONTEXT => match read_context(body) {
+                Ok(context) => {
+                    self.context = Some(context);
                     Expanded::Consumed
                 }
-                None => Expanded::Bad("a context record is too short"),
+                Err(why) => Expanded::Bad(why),
             },
             KIND_BRIEF => self.expand_brief(body, aux),
             _ => Expanded::Pass(bytes),
@@ -244,22 +244,10 @@ impl Expander {
     }
 
     fn define(&mut self, body: &[u8], aux: u16) -> Expanded<'static> {
-        if body.len() < STACK_BODY {
-            return Expanded::Bad("a stack node record is too short");
-        }
-        let id = u32_at(body, 0);
-        let node = Node {
-            parent: u32_at(body, 4),
-            code: u64_at(body, 8),
-            line: u32_at(body, 16),
-            entry: aux & STACK_ENTRY != 0,
+        let (id, node) = match read_stack(body, aux, |parent| self.node(parent).is_some()) {
+            Ok(defined) => defined,
+            Err(why) => return Expanded::Bad(why),
         };
-        if id == 0 || id > MAX_STACK_ID || node.parent >= id {
-            return Expanded::Bad("a stack node has an impossible id");
-        }
-        if node.parent != 0 && self.node(node.parent).is_none() {
-            return Expanded::Bad("a stack node names a parent never defined");
-        }
         let id = id as usize;
         if self.nodes.len() <= id {
             self.nodes.resize(id + 1, None);
@@ -292,21 +280,22 @@ impl Expander {
     }
 
     fn expand_brief(&mut self, body: &[u8], aux: u16) -> Expanded<'static> {
-        let Some(body) = body.get(..BRIEF_BODY) else {
-            return Expanded::Bad("a brief sample record is too short");
+        let (addr, size, node) = match read_brief(body) {
+            Ok(brief) => brief,
+            Err(why) => return Expanded::Bad(why),
         };
         let Some((tid, time_ns)) = self.context else {
             return Expanded::Bad("a brief sample before any context");
         };
-        if let Err(why) = self.walk(u32_at(body, 12), (aux & BRIEF_DEPTH) as usize) {
+        if let Err(why) = self.walk(node, brief_depth(aux)) {
             return Expanded::Bad(why);
         }
         // The fixed part of the ALLOC it stands for: tid, flags, addr, size, time.
         let mut fixed = [0u8; ALLOC_FIXED];
         fixed[0..4].copy_from_slice(&tid.to_le_bytes());
-        fixed[4..8].copy_from_slice(&((aux >> BRIEF_FLAGS_SHIFT) as u32).to_le_bytes());
-        fixed[8..16].copy_from_slice(&body[0..8]);
-        fixed[16..24].copy_from_slice(&(u32_at(body, 8) as u64).to_le_bytes());
+        fixed[4..8].copy_from_slice(&brief_flags(aux).to_le_bytes());
+        fixed[8..16].copy_from_slice(&addr.to_le_bytes());
+        fixed[16..24].copy_from_slice(&(size as u64).to_le_bytes());
         fixed[24..32].copy_from_slice(&time_ns.to_le_bytes());
         Expanded::Alloc(self.alloc_bytes(&fixed, None))
     }
@@ -363,6 +352,75 @@ impl Expander {
         debug_assert_eq!(out.len(), len);
         out
     }
+}
+
+/// Reads a STACK record's body (`aux` its aux): the node's id and the node, checked (an id in
+/// range, a parent before it and, unless 0, one that `defined` says is defined).
+pub fn read_stack(
+    body: &[u8],
+    aux: u16,
+    defined: impl Fn(u32) -> bool,
+) -> Result<(u32, Node), &'static str> {
+    if body.len() < STACK_BODY {
+        return Err("a stack node record is too short");
+    }
+    let id = u32_at(body, 0);
+    let node = Node {
+        parent: u32_at(body, 4),
+        code: u64_at(body, 8),
+        line: u32_at(body, 16),
+        entry: aux & STACK_ENTRY != 0,
+    };
+    if id == 0 || id > MAX_STACK_ID || node.parent >= id {
+        return Err("a stack node has an impossible id");
+    }
+    if node.parent != 0 && !defined(node.parent) {
+        return Err("a stack node names a parent never defined");
+    }
+    Ok((id, node))
+}
+
+/// Reads a CONTEXT record's body: the thread and time of the BRIEF samples after it.
+pub fn read_context(body: &[u8]) -> Result<(u32, u64), &'static str> {
+    let b = body
+        .get(..CONTEXT_BODY)
+        .ok_or("a context record is too short")?;
+    Ok((u32_at(b, 0), u64_at(b, 8)))
+}
+
+/// Reads a BRIEF record's body: the block's address and size and the innermost node.
+pub fn read_brief(body: &[u8]) -> Result<(u64, u32, u32), &'static str> {
+    let b = body
+        .get(..BRIEF_BODY)
+        .ok_or("a brief sample record is too short")?;
+    Ok((u64_at(b, 0), u32_at(b, 8), u32_at(b, 12)))
+}
+
+/// The Python frames a BRIEF's aux says its stack has.
+#[inline]
+pub fn brief_depth(aux: u16) -> usize {
+    (aux & BRIEF_DEPTH) as usize
+}
+
+/// The ALLOC flags a BRIEF's aux carries.
+#[inline]
+pub fn brief_flags(aux: u16) -> u32 {
+    (aux >> BRIEF_FLAGS_SHIFT) as u32
+}
+
+/// Reads the fixed part of a SAMPLE record's body.
+pub fn read_sample(body: &[u8]) -> Result<Sample, &'static str> {
+    let b = body
+        .get(..SAMPLE_FIXED)
+        .ok_or("a sample record is too short")?;
+    Ok(Sample {
+        tid: u32_at(b, 0),
+        flags: u32_at(b, 4),
+        addr: u64_at(b, 8),
+        size: u64_at(b, 16),
+        time_ns: u64_at(b, 24),
+        stack: u32_at(b, 32),
+    })
 }
 
 /// The native return addresses of a SAMPLE body, if its flags say it has a native section and

@@ -192,8 +192,7 @@ fn try_thread(
     // lists only this process's threads, and one traced by mprof keeps its id until mprof
     // has waited for it.
     if !t.proc.has_thread(tid) {
-        let _ = ptrace::detach(tid, 0);
-        return Ok(None);
+        return let_go(t, tid, 0).map(|()| None);
     }
     ptrace::interrupt(tid).map_err(|e| thread_gone_or(t, tid, e, "PTRACE_INTERRUPT"))?;
     let mut stashed = Vec::new();
@@ -212,15 +211,13 @@ fn try_thread(
         Verdict::Safe(resume) => resume,
         Verdict::Unsafe(why) => {
             seen.insert(tid, format!("{why} ({})", t.describe(regs.rip)));
-            release(tid, &regs, &safe_regs, &stashed);
-            return Ok(None);
+            return release(t, tid, &regs, &safe_regs, &stashed).map(|()| None);
         }
     };
     let stack_low = t.mapping_now(regs.rsp).map_or(regs.rsp, |m| m.start);
     if regs.rsp.saturating_sub(stack_low) < MIN_STACK_ROOM {
         seen.insert(tid, "too close to the end of its stack".into());
-        release(tid, &regs, &safe_regs, &stashed);
-        return Ok(None);
+        return release(t, tid, &regs, &safe_regs, &stashed).map(|()| None);
     }
     let resume_regs = hijack::resume_regs(&regs, resume.rip, resume.rax);
     match Hijack::begin(
@@ -243,12 +240,12 @@ fn try_thread(
             match ptrace::get_regs(tid) {
                 // Nothing changed yet.
                 Ok(now) if now.rip == regs.rip && now.rsp == regs.rsp => {
-                    release(tid, &regs, &safe_regs, &stashed)
+                    let _ = release(t, tid, &regs, &safe_regs, &stashed);
                 }
-                // Hijacked: let go, it returns through the frame. (If it cannot be detached
+                // Hijacked: let go, it returns through the frame. (If it cannot be let go
                 // now, the kernel detaches it when mprof exits, with the same effect.)
                 _ => {
-                    let _ = ptrace::detach(tid, 0);
+                    let _ = ptrace::let_go(t.pid, tid, 0);
                 }
             }
             Err(e)
@@ -257,16 +254,37 @@ fn try_thread(
 }
 
 /// Lets a stopped thread go: restart registers if they differ, detach, signals delivered.
-pub fn release(tid: u32, regs: &Regs, safe_regs: &Regs, stashed: &[i32]) {
+/// An error when it could not be let go (see [`let_go`]).
+pub fn release(
+    t: &Process,
+    tid: u32,
+    regs: &Regs,
+    safe_regs: &Regs,
+    stashed: &[i32],
+) -> Result<(), AttachError> {
     if safe_regs.rax != regs.rax {
         let _ = ptrace::set_regs(tid, safe_regs);
     }
     let first = stashed.first().copied().unwrap_or(0);
-    let _ = ptrace::detach(tid, first);
+    let_go(t, tid, first)?;
     for &sig in stashed.iter().skip(1) {
-        // SAFETY: tgkill sends a signal; no memory is involved.
-        unsafe { libc::syscall(libc::SYS_tgkill, std::process::id(), tid, sig) };
+        ptrace::pass_signal(t.pid, tid, sig);
     }
+    Ok(())
+}
+
+/// [`ptrace::let_go`], or the error that ends the attach when the thread neither stopped nor
+/// ended: seizing another thread then could wait forever on an `exec` that waits for mprof.
+fn let_go(t: &Process, tid: u32, sig: i32) -> Result<(), AttachError> {
+    if ptrace::let_go(t.pid, tid, sig) {
+        return Ok(());
+    }
+    Err(t.left().unwrap_or_else(|| {
+        other(
+            "letting a thread go",
+            format!("thread {tid} of PID {} neither stopped nor ended", t.pid),
+        )
+    }))
 }
 
 /// Waits for the stop our PTRACE_INTERRUPT asked for, passing on signals that come first.
@@ -285,7 +303,7 @@ fn wait_interrupted(t: &Process, tid: u32, stashed: &mut Vec<i32>) -> Result<boo
                 ptrace::cont(tid, 0).map_err(|e| thread_gone_or(t, tid, e, "PTRACE_CONT"))?;
             }
             Some(Stop::Group(_)) => {
-                let _ = ptrace::detach(tid, 0);
+                let _ = ptrace::let_go(t.pid, tid, 0);
                 return Err(AttachError::Stopped(t.pid));
             }
             Some(Stop::Exec) => {

@@ -290,8 +290,13 @@ impl Hijack {
                     ptrace::let_exec_go(self.pid);
                     return Err(self.target.execed());
                 }
+                // Gone: the process exited or another thread exec'd (which ends this one a
+                // moment before the new program is in place), or the thread exited alone.
                 Some(Stop::Gone) => {
-                    return Err(self.target.left().unwrap_or_else(|| self.lost("vanished")))
+                    return Err(self
+                        .target
+                        .left_within(20)
+                        .unwrap_or_else(|| self.lost("vanished")))
                 }
                 None => return Err(self.lost("did not reach a system call")),
             }

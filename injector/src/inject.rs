@@ -422,7 +422,7 @@ impl Prepared {
         let written = write(trampoline::slot_data(base, slot), data.as_bytes())
             .and_then(|()| write(trampoline::slot_code(base, slot), code));
         if let Err(e) = written {
-            let _ = ptrace::detach(tid, 0);
+            let _ = ptrace::let_go(self.target.pid, tid, 0);
             return Err(e);
         }
         let mut r = resume;
@@ -455,7 +455,7 @@ impl Prepared {
             let tid = h.tid();
             // Should this fail, the thread still returns through the frame once let go.
             let _ = h.end();
-            let _ = ptrace::detach(tid, 0);
+            let _ = ptrace::let_go(self.target.pid, tid, 0);
         }
     }
 }

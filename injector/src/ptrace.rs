@@ -227,17 +227,74 @@ pub fn exec_stop_of(pid: u32, tid: u32, proc: &crate::remote::Proc) -> bool {
     ours && matches!(wait(pid, Duration::from_millis(200)), Ok(Some(Stop::Exec)))
 }
 
+/// How long a traced thread that was killed may take to end, or one asked to stop to stop.
+const LET_GO_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Collects the death of traced thread `tid` after a request found it gone (ESRCH): a thread
 /// killed while traced stays a zombie until its tracer waits for it, and an `exec` by another
-/// thread of the process waits for that before it replaces the program.
-pub fn reap(tid: u32) {
-    for _ in 0..100 {
-        match wait(tid, Duration::ZERO) {
-            Ok(Some(Stop::Gone)) | Err(_) => return,
+/// thread of the process waits for that before it replaces the program (holding the lock that
+/// `PTRACE_SEIZE` takes: mprof must never seize another thread before this). True once
+/// collected, false when it did not end within [`LET_GO_TIMEOUT`].
+pub fn reap(tid: u32) -> bool {
+    let start = Instant::now();
+    loop {
+        match wait(tid, Duration::from_millis(5)) {
+            Ok(Some(Stop::Gone)) | Err(_) => return true,
             // A stop reported late (not ours to act on now) or nothing yet: the kill that
             // ends the thread is on its way.
-            Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+            Ok(_) if start.elapsed() < LET_GO_TIMEOUT => {}
+            Ok(_) => return false,
         }
+    }
+}
+
+/// Lets traced thread `tid` of process `pid` go, delivering `sig` (0 = none), whatever state
+/// it is in: detached from a stop, or collected if it was killed while stopped (an `exec` by
+/// another thread kills every other thread, and waits until mprof has collected those it
+/// traces), or stopped first if it was seized and never stopped. True when it is no longer
+/// mprof's to wait for; false when it neither stopped nor ended within [`LET_GO_TIMEOUT`],
+/// after which mprof must not seize another thread of the process (see [`reap`]).
+pub fn let_go(pid: u32, tid: u32, sig: i32) -> bool {
+    match detach(tid, sig) {
+        Ok(()) => return true,
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+        // Not traced by mprof (EPERM) or no such thread: nothing to let go.
+        Err(_) => return true,
+    }
+    // Not in a stop: running (seized, never stopped) or killed. Ask for a stop; a killed
+    // thread reports its end instead.
+    let _ = interrupt(tid);
+    let start = Instant::now();
+    while start.elapsed() < LET_GO_TIMEOUT {
+        match wait(tid, Duration::from_millis(5)) {
+            Ok(Some(Stop::Gone)) | Err(_) => return true,
+            Ok(Some(Stop::Exec)) => {
+                let_exec_go(pid);
+                return true;
+            }
+            Ok(Some(Stop::Signal(arrived))) => {
+                if detach(tid, arrived).is_ok() {
+                    pass_signal(pid, tid, sig);
+                    return true;
+                }
+            }
+            Ok(Some(_)) => {
+                if detach(tid, sig).is_ok() {
+                    return true;
+                }
+            }
+            Ok(None) => {}
+        }
+    }
+    false
+}
+
+/// Sends `sig` (if any) to thread `tid` of process `pid`: a signal mprof held back while the
+/// thread was stopped.
+pub fn pass_signal(pid: u32, tid: u32, sig: i32) {
+    if sig != 0 {
+        // SAFETY: tgkill sends a signal; no memory is involved.
+        unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig) };
     }
 }
 
@@ -265,5 +322,96 @@ pub fn wait(tid: u32, timeout: Duration) -> io::Result<Option<Stop>> {
         }
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(2));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    use std::sync::mpsc;
+
+    /// A Python whose threads idle, but one that execs `sleep` when told to.
+    const TARGET: &str = r#"
+import os, sys, threading
+idle = [threading.Thread(target=threading.Event().wait, daemon=True) for _ in range(2)]
+for t in idle: t.start()
+def replace():
+    sys.stdin.readline()
+    os.execv("/bin/sleep", ["sleep", "0.5"])
+e = threading.Thread(target=replace)
+e.start()
+print(idle[0].native_id, e.native_id, flush=True)
+e.join()
+"#;
+
+    fn thread_state(pid: u32, tid: u32) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+        stat.rsplit_once(") ")?.1.chars().next()
+    }
+
+    /// The hang behind a failed CI run: mprof stopped a thread, another thread of the target
+    /// exec'd (killing the stopped one), mprof's detach of it failed (no longer in a stop) and
+    /// mprof went on to seize the next thread. The exec waits, holding the lock
+    /// `PTRACE_SEIZE` takes, until the tracer collects the killed thread: both waited forever.
+    /// [`let_go`] collects it, so the exec ends and the next seize returns at once.
+    #[test]
+    fn a_thread_killed_by_an_exec_while_stopped_is_collected_so_the_next_seize_returns() {
+        let Ok(mut child) = Command::new("python3")
+            .args(["-c", TARGET])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+        else {
+            eprintln!("skipped: no python3 on PATH");
+            return;
+        };
+        let pid = child.id();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let ids: Vec<u32> = line
+            .split_whitespace()
+            .map(|w| w.parse().unwrap())
+            .collect();
+        let (stopped, execing) = (ids[0], ids[1]);
+
+        seize(stopped).unwrap();
+        interrupt(stopped).unwrap();
+        let stop = wait(stopped, Duration::from_secs(5)).unwrap();
+        assert!(matches!(stop, Some(Stop::Interrupted)), "{stop:?}");
+        child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        // The exec kills the stopped thread, which then waits for its tracer as a zombie.
+        let start = Instant::now();
+        while thread_state(pid, stopped) != Some('Z') {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the exec did not start"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            let_go(pid, stopped, 0),
+            "the killed thread was not collected"
+        );
+
+        // The next seize, from a thread of its own so that a hang fails the test.
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let seized = seize(execing);
+            if seized.is_ok() {
+                let_go(pid, execing, 0);
+            }
+            let _ = tx.send(seized.map_err(|e| e.raw_os_error()));
+        });
+        let seized = rx.recv_timeout(Duration::from_secs(10));
+        assert!(
+            seized.is_ok(),
+            "PTRACE_SEIZE hung: the exec waited on mprof"
+        );
+        let status = child.wait().unwrap();
+        assert!(status.success(), "the exec'd program: {status}");
     }
 }

@@ -471,15 +471,22 @@ impl Liveness {
         } else {
             1
         };
+        self.left_within(tries).unwrap_or_else(|| other(what, e))
+    }
+
+    /// [`Liveness::left`], looked at up to `tries` times 10 ms apart: a traced thread gone
+    /// (another thread's `exec` ends every other thread first) comes a moment before the
+    /// process's memory is the new program's.
+    pub fn left_within(&self, tries: u32) -> Option<AttachError> {
         for i in 0..tries {
             if let Some(left) = self.left() {
-                return left;
+                return Some(left);
             }
             if i + 1 < tries {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
         }
-        other(what, e)
+        None
     }
 }
 

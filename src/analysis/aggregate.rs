@@ -16,10 +16,13 @@
 //! [`MAX_META_VALUE`] and [`MAX_NAME`] bytes.
 
 use crate::analysis::estimate::{Estimate, Sample};
-use crate::analysis::names::{FastMap, Location, StackId, StackResolver, MAX_NAME};
+pub(crate) use crate::analysis::live::Block;
+use crate::analysis::live::LiveTable;
+use crate::analysis::names::{Location, StackId, StackResolver, MAX_NAME};
 use crate::base::text::elide;
 use crate::capture::meta::{ended_by_exec, meta_pairs, meta_rate, meta_u64};
-use mprof_common::record::{Allocator, EndReason, Record, ALLOC_TRUNCATED};
+use crate::capture::stacks::{Brief, Stacks};
+use mprof_common::record::{Allocator, EndReason, Frame, Record, ALLOC_TRUNCATED};
 use std::collections::BTreeMap;
 
 /// Longest metadata value kept, in bytes (elided like names).
@@ -28,22 +31,6 @@ pub const MAX_META_VALUE: usize = 4096;
 pub const MAX_META_KEYS: usize = 64;
 /// Longest metadata key kept, in bytes; longer keys are dropped.
 const MAX_META_KEY: usize = 64;
-
-/// A live sampled block.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Block {
-    pub stack: StackId,
-    pub tid: u32,
-    pub(crate) size: u64,
-    pub(crate) rate: u64,
-}
-
-impl Block {
-    /// What the block stands for.
-    pub fn sample(&self) -> Sample {
-        Sample::new(self.size, self.rate)
-    }
-}
 
 /// What one process of a capture did on its own (see the module doc).
 #[derive(Clone, Debug, Default)]
@@ -103,7 +90,7 @@ pub(crate) enum Change {
 pub(crate) struct Aggregator {
     pub(crate) resolver: StackResolver,
     /// Live sampled blocks, per process by address.
-    pub(crate) live: Vec<FastMap<u64, Block>>,
+    pub(crate) live: Vec<LiveTable>,
     /// Blocks still live when their process's records ended ([`Aggregator::leave`]): live at
     /// its end, but no longer in the live heap.
     pub(crate) ended: Vec<Block>,
@@ -141,6 +128,44 @@ pub(crate) struct Aggregator {
     procs: Vec<ProcessFigures>,
     /// Where the capture's own process's RSS is (see [`crate::analysis::resident`]).
     pub(crate) resident: crate::analysis::resident::ResidentTracker,
+    /// Per process, which stack each interned stack node of its capture is (see
+    /// [`Aggregator::apply_sample`]).
+    node_stacks: Vec<NodeStacks>,
+    /// Frames of a node being resolved.
+    scratch: Vec<Frame>,
+}
+
+/// Which stack each stack node of one capture is, per allocator and truncation (the slots of
+/// the resolver's memo): valid while neither the capture's nodes (its epoch) nor the meaning
+/// of its code addresses (the resolver's generation) change. An entry holds the stamp it was
+/// made under and the stack.
+#[derive(Default)]
+struct NodeStacks {
+    stamp: u32,
+    under: (u32, u64),
+    slots: [Vec<(u32, u32)>; 6],
+}
+
+impl NodeStacks {
+    /// The stack of `node` in `slot`, if known under (`epoch`, `generation`).
+    fn get(&mut self, slot: usize, node: u32, epoch: u32, generation: u64) -> Option<u32> {
+        if self.under != (epoch, generation) {
+            self.under = (epoch, generation);
+            self.stamp = self.stamp.wrapping_add(1);
+        }
+        match self.slots[slot].get(node as usize) {
+            Some(&(stamp, stack)) if stamp == self.stamp && stamp != 0 => Some(stack),
+            _ => None,
+        }
+    }
+
+    fn set(&mut self, slot: usize, node: u32, stack: u32) {
+        let slot = &mut self.slots[slot];
+        if slot.len() <= node as usize {
+            slot.resize(node as usize + 1, (0, 0));
+        }
+        slot[node as usize] = (self.stamp, stack);
+    }
 }
 
 /// Most processes one aggregator tells apart (the processes of a capture are bounded before).
@@ -151,7 +176,7 @@ impl Aggregator {
     pub fn new(rate: u64) -> Aggregator {
         Aggregator {
             resolver: StackResolver::new(),
-            live: vec![FastMap::default()],
+            live: vec![LiveTable::default()],
             ended: Vec::new(),
             meta: BTreeMap::new(),
             rate,
@@ -174,6 +199,11 @@ impl Aggregator {
                 ..ProcessFigures::default()
             }],
             resident: Default::default(),
+            node_stacks: vec![NodeStacks {
+                stamp: 1,
+                ..NodeStacks::default()
+            }],
+            scratch: Vec::new(),
         }
     }
 
@@ -189,7 +219,12 @@ impl Aggregator {
                     ..ProcessFigures::default()
                 });
             self.live
-                .resize_with(process as usize + 1, FastMap::default);
+                .resize_with(process as usize + 1, LiveTable::default);
+            self.node_stacks
+                .resize_with(process as usize + 1, || NodeStacks {
+                    stamp: 1,
+                    ..NodeStacks::default()
+                });
         }
         if process != self.process {
             self.resolver.switch_process(process);
@@ -231,8 +266,12 @@ impl Aggregator {
 
     /// Every block live at the end of its process: those of processes still running, then
     /// those of processes whose records ended.
-    pub(crate) fn live_blocks(&self) -> impl Iterator<Item = &Block> + '_ {
-        self.live.iter().flat_map(|m| m.values()).chain(&self.ended)
+    #[cfg(test)]
+    pub(crate) fn live_blocks(&self) -> impl Iterator<Item = Block> + '_ {
+        self.live
+            .iter()
+            .flat_map(|m| m.values())
+            .chain(self.ended.iter().copied())
     }
 
     /// What each process did, by index.
@@ -294,57 +333,14 @@ impl Aggregator {
                 flags,
                 native,
             } => {
-                self.saw_time(*time_ns);
                 let allocator = Allocator::of_flags(*flags);
                 let truncated = flags & ALLOC_TRUNCATED != 0;
                 let stack = self
                     .resolver
                     .stack(frames, truncated, allocator, native.as_ref());
-                self.samples += 1;
-                let block = Block {
-                    stack: StackId(stack),
-                    tid: *tid,
-                    size: *size,
-                    rate: self.procs[self.process as usize].rate,
-                };
-                let sample = block.sample();
-                let replaced = self.live[self.process as usize].insert(*addr, block);
-                if let Some(old) = &replaced {
-                    self.take_live(old);
-                }
-                if self.process == 0 {
-                    if let Some(old) = &replaced {
-                        let was = self.allocator(old.stack);
-                        self.resident.free(*addr, was, &old.sample(), true);
-                    }
-                    self.resident
-                        .alloc(*addr, *size, allocator, &sample, *time_ns);
-                }
-                self.live_bytes += sample.bytes;
-                self.live_split[allocator as usize] += sample.bytes;
-                let p = self.proc();
-                p.allocated.add(&sample);
-                p.live.add(&sample);
-                p.peak_bytes = p.peak_bytes.max(p.live.bytes);
-                if self.peak.is_none_or(|(_, best, _)| self.live_bytes > best) {
-                    self.peak = Some((index, self.live_bytes, *time_ns));
-                }
-                return Change::Alloc {
-                    block,
-                    sample,
-                    replaced,
-                };
+                return self.alloc(index, *tid, *addr, *size, *time_ns, StackId(stack));
             }
-            Record::Free { addr } => {
-                if let Some(old) = self.live[self.process as usize].remove(addr) {
-                    self.take_live(&old);
-                    if self.process == 0 {
-                        let was = self.allocator(old.stack);
-                        self.resident.free(*addr, was, &old.sample(), false);
-                    }
-                    return Change::Free(old);
-                }
-            }
+            Record::Free { addr } => return self.free(*addr),
             Record::Heap(stats) if self.process == 0 => self.resident.heap(stats),
             Record::Resident(r) if self.process == 0 => {
                 self.saw_time(r.time_ns);
@@ -393,6 +389,115 @@ impl Aggregator {
             Record::Unknown { .. } => {}
         }
         Change::Other
+    }
+
+    /// Applies a sample that names a stack node of the current process's capture: the
+    /// node's stack is resolved once per epoch (see [`NodeStacks`]), not for every sample.
+    pub(crate) fn apply_sample(&mut self, b: &Brief, stacks: &Stacks) -> Change {
+        let index = self.applied;
+        self.applied += 1;
+        let allocator = Allocator::of_flags(b.flags);
+        let truncated = b.flags & ALLOC_TRUNCATED != 0;
+        let slot = 2 * allocator as usize + truncated as usize;
+        let generation = self.resolver.generation();
+        let cache = &mut self.node_stacks[self.process as usize];
+        let stack = match cache.get(slot, b.node, b.epoch, generation) {
+            Some(stack) => stack,
+            None => {
+                stacks.frames(b.node, &mut self.scratch, None);
+                let stack = self
+                    .resolver
+                    .stack(&self.scratch, truncated, allocator, None);
+                // Resolving may have changed the generation (the memo of raw stacks was full).
+                let generation = self.resolver.generation();
+                let cache = &mut self.node_stacks[self.process as usize];
+                if cache.get(slot, b.node, b.epoch, generation).is_none() {
+                    cache.set(slot, b.node, stack);
+                }
+                stack
+            }
+        };
+        self.alloc(index, b.tid, b.addr, b.size, b.time_ns, StackId(stack))
+    }
+
+    /// A sampled allocation (the `index`-th record applied) of `stack`.
+    fn alloc(
+        &mut self,
+        index: usize,
+        tid: u32,
+        addr: u64,
+        size: u64,
+        time_ns: u64,
+        stack: StackId,
+    ) -> Change {
+        self.saw_time(time_ns);
+        self.samples += 1;
+        let block = Block {
+            stack,
+            tid,
+            size,
+            rate: self.procs[self.process as usize].rate,
+        };
+        let allocator = self.allocator(stack);
+        let sample = block.sample();
+        let replaced = self.live[self.process as usize].insert(addr, block);
+        if let Some(old) = &replaced {
+            self.take_live(old);
+        }
+        if self.process == 0 {
+            if let Some(old) = &replaced {
+                let was = self.allocator(old.stack);
+                self.resident.free(addr, was, &old.sample(), true);
+            }
+            self.resident.alloc(addr, size, allocator, &sample, time_ns);
+        }
+        self.live_bytes += sample.bytes;
+        self.live_split[allocator as usize] += sample.bytes;
+        let p = self.proc();
+        p.allocated.add(&sample);
+        p.live.add(&sample);
+        p.peak_bytes = p.peak_bytes.max(p.live.bytes);
+        if self.peak.is_none_or(|(_, best, _)| self.live_bytes > best) {
+            self.peak = Some((index, self.live_bytes, time_ns));
+        }
+        Change::Alloc {
+            block,
+            sample,
+            replaced,
+        }
+    }
+
+    /// Applies a free (of a packed run: see [`crate::capture::records::Event::Free`]).
+    pub(crate) fn apply_free(&mut self, addr: u64) -> Change {
+        self.applied += 1;
+        self.free(addr)
+    }
+
+    fn free(&mut self, addr: u64) -> Change {
+        match self.live[self.process as usize].remove(addr) {
+            Some(old) => {
+                self.take_live(&old);
+                if self.process == 0 {
+                    let was = self.allocator(old.stack);
+                    self.resident.free(addr, was, &old.sample(), false);
+                }
+                Change::Free(old)
+            }
+            None => Change::Other,
+        }
+    }
+
+    /// Brings where the live blocks of `process` would keep `addr` into the cache, for a
+    /// sample or free to come (see [`LiveTable::prefetch`]).
+    pub(crate) fn prefetch(&self, process: u32, addr: u64) {
+        if let Some(live) = self.live.get(process as usize) {
+            live.prefetch(addr);
+        }
+    }
+
+    /// Live sampled blocks of the current process.
+    pub(crate) fn live_here(&self) -> usize {
+        self.live[self.process as usize].len()
     }
 
     /// Applies a Meta record: process 0's is the capture's metadata, another process's its

@@ -6,7 +6,8 @@
 //! - [`symbols`]: native stacks: the target's modules, symbolization, the merge with Python
 //!   frames;
 //! - [`frames`]: labels and kinds of code; [`focus`]: which code is yours;
-//! - [`aggregate`]: records replayed one at a time (the live view uses it directly);
+//! - [`aggregate`]: records replayed one at a time (the live view uses it directly), the
+//!   live blocks in their table (`live`);
 //! - [`profile`]: a whole capture (or set of captures), within its memory allowance;
 //! - [`grouping`] and [`sites`]: the rows every table shows;
 //! - [`resident`]: where the RSS is (live blocks, allocators' free memory, mappings).
@@ -17,6 +18,7 @@ pub mod estimate;
 pub mod focus;
 pub mod frames;
 pub mod grouping;
+pub(crate) mod live;
 pub mod names;
 pub mod profile;
 pub mod resident;

@@ -48,7 +48,7 @@ const CACHE_FRAMES: usize = 1 << 20;
 pub struct StackId(pub(crate) u32);
 
 /// One resolved frame of a stack.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Location<'a> {
     pub file: &'a str,
     pub function: &'a str,
@@ -251,6 +251,14 @@ impl Names {
         self.location(self.nodes[node as usize].1)
     }
 
+    /// What names the line of the stack ending at `node` (its innermost frame's file,
+    /// function and line, as string ids): stacks with the same key are on the same line.
+    pub(crate) fn line_key(&self, node: u32) -> (u32, u32, u32) {
+        let (code, line) = self.frames[self.nodes[node as usize].1 as usize];
+        let (file, name, _, _) = self.codes[code as usize];
+        (file, name, line)
+    }
+
     pub(crate) fn location(&self, frame: u32) -> Location<'_> {
         let (code, line) = self.frames[frame as usize];
         let (file, name, firstline, module) = self.codes[code as usize];
@@ -297,6 +305,9 @@ struct Codes {
     mixed: [FastMap<Box<[u64]>, u32>; 6],
     mixed_words: usize,
     mixed_generation: u64,
+    /// Moves on whenever a code address gets another meaning (see
+    /// [`StackResolver::generation`]).
+    generation: u64,
 }
 
 impl Default for Codes {
@@ -310,6 +321,7 @@ impl Default for Codes {
             mixed: Default::default(),
             mixed_words: 0,
             mixed_generation: 0,
+            generation: 0,
         }
     }
 }
@@ -385,12 +397,21 @@ impl StackResolver {
 
     pub(crate) fn announce(&mut self, addr: u64, file: &str, name: &str, firstline: u32) {
         let code = self.names.code(&tidy_path(file), name, firstline);
-        match self.here.code_at.insert(addr, code) {
-            Some(old) if old == code => {}
-            Some(_) => self.clear_cache(),
-            None if self.here.cache_has_unknown => self.clear_cache(),
-            None => {}
+        let changed = match self.here.code_at.insert(addr, code) {
+            Some(old) => old != code,
+            None => self.here.cache_has_unknown,
+        };
+        if changed {
+            self.clear_cache();
+            self.here.generation += 1;
         }
+    }
+
+    /// Moves on whenever a code address of the current process gets another meaning (a
+    /// code object announced again, or announced after a stack resolved it as unknown):
+    /// whatever a caller remembers of which stack raw frames are holds within a generation.
+    pub(crate) fn generation(&self) -> u64 {
+        self.here.generation
     }
 
     /// The stack of `frames` (innermost first) under `allocator`'s root, merged with the

@@ -7,10 +7,14 @@
 //!
 //! A capture is untrusted input. It is read through one descriptor and only as far as it
 //! reached when opened ([`crate::capture::file::CaptureFile`]); a digest of the records notices
-//! a file rewritten between the two passes ([`LoadError::Changed`]); names, stacks and metadata
+//! a file rewritten while it is read ([`LoadError::Changed`]); names, stacks and metadata
 //! are bounded where they are interned ([`MAX_NAME`], [`MAX_DEPTH`], [`MAX_META_VALUE`]); and
-//! the reader's memory is checked record by record against [`MEMORY_PER_BYTE`] times the
-//! capture's size plus [`MEMORY_FIXED`] (`Budget`, counted by [`crate::base::memory`]).
+//! the reader's memory is checked as it reads (`Budget`, counted by [`crate::base::memory`])
+//! against an allowance derived from what the capture's frames declare (stack nodes, names,
+//! live blocks, whole stacks: [`MEMORY_PER_NODE`], [`MEMORY_PER_TEXT`], [`MEMORY_PER_LIVE`],
+//! [`MEMORY_PER_STACK_BYTE`]), plus
+//! [`MEMORY_PER_BYTE`] times the size of its plain records (formats before 5) plus
+//! [`MEMORY_FIXED`]. The reader holds nothing per sample: a capture of any length opens.
 
 use crate::analysis::aggregate::ProcessFigures;
 pub use crate::analysis::aggregate::{MAX_META_KEYS, MAX_META_VALUE};
@@ -21,9 +25,10 @@ use crate::analysis::names::Names;
 pub use crate::analysis::names::{
     FastMap, Location, StackId, MAX_DEPTH, MAX_NAME, NO_PYTHON_FRAME, TRUNCATED, UNKNOWN,
 };
-use crate::capture::file::Digest;
+use crate::base::progress::Progress;
 use crate::capture::meta::meta_rate;
 use crate::capture::processes::{CaptureSet, Pick};
+use crate::capture::records::Totals;
 use anyhow::{Context, Result};
 use mprof_common::record::Record;
 use std::collections::BTreeMap;
@@ -41,8 +46,13 @@ pub const MEMORY_FIXED: usize = 64 << 20;
 #[derive(Debug)]
 pub enum LoadError {
     /// The reader would need more memory than a real capture of this size could need.
-    TooDense { size: u64, limit: usize },
-    /// The file's records changed between the two passes over it.
+    TooDense { size: u64, limit: u64 },
+    /// The capture's frames declare more than a real capture needs (see
+    /// [`MEMORY_CEILING`]).
+    Declares { declared: Totals, memory: u64 },
+    /// A frame holds more live blocks than it declares.
+    LiveUndeclared { declared: u32 },
+    /// The file changed while it was read.
     Changed,
 }
 
@@ -56,6 +66,25 @@ impl fmt::Display for LoadError {
                  be corrupt or crafted. To read it anyway, allow more memory with {}=<MiB>",
                 (limit * 3) >> 20,
                 build::MEMORY_ENV
+            ),
+            LoadError::Declares { declared, memory } => write!(
+                f,
+                "its frames declare {} stack nodes, {} bytes of names, {} live blocks and {} \
+                 bytes of whole stacks: reading it would take {} MiB of memory, more than the \
+                 {} MiB mprof takes without asking, and more than real captures need: it may \
+                 be corrupt or crafted. To read it anyway, allow more memory with {}=<MiB>",
+                declared.nodes,
+                declared.text,
+                declared.live,
+                declared.stacks,
+                memory >> 20,
+                MEMORY_CEILING >> 20,
+                build::MEMORY_ENV
+            ),
+            LoadError::LiveUndeclared { declared } => write!(
+                f,
+                "a frame holds more live blocks than it declares ({declared}): the capture is \
+                 corrupt or crafted"
             ),
             LoadError::Changed => write!(
                 f,
@@ -169,14 +198,15 @@ pub struct Profile {
     /// mappings were read; and every breakdown kept, in time order.
     pub resident: Option<crate::analysis::resident::Where>,
     pub breakdowns: Vec<crate::analysis::resident::Parts>,
+    /// The timeline's series ([`Profile::series`]).
+    series: Option<series::Recorded>,
 }
 
 impl Profile {
-    /// Reads and aggregates a capture file, streaming it (twice: once to aggregate, once up to
-    /// the peak) through one descriptor and only as far as it reached when opened; prints its
+    /// Reads and aggregates a capture file, streaming it once through one descriptor and only as far as it reached when opened; prints its
     /// warnings ([`Profile::warnings`]) to stderr as `mprof: warning: ...` lines. A capture
-    /// that changes between the passes, or that would take more memory than
-    /// [`MEMORY_PER_BYTE`] times its size plus [`MEMORY_FIXED`], is an error. A capture with
+    /// that changes while it is read, or that would take more memory than its allowance
+    /// (see the module doc), is an error. A capture with
     /// followed children is read with theirs, merged (see [`crate::capture::processes`]).
     pub fn load(path: &Path) -> Result<Profile> {
         Profile::load_set(&CaptureSet::open(path, Pick::All)?)
@@ -208,25 +238,45 @@ impl Profile {
 
     /// [`Profile::load_set`] that returns its warnings instead of printing them.
     pub fn read_set(set: &CaptureSet) -> Result<(Profile, Vec<String>)> {
+        let context = || format!("cannot read {}", set.root().path().display());
         let mut first_rate = None;
-        set.root().for_each(|r, _| {
+        set.root().for_each(|r| {
             if let Record::Meta { text } = &r {
                 first_rate = meta_rate(text);
             }
             first_rate.is_none()
         })?;
-        let mut passes = Vec::new();
-        let mut profile = Profile::build(first_rate, Some(set.size()), |apply| {
-            // The headers read fine a moment ago: failing now means a file changed.
-            let pass = set
-                .for_each(|process, r, digest| apply(process, &r, digest))
-                .map_err(|_| LoadError::Changed)?;
-            if passes.is_empty() {
-                passes = pass;
-            }
-            Ok(())
-        })
-        .with_context(|| format!("cannot read {}", set.root().path().display()))?;
+        let budget = Budget::new(Some(set.size()));
+        let mut progress = Progress::new("reading", set.size());
+        let mut builder = Builder::new(first_rate);
+        let mut failure = None;
+        let passes = set
+            .for_each(|event, at| {
+                if let Some(addr) = at.records.upcoming() {
+                    builder.prefetch(at.process, addr);
+                }
+                builder.feed(at.process, &event, at.records.stacks());
+                if let Some(declared) = at.records.live_declared() {
+                    if builder.live_blocks() > declared as usize {
+                        failure = Some(LoadError::LiveUndeclared { declared });
+                        return false;
+                    }
+                }
+                if builder.due() {
+                    progress.update(at.read);
+                    failure = budget.check(&at.declared, builder.apart()).err();
+                }
+                failure.is_none()
+            })
+            .with_context(context)?;
+        progress.finish();
+        if let Some(e) = failure {
+            return Err(anyhow::Error::new(e).context(context()));
+        }
+        if passes.iter().any(|p| p.changed) {
+            return Err(anyhow::Error::new(LoadError::Changed).context(context()));
+        }
+        let mut profile = builder.finish();
         let mut passes = passes.into_iter().map(|p| p.warning);
         profile.damaged = passes.next().flatten();
         profile.followed = set.followed;
@@ -325,15 +375,17 @@ impl Profile {
             Record::Meta { text } => meta_rate(text),
             _ => None,
         });
-        Profile::build(first_rate, None, |apply| {
-            for r in records {
-                if !apply(0, r, Digest::default()) {
-                    break;
-                }
-            }
-            Ok(())
-        })
-        .expect("records in memory cannot fail to read")
+        let mut builder = Builder::new(first_rate);
+        for r in records {
+            builder.feed_record(0, r);
+        }
+        builder.finish()
+    }
+
+    /// The timeline's series, recorded in the same pass as the figures (None when there were
+    /// too many lines changing too often to keep them: the timeline reads the capture again).
+    pub fn series(&self) -> Option<&series::Recorded> {
+        self.series.as_ref()
     }
 
     /// Sums the figures of the stacks into the totals, per allocator too.
@@ -465,8 +517,15 @@ impl Profile {
 }
 
 mod build;
-mod replay;
+pub mod series;
 pub(crate) use build::Budget;
+use build::Builder;
+pub use build::{
+    declared_memory, MEMORY_CEILING, MEMORY_ENV, MEMORY_PER_LIVE, MEMORY_PER_NODE,
+    MEMORY_PER_STACK_BYTE, MEMORY_PER_TEXT,
+};
+#[cfg(any(test, fuzzing))]
+pub use build::{last_limit, reset_last_limit};
 
 #[cfg(test)]
 mod tests;

@@ -69,6 +69,20 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// Has the C library give large blocks (128 KiB and more) back to the system as soon as they
+/// are freed. glibc raises that threshold as large blocks are freed, up to 32 MiB, after which
+/// the tables a capture reader grows and drops (the live blocks of one capture, then the
+/// next's) stay in its heap: `diff` of two `--rate 1` captures of 2 million live blocks
+/// peaked at 154 MiB instead of 121. Setting the threshold keeps it where it starts.
+pub fn return_large_blocks() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets a parameter of the C library's allocator; it is called before
+    // any thread is started.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
+    }
+}
+
 /// Bytes the current thread holds now (allocated by it and not freed). It can be negative
 /// after the thread freed blocks that another thread allocated: only differences matter.
 pub fn in_use() -> isize {

@@ -4,6 +4,7 @@ pub mod clock;
 pub mod limits;
 pub mod memory;
 pub mod output;
+pub mod progress;
 pub mod signals;
 pub mod text;
 pub mod units;

@@ -1,13 +1,22 @@
 //! The capture stage: the `.mprof` file a session writes and every view reads.
 //!
-//! - [`mod@file`]: the format, its writer and its reader (records back to back after a header);
+//! - [`mod@file`]: the format (records back to back after a header), and a capture opened;
+//! - [`format`]: its constants, and what its readers share;
+//! - [`writer`] and [`records`]: writing it as records arrive, reading it back;
+//! - [`frame`]: records compressed in frames, each declaring what it holds;
 //! - [`pack`]: runs of samples and frees written packed;
+//! - [`stacks`]: the interned stack nodes of a capture, as its reader keeps them;
 //! - [`meta`]: the `key=value` lines of the captures' Meta records;
 //! - [`processes`]: a capture and the captures of its followed processes, read as one set;
 //! - [`testing`]: records and capture files built by hand, for the tests.
 
 pub mod file;
+pub mod format;
+pub mod frame;
 pub mod meta;
 pub mod pack;
 pub mod processes;
+pub mod records;
+pub mod stacks;
 pub mod testing;
+pub mod writer;

@@ -130,14 +130,36 @@ impl Packer {
     }
 }
 
-/// Reads the entries of one PACKED record back as the records they stand for.
+/// Reads the entries of one PACKED record back. It holds no bytes of its own: each call is
+/// given the body it reads from (the same body every time), so that a reader can unpack in
+/// place, inside the frame that holds the run.
 pub struct Unpacker {
-    body: Vec<u8>,
     at: usize,
+    end: usize,
     state: State,
 }
 
-/// One entry read back: the record, in a buffer big enough for either kind.
+/// One entry read back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Item {
+    /// A FREE of this address.
+    Free(u64),
+    /// A BRIEF: its aux, size, address and stack node.
+    Brief {
+        aux: u16,
+        size: u32,
+        addr: u64,
+        node: u32,
+    },
+}
+
+impl Default for Item {
+    fn default() -> Item {
+        Item::Free(0)
+    }
+}
+
+/// One entry read back as the record it stands for, in a buffer big enough for either kind.
 pub struct Entry {
     bytes: [u8; BRIEF_LEN],
     len: usize,
@@ -156,76 +178,116 @@ impl Entry {
     }
 }
 
+impl Item {
+    /// The record the entry stands for, byte for byte.
+    pub fn record(&self) -> ([u8; BRIEF_LEN], usize) {
+        let mut bytes = [0u8; BRIEF_LEN];
+        match *self {
+            Item::Free(addr) => {
+                header(&mut bytes, FREE_LEN, KIND_FREE, 0);
+                bytes[PREAMBLE..FREE_LEN].copy_from_slice(&addr.to_le_bytes());
+                (bytes, FREE_LEN)
+            }
+            Item::Brief {
+                aux,
+                size,
+                addr,
+                node,
+            } => {
+                header(&mut bytes, BRIEF_LEN, KIND_BRIEF, aux);
+                bytes[8..16].copy_from_slice(&addr.to_le_bytes());
+                bytes[16..20].copy_from_slice(&size.to_le_bytes());
+                bytes[20..24].copy_from_slice(&node.to_le_bytes());
+                (bytes, BRIEF_LEN)
+            }
+        }
+    }
+
+    /// The address of the block the entry allocates or frees.
+    pub fn addr(&self) -> u64 {
+        match *self {
+            Item::Free(addr) | Item::Brief { addr, .. } => addr,
+        }
+    }
+
+    /// The length of the record it stands for.
+    pub fn unpacked_len(&self) -> usize {
+        match self {
+            Item::Free(_) => FREE_LEN,
+            Item::Brief { .. } => BRIEF_LEN,
+        }
+    }
+}
+
 impl Unpacker {
-    /// The entries of a PACKED record's `body` (its bytes after the preamble).
-    pub fn new(body: Vec<u8>) -> Unpacker {
+    /// The entries of the PACKED body `body[start..end]`.
+    pub fn new(start: usize, end: usize) -> Unpacker {
         Unpacker {
-            body,
-            at: 0,
+            at: start,
+            end,
             state: State::default(),
         }
     }
 
-    /// The next entry; None at the end of the body; an error for a malformed entry (after
-    /// which nothing more is read from this body).
-    pub fn next_entry(&mut self) -> Option<Result<Entry, String>> {
-        if self.at >= self.body.len() {
+    /// The next entry of `body` (the body this unpacker was made for) and its own size;
+    /// None at the end; an error for a malformed entry (after which nothing more is read).
+    pub fn next_item(&mut self, body: &[u8]) -> Option<Result<(Item, usize), &'static str>> {
+        if self.at >= self.end {
             return None;
         }
         let start = self.at;
-        let mut entry = self.read();
-        match &mut entry {
-            Ok(e) => e.packed = self.at - start,
-            Err(_) => self.at = self.body.len(),
+        let body = &body[..self.end.min(body.len())];
+        let item = self.read(body);
+        if item.is_err() {
+            self.at = self.end;
         }
-        Some(entry)
+        Some(item.map(|i| (i, self.at - start)))
     }
 
-    fn read(&mut self) -> Result<Entry, String> {
-        let tag = self.body[self.at];
+    /// [`Unpacker::next_item`] as the record the entry stands for.
+    pub fn next_entry(&mut self, body: &[u8]) -> Option<Result<Entry, &'static str>> {
+        self.next_item(body).map(|r| {
+            r.map(|(item, packed)| {
+                let (bytes, len) = item.record();
+                Entry { bytes, len, packed }
+            })
+        })
+    }
+
+    fn read(&mut self, body: &[u8]) -> Result<Item, &'static str> {
+        let tag = *body.get(self.at).ok_or("packed entry cut short")?;
         self.at += 1;
         if tag & !TAG_ALL != 0 || tag & (TAG_BRIEF | TAG_SAME_AUX) == TAG_SAME_AUX {
-            return Err(format!("packed entry with tag {tag:#x}"));
+            return Err("packed entry with an unknown tag");
         }
-        let mut bytes = [0u8; BRIEF_LEN];
         if tag & TAG_BRIEF == 0 {
-            let addr = self.address(tag)?;
-            header(&mut bytes, FREE_LEN, KIND_FREE, 0);
-            bytes[PREAMBLE..FREE_LEN].copy_from_slice(&addr.to_le_bytes());
-            return Ok(Entry {
-                bytes,
-                len: FREE_LEN,
-                packed: 0,
-            });
+            return Ok(Item::Free(self.address(body, tag)?));
         }
         let aux = if tag & TAG_SAME_AUX != 0 {
             self.state
                 .aux
                 .ok_or("packed entry repeats an aux before any")?
         } else {
-            let aux = u16::try_from(self.number()?).map_err(|_| "packed aux out of range")?;
+            let aux = u16::try_from(self.number(body)?).map_err(|_| "packed aux out of range")?;
             self.state.aux = Some(aux);
             aux
         };
-        let size = u32::try_from(self.number()?).map_err(|_| "packed size out of range")?;
-        let addr = self.address(tag)?;
-        let step = unzigzag(self.number()?);
+        let size = u32::try_from(self.number(body)?).map_err(|_| "packed size out of range")?;
+        let addr = self.address(body, tag)?;
+        let step = unzigzag(self.number(body)?);
         let step = i32::try_from(step).map_err(|_| "packed node step out of range")?;
         let node = self.state.node.wrapping_add(step as u32);
         self.state.node = node;
-        header(&mut bytes, BRIEF_LEN, KIND_BRIEF, aux);
-        bytes[8..16].copy_from_slice(&addr.to_le_bytes());
-        bytes[16..20].copy_from_slice(&size.to_le_bytes());
-        bytes[20..24].copy_from_slice(&node.to_le_bytes());
-        Ok(Entry {
-            bytes,
-            len: BRIEF_LEN,
-            packed: 0,
+        Ok(Item::Brief {
+            aux,
+            size,
+            addr,
+            node,
         })
     }
 
-    fn address(&mut self, tag: u8) -> Result<u64, String> {
-        let delta = unzigzag(self.number()?);
+    fn address(&mut self, body: &[u8], tag: u8) -> Result<u64, &'static str> {
+        let delta = unzigzag(self.number(body)?);
         let delta = if tag & TAG_BY16 != 0 {
             delta
                 .checked_mul(16)
@@ -238,23 +300,24 @@ impl Unpacker {
     }
 
     /// An unsigned LEB128 number of at most 64 bits.
-    fn number(&mut self) -> Result<u64, String> {
+    #[inline]
+    fn number(&mut self, body: &[u8]) -> Result<u64, &'static str> {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
-            let Some(&byte) = self.body.get(self.at) else {
-                return Err("packed entry cut short".into());
+            let Some(&byte) = body.get(self.at) else {
+                return Err("packed entry cut short");
             };
             self.at += 1;
             let bits = (byte & 0x7f) as u64;
             if shift == 63 && bits > 1 {
-                return Err("packed number over 64 bits".into());
+                return Err("packed number over 64 bits");
             }
             value |= bits << shift;
             if byte & 0x80 == 0 {
                 return Ok(value);
             }
         }
-        Err("packed number over 64 bits".into())
+        Err("packed number over 64 bits")
     }
 }
 
@@ -295,9 +358,9 @@ mod tests {
     }
 
     fn unpack(record: &[u8]) -> Vec<Vec<u8>> {
-        let mut u = Unpacker::new(record[PREAMBLE..].to_vec());
+        let mut u = Unpacker::new(PREAMBLE, record.len());
         let mut out = Vec::new();
-        while let Some(e) = u.next_entry() {
+        while let Some(e) = u.next_entry(record) {
             out.push(e.unwrap().bytes().to_vec());
         }
         out
@@ -378,8 +441,8 @@ mod tests {
         let record = p.take().unwrap();
         let body = &record[PREAMBLE..];
         for cut in 0..body.len() {
-            let mut u = Unpacker::new(body[..cut].to_vec());
-            while let Some(e) = u.next_entry() {
+            let mut u = Unpacker::new(0, cut);
+            while let Some(e) = u.next_entry(body) {
                 if e.is_err() {
                     break;
                 }
@@ -389,9 +452,9 @@ mod tests {
             for flip in [0x01u8, 0x80, 0xff] {
                 let mut bad = body.to_vec();
                 bad[at] ^= flip;
-                let mut u = Unpacker::new(bad);
+                let mut u = Unpacker::new(0, bad.len());
                 let mut n = 0;
-                while let Some(e) = u.next_entry() {
+                while let Some(e) = u.next_entry(&bad) {
                     n += 1;
                     if e.is_err() {
                         break;
@@ -400,12 +463,13 @@ mod tests {
                 assert!(n <= body.len());
             }
         }
-        let mut u = Unpacker::new(vec![TAG_BRIEF | TAG_SAME_AUX, 0, 0, 0]);
-        assert!(u.next_entry().unwrap().is_err());
-        assert!(u.next_entry().is_none());
-        let mut u = Unpacker::new(vec![0x40]);
-        assert!(u.next_entry().unwrap().is_err());
-        let mut u = Unpacker::new([vec![0], vec![0xff; 10], vec![0x7f]].concat());
-        assert!(u.next_entry().unwrap().is_err());
+        let one = |body: &[u8]| {
+            let mut u = Unpacker::new(0, body.len());
+            let first = u.next_entry(body).unwrap().is_err();
+            first && u.next_entry(body).is_none()
+        };
+        assert!(one(&[TAG_BRIEF | TAG_SAME_AUX, 0, 0, 0]));
+        assert!(one(&[0x40]));
+        assert!(one(&[vec![0], vec![0xff; 10], vec![0x7f]].concat()));
     }
 }

@@ -19,7 +19,8 @@
 //! line. A child's capture that is not a capture is skipped with a warning; a damaged tail is
 //! a warning, as for any capture.
 
-use crate::capture::file::{CaptureFile, Digest, Pass, Records};
+use crate::capture::file::{CaptureFile, Pass};
+use crate::capture::records::{Event, Records, Totals};
 use anyhow::{bail, Context, Result};
 use mprof_common::record::Record;
 use std::cmp::Reverse;
@@ -244,71 +245,148 @@ impl CaptureSet {
         &self.members[0].file
     }
 
-    /// One pass over the records of every capture, interleaved by time (see the module doc):
-    /// `f` gets each record with its process (the index in [`CaptureSet::members`]) and the
-    /// digest of its file up to it, until it returns false. Returns each capture's [`Pass`].
-    pub fn for_each(&self, mut f: impl FnMut(u32, Record, Digest) -> bool) -> Result<Vec<Pass>> {
+    /// One pass over the events of every capture, interleaved by time (see the module doc):
+    /// `f` gets each event with where it was read ([`Reading`]: its process, the index in
+    /// [`CaptureSet::members`], and its capture's reader), until it returns false. Returns
+    /// each capture's [`Pass`].
+    pub fn for_each(&self, mut f: impl FnMut(Event, &Reading) -> bool) -> Result<Vec<Pass>> {
         if let [only] = &self.members[..] {
-            return Ok(vec![only.file.for_each(|r, d| f(0, r, d))?]);
+            return Ok(vec![for_each_alone(&only.file, f)?]);
         }
         let mut heads = Vec::with_capacity(self.members.len());
         let mut queue = BinaryHeap::new();
+        let buffer = match self.members.len() {
+            1 => 1 << 20,
+            _ => MEMBER_BUFFER,
+        };
         for (i, m) in self.members.iter().enumerate() {
             let mut head = Head {
-                records: m.file.records(MEMBER_BUFFER)?,
+                records: m.file.records(buffer)?,
                 next: None,
                 clock: 0,
                 sampled: 0,
+                counted: Totals::default(),
             };
             if let Some(key) = head.fetch()? {
                 queue.push(Reverse((key, i)));
             }
             heads.push(head);
         }
+        let mut declared = Totals::default();
+        let mut events = 0u64;
+        let mut read = 0u64;
         while let Some(Reverse((_, i))) = queue.pop() {
+            events += 1;
+            if events.is_multiple_of(PROGRESS_EVERY) {
+                read = heads.iter().map(|h| h.records.position()).sum();
+            }
             let head = &mut heads[i];
-            let (record, digest) = head.next.take().expect("a queued head has a record");
-            if !f(i as u32, record, digest) {
+            let event = head.next.take().expect("a queued head has an event");
+            if head.counted != *head.records.declared() {
+                declared.unmerge(&head.counted);
+                head.counted = *head.records.declared();
+                declared.merge(&head.counted);
+            }
+            let at = Reading {
+                process: i as u32,
+                records: &head.records,
+                declared,
+                read,
+            };
+            if !f(event, &at) {
                 break;
             }
             if let Some(key) = head.fetch()? {
                 queue.push(Reverse((key, i)));
             }
         }
-        Ok(heads.into_iter().map(|h| h.records.finish()).collect())
+        let mut passes: Vec<Pass> = heads.into_iter().map(|h| h.records.finish()).collect();
+        for (pass, m) in passes.iter_mut().zip(&self.members) {
+            pass.changed |= m.file.changed();
+        }
+        Ok(passes)
     }
 }
 
-/// A capture being interleaved: its next record and the time it is sorted by.
+/// [`CaptureSet::for_each`] of a set of one capture: no interleaving.
+fn for_each_alone(file: &CaptureFile, mut f: impl FnMut(Event, &Reading) -> bool) -> Result<Pass> {
+    let mut records = file.records(1 << 20)?;
+    let mut events = 0u64;
+    let mut read = 0;
+    while let Some(event) = records.next_event()? {
+        events += 1;
+        if events.is_multiple_of(PROGRESS_EVERY) {
+            read = records.position();
+        }
+        let at = Reading {
+            process: 0,
+            records: &records,
+            declared: *records.declared(),
+            read,
+        };
+        if !f(event, &at) {
+            break;
+        }
+    }
+    let mut pass = records.finish();
+    pass.changed |= file.changed();
+    Ok(pass)
+}
+
+/// Events between two updates of [`Reading::read`].
+pub const PROGRESS_EVERY: u64 = 1 << 16;
+
+/// Where an event of a [`CaptureSet::for_each`] was read.
+pub struct Reading<'r, 'a> {
+    /// Its process: the index of its capture in [`CaptureSet::members`].
+    pub process: u32,
+    /// Its capture's reader (its stack nodes, its frame's declarations).
+    pub records: &'r Records<'a>,
+    /// What the frames of all the captures read so far declare.
+    pub declared: Totals,
+    /// Bytes of all the captures read so far, updated every [`PROGRESS_EVERY`] events.
+    pub read: u64,
+}
+
+/// A capture being interleaved: its next event and the time it is sorted by.
 struct Head<'a> {
     records: Records<'a>,
-    next: Option<(Record, Digest)>,
+    next: Option<Event>,
     /// The time of the last timed record read from this capture.
     clock: u64,
     /// The time of the last sample read from this capture.
     sampled: u64,
+    /// Its declarations counted in the set's sum so far.
+    counted: Totals,
 }
 
 impl Head<'_> {
-    /// Reads the next record; returns its sort key, or `None` at the end.
+    /// Reads the next event; returns its sort key, or `None` at the end.
     fn fetch(&mut self) -> Result<Option<u64>> {
-        self.next = self.records.next_record()?;
-        let Some((record, _)) = &self.next else {
+        self.next = self.records.next_event()?;
+        let Some(event) = &self.next else {
             return Ok(None);
         };
-        match record {
-            Record::Alloc { time_ns, .. } => {
-                self.clock = *time_ns;
-                self.sampled = *time_ns;
+        let sample = match event {
+            Event::Sample(_) => true,
+            Event::Record(r) => match &**r {
+                Record::Alloc { .. } => true,
+                // A program that ran a new one by exec ended right after its last sample: the
+                // RSS readings since were the new program's, read before mprof learnt of the
+                // exec. Its blocks leave the live heap there, before the new program's first
+                // samples.
+                Record::Meta { text } if crate::capture::meta::ended_by_exec(text) => {
+                    return Ok(Some(self.sampled));
+                }
+                _ => false,
+            },
+            Event::Free(_) => false,
+        };
+        if let Some(t) = event.time_ns() {
+            self.clock = t;
+            if sample {
+                self.sampled = t;
             }
-            Record::Rss { time_ns, .. } | Record::End { time_ns, .. } => self.clock = *time_ns,
-            // A program that ran a new one by exec ended right after its last sample: the RSS
-            // readings since were the new program's, read before mprof learnt of the exec. Its
-            // blocks leave the live heap there, before the new program's first samples.
-            Record::Meta { text } if crate::capture::meta::ended_by_exec(text) => {
-                return Ok(Some(self.sampled));
-            }
-            _ => {}
         }
         Ok(Some(self.clock))
     }
@@ -317,7 +395,7 @@ impl Head<'_> {
 /// The pid and the children's directory a capture's first records name.
 fn scan_meta(file: &CaptureFile) -> Result<(Option<u32>, Option<String>)> {
     let (mut pid, mut dir, mut seen) = (None, None, 0);
-    file.for_each(|r, _| {
+    file.for_each(|r| {
         seen += 1;
         if let Record::Meta { text } = &r {
             for (key, value) in crate::capture::meta::meta_pairs(text) {

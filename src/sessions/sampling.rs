@@ -5,7 +5,7 @@ use crate::analysis::allocators;
 use crate::base::units;
 
 /// The default `--rate`, for `--native` too. Chosen by wall time, measured as simultaneous
-/// pinned pairs (README, "Why 128 KiB by default"): a sample costs the program about a
+/// pinned pairs (docs/sampling.md, "Why 128 KiB by default"): a sample costs the program about a
 /// microsecond on the allocation-bound job and about three on the web server (docs/overhead.md),
 /// most of it fetching the sample path's code and data again after the program's own work
 /// evicted them, which instruction counts do not see. At 32 KiB (the default of

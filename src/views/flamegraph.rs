@@ -24,6 +24,7 @@
 
 use crate::analysis::allocators::Allocators;
 use crate::analysis::frames::{self, Kind};
+use crate::analysis::names::Location;
 use crate::analysis::profile::{Estimate, Profile, View};
 use crate::base::text::xml_escape;
 use crate::base::units::human_bytes;
@@ -34,9 +35,10 @@ use crate::views::formats::{check_output, write_file, Format};
 use anyhow::{bail, Result};
 pub use boxes::fitted_label;
 use boxes::{layout, Placed};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::Path;
+use std::rc::Rc;
 
 /// Width of the picture in pixels.
 pub const WIDTH: usize = 1200;
@@ -201,12 +203,13 @@ pub fn picture(p: &Profile, settings: &Settings, base: Option<&Profile>) -> Resu
     Ok(Picture { svg, height })
 }
 
-/// One frame as drawn.
+/// One frame as drawn. Its texts are shared by every stack and box it appears in: a capture
+/// of tens of thousands of stacks forty frames deep has a few thousand distinct frames.
 #[derive(Clone, Debug)]
 struct DrawnFrame {
-    label: String,
+    label: Rc<str>,
     /// `/full/path.py:line` (or the pseudo-frame's name), for the tooltip.
-    place: String,
+    place: Rc<str>,
     kind: Kind,
 }
 
@@ -221,7 +224,7 @@ struct Drawn {
     base: Option<Estimate>,
 }
 
-fn labels_of(frames: &[DrawnFrame]) -> Vec<String> {
+fn labels_of(frames: &[DrawnFrame]) -> Vec<Rc<str>> {
     frames.iter().map(|f| f.label.clone()).collect()
 }
 
@@ -234,7 +237,7 @@ const MAX_WIDTHS: f64 = (1u64 << 60) as f64;
 
 /// Bytes per unit of width: 1, unless the widths would not add up in a `u64` (only a crafted
 /// capture comes near; then every width is scaled down alike).
-fn unit_of(stacks: &BTreeMap<Vec<String>, Drawn>) -> f64 {
+fn unit_of(stacks: &BTreeMap<Vec<Rc<str>>, Drawn>) -> f64 {
     let sum: f64 = stacks
         .values()
         .map(|s| s.new.bytes.max(s.base.map_or(0.0, |b| b.bytes)).max(0.0))
@@ -248,8 +251,9 @@ fn width(bytes: f64, unit: f64) -> u64 {
 }
 
 /// The stacks of `p` as drawn, by their labels (the order they are laid out in).
-fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<String>, Drawn> {
-    let mut out: BTreeMap<Vec<String>, Drawn> = BTreeMap::new();
+fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<Rc<str>>, Drawn> {
+    let mut out: BTreeMap<Vec<Rc<str>>, Drawn> = BTreeMap::new();
+    let mut seen: HashMap<Location, DrawnFrame> = HashMap::new();
     for (id, figures) in p.stacks_of(settings.thread) {
         let estimate = *figures.get(settings.view);
         if estimate.samples == 0 {
@@ -266,15 +270,16 @@ fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<String>, Drawn> {
             if !settings.keep_imports && import {
                 continue;
             }
-            frames.push(DrawnFrame {
-                label: frame_name(&frames::label(loc)),
+            let frame = seen.entry(*loc).or_insert_with(|| DrawnFrame {
+                label: frame_name(&frames::label(loc)).into(),
                 place: if loc.file == loc.function {
-                    loc.function.to_owned()
+                    loc.function.into()
                 } else {
-                    format!("{}:{}", loc.file, loc.line)
+                    format!("{}:{}", loc.file, loc.line).into()
                 },
                 kind: frames::kind_of(loc),
             });
+            frames.push(frame.clone());
         }
         if frames.is_empty() {
             // Only import frames: the allocation happened in the import system itself.
@@ -292,8 +297,8 @@ fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<String>, Drawn> {
             frames.insert(
                 0,
                 DrawnFrame {
-                    label: allocator_frame(allocator),
-                    place: format!("{} allocations", allocator.name()),
+                    label: allocator_frame(allocator).into(),
+                    place: format!("{} allocations", allocator.name()).into(),
                     kind: Kind::Pseudo,
                 },
             );

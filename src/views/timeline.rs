@@ -2,26 +2,28 @@
 //! sites' live bytes as stacked areas and the peak marked (the moment `--view peak` shows),
 //! drawn as SVG by `plotters`.
 //!
-//! The capture is read once more, through the same descriptors as its profile
-//! ([`CaptureSet`]: with followed children, all their captures merged, so RSS is the sum of
-//! the processes' and the heap theirs together), the same [`Aggregator`] as every view and
-//! the same memory allowance
-//! (`Budget`): after each timed record (samples, RSS readings, the END) that is at least
-//! 1/[`POINTS`] of the capture after the previous point, a point is taken: the last RSS
-//! reading, the live heap, and the live bytes of each top site (by line, ranked by their
-//! bytes at the peak).
+//! The points come from the series the profile recorded in its one pass over the capture
+//! (`crate::analysis::profile::series`): the last RSS reading, the live heap, and the live
+//! bytes of each top site (by line, ranked by their bytes at the peak). A profile without a
+//! series (too many lines changing too often to keep them) has the capture read once more,
+//! through the same descriptors ([`CaptureSet`]: with followed children, all their captures
+//! merged, so RSS is the sum of the processes' and the heap theirs together), the same
+//! [`Aggregator`] as every view and the same memory allowance (`Budget`): after each timed
+//! record (samples, RSS readings, the END) that is at least 1/[`POINTS`] of the capture after
+//! the previous point, a point is taken.
 
 use crate::analysis::aggregate::{Aggregator, Change};
 use crate::analysis::grouping::Grouping;
 use crate::analysis::names::StackId;
+use crate::analysis::profile::series::Recorded;
 use crate::analysis::profile::{Budget, FastMap, Profile, View};
 use crate::analysis::sites::rows;
 use crate::base::units::human_bytes;
 use crate::capture::processes::{CaptureSet, Pick};
+use crate::capture::records::Event;
 use crate::views::about::rate_text;
 use crate::views::formats::{check_output, write_file, Format};
 use anyhow::{anyhow, Result};
-use mprof_common::record::Record;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -53,7 +55,9 @@ pub struct Timeline {
     pub peak: Option<(f64, f64)>,
 }
 
-/// Reads the timeline of the captures `set`, whose profile is `p`, with `top` sites.
+/// The timeline of the captures `set`, whose profile is `p`, with `top` sites: from the series
+/// the profile recorded in its pass (see `crate::analysis::profile::series`), or, when it has
+/// none, from one more pass over the captures.
 pub fn load(set: &CaptureSet, p: &Profile, top: usize) -> Result<Timeline> {
     let keys: Vec<(String, String, u32)> = rows(p, View::Peak, Grouping::Line)
         .iter()
@@ -61,13 +65,75 @@ pub fn load(set: &CaptureSet, p: &Profile, top: usize) -> Result<Timeline> {
         .take(top)
         .map(|r| (r.file.to_owned(), r.function.to_owned(), r.line))
         .collect();
+    let points = match p.series() {
+        Some(series) => from_series(p, series, &keys),
+        None => read_again(set, p, &keys)?,
+    };
+    let sites = keys
+        .iter()
+        .map(|(file, function, line)| {
+            crate::analysis::frames::label(&crate::analysis::names::Location {
+                file,
+                function,
+                line: *line,
+                firstline: *line,
+                module: None,
+            })
+        })
+        .collect();
+    Ok(Timeline {
+        points,
+        sites,
+        peak: p.peak_seconds.map(|s| (s, p.totals().peak.bytes)),
+    })
+}
+
+/// The points of a recorded series, with the live bytes of the lines `keys`.
+fn from_series(p: &Profile, series: &Recorded, keys: &[(String, String, u32)]) -> Vec<Point> {
+    let key_of: Vec<Option<usize>> = series
+        .lines
+        .iter()
+        .map(|&stack| {
+            let loc = p.innermost(stack);
+            keys.iter().position(|(f, n, l)| {
+                (f.as_str(), n.as_str(), *l) == (loc.file, loc.function, loc.line)
+            })
+        })
+        .collect();
+    let start_ns = p.start_ns.unwrap_or(0);
+    let mut live = vec![0.0f64; keys.len()];
+    let mut log = series.log.iter().peekable();
+    let mut points = Vec::with_capacity(series.points.len());
+    for (i, pt) in series.points.iter().enumerate() {
+        while let Some(&&(_, line, bytes)) = log.peek().filter(|e| e.0 as usize <= i) {
+            if let Some(k) = key_of[line as usize] {
+                live[k] = bytes;
+            }
+            log.next();
+        }
+        points.push(Point {
+            seconds: pt.time_ns.saturating_sub(start_ns) as f64 / 1e9,
+            rss: pt.rss.map(|r| r as f64),
+            heap: pt.heap,
+            sites: live.iter().map(|b| b.max(0.0)).collect(),
+        });
+    }
+    points
+}
+
+/// The points of the captures `set`, read once more.
+fn read_again(set: &CaptureSet, p: &Profile, keys: &[(String, String, u32)]) -> Result<Vec<Point>> {
     let mut builder = Builder::new(p, keys.len());
     let mut key_of: FastMap<StackId, Option<usize>> = FastMap::default();
     let budget = Budget::new(Some(set.size()));
     let mut failure = None;
-    set.for_each(|process, record, _| {
-        builder.agg.enter(process);
-        let change = builder.agg.apply(&record);
+    set.for_each(|event, at| {
+        builder.agg.enter(at.process);
+        let change = match &event {
+            Event::Sample(b) => builder.agg.apply_sample(b, at.records.stacks()),
+            Event::Free(addr) => builder.agg.apply_free(*addr),
+            Event::Record(r) => builder.agg.apply(r),
+        };
         let mut site = |agg: &Aggregator, stack: StackId| {
             *key_of.entry(stack).or_insert_with(|| {
                 let loc = agg.innermost(stack);
@@ -97,7 +163,7 @@ pub fn load(set: &CaptureSet, p: &Profile, top: usize) -> Result<Timeline> {
                 }
             }
             Change::Ended(blocks) => {
-                for old in &builder.agg.ended[blocks] {
+                for old in builder.agg.ended.drain(blocks).collect::<Vec<_>>() {
                     if let Some(k) = site(&builder.agg, old.stack) {
                         builder.live[k] -= old.sample().bytes();
                     }
@@ -105,16 +171,13 @@ pub fn load(set: &CaptureSet, p: &Profile, top: usize) -> Result<Timeline> {
             }
             Change::Other => {}
         }
-        if let Record::Alloc { time_ns, .. }
-        | Record::Rss { time_ns, .. }
-        | Record::End { time_ns, .. } = record
-        {
-            builder.at(time_ns, false);
+        if let Some(t) = event.time_ns() {
+            builder.at(t, false);
         }
         // The debug information of the files on this machine that the native frames need is
         // not the capture's (as in `Profile::build`).
         failure = budget
-            .check_apart(builder.agg.resolver.symbol_memory())
+            .check(&at.declared, builder.agg.resolver.symbol_memory())
             .err();
         failure.is_none()
     })?;
@@ -122,23 +185,7 @@ pub fn load(set: &CaptureSet, p: &Profile, top: usize) -> Result<Timeline> {
         return Err(e.into());
     }
     builder.finish();
-    let sites = keys
-        .iter()
-        .map(|(file, function, line)| {
-            crate::analysis::frames::label(&crate::analysis::names::Location {
-                file,
-                function,
-                line: *line,
-                firstline: *line,
-                module: None,
-            })
-        })
-        .collect();
-    Ok(Timeline {
-        points: builder.points,
-        sites,
-        peak: p.peak_seconds.map(|s| (s, p.totals().peak.bytes)),
-    })
+    Ok(builder.points)
 }
 
 /// Collects points while the records are applied.
@@ -362,6 +409,7 @@ pub fn run(path: &Path, out: &Path, top: usize, pick: Pick) -> Result<()> {
 mod tests {
     use super::*;
     use crate::capture::testing::CaptureBuilder;
+    use mprof_common::record::Record;
 
     #[test]
     fn the_y_axis_ticks_are_round() {

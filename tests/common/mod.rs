@@ -7,6 +7,7 @@ pub mod hostile;
 pub mod mixed;
 pub mod native;
 pub mod procs;
+pub mod tier;
 pub mod tmux;
 pub mod tools;
 pub mod views;
@@ -73,7 +74,8 @@ pub fn pyenv_python(minor: u32) -> Option<PathBuf> {
 }
 
 /// Every supported interpreter present: pyenv's 3.8–3.13 (shared libpython) and Debian's own
-/// `/usr/bin/python3` (libpython linked statically). Prints which are skipped and why.
+/// `/usr/bin/python3` (libpython linked statically). Prints which are skipped and why. In the
+/// fast tier ([`tier`]), one of them: pyenv's 3.11 if present, else the first found.
 pub fn pythons() -> Vec<Python> {
     let mut out = Vec::new();
     for minor in SUPPORTED {
@@ -82,9 +84,9 @@ pub fn pythons() -> Vec<Python> {
                 label: format!("pyenv 3.{minor}"),
                 path,
             }),
-            None => eprintln!(
-                "SKIPPED pyenv 3.{minor}: not installed under {}",
-                pyenv_root().display()
+            None => tier::skip_here(
+                &format!("pyenv 3.{minor}"),
+                &format!("not installed under {}", pyenv_root().display()),
             ),
         }
     }
@@ -95,11 +97,19 @@ pub fn pythons() -> Vec<Python> {
             path: debian.into(),
         });
     } else {
-        eprintln!("SKIPPED Debian python3: /usr/bin/python3 not present");
+        tier::skip_here("Debian python3", "/usr/bin/python3 not present");
     }
     assert!(!out.is_empty(), "no supported Python interpreter found");
+    if tier::fast() {
+        out = vec![main_python(&out)];
+    }
     let labels: Vec<&str> = out.iter().map(|p| p.label.as_str()).collect();
-    eprintln!("interpreters tested: {}", labels.join(", "));
+    let tier = if tier::fast() {
+        " (fast tier: one)"
+    } else {
+        ""
+    };
+    eprintln!("interpreters tested{tier}: {}", labels.join(", "));
     out
 }
 

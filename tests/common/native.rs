@@ -51,7 +51,9 @@ fn build(py: &Python, dir: &Path, name: &str, flags: &[&str]) -> Option<PathBuf>
     let mut lines = text.lines();
     let (include, suffix) = (lines.next()?, lines.next()?);
     if !Path::new(include).join("Python.h").is_file() {
-        eprintln!("SKIPPED {}: no Python.h in {include}", py.label);
+        // pyenv installs the headers with the interpreter; Debian's come with python3-dev,
+        // which .ci/run installs.
+        super::tier::skip(&py.label, &format!("no Python.h in {include}"));
         return None;
     }
     let so = dir.join(format!("{name}{suffix}"));

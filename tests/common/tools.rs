@@ -1,6 +1,7 @@
 //! The real consumers the view tests hand mprof's outputs to: headless Chromium, `go tool
 //! pprof`, and the npm packages of `tests/js` (installed from its lockfile with `npm ci`).
-//! A missing tool makes the test print `SKIPPED … (why)`; `.ci/run` installs them all.
+//! A missing tool makes the test print `SKIPPED … (why)`; `.ci/run` installs them all, so in
+//! CI (`MPROF_CI=1`) a missing one fails the test ([`super::tier::skip`]).
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -11,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::run_with_timeout;
+use super::tier::skip;
 
 /// The first of `names` found on PATH (or at one of `also`).
 fn find(names: &[&str], also: &[&str]) -> Option<PathBuf> {
@@ -25,8 +27,9 @@ fn find(names: &[&str], also: &[&str]) -> Option<PathBuf> {
 pub fn chromium(test: &str) -> Option<PathBuf> {
     let found = find(&["chromium", "chromium-browser", "google-chrome"], &[]);
     if found.is_none() {
-        eprintln!(
-            "SKIPPED {test}: no chromium on PATH (apt-get install -y chromium; .ci/run does)"
+        skip(
+            test,
+            "no chromium on PATH (apt-get install -y chromium; .ci/run does)",
         );
     }
     found
@@ -85,7 +88,10 @@ pub fn run_chromium(browser: &Path, url: &str, args: &[&str], offline: bool) -> 
 pub fn gdb(test: &str) -> Option<PathBuf> {
     let found = find(&["gdb"], &[]);
     if found.is_none() {
-        eprintln!("SKIPPED {test}: no gdb on PATH (apt-get install -y gdb; .ci/run does)");
+        skip(
+            test,
+            "no gdb on PATH (apt-get install -y gdb; .ci/run does)",
+        );
     }
     found
 }
@@ -94,7 +100,10 @@ pub fn gdb(test: &str) -> Option<PathBuf> {
 pub fn go(test: &str) -> Option<PathBuf> {
     let found = find(&["go"], &["/usr/local/go/bin/go"]);
     if found.is_none() {
-        eprintln!("SKIPPED {test}: no go toolchain (go tool pprof)");
+        skip(
+            test,
+            "no go toolchain for `go tool pprof` (apt-get install -y golang-go; .ci/run does)",
+        );
     }
     found
 }
@@ -105,11 +114,11 @@ pub fn js_packages(test: &str) -> Option<PathBuf> {
     static INSTALL: Mutex<()> = Mutex::new(());
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/js");
     let Some(npm) = find(&["npm"], &[]) else {
-        eprintln!("SKIPPED {test}: no npm (apt-get install -y npm; .ci/run does)");
+        skip(test, "no npm (apt-get install -y npm; .ci/run does)");
         return None;
     };
     if find(&["node", "nodejs"], &[]).is_none() {
-        eprintln!("SKIPPED {test}: no node");
+        skip(test, "no node (apt-get install -y nodejs; .ci/run does)");
         return None;
     }
     let _guard = INSTALL.lock().unwrap_or_else(|e| e.into_inner());

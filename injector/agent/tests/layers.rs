@@ -10,7 +10,10 @@
 //! imports. The source is parsed with `syn`, so a path split over lines or grouped in braces
 //! is still seen. (The CLI's `tests/layers.rs` checks src/ the same way.)
 
-use proc_macro2::{TokenStream, TokenTree};
+#[path = "../../../tests/support/imports.rs"]
+mod imports;
+
+use imports::resolve;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use syn::visit::Visit;
@@ -143,29 +146,6 @@ impl Graph {
     }
 }
 
-/// `path` (as written, from `crate`, `super` or `self`) as segments after `crate`, seen from
-/// `module`; `None` for a path that does not start in this crate.
-fn resolve(module: &[String], path: &[String]) -> Option<Vec<String>> {
-    let mut base: Vec<String> = module.to_vec();
-    let mut rest = path;
-    match path.first()?.as_str() {
-        "crate" => {
-            base.clear();
-            rest = &path[1..];
-        }
-        "self" => rest = &path[1..],
-        "super" => {
-            while rest.first().is_some_and(|s| s == "super") {
-                base.pop()?;
-                rest = &rest[1..];
-            }
-        }
-        _ => return None,
-    }
-    base.extend(rest.iter().cloned());
-    Some(base)
-}
-
 /// Collects the imports of one file.
 struct Visitor<'g> {
     graph: &'g mut Graph,
@@ -176,7 +156,11 @@ struct Visitor<'g> {
     module: Vec<String>,
 }
 
-impl Visitor<'_> {
+impl imports::Importer for Visitor<'_> {
+    fn module(&mut self) -> &mut Vec<String> {
+        &mut self.module
+    }
+
     fn import(&mut self, path: Vec<String>, line: usize) {
         let site = Site {
             file: self.file.clone(),
@@ -185,99 +169,6 @@ impl Visitor<'_> {
         };
         let (node, module) = (self.node.clone(), self.module.clone());
         self.graph.import(&node, &module, path, site);
-    }
-
-    /// Every path of a use tree, from its root.
-    fn use_tree(&mut self, prefix: &mut Vec<String>, tree: &syn::UseTree) {
-        match tree {
-            syn::UseTree::Path(p) => {
-                prefix.push(p.ident.to_string());
-                self.use_tree(prefix, &p.tree);
-                prefix.pop();
-            }
-            syn::UseTree::Name(n) => self.use_leaf(prefix, &n.ident),
-            syn::UseTree::Rename(r) => self.use_leaf(prefix, &r.ident),
-            syn::UseTree::Glob(g) => {
-                let line = g.star_token.span.start().line;
-                self.import(prefix.clone(), line);
-            }
-            syn::UseTree::Group(g) => {
-                for tree in &g.items {
-                    self.use_tree(prefix, tree);
-                }
-            }
-        }
-    }
-
-    fn use_leaf(&mut self, prefix: &[String], ident: &syn::Ident) {
-        let mut path = prefix.to_vec();
-        if ident != "self" {
-            path.push(ident.to_string());
-        }
-        self.import(path, ident.span().start().line);
-    }
-
-    /// `crate::a::b` and `super::a` sequences inside a macro's tokens (its arguments are not
-    /// parsed as code).
-    fn tokens(&mut self, tokens: TokenStream) {
-        let trees: Vec<TokenTree> = tokens.into_iter().collect();
-        let mut i = 0;
-        while i < trees.len() {
-            match &trees[i] {
-                TokenTree::Group(g) => self.tokens(g.stream()),
-                TokenTree::Ident(id) if id == "crate" || id == "super" => {
-                    let line = id.span().start().line;
-                    let mut path = vec![id.to_string()];
-                    let mut j = i + 1;
-                    while let (Some(TokenTree::Punct(a)), Some(TokenTree::Punct(b))) =
-                        (trees.get(j), trees.get(j + 1))
-                    {
-                        let (Some(TokenTree::Ident(next)), ':', ':') =
-                            (trees.get(j + 2), a.as_char(), b.as_char())
-                        else {
-                            break;
-                        };
-                        path.push(next.to_string());
-                        j += 3;
-                    }
-                    if path.len() > 1 {
-                        self.import(path, line);
-                    }
-                    i = j;
-                    continue;
-                }
-                _ => {}
-            }
-            i += 1;
-        }
-    }
-}
-
-impl<'ast> Visit<'ast> for Visitor<'_> {
-    fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
-        if m.content.is_some() {
-            self.module.push(m.ident.to_string());
-            syn::visit::visit_item_mod(self, m);
-            self.module.pop();
-        }
-    }
-
-    fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
-        self.use_tree(&mut Vec::new(), &u.tree);
-    }
-
-    fn visit_path(&mut self, p: &'ast syn::Path) {
-        let segments: Vec<String> = p.segments.iter().map(|s| s.ident.to_string()).collect();
-        if p.leading_colon.is_none() && segments.len() > 1 {
-            let line = p.segments[0].ident.span().start().line;
-            self.import(segments, line);
-        }
-        syn::visit::visit_path(self, p);
-    }
-
-    fn visit_macro(&mut self, m: &'ast syn::Macro) {
-        self.visit_path(&m.path);
-        self.tokens(m.tokens.clone());
     }
 }
 
@@ -389,7 +280,7 @@ fn graph() -> Graph {
             node,
             module,
         };
-        visitor.visit_file(&parsed);
+        imports::Walk(&mut visitor).visit_file(&parsed);
     }
     graph
 }
@@ -426,7 +317,7 @@ fn visit(graph: &mut Graph, module: &str, code: &str) {
         node: module.to_owned(),
         module: vec![module.to_owned()],
     };
-    visitor.visit_file(&file);
+    imports::Walk(&mut visitor).visit_file(&file);
 }
 
 #[test]

@@ -1,55 +1,103 @@
-//! Building a [`Profile`] from records: the first pass aggregates every record, the second
-//! (up to the peak, see [`super::replay`]) finds the blocks live then, both within the reader's
-//! memory allowance ([`Budget`]).
+//! Building a [`Profile`] in one pass over the records, within the reader's memory allowance
+//! ([`Budget`]).
+//!
+//! The figures at the peak are kept without a second pass and without remembering anything
+//! per sample: the builder keeps the live estimate of every site (stack and thread) as the
+//! records come, and each time a sample raises the whole live heap to a new high, the sites
+//! that changed since the last high are copied to the peak's figures. Every change is copied
+//! at most once, so the cost is that of the changes themselves; the memory is that of the
+//! sites. The same pass records the timeline's series ([`super::series`]).
 
-use super::replay::Replay;
+use super::series::Series;
 use super::{Completeness, LoadError, Process, Profile, MEMORY_FIXED, MEMORY_PER_BYTE};
-use crate::analysis::aggregate::{Aggregator, Block, Change};
+use crate::analysis::aggregate::{Aggregator, Change};
 use crate::analysis::allocators::{Allocators, ByAllocator};
-use crate::analysis::estimate::Figures;
+use crate::analysis::estimate::{Estimate, Figures};
 use crate::analysis::focus::Focus;
-use crate::analysis::names::{FastMap, StackId, StackResolver};
-use crate::capture::file::Digest;
+use crate::analysis::names::{FastMap, StackId};
 use crate::capture::processes::Pick;
-use anyhow::Result;
+use crate::capture::records::{Event, Totals};
+use crate::capture::stacks::Stacks;
 use mprof_common::record::Record;
 
-/// What the reader may hold beyond what it held when it started, for a capture of `size`
-/// bytes, checked record by record. A third of the allowance: a record can make a table grow,
-/// which briefly holds the old and the new (twice as large) table, so a check passed before a
-/// record keeps the peak within the whole allowance.
-fn memory_limit(size: u64, allowed_by_user: usize) -> usize {
-    let by_size = MEMORY_PER_BYTE
-        .saturating_mul(size as usize)
-        .saturating_add(MEMORY_FIXED);
-    by_size.max(allowed_by_user) / 3
-}
+/// Memory the reader may take per stack node the capture's frames declare (the node, its
+/// trie node, frames, the memos and the figures of its stack and site, their tables grown).
+pub const MEMORY_PER_NODE: u64 = 640;
+/// Memory per byte of names and text the frames declare (interned strings and their maps).
+pub const MEMORY_PER_TEXT: u64 = 8;
+/// Memory per live sampled block the frames declare (an entry of the live table, grown).
+pub const MEMORY_PER_LIVE: u64 = 112;
+/// Memory per byte of the distinct whole stacks the frames declare (native return addresses,
+/// 8 bytes each, each a node of the trie or a few when the symbols inline calls; about 2 were
+/// measured with the interpreter's frames shown).
+pub const MEMORY_PER_STACK_BYTE: u64 = 16;
+/// What a capture's frames may declare without the user's say-so: a real capture of any
+/// length stays far below it (its stacks and live blocks do not grow with its length).
+pub const MEMORY_CEILING: u64 = 2 << 30;
 
 /// The environment variable that raises the reader's memory allowance, in MiB, for a real
-/// capture denser than the allowance expects (millions of distinct stacks).
+/// capture denser than the allowance expects.
 pub const MEMORY_ENV: &str = "MPROF_READ_MEMORY_MIB";
 
 /// The allowance [`MEMORY_ENV`] asks for, in bytes (0 when unset or not a number).
-fn allowed_by_user() -> usize {
+fn allowed_by_user() -> u64 {
     std::env::var(MEMORY_ENV)
         .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
         .map_or(0, |mib| mib.saturating_mul(1 << 20))
+}
+
+/// What the declarations of a capture's frames allow the reader to hold.
+pub fn declared_memory(d: &Totals) -> u64 {
+    MEMORY_PER_NODE
+        .saturating_mul(d.nodes)
+        .saturating_add(MEMORY_PER_TEXT.saturating_mul(d.text))
+        .saturating_add(MEMORY_PER_LIVE.saturating_mul(d.live))
+        .saturating_add(MEMORY_PER_STACK_BYTE.saturating_mul(d.stacks))
+}
+
+/// The size-based part of the allowance (what plain records, outside frames, may take): a
+/// third of [`MEMORY_PER_BYTE`] times the bytes (packed records at the size of what they stand
+/// for) plus [`MEMORY_FIXED`]. A third: a record can make a table grow, which briefly holds
+/// the old and the new (twice as large) table, so a check passed before a record keeps the
+/// peak within the whole allowance.
+fn size_memory(bytes: u64) -> u64 {
+    (MEMORY_PER_BYTE as u64)
+        .saturating_mul(bytes)
+        .saturating_add(MEMORY_FIXED as u64)
+        / 3
 }
 
 /// Checks the reader's memory against its allowance (none for records already in memory).
 pub(crate) struct Budget {
-    /// The capture's size, None for no allowance.
+    /// The captures' size, None for no allowance.
     size: Option<u64>,
     base: isize,
     /// [`crate::capture::file::expansion`] when the budget was made.
     unpacked: u64,
-    /// What [`MEMORY_ENV`] allows, read once (the check runs at every record).
-    allowed_by_user: usize,
+    /// What [`MEMORY_ENV`] allows, read once (the check runs often).
+    allowed_by_user: u64,
+}
+
+#[cfg(any(test, fuzzing))]
+thread_local! {
+    static LAST_LIMIT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The largest limit the last budgets on this thread allowed (for the fuzzer's bound).
+#[cfg(any(test, fuzzing))]
+pub fn last_limit() -> u64 {
+    LAST_LIMIT.with(|l| l.get())
+}
+
+/// Starts measuring [`last_limit`] anew.
+#[cfg(any(test, fuzzing))]
+pub fn reset_last_limit() {
+    LAST_LIMIT.with(|l| l.set(0));
 }
 
 impl Budget {
-    /// The allowance for a capture of `size` bytes, from what the thread holds now.
+    /// The allowance for captures of `size` bytes, from what the thread holds now.
     pub(crate) fn new(size: Option<u64>) -> Budget {
         Budget {
             size,
@@ -59,23 +107,28 @@ impl Budget {
         }
     }
 
-    /// An error once the reader holds more than its allowance.
-    pub(crate) fn check(&self) -> Result<(), LoadError> {
-        self.check_apart(0)
-    }
-
-    /// [`Budget::check`], not counting `apart` bytes the reader holds for something else than
-    /// the capture (debug information of files on this machine, for native frames).
-    pub(crate) fn check_apart(&self, apart: isize) -> Result<(), LoadError> {
+    /// An error once the reader holds more than its allowance, given what the frames read so
+    /// far `declared`, not counting `apart` bytes the reader holds for something else than
+    /// the capture (debug information of files on this machine, for native frames). A
+    /// capture whose frames declare more than [`MEMORY_CEILING`] is refused there, before
+    /// the memory is taken.
+    pub(crate) fn check(&self, declared: &Totals, apart: isize) -> Result<(), LoadError> {
         let Some(size) = self.size else {
             return Ok(());
         };
-        // Packed records read so far count at the size of what they stand for (over both
-        // passes, so up to twice that in the second).
-        let limit = memory_limit(
-            size + (crate::capture::file::expansion() - self.unpacked),
-            self.allowed_by_user,
-        );
+        let declared_memory = declared_memory(declared);
+        if declared_memory > MEMORY_CEILING.max(self.allowed_by_user) {
+            return Err(LoadError::Declares {
+                declared: *declared,
+                memory: declared_memory,
+            });
+        }
+        let unpacked = crate::capture::file::expansion() - self.unpacked;
+        let limit = size_memory(size + unpacked)
+            .saturating_add(declared_memory)
+            .max(self.allowed_by_user / 3);
+        #[cfg(any(test, fuzzing))]
+        LAST_LIMIT.with(|l| l.set(l.get().max(limit)));
         if crate::base::memory::in_use() - self.base - apart.max(0) > limit as isize {
             return Err(LoadError::TooDense { size, limit });
         }
@@ -83,116 +136,221 @@ impl Budget {
     }
 }
 
-/// One pass over the records: hands each, with its process (see [`crate::capture::processes`])
-/// and the digest of the bytes up to it, to the callback until it returns false. See
-/// [`Profile::build`].
-pub(super) type PassFn<'a> = dyn FnMut(u32, &Record, Digest) -> bool + 'a;
+/// Events between two checks of the memory.
+const CHECK_EVERY: u32 = 256;
 
-impl Profile {
-    /// [`Profile::build`] without a memory allowance, for tests that feed passes by hand.
-    #[cfg(test)]
-    pub(crate) fn build_for_test(
-        first_rate: Option<u64>,
-        pass: impl FnMut(&mut PassFn) -> Result<()>,
-    ) -> Result<Profile> {
-        Profile::build(first_rate, None, pass)
+/// Builds a [`Profile`] from events fed in file order.
+pub(super) struct Builder {
+    agg: Aggregator,
+    first_rate: Option<u64>,
+    /// Site of each (stack, thread), and its key; per stack, the thread and site it was
+    /// last seen with (most stacks are one thread's).
+    site_ids: FastMap<(StackId, u32), u32>,
+    last_site: Vec<(u32, u32)>,
+    keys: Vec<(StackId, u32)>,
+    allocated: Vec<Estimate>,
+    /// The live heap now, per site.
+    live: Vec<Estimate>,
+    /// Blocks of processes whose records ended: live at their end, out of the live heap.
+    ended: Vec<Estimate>,
+    /// Per site, at the highest live heap so far.
+    at_peak: Vec<Estimate>,
+    /// Sites whose live estimate changed since the last high, and a flag per site.
+    dirty: Vec<u32>,
+    is_dirty: Vec<bool>,
+    series: Option<Series>,
+    until_check: u32,
+}
+
+impl Builder {
+    /// A builder; `first_rate` is the first rate the records announce (it applies to samples
+    /// that come before any announcement).
+    pub(super) fn new(first_rate: Option<u64>) -> Builder {
+        Builder {
+            agg: Aggregator::new(first_rate.unwrap_or(1)),
+            first_rate,
+            site_ids: FastMap::default(),
+            last_site: Vec::new(),
+            keys: Vec::new(),
+            allocated: Vec::new(),
+            live: Vec::new(),
+            ended: Vec::new(),
+            at_peak: Vec::new(),
+            dirty: Vec::new(),
+            is_dirty: Vec::new(),
+            series: Some(Series::default()),
+            until_check: 0,
+        }
     }
 
-    /// Aggregates the records that `pass` hands to its callback, in file order. `pass` is called
-    /// twice (a second time up to the peak, when there is one) and must give the same records
-    /// each time (checked with the digests); it stops when the callback returns false.
-    /// `first_rate` is the first rate the records announce: it applies to samples that come
-    /// before any announcement. `size`, the capture's size, sets the memory allowance.
-    pub(super) fn build(
-        first_rate: Option<u64>,
-        size: Option<u64>,
-        mut pass: impl FnMut(&mut PassFn) -> Result<()>,
-    ) -> Result<Profile> {
-        let budget = Budget::new(size);
-        let mut failure = None;
-        let mut peak_digest = Digest::default();
-        let mut agg = Aggregator::new(first_rate.unwrap_or(1));
-        let mut stacks: Vec<u32> = Vec::new();
-        let mut figures: Vec<Figures> = Vec::new();
-        let mut sites: FastMap<(StackId, u32), Figures> = FastMap::default();
-        pass(&mut |process, record, digest| {
-            agg.enter(process);
-            if let Change::Alloc { block, sample, .. } = agg.apply(record) {
-                let stack = block.stack.0 as usize;
-                stacks.push(block.stack.0);
-                if figures.len() <= stack {
-                    figures.resize(stack + 1, Figures::default());
-                }
-                figures[stack].allocated.add(&sample);
-                sites
-                    .entry((block.stack, block.tid))
-                    .or_default()
-                    .allocated
-                    .add(&sample);
-                if agg.peak_is_latest() {
-                    peak_digest = digest;
+    /// Feeds one event of `process`; `stacks` are its capture's nodes.
+    pub(super) fn feed(&mut self, process: u32, event: &Event, stacks: &Stacks) {
+        self.agg.enter(process);
+        let change = match event {
+            Event::Sample(b) => self.agg.apply_sample(b, stacks),
+            Event::Free(addr) => self.agg.apply_free(*addr),
+            Event::Record(r) => self.agg.apply(r),
+        };
+        self.apply(change);
+        if let Some(series) = &mut self.series {
+            if let Some(t) = event.time_ns() {
+                if !series.at(t, &self.agg) {
+                    self.series = None;
                 }
             }
-            failure = budget.check_apart(agg.resolver.symbol_memory()).err();
-            failure.is_none()
-        })?;
-        if let Some(e) = failure {
-            return Err(e.into());
         }
+    }
+
+    /// Feeds one record of `process` (records in memory; samples as ALLOC records).
+    pub(super) fn feed_record(&mut self, process: u32, record: &Record) {
+        self.feed(
+            process,
+            &Event::Record(Box::new(record.clone())),
+            &Stacks::default(),
+        );
+    }
+
+    /// Whether it is time to check the memory (every [`CHECK_EVERY`] events).
+    pub(super) fn due(&mut self) -> bool {
+        if self.until_check == 0 {
+            self.until_check = CHECK_EVERY;
+            return true;
+        }
+        self.until_check -= 1;
+        false
+    }
+
+    /// See [`Aggregator::prefetch`].
+    pub(super) fn prefetch(&self, process: u32, addr: u64) {
+        self.agg.prefetch(process, addr);
+    }
+
+    /// Live sampled blocks of the process fed last.
+    pub(super) fn live_blocks(&self) -> usize {
+        self.agg.live_here()
+    }
+
+    /// Memory held apart from the capture's allowance (native symbols).
+    pub(super) fn apart(&self) -> isize {
+        self.agg.resolver.symbol_memory()
+    }
+
+    fn site(&mut self, stack: StackId, tid: u32) -> usize {
+        let s = stack.0 as usize;
+        match self.last_site.get(s) {
+            Some(&(t, site)) if t == tid && site != u32::MAX => return site as usize,
+            Some(_) => {}
+            None => self.last_site.resize(s + 1, (0, u32::MAX)),
+        }
+        let site = self.new_site(stack, tid);
+        self.last_site[s] = (tid, site as u32);
+        site
+    }
+
+    fn new_site(&mut self, stack: StackId, tid: u32) -> usize {
+        let next = self.keys.len() as u32;
+        let id = *self.site_ids.entry((stack, tid)).or_insert(next);
+        if id == next {
+            self.keys.push((stack, tid));
+            for v in [
+                &mut self.allocated,
+                &mut self.live,
+                &mut self.ended,
+                &mut self.at_peak,
+            ] {
+                v.push(Estimate::default());
+            }
+            self.is_dirty.push(false);
+        }
+        id as usize
+    }
+
+    fn touch(&mut self, site: usize) {
+        if !self.is_dirty[site] {
+            self.is_dirty[site] = true;
+            self.dirty.push(site as u32);
+        }
+    }
+
+    fn apply(&mut self, change: Change) {
+        match change {
+            Change::Alloc {
+                block,
+                sample,
+                replaced,
+            } => {
+                if let Some(old) = replaced {
+                    let s = self.site(old.stack, old.tid);
+                    self.live[s].remove(&old.sample());
+                    self.touch(s);
+                    self.line_changed(old.stack, -old.sample().bytes());
+                }
+                let s = self.site(block.stack, block.tid);
+                self.allocated[s].add(&sample);
+                self.live[s].add(&sample);
+                self.touch(s);
+                self.line_changed(block.stack, sample.bytes());
+                if self.agg.peak_is_latest() {
+                    for d in self.dirty.drain(..) {
+                        self.at_peak[d as usize] = self.live[d as usize];
+                        self.is_dirty[d as usize] = false;
+                    }
+                }
+            }
+            Change::Free(old) => {
+                let s = self.site(old.stack, old.tid);
+                self.live[s].remove(&old.sample());
+                self.touch(s);
+                self.line_changed(old.stack, -old.sample().bytes());
+            }
+            Change::Ended(range) => {
+                let blocks: Vec<_> = self.agg.ended.drain(range).collect();
+                for old in blocks {
+                    let s = self.site(old.stack, old.tid);
+                    self.live[s].remove(&old.sample());
+                    self.ended[s].add(&old.sample());
+                    self.touch(s);
+                    self.line_changed(old.stack, -old.sample().bytes());
+                }
+            }
+            Change::Other => {}
+        }
+    }
+
+    fn line_changed(&mut self, stack: StackId, bytes: f64) {
+        if let Some(series) = &mut self.series {
+            series.change(stack, bytes, &self.agg.resolver.names);
+        }
+    }
+
+    /// The profile of what was fed.
+    pub(super) fn finish(mut self) -> Profile {
+        let agg = &mut self.agg;
         let symbol_warnings = agg.resolver.symbol_warnings();
         let names = std::mem::take(&mut agg.resolver.names);
-        agg.resolver = StackResolver::new();
-        figures.resize(names.nodes.len(), Figures::default());
-        let mut add_live = |block: &Block, peak: bool| {
-            let f = &mut figures[block.stack.0 as usize];
-            let site = sites.entry((block.stack, block.tid)).or_default();
-            let (a, b) = if peak {
-                (&mut f.peak, &mut site.peak)
-            } else {
-                (&mut f.live, &mut site.live)
+        let mut figures = vec![Figures::default(); names.nodes.len()];
+        let peaked = agg.peak().is_some();
+        let mut sites = Vec::with_capacity(self.keys.len());
+        for (i, &(stack, tid)) in self.keys.iter().enumerate() {
+            let mut live = self.live[i];
+            live.merge(&self.ended[i]);
+            let f = Figures {
+                allocated: self.allocated[i],
+                live,
+                peak: if peaked {
+                    self.at_peak[i]
+                } else {
+                    Estimate::default()
+                },
             };
-            a.add(&block.sample());
-            b.add(&block.sample());
-        };
-        for block in agg.live_blocks() {
-            add_live(block, false);
+            figures[stack.0 as usize].merge(&f);
+            sites.push(((stack, tid), f));
         }
-        agg.live = Vec::new();
-        agg.ended = Vec::new();
-        let mut peak_seconds = None;
-        agg.resident.finish();
-        let resident = agg.resident.summary(agg.peak().map(|(_, _, t)| t));
-        let breakdowns = agg.resident.breakdowns();
-        if let Some((end, _, peak_ns)) = agg.peak() {
-            peak_seconds = agg
-                .first_ns
-                .map(|t0| peak_ns.saturating_sub(t0) as f64 / 1e9);
-            let mut replay = Replay::new(&stacks, first_rate.unwrap_or(1));
-            let mut index = 0;
-            let mut reached = None;
-            pass(&mut |process, record, digest| {
-                if let Err(e) = replay.apply(process, record).and_then(|()| budget.check()) {
-                    failure = Some(e);
-                    return false;
-                }
-                index += 1;
-                if index > end {
-                    reached = Some(digest);
-                }
-                reached.is_none()
-            })?;
-            if let Some(e) = failure {
-                return Err(e.into());
-            }
-            if reached != Some(peak_digest) {
-                return Err(LoadError::Changed.into());
-            }
-            for block in replay.live.iter().flat_map(|m| m.values()) {
-                add_live(block, true);
-            }
-        }
-        let mut sites: Vec<_> = sites.into_iter().collect();
         sites.sort_by_key(|(k, _)| *k);
+        let peak_seconds = agg.peak().and_then(|(_, _, peak_ns)| {
+            agg.first_ns
+                .map(|t0| peak_ns.saturating_sub(t0) as f64 / 1e9)
+        });
         let completeness = match (agg.end, agg.finished) {
             (Some(_), _) => Completeness::Ended,
             (None, true) => Completeness::Finished,
@@ -210,6 +368,11 @@ impl Profile {
                 figures: figures.clone(),
             })
             .collect();
+        let series = self.series.take().map(|s| s.finish(agg));
+        agg.resident.finish();
+        let resident = agg.resident.summary(agg.peak().map(|(_, _, t)| t));
+        let breakdowns = agg.resident.breakdowns();
+        let agg = self.agg;
         let mut profile = Profile {
             focus: Focus::new(&agg.meta, &[]),
             processes,
@@ -218,7 +381,7 @@ impl Profile {
             process_warnings: Vec::new(),
             meta: agg.meta,
             rate: agg.rate,
-            rate_known: first_rate.is_some(),
+            rate_known: self.first_rate.is_some(),
             samples: agg.samples,
             dropped: agg.dropped,
             peak_seconds,
@@ -235,10 +398,11 @@ impl Profile {
             figures,
             sites,
             symbol_warnings,
+            series,
             resident,
             breakdowns,
         };
         profile.add_up();
-        Ok(profile)
+        profile
     }
 }

@@ -1,5 +1,5 @@
 //! The JSON report (`report --json`, `export --format json`): totals, meta and every
-//! location with its three estimates. The schema is in the README; fields are only added.
+//! location with its three estimates. The schema is in docs/json.md; fields are only added.
 //! Names, threads and metadata are exact, with control characters written as JSON escapes
 //! ([`crate::base::text::json_safe`]).
 

@@ -7,6 +7,7 @@ use crate::analysis::frames::Kind;
 use crate::analysis::profile::Estimate;
 use crate::base::units::human_bytes;
 use std::collections::BTreeMap;
+use std::rc::Rc;
 
 /// Boxes narrower than this share of the whole width are not drawn (nor their callees).
 const MIN_SHARE: f64 = 1e-4;
@@ -18,13 +19,13 @@ pub(super) struct BoxInfo {
     /// `new` per allocator.
     split: [Estimate; 3],
     pub base: Option<Estimate>,
-    place: String,
+    place: Rc<str>,
 }
 
 /// One box of the picture.
 #[derive(Clone, Debug)]
 pub(super) struct Placed {
-    pub label: String,
+    pub label: Rc<str>,
     /// The kind of code of its frame; `None` for the root box (`all`).
     pub kind: Option<Kind>,
     /// 0 for the root box, 1 for the frames next to it, and so on.
@@ -58,7 +59,7 @@ impl Layout {
 /// a prefix are neighbours and share its boxes), each `width(bytes, unit)` units wide, under a
 /// root box `all`. Stacks of zero width, and boxes narrower than [`MIN_SHARE`] of the root, are
 /// left out.
-pub(super) fn layout(stacks: &BTreeMap<Vec<String>, Drawn>, unit: f64) -> Layout {
+pub(super) fn layout(stacks: &BTreeMap<Vec<Rc<str>>, Drawn>, unit: f64) -> Layout {
     let mut root = Placed {
         label: "all".into(),
         kind: None,

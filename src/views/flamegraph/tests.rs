@@ -101,7 +101,7 @@ fn callees_lie_within_their_callers() {
         let stacks = drawn(&p, &s);
         let layout = boxes::layout(&stacks, 1.0);
         assert_eq!(layout.total, 22);
-        assert_eq!(layout.boxes[0].label, "all");
+        assert_eq!(&*layout.boxes[0].label, "all");
         for b in &layout.boxes[1..] {
             let caller = layout.boxes.iter().find(|c| {
                 c.depth + 1 == b.depth
@@ -166,7 +166,7 @@ fn inverted_puts_the_allocation_site_at_the_root() {
     };
     let stacks = drawn(&p, &s);
     let first: Vec<_> = stacks.keys().map(|k| k[0].clone()).collect();
-    assert!(first.contains(&"f (a,b.py:4)".to_owned()), "{first:?}");
+    assert!(first.contains(&"f (a,b.py:4)".into()), "{first:?}");
 }
 
 #[test]

@@ -1,0 +1,167 @@
+//! The timeline's series, recorded in the profile's one pass: the live heap and RSS at points
+//! over the capture, and the live bytes of every line (the innermost frame of a stack) as a
+//! log of changes, so that the timeline can draw any top lines without reading the capture
+//! again (`crate::views::timeline`).
+//!
+//! Points are taken after a timed record at least `step` after the previous point. The step
+//! starts at 1 ms and doubles whenever there are twice [`POINTS`] points (every other point is
+//! dropped then, and the log merged with it), so a capture of any length ends with between
+//! `POINTS` and twice as many. The log holds, per point, the lines whose bytes changed since
+//! the previous point; if it would outgrow [`MAX_LOG`] entries with few points left, the
+//! series is given up and the timeline reads the capture again.
+
+use crate::analysis::aggregate::Aggregator;
+use crate::analysis::names::{FastMap, Names, StackId};
+
+/// Points kept at least (at most twice as many).
+pub const POINTS: usize = 800;
+/// The most entries the log holds before the series is thinned, or given up.
+pub const MAX_LOG: usize = 1 << 20;
+/// The first step between points.
+const FIRST_STEP_NS: u64 = 1_000_000;
+
+/// One point of a series.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SeriesPoint {
+    pub time_ns: u64,
+    /// The last RSS reading.
+    pub rss: Option<u64>,
+    /// The estimated live heap.
+    pub heap: f64,
+}
+
+/// A capture's series, as recorded.
+#[derive(Clone, Debug, Default)]
+pub struct Recorded {
+    pub points: Vec<SeriesPoint>,
+    /// A stack of each line: its innermost frame names the line.
+    pub lines: Vec<StackId>,
+    /// (point, line, live bytes of the line from that point on), in point order.
+    pub log: Vec<(u32, u32, f64)>,
+}
+
+/// A series being recorded.
+#[derive(Default)]
+pub(super) struct Series {
+    rec: Recorded,
+    /// The line of each stack (index: stack id), `u32::MAX` unknown yet.
+    line_of: Vec<u32>,
+    line_ids: FastMap<(u32, u32, u32), u32>,
+    /// Live bytes per line now, and the lines changed since the last point.
+    bytes: Vec<f64>,
+    changed: Vec<u32>,
+    is_changed: Vec<bool>,
+    step_ns: u64,
+    last_point_ns: Option<u64>,
+    last_ns: Option<u64>,
+}
+
+impl Series {
+    /// The live bytes of `stack`'s line changed by `bytes`.
+    pub(super) fn change(&mut self, stack: StackId, bytes: f64, names: &Names) {
+        let s = stack.0 as usize;
+        if self.line_of.len() <= s {
+            self.line_of.resize(s + 1, u32::MAX);
+        }
+        if self.line_of[s] == u32::MAX {
+            let next = self.rec.lines.len() as u32;
+            let line = *self.line_ids.entry(names.line_key(stack.0)).or_insert(next);
+            if line == next {
+                self.rec.lines.push(stack);
+                self.bytes.push(0.0);
+                self.is_changed.push(false);
+            }
+            self.line_of[s] = line;
+        }
+        let line = self.line_of[s];
+        self.bytes[line as usize] += bytes;
+        if !self.is_changed[line as usize] {
+            self.is_changed[line as usize] = true;
+            self.changed.push(line);
+        }
+    }
+
+    /// After a timed record at `time_ns`: takes a point if it is time. False when the series
+    /// is given up.
+    pub(super) fn at(&mut self, time_ns: u64, agg: &Aggregator) -> bool {
+        self.last_ns = Some(time_ns);
+        if self.step_ns == 0 {
+            self.step_ns = FIRST_STEP_NS;
+        }
+        if self
+            .last_point_ns
+            .is_some_and(|t| time_ns.saturating_sub(t) < self.step_ns)
+        {
+            return true;
+        }
+        self.point(time_ns, agg);
+        if self.rec.points.len() >= 2 * POINTS || self.rec.log.len() >= MAX_LOG {
+            self.thin();
+            if self.rec.log.len() >= MAX_LOG && self.rec.points.len() <= POINTS / 4 {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn point(&mut self, time_ns: u64, agg: &Aggregator) {
+        self.last_point_ns = Some(time_ns);
+        let index = self.rec.points.len() as u32;
+        self.rec.points.push(SeriesPoint {
+            time_ns,
+            rss: agg.last_rss,
+            heap: agg.live_bytes.max(0.0),
+        });
+        for line in self.changed.drain(..) {
+            self.is_changed[line as usize] = false;
+            self.rec.log.push((index, line, self.bytes[line as usize]));
+        }
+    }
+
+    /// Drops every other point (each pair keeps its later one) and doubles the step.
+    fn thin(&mut self) {
+        self.step_ns = self.step_ns.saturating_mul(2);
+        let points = &mut self.rec.points;
+        let kept: Vec<SeriesPoint> = points
+            .chunks(2)
+            .map(|pair| *pair.last().expect("chunks are not empty"))
+            .collect();
+        *points = kept;
+        // Per line, where its entry of the merged point being written is.
+        let mut last: Vec<(u32, u32)> = vec![(u32::MAX, 0); self.rec.lines.len()];
+        let mut log = Vec::with_capacity(self.rec.log.len());
+        for &(point, line, bytes) in &self.rec.log {
+            let merged = point / 2;
+            let (at_point, at) = last[line as usize];
+            if at_point == merged {
+                log[at as usize] = (merged, line, bytes);
+            } else {
+                last[line as usize] = (merged, log.len() as u32);
+                log.push((merged, line, bytes));
+            }
+        }
+        self.rec.log = log;
+    }
+
+    /// The series, with a last point for the state after the last record.
+    pub(super) fn finish(mut self, agg: &Aggregator) -> Recorded {
+        if let Some(t) = self.last_ns {
+            if self.last_point_ns != Some(t) || self.rec.points.is_empty() {
+                self.point(t, agg);
+            } else {
+                // The last point was taken before the records that came after it at the same
+                // time: it is the state after the last record.
+                self.rec.points.pop();
+                let index = self.rec.points.len() as u32;
+                self.rec.log.retain(|&(p, _, _)| p < index);
+                for line in 0..self.bytes.len() {
+                    self.is_changed[line] = false;
+                }
+                let index_lines: Vec<u32> = (0..self.bytes.len() as u32).collect();
+                self.changed = index_lines;
+                self.point(t, agg);
+            }
+        }
+        self.rec
+    }
+}
