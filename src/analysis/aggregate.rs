@@ -360,9 +360,6 @@ impl Aggregator {
             }
             Record::Rss { time_ns, rss_bytes } => {
                 self.saw_time(*time_ns);
-                if self.process == 0 {
-                    self.resident.rss(*time_ns, *rss_bytes);
-                }
                 let p = self.proc();
                 p.max_rss = p.max_rss.max(Some(*rss_bytes));
                 p.last_rss = Some(*rss_bytes);
@@ -449,7 +446,7 @@ impl Aggregator {
                 let was = self.allocator(old.stack);
                 self.resident.free(addr, was, &old.sample(), true);
             }
-            self.resident.alloc(addr, size, allocator, &sample, time_ns);
+            self.resident.alloc(addr, size, allocator, &sample);
         }
         self.live_bytes += sample.bytes;
         self.live_split[allocator as usize] += sample.bytes;

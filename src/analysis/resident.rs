@@ -22,13 +22,9 @@ use std::collections::HashMap;
 
 /// Most breakdowns kept over a capture (a day's worth at one a second is thinned to this).
 const MAX_KEPT: usize = 4096;
-/// Readings of the mappings that wait for the next statistics (a quiet program: one a second).
-const MAX_PENDING: usize = 64;
-/// RSS readings kept to judge a pairing by (6 s of them), how near in time one must be, and
-/// the least difference of RSS that says another moment (besides 5%).
-const RECENT_RSS: usize = 64;
-/// Statistics more of the program's sampled events away from a reading than this are not
-/// its moment's (a burst of frees went on between them).
+/// A reading of the mappings shares out the RSS with the allocators' statistics read before it
+/// only if at most this many of the program's sampled events came between them, and the RSS
+/// they read differ by at most 5% or this many bytes.
 const MAX_EVENTS_APART: u64 = 64;
 const SAME_RSS_SLACK: u64 = 4 << 20;
 /// Named mappings kept in a breakdown (the largest resident ones).
@@ -83,8 +79,8 @@ impl Parts {
     }
 }
 
-/// A reading of the mappings, with what the samples said at that moment: everything of a
-/// breakdown but the allocators' statistics.
+/// What the samples and the mappings said at one moment: everything of a breakdown but the
+/// allocators' statistics.
 #[derive(Clone, Debug)]
 struct Measured {
     time_ns: u64,
@@ -97,7 +93,16 @@ struct Measured {
 }
 
 /// Follows the live sampled blocks by allocator and the allocators' statistics, and shares out
-/// each reading of the mappings. Fed by the aggregate, in file order.
+/// the RSS at each reading of the statistics. Fed by the aggregate, in file order.
+///
+/// The agent reads the statistics and the RSS together (a HEAP record) a few times a second
+/// while the program allocates or frees, and as a session ends: each such reading is a
+/// breakdown, the live estimates taken at its place in the ring (the samples before it
+/// happened before it). The resident part of the sampled mappings and the named mappings come
+/// from mprof's latest reading of the mappings (RESIDENT, about once a second). A reading of
+/// the mappings while the program is quiet (no statistics since the one before) is a breakdown
+/// of its own, with the latest statistics if nothing changed since them (see
+/// [`MAX_EVENTS_APART`]), else with the allocators' free memory unknown.
 #[derive(Default)]
 pub struct ResidentTracker {
     /// Live sampled blocks of the capture's own process, by allocator.
@@ -108,47 +113,18 @@ pub struct ResidentTracker {
     /// The process's own sampled events (allocations and frees of sampled blocks) after `heap`
     /// in the ring's order.
     events_since_heap: u64,
-    /// The latest time a record of the ring gave (an allocation's, a statistics reading's): a
-    /// free, which carries none, happened at it or after.
-    ring_clock: u64,
-    /// Readings of the mappings waiting for the statistics to share them out with, oldest
-    /// first (at most [`MAX_PENDING`]).
-    pending: Vec<Pending>,
-    /// The process's RSS as read lately (statm, every 100 ms): time, bytes.
-    recent_rss: std::collections::VecDeque<(u64, u64)>,
+    /// The latest reading of the mappings, and whether statistics came after it.
+    mappings: Option<Resident>,
+    heap_since_mappings: bool,
     kept: Vec<Parts>,
     /// Every `stride`-th breakdown is kept once `MAX_KEPT` are (the largest RSS always).
     stride: usize,
     seen: usize,
 }
 
-/// A reading of the mappings not shared out yet: the statistics read nearest to it, counted in
-/// the program's own sampled events, are those to use. The agent reads them while the program
-/// allocates (every 256 sampled events, at most every 250 ms) and when a session ends; mprof
-/// reads the mappings about once a second, and at the end while the agent waits. So the
-/// statistics read before a reading may be stale (a burst of frees went on after them, then
-/// the program went quiet), and those read after it exact (the program was quiet until then):
-/// the reading waits for the next statistics and takes whichever are fewer events away.
-struct Pending {
-    measured: Measured,
-    /// The statistics read before the reading, and the events between them and it.
-    before: Option<HeapStats>,
-    events_before: u64,
-    /// The events after the reading so far.
-    events_after: u64,
-}
-
 impl ResidentTracker {
-    /// A sample of the capture's own process, taken at `time_ns`.
-    pub fn alloc(
-        &mut self,
-        addr: u64,
-        size: u64,
-        allocator: Allocator,
-        sample: &Sample,
-        time_ns: u64,
-    ) {
-        self.ring_clock = self.ring_clock.max(time_ns);
+    /// A sample of the capture's own process.
+    pub fn alloc(&mut self, addr: u64, size: u64, allocator: Allocator, sample: &Sample) {
         self.event();
         self.live[allocator as usize].add(sample);
         if allocator == Allocator::Mmap {
@@ -168,110 +144,42 @@ impl ResidentTracker {
         }
     }
 
-    /// One sampled event of the ring, at `ring_clock` or after.
     fn event(&mut self) {
         self.events_since_heap += 1;
-        for p in &mut self.pending {
-            // The ring is drained after the reading may have been written: an event stamped
-            // no later than the reading happened before it.
-            if self.ring_clock <= p.measured.time_ns {
-                p.events_before += 1;
-            } else {
-                p.events_after += 1;
-            }
-        }
     }
 
-    /// The allocators' statistics, for the readings of the mappings around them.
+    /// The allocators' statistics and the RSS, read together: a breakdown (statistics of an
+    /// older agent, without the RSS, only wait for a reading of the mappings).
     pub fn heap(&mut self, stats: &HeapStats) {
-        self.ring_clock = self.ring_clock.max(stats.time_ns);
         self.events_since_heap = 0;
         self.heap = Some(*stats);
-        for mut p in std::mem::take(&mut self.pending) {
-            if stats.time_ns <= p.measured.time_ns {
-                // Read before the reading, though drained after it (the session's end: the
-                // agent waits while mprof reads the mappings): the nearest before it.
-                p.before = Some(*stats);
-                p.events_before = 0;
-                self.pending.push(p);
-            } else {
-                self.settle(p, Some(*stats));
-            }
+        if stats.rss == 0 {
+            return;
         }
-    }
-
-    /// A reading of the mappings: shared out once the statistics to use are known.
-    pub fn resident(&mut self, r: &Resident) {
-        if self.pending.len() >= MAX_PENDING {
-            let p = self.pending.remove(0);
-            self.settle(p, None);
-        }
-        let measured = self.measure(r);
-        self.pending.push(Pending {
-            measured,
-            before: self.heap,
-            events_before: self.events_since_heap,
-            events_after: 0,
-        });
-    }
-
-    /// The process's RSS read at `time_ns` (statm), as its latest reading there says.
-    pub fn rss(&mut self, time_ns: u64, bytes: u64) {
-        if self.recent_rss.len() >= RECENT_RSS {
-            self.recent_rss.pop_front();
-        }
-        self.recent_rss.push_back((time_ns, bytes));
-    }
-
-    /// Whether the statistics `h` describe the moment of the reading `m`: the program may
-    /// have freed (or touched) a lot between them without one sampled event (a large block
-    /// unsampled, the C library giving memory back as the interpreter tears down), so every
-    /// RSS read from the earlier of the two to the later, and the first one after that, must be
-    /// about the reading's. No RSS read there counts as yes.
-    fn same_moment(&self, h: &HeapStats, m: &Measured) -> bool {
-        let (from, to) = (h.time_ns.min(m.time_ns), h.time_ns.max(m.time_ns));
-        let near = |rss: u64| rss.abs_diff(m.rss) <= (m.rss / 20).max(SAME_RSS_SLACK);
-        let within = self
-            .recent_rss
-            .iter()
-            .filter(|(t, _)| (from..=to).contains(t))
-            .all(|&(_, rss)| near(rss));
-        let next = self
-            .recent_rss
-            .iter()
-            .filter(|(t, _)| *t > to)
-            .min_by_key(|(t, _)| *t)
-            .is_none_or(|&(_, rss)| near(rss));
-        within && next
-    }
-
-    /// Shares out a waiting reading with the statistics read before it or those read `after`
-    /// it: the ones fewer of the program's sampled events away, if they describe the same
-    /// moment (at most [`MAX_EVENTS_APART`] events, the RSS as it was), else the others if they
-    /// do, else none (the allocators' free memory unknown then).
-    fn settle(&mut self, p: Pending, after: Option<HeapStats>) {
-        let before = p.before.map(|h| (h, p.events_before));
-        let after = after.map(|h| (h, p.events_after));
-        let mut candidates = [before, after];
-        candidates.sort_by_key(|c| c.map_or(u64::MAX, |(_, events)| events));
-        let heap = candidates
-            .into_iter()
-            .flatten()
-            .filter(|&(_, events)| events <= MAX_EVENTS_APART)
-            .map(|(h, _)| h)
-            .find(|h| self.same_moment(h, &p.measured));
-        let parts = combine(&p.measured, heap.as_ref());
+        self.heap_since_mappings = true;
+        let parts = combine(&self.measure(stats.time_ns, stats.rss), Some(stats));
         self.keep(parts);
     }
 
-    /// The capture has ended: a reading still waiting takes the statistics before it.
-    pub fn finish(&mut self) {
-        for p in std::mem::take(&mut self.pending) {
-            self.settle(p, None);
+    /// A reading of the mappings: kept for the breakdowns to come; a breakdown itself when
+    /// the program was quiet since the one before.
+    pub fn resident(&mut self, r: &Resident) {
+        let quiet = !std::mem::replace(&mut self.heap_since_mappings, false);
+        self.mappings = Some(r.clone());
+        if !quiet {
+            return;
         }
+        let near = |a: u64, b: u64| a.abs_diff(b) <= (b / 20).max(SAME_RSS_SLACK);
+        let heap = self
+            .heap
+            .filter(|_| self.events_since_heap <= MAX_EVENTS_APART)
+            .filter(|h| h.rss == 0 || near(h.rss, r.rss));
+        let parts = combine(&self.measure(r.time_ns, r.rss), heap.as_ref());
+        self.keep(parts);
     }
 
-    fn measure(&self, r: &Resident) -> Measured {
+    /// What the samples say now, with the RSS read at `time_ns` and the mappings as last read.
+    fn measure(&self, time_ns: u64, rss: u64) -> Measured {
         let [python_live, native_live, _] = self.live;
         let mut mmap_resident = Estimate::default();
         let mut mmap_mapped = 0.0;
@@ -279,18 +187,25 @@ impl ResidentTracker {
             // The sample stands for `weight` times its own bytes: its mapping's resident
             // share, scaled the same way.
             let weight = sample.bytes() / (*size).max(1) as f64;
-            let resident = r.resident_in(addr, addr.saturating_add(*size)) as f64;
+            let resident = self
+                .mappings
+                .as_ref()
+                .map_or(0, |r| r.resident_in(addr, addr.saturating_add(*size)))
+                as f64;
             mmap_resident.add(&Sample::scaled(resident, weight));
             mmap_mapped += sample.bytes();
         }
+        let named = self.mappings.as_ref().map_or(Vec::new(), |r| {
+            r.named.iter().take(NAMED_KEPT).cloned().collect()
+        });
         Measured {
-            time_ns: r.time_ns,
-            rss: r.rss,
+            time_ns,
+            rss,
             python_live,
             native_live,
             mmap_resident,
             mmap_mapped,
-            named: r.named.iter().take(NAMED_KEPT).cloned().collect(),
+            named,
         }
     }
 

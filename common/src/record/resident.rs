@@ -4,15 +4,15 @@
 //! Together with the live sampled blocks they say where a process's RSS is, free memory that
 //! the allocators keep included.
 //!
-//! HEAP body (56 bytes):
+//! HEAP body (64 bytes):
 //! ```text
 //!  0         8             12              16            24            32             40
 //!  +---------+-------------+---------------+-------------+-------------+--------------+
 //!  | time_ns | malloc_kind | pymalloc_known| malloc_used | malloc_free | malloc_mapped|
 //!  | u64     | u32         | u32           | u64         | u64         | u64          |
 //!  +---------+-------------+---------------+-------------+-------------+--------------+
-//!  | pymalloc_arenas u64 (40) | pymalloc_used u64 (48) |
-//!  +--------------------------+------------------------+
+//!  | pymalloc_arenas u64 (40) | pymalloc_used u64 (48) | rss u64 (56) |
+//!  +--------------------------+------------------------+--------------+
 //! ```
 //! RESIDENT body:
 //! ```text
@@ -62,11 +62,14 @@ pub struct HeapStats {
     /// Bytes in pymalloc's arenas, and in the blocks of them in use.
     pub pymalloc_arenas: u64,
     pub pymalloc_used: u64,
+    /// The process's resident bytes (`/proc/self/statm`) read with the figures above, so that
+    /// all describe one moment; 0 when it could not be read.
+    pub rss: u64,
 }
 
 impl HeapStats {
     /// Size of a HEAP body.
-    pub const BODY: usize = 56;
+    pub const BODY: usize = 64;
 
     /// Writes the body into `b` (at least [`HeapStats::BODY`] bytes).
     pub fn write(&self, b: &mut [u8]) {
@@ -79,6 +82,7 @@ impl HeapStats {
             self.malloc_mapped,
             self.pymalloc_arenas,
             self.pymalloc_used,
+            self.rss,
         ]
         .iter()
         .enumerate()
@@ -103,6 +107,7 @@ impl HeapStats {
             malloc_mapped: u64_at(32),
             pymalloc_arenas: u64_at(40),
             pymalloc_used: u64_at(48),
+            rss: u64_at(56),
         })
     }
 }

@@ -369,7 +369,6 @@ impl Builder {
             })
             .collect();
         let series = self.series.take().map(|s| s.finish(agg));
-        agg.resident.finish();
         let resident = agg.resident.summary(agg.peak().map(|(_, _, t)| t));
         let breakdowns = agg.resident.breakdowns();
         let agg = self.agg;
