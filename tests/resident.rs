@@ -50,6 +50,11 @@ fn largest(parts: &[(String, u64)]) -> (String, u64) {
 
 /// Records MODE of rss_kept.py and returns the report's JSON and its text.
 fn run(py: &Python, mode: &str, options: &[&str]) -> (Value, String) {
+    run_env(py, mode, options, &[])
+}
+
+/// [`run`] with variables set in the program's environment.
+fn run_env(py: &Python, mode: &str, options: &[&str], env: &[(&str, &str)]) -> (Value, String) {
     let dir = tempdir();
     let capture = dir.path().join("c.mprof");
     let out = run_with_timeout(
@@ -62,7 +67,8 @@ fn run(py: &Python, mode: &str, options: &[&str]) -> (Value, String) {
             .arg(&py.path)
             .arg(common::script("rss_kept.py"))
             .arg(dir.path())
-            .arg(mode),
+            .arg(mode)
+            .envs(env.iter().copied()),
         Duration::from_secs(180),
     );
     assert!(
@@ -144,5 +150,88 @@ fn a_reservation_is_mapped_not_resident() {
         assert!(resident < 64 << 20 && resident > 8 << 20, "{label}: {peak}");
         assert!(peak["rss"].as_u64().unwrap() < 256 << 20, "{label}: {peak}");
         assert!(text.contains("reserv"), "{label}: {text}");
+    }
+}
+
+/// Under jemalloc (Debian's libjemalloc2, preloaded) the figures are jemalloc's own
+/// (`mallctl`): the report names the allocator and still adds up; jemalloc gives the burst back,
+/// so the RSS at the end is far below glibc's.
+#[test]
+fn jemalloc_s_own_figures_are_read() {
+    const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+    if !std::path::Path::new(JEMALLOC).exists() {
+        common::tier::skip(
+            "jemalloc_s_own_figures_are_read",
+            "no libjemalloc2 (.ci/run installs it)",
+        );
+        return;
+    }
+    for py in pythons() {
+        let (json, text) = run_env(&py, "malloc", &[], &[("LD_PRELOAD", JEMALLOC)]);
+        let label = format!("{} jemalloc", py.label);
+        for at in ["end", "peak_rss"] {
+            let b = &json["rss"][at];
+            let p = parts(b, &label);
+            eprintln!("{label} {at}: {p:?}");
+            assert_eq!(b["malloc"], "jemalloc", "{label}: {b}");
+            assert!(
+                part(&p, "unexplained") as f64 <= 0.25 * b["rss"].as_u64().unwrap() as f64,
+                "{label}: {b}"
+            );
+        }
+        let end = json["rss"]["end"]["rss"].as_u64().unwrap();
+        assert!(end < 120 << 20, "{label}: RSS at the end {end}");
+        assert!(text.contains("jemalloc"), "{label}: {text}");
+    }
+}
+
+/// `PYTHONMALLOC=malloc`: no pymalloc, so its part is 0 (read, not an error) and the small
+/// objects' free memory is glibc's.
+#[test]
+fn without_pymalloc_its_part_is_zero() {
+    for py in pythons() {
+        let (json, _) = run_env(&py, "pymalloc", &[], &[("PYTHONMALLOC", "malloc")]);
+        let peak = &json["rss"]["peak_rss"];
+        let label = format!("{} PYTHONMALLOC=malloc", py.label);
+        let p = parts(peak, &label);
+        eprintln!("{label}: {p:?}");
+        assert_eq!(part(&p, "pymalloc_free"), 0, "{label}: {peak}");
+        assert_eq!(largest(&p).0, "malloc_free", "{label}: {peak}");
+    }
+}
+
+/// Attached to a process whose RSS grew and stayed before mprof came: the allocators'
+/// figures are global, so the first breakdown already names glibc's free memory.
+#[test]
+fn an_attach_explains_memory_kept_before_it() {
+    use common::procs::{Attach, Target};
+    for py in pythons() {
+        let dir = tempdir();
+        let capture = dir.path().join("c.mprof");
+        let target = Target::start(
+            std::process::Command::new(&py.path)
+                .arg(common::script("rss_kept.py"))
+                .arg(dir.path())
+                .args(["malloc", "serve"]),
+        );
+        let (status, err) = Attach::start(
+            target.pid,
+            &["--duration", "0.5", "-q", "-o", capture.to_str().unwrap()],
+        )
+        .finish();
+        let label = format!("{} attach", py.label);
+        assert!(status.success(), "{label}: {err}");
+        drop(target);
+        let json = report_json(&capture, &[]);
+        let b = &json["rss"]["peak_rss"];
+        let p = parts(b, &label);
+        eprintln!("{label}: {p:?}");
+        let rss = b["rss"].as_u64().unwrap();
+        assert_eq!(largest(&p).0, "malloc_free", "{label}: {b}");
+        assert!(part(&p, "malloc_free") > 150 << 20, "{label}: {b}");
+        assert!(
+            part(&p, "unexplained") as f64 <= 0.15 * rss as f64,
+            "{label}: {b}"
+        );
     }
 }

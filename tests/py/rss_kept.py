@@ -6,11 +6,14 @@
   pool keeps a live object, so no arena is given back.
 - reserve: a 1 GiB anonymous mapping of which 16 MiB is touched: mapped, mostly not resident.
 
-usage: rss_kept.py DIR MODE. Then it runs on for 1.5 s (mprof reads the mappings once a
-second) as a service in its steady state does, allocating and freeing a little (1 MB every
-10 ms, in blocks of 20 KB: what it holds does not change), and prints "done".
+usage: rss_kept.py DIR MODE [serve]. Then it runs on for 1.5 s (mprof reads the mappings once
+a second) as a service in its steady state does, allocating and freeing a little (1 MB every
+10 ms, in blocks of 20 KB: what it holds does not change), and prints "done". With `serve`, it
+prints "ready PID" once its memory is kept and runs on so for up to 60 s, until killed (a
+process mprof attaches to after its RSS grew).
 """
 import mmap
+import os
 import sys
 import time
 
@@ -30,7 +33,10 @@ elif mode == "reserve":
         held[off] = 1
 else:
     sys.exit("unknown mode " + mode)
-end = time.monotonic() + 1.5
+serve = sys.argv[3:] == ["serve"]
+if serve:
+    print("ready", os.getpid(), flush=True)
+end = time.monotonic() + (60 if serve else 1.5)
 while time.monotonic() < end:
     work = [bytearray(20000) for _ in range(50)]
     del work
