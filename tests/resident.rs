@@ -48,6 +48,24 @@ fn largest(parts: &[(String, u64)]) -> (String, u64) {
     parts.iter().max_by_key(|p| p.1).cloned().unwrap()
 }
 
+/// The timeline and the HTML report of `capture` (in `dir`), as text.
+fn pictures(capture: &std::path::Path, dir: &std::path::Path) -> (String, String) {
+    let mut read = |command: &str, name: &str| {
+        let out = dir.join(name);
+        let done = run_with_timeout(
+            common::mprof()
+                .arg(command)
+                .arg(capture)
+                .arg("-o")
+                .arg(&out),
+            Duration::from_secs(120),
+        );
+        assert!(done.status.success(), "{command}: {done:?}");
+        std::fs::read_to_string(&out).unwrap()
+    };
+    (read("timeline", "t.svg"), read("html", "r.html"))
+}
+
 /// Records MODE of rss_kept.py and returns the report's JSON and its text.
 fn run(py: &Python, mode: &str, options: &[&str]) -> (Value, String) {
     run_env(py, mode, options, &[])
@@ -82,7 +100,14 @@ fn run_env(py: &Python, mode: &str, options: &[&str], env: &[(&str, &str)]) -> (
         common::mprof().arg("report").arg(&capture),
         Duration::from_secs(120),
     );
-    (json, String::from_utf8_lossy(&text.stdout).into_owned())
+    let mut text = String::from_utf8_lossy(&text.stdout).into_owned();
+    // The timeline and the HTML report say the same parts: appended for the callers to find.
+    let (svg, html) = pictures(&capture, dir.path());
+    text.push_str("\n--- timeline ---\n");
+    text.push_str(&svg);
+    text.push_str("\n--- html ---\n");
+    text.push_str(&html);
+    (json, text)
 }
 
 /// glibc's free memory: freed 5 KB strings under one live string allocated after them.
@@ -111,9 +136,21 @@ fn free_memory_glibc_keeps_is_named_where_the_rss_peaks() {
             part(&p, "unexplained") as f64 <= 0.15 * rss as f64,
             "{label}: {peak}"
         );
+        let (report, pictures) = text.split_once("\n--- timeline ---\n").unwrap();
+        let (svg, html) = pictures.split_once("\n--- html ---\n").unwrap();
         assert!(
-            text.contains("free memory glibc's malloc keeps"),
-            "{label}: {text}"
+            report.contains("free memory glibc's malloc keeps"),
+            "{label}: {report}"
+        );
+        assert!(
+            svg.contains("RSS: free memory malloc keeps"),
+            "{label}: the timeline has no band of malloc's free memory"
+        );
+        assert!(
+            html.contains("Where the RSS is")
+                && html.contains("free memory glibc&#39;s malloc keeps")
+                || html.contains("free memory glibc's malloc keeps"),
+            "{label}: the HTML report does not say where the RSS is"
         );
     }
 }

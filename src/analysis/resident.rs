@@ -239,6 +239,11 @@ impl ResidentTracker {
         (0..self.kept.len()).max_by_key(|&i| self.kept[i].rss)
     }
 
+    /// The latest breakdown, if any.
+    pub fn latest(&self) -> Option<&Parts> {
+        self.kept.last()
+    }
+
     /// Every breakdown kept, in time order.
     pub fn breakdowns(&self) -> Vec<Parts> {
         self.kept.clone()
