@@ -50,7 +50,7 @@ fn largest(parts: &[(String, u64)]) -> (String, u64) {
 
 /// The timeline and the HTML report of `capture` (in `dir`), as text.
 fn pictures(capture: &std::path::Path, dir: &std::path::Path) -> (String, String) {
-    let mut read = |command: &str, name: &str| {
+    let read = |command: &str, name: &str| {
         let out = dir.join(name);
         let done = run_with_timeout(
             common::mprof()

@@ -242,6 +242,7 @@ mod tests {
             malloc_mapped: 4,
             pymalloc_arenas: 5,
             pymalloc_used: 6,
+            rss: 8,
         };
         let mut b = [0u8; HeapStats::BODY];
         h.write(&mut b);
