@@ -28,6 +28,8 @@
 //! | 7    | META    | -         | UTF-8 text, `key=value` lines                               |
 //! | 8    | STATS   | -         | samples u64, dropped u64                                    |
 //! | 9    | MODULE  | -         | a loaded object and where it is mapped (see [`Module`])     |
+//! | 20   | HEAP    | -         | the allocators' statistics (see [`HeapStats`])              |
+//! | 21   | RESIDENT| -         | mappings and their resident bytes (see [`Resident`])        |
 //!
 //! A frame in ALLOC is 16 bytes: code u64 (the code object's address, announced by a CODE
 //! record before its first use), line u32, pad u32. Frames are innermost first. ALLOC flags:
@@ -42,9 +44,14 @@ use std::fmt;
 mod allocator;
 mod module;
 mod native;
+mod resident;
 pub use allocator::{Allocator, ALLOCATOR_MASK, ALLOCATOR_SHIFT};
 pub use module::{Module, ModuleRange, MODULE_BIAS_FROM_ELF, MODULE_DELETED, MODULE_MAIN};
 pub use native::{native_stack, NativeStack, MAX_NATIVE_FRAMES};
+pub use resident::{
+    AnonMapping, HeapStats, Resident, MALLOC_GLIBC, MALLOC_JEMALLOC, MALLOC_OTHER, MALLOC_UNKNOWN,
+    MAX_ANON, MAX_NAMED,
+};
 
 /// Size of the preamble that starts every record.
 pub const PREAMBLE: usize = 8;
@@ -67,6 +74,8 @@ pub const KIND_END: u16 = 6;
 pub const KIND_META: u16 = 7;
 pub const KIND_STATS: u16 = 8;
 pub const KIND_MODULE: u16 = 9;
+pub const KIND_HEAP: u16 = 20;
+pub const KIND_RESIDENT: u16 = 21;
 
 /// ALLOC flag: the stack was cut at `max_depth`.
 pub const ALLOC_TRUNCATED: u32 = 1;
@@ -146,6 +155,10 @@ pub enum Record {
     },
     /// A loaded object (written by mprof from the target's memory map, for `--native`).
     Module(Module),
+    /// The allocators' statistics (written by the agent).
+    Heap(HeapStats),
+    /// The process's mappings and their resident bytes (written by mprof).
+    Resident(Resident),
     /// A kind this reader does not know (written by a newer mprof): skipped.
     Unknown {
         kind: u16,
@@ -222,86 +235,94 @@ pub fn decode(buf: &[u8]) -> Result<(Record, usize), DecodeError> {
         }
     };
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    let record = match kind {
-        KIND_ALLOC => {
-            let nframes = aux as usize;
-            need(ALLOC_FIXED + nframes * FRAME_SIZE)?;
-            let frames = (0..nframes)
-                .map(|i| {
-                    let at = ALLOC_FIXED + i * FRAME_SIZE;
-                    Frame {
-                        code: u64_at(body, at),
-                        line: u32_at(body, at + 8),
-                    }
-                })
-                .collect();
-            let flags = u32_at(body, 4);
-            Record::Alloc {
-                tid: u32_at(body, 0),
-                flags,
-                addr: u64_at(body, 8),
-                size: u64_at(body, 16),
-                time_ns: u64_at(body, 24),
-                frames,
-                native: native_stack(body, nframes, flags),
+    let record =
+        match kind {
+            KIND_ALLOC => {
+                let nframes = aux as usize;
+                need(ALLOC_FIXED + nframes * FRAME_SIZE)?;
+                let frames = (0..nframes)
+                    .map(|i| {
+                        let at = ALLOC_FIXED + i * FRAME_SIZE;
+                        Frame {
+                            code: u64_at(body, at),
+                            line: u32_at(body, at + 8),
+                        }
+                    })
+                    .collect();
+                let flags = u32_at(body, 4);
+                Record::Alloc {
+                    tid: u32_at(body, 0),
+                    flags,
+                    addr: u64_at(body, 8),
+                    size: u64_at(body, 16),
+                    time_ns: u64_at(body, 24),
+                    frames,
+                    native: native_stack(body, nframes, flags),
+                }
             }
-        }
-        KIND_FREE => {
-            need(8)?;
-            Record::Free {
-                addr: u64_at(body, 0),
+            KIND_FREE => {
+                need(8)?;
+                Record::Free {
+                    addr: u64_at(body, 0),
+                }
             }
-        }
-        KIND_CODE => {
-            need(CODE_FIXED)?;
-            let flen = u16_at(body, 12) as usize;
-            let nlen = u16_at(body, 14) as usize;
-            need(CODE_FIXED + flen + nlen)?;
-            let f = &body[CODE_FIXED..CODE_FIXED + flen];
-            let n = &body[CODE_FIXED + flen..CODE_FIXED + flen + nlen];
-            Record::Code {
-                code: u64_at(body, 0),
-                firstline: u32_at(body, 8),
-                filename: text(f),
-                name: text(n),
+            KIND_CODE => {
+                need(CODE_FIXED)?;
+                let flen = u16_at(body, 12) as usize;
+                let nlen = u16_at(body, 14) as usize;
+                need(CODE_FIXED + flen + nlen)?;
+                let f = &body[CODE_FIXED..CODE_FIXED + flen];
+                let n = &body[CODE_FIXED + flen..CODE_FIXED + flen + nlen];
+                Record::Code {
+                    code: u64_at(body, 0),
+                    firstline: u32_at(body, 8),
+                    filename: text(f),
+                    name: text(n),
+                }
             }
-        }
-        KIND_THREAD => {
-            need(8)?;
-            let nlen = u32_at(body, 4) as usize;
-            need(8 + nlen)?;
-            Record::Thread {
-                tid: u32_at(body, 0),
-                name: text(&body[8..8 + nlen]),
+            KIND_THREAD => {
+                need(8)?;
+                let nlen = u32_at(body, 4) as usize;
+                need(8 + nlen)?;
+                Record::Thread {
+                    tid: u32_at(body, 0),
+                    name: text(&body[8..8 + nlen]),
+                }
             }
-        }
-        KIND_RSS => {
-            need(16)?;
-            Record::Rss {
-                time_ns: u64_at(body, 0),
-                rss_bytes: u64_at(body, 8),
+            KIND_RSS => {
+                need(16)?;
+                Record::Rss {
+                    time_ns: u64_at(body, 0),
+                    rss_bytes: u64_at(body, 8),
+                }
             }
-        }
-        KIND_END => {
-            need(8)?;
-            Record::End {
-                reason: aux,
-                time_ns: u64_at(body, 0),
+            KIND_END => {
+                need(8)?;
+                Record::End {
+                    reason: aux,
+                    time_ns: u64_at(body, 0),
+                }
             }
-        }
-        KIND_META => Record::Meta {
-            text: text(body.split(|&c| c == 0).next().unwrap_or(&[])),
-        },
-        KIND_STATS => {
-            need(16)?;
-            Record::Stats {
-                samples: u64_at(body, 0),
-                dropped: u64_at(body, 8),
+            KIND_META => Record::Meta {
+                text: text(body.split(|&c| c == 0).next().unwrap_or(&[])),
+            },
+            KIND_HEAP => Record::Heap(HeapStats::read(body).ok_or_else(|| {
+                DecodeError::Corrupt(format!("HEAP body is {} bytes", body.len()))
+            })?),
+            KIND_RESIDENT => Record::Resident(
+                Resident::decode(body)
+                    .ok_or_else(|| DecodeError::Corrupt("RESIDENT body out of bounds".into()))?,
+            ),
+            KIND_STATS => {
+                need(16)?;
+                Record::Stats {
+                    samples: u64_at(body, 0),
+                    dropped: u64_at(body, 8),
+                }
             }
-        }
-        KIND_MODULE => Record::Module(Module::decode(body).map_err(DecodeError::Corrupt)?),
-        other => Record::Unknown { kind: other },
-    };
+            KIND_MODULE => Record::Module(Module::decode(body).map_err(DecodeError::Corrupt)?),
+            other => Record::Unknown { kind: other },
+        };
     Ok((record, len))
 }
 
@@ -385,6 +406,15 @@ pub fn encode(record: &Record) -> Vec<u8> {
         Record::Module(module) => {
             module.encode(&mut body);
             KIND_MODULE
+        }
+        Record::Heap(stats) => {
+            body.resize(HeapStats::BODY, 0);
+            stats.write(&mut body);
+            KIND_HEAP
+        }
+        Record::Resident(resident) => {
+            resident.encode(&mut body);
+            KIND_RESIDENT
         }
         Record::Unknown { kind } => *kind,
     };

@@ -133,6 +133,15 @@ impl RingReader {
             .load(Ordering::Acquire)
     }
 
+    /// Whether the session records native stacks (as mprof set up the ring; the target could
+    /// have changed the word since, which only decides whether the module map is read).
+    pub fn native_stacks(&self) -> bool {
+        self.u32_at(offset_of!(RingHeader, config_flags))
+            .load(Ordering::Relaxed)
+            & crate::ring::CONFIG_NATIVE_STACKS
+            != 0
+    }
+
     /// Tells the agent that its request `n` is served: the map was read after it was made.
     pub fn maps_read(&self, n: u32) {
         self.u32_at(offset_of!(RingHeader, maps_read))

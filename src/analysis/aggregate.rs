@@ -126,6 +126,8 @@ pub(crate) struct Aggregator {
     /// The process the records belong to, and every process seen.
     process: u32,
     procs: Vec<ProcessFigures>,
+    /// Where the capture's own process's RSS is (see [`crate::analysis::resident`]).
+    pub(crate) resident: crate::analysis::resident::ResidentTracker,
     /// Per process, which stack each interned stack node of its capture is (see
     /// [`Aggregator::apply_sample`]).
     node_stacks: Vec<NodeStacks>,
@@ -196,6 +198,7 @@ impl Aggregator {
                 rate,
                 ..ProcessFigures::default()
             }],
+            resident: Default::default(),
             node_stacks: vec![NodeStacks {
                 stamp: 1,
                 ..NodeStacks::default()
@@ -338,6 +341,12 @@ impl Aggregator {
                 return self.alloc(index, *tid, *addr, *size, *time_ns, StackId(stack));
             }
             Record::Free { addr } => return self.free(*addr),
+            Record::Heap(stats) if self.process == 0 => self.resident.heap(stats),
+            Record::Resident(r) if self.process == 0 => {
+                self.saw_time(r.time_ns);
+                self.resident.resident(r);
+            }
+            Record::Heap(_) | Record::Resident(_) => {}
             Record::Stats { dropped, .. } => {
                 let before = std::mem::replace(&mut self.proc().dropped, *dropped);
                 self.dropped = self.dropped.saturating_sub(before).saturating_add(*dropped);
@@ -432,6 +441,13 @@ impl Aggregator {
         if let Some(old) = &replaced {
             self.take_live(old);
         }
+        if self.process == 0 {
+            if let Some(old) = &replaced {
+                let was = self.allocator(old.stack);
+                self.resident.free(addr, was, &old.sample(), true);
+            }
+            self.resident.alloc(addr, size, allocator, &sample);
+        }
         self.live_bytes += sample.bytes;
         self.live_split[allocator as usize] += sample.bytes;
         let p = self.proc();
@@ -458,6 +474,10 @@ impl Aggregator {
         match self.live[self.process as usize].remove(addr) {
             Some(old) => {
                 self.take_live(&old);
+                if self.process == 0 {
+                    let was = self.allocator(old.stack);
+                    self.resident.free(addr, was, &old.sample(), false);
+                }
                 Change::Free(old)
             }
             None => Change::Other,

@@ -122,6 +122,18 @@ impl Sample {
         self.bytes
     }
 
+    /// What a sample that stands for `weight` blocks like its own says of `bytes` measured
+    /// for its block alone (the resident part of a sampled mapping).
+    pub fn scaled(bytes: f64, weight: f64) -> Sample {
+        Sample {
+            bytes: bytes * weight,
+            count: weight,
+            // As for a block's own bytes: a block taken with chance 1/weight stands for
+            // weight times itself, a variance of (weight - 1) times its square.
+            variance: bytes * bytes * (weight - 1.0).max(0.0),
+        }
+    }
+
     /// The sample of a block of `size` bytes taken at mean distance `rate`.
     pub fn new(size: u64, rate: u64) -> Sample {
         if size == 0 {

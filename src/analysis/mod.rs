@@ -10,7 +10,8 @@
 //! - [`aggregate`]: records replayed one at a time (the live view uses it directly), the
 //!   live blocks in their table (`live`);
 //! - [`profile`]: a whole capture (or set of captures), within its memory allowance;
-//! - [`grouping`] and [`sites`]: the rows every table shows.
+//! - [`grouping`] and [`sites`]: the rows every table shows;
+//! - [`resident`]: where the RSS is (live blocks, allocators' free memory, mappings).
 
 pub mod aggregate;
 pub mod allocators;
@@ -22,5 +23,6 @@ pub mod launchers;
 pub(crate) mod live;
 pub mod names;
 pub mod profile;
+pub mod resident;
 pub mod sites;
 pub mod symbols;

@@ -194,6 +194,10 @@ pub struct Profile {
     process_warnings: Vec<String>,
     /// Native modules that could not be symbolized, and why (one line each).
     symbol_warnings: Vec<String>,
+    /// Where the capture's own process's RSS was (see [`crate::analysis::resident`]), if its
+    /// mappings were read; and every breakdown kept, in time order.
+    pub resident: Option<crate::analysis::resident::Where>,
+    pub breakdowns: Vec<crate::analysis::resident::Parts>,
     /// The timeline's series ([`Profile::series`]).
     series: Option<series::Recorded>,
 }

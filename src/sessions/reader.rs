@@ -17,6 +17,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 mod ring_mem;
+mod smaps;
 
 pub use ring_mem::*;
 
@@ -71,6 +72,11 @@ fn rss_in_statm(text: &str, page: u64) -> Option<u64> {
     pages.checked_mul(page)
 }
 
+/// How often the program's own reader reads its mappings (see `smaps`) when nothing else asks.
+const RESIDENT_EVERY: Duration = Duration::from_secs(1);
+/// The mappings are read at most this often after new statistics of the allocators.
+const RESIDENT_AFTER_HEAP: Duration = Duration::from_millis(200);
+
 /// Threads whose names the reader looks up at most.
 const MAX_THREAD_NAMES: usize = 4096;
 
@@ -94,6 +100,9 @@ pub struct Reader<R: std::ops::Deref<Target = RingMem>> {
     /// The agent's last request to read the module map that was served (see
     /// `mprof_common::ring`'s map handshake).
     maps_served: u32,
+    /// When the process's mappings were last read for a RESIDENT record, if this reader reads
+    /// them (the program's own reader: see `smaps`).
+    last_resident: Option<Option<Instant>>,
 }
 
 impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
@@ -120,6 +129,7 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
             last_flush: Instant::now(),
             modules: ModuleTracker::new(pid),
             maps_served: 0,
+            last_resident: None,
         };
         r.heartbeat();
         r
@@ -135,7 +145,20 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
     /// for the RSS readings (see `Statm`).
     pub fn keep_statm_open(mut self) -> Self {
         self.statm.kept = std::fs::File::open(&self.statm.path).ok();
+        self.last_resident = Some(None);
         self
+    }
+
+    /// Writes a RESIDENT record of the process's mappings now, if this reader reads them.
+    fn read_resident(&mut self, observe: &mut impl FnMut(&[u8])) -> Result<()> {
+        if self.last_resident.is_none() || !self.reads_rss || !self.agent_up {
+            return Ok(());
+        }
+        self.last_resident = Some(Some(Instant::now()));
+        match smaps::read(self.pid, record_time_ns()) {
+            Some(resident) => self.add(&Record::Resident(resident), observe),
+            None => Ok(()),
+        }
     }
 
     /// Tells the agent the reader is alive.
@@ -154,19 +177,32 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
     pub fn pump_observed(&mut self, mut observe: impl FnMut(&[u8])) -> Result<usize> {
         self.heartbeat();
         let mut new_tids = Vec::new();
+        let mut saw_heap = false;
         let capture = &mut self.capture;
         let tids = &mut self.tids;
         let modules = &mut self.modules;
         let served = &mut self.maps_served;
         let ring: &RingMem = &self.ring;
+        let resident_of = (self.last_resident.is_some() && self.reads_rss).then_some(self.pid);
+        let mut read_resident = false;
         // Before anything else, and between records: the agent may wait for it at its exit.
-        let mut result = serve_map_request(ring, modules, served, capture, &mut observe);
+        let mut result =
+            serve_map_request(ring, modules, served, capture, resident_of, &mut observe)
+                .map(|r| read_resident |= r);
         let moved = ring
             .reader()
             .drain_then(
                 |bytes| {
                     if result.is_ok() {
-                        result = serve_map_request(ring, modules, served, capture, &mut observe);
+                        result = serve_map_request(
+                            ring,
+                            modules,
+                            served,
+                            capture,
+                            resident_of,
+                            &mut observe,
+                        )
+                        .map(|r| read_resident |= r);
                     }
                     if result.is_err() {
                         return;
@@ -184,6 +220,7 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
                             }
                         }
                         // The modules a native stack reaches go into the capture before it.
+                        saw_heap |= kind == record::KIND_HEAP;
                         let before = match kind {
                             KIND_ALLOC => native_addrs(bytes, aux)
                                 .map(|addrs| modules.before_sample(&addrs))
@@ -214,6 +251,20 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
         result?;
         for tid in new_tids {
             self.write_thread_name(tid, &mut observe)?;
+        }
+        // New statistics of the allocators (the agent reads them a few times a second while
+        // the program allocates or frees, and as a session ends): the mappings are read now,
+        // at the same moment, so that the two say where the RSS is together. And at a detach,
+        // once more as the session ends.
+        if read_resident && resident_of.is_some() {
+            self.last_resident = Some(Some(Instant::now()));
+        }
+        let soon = self
+            .last_resident
+            .flatten()
+            .is_some_and(|t| t.elapsed() < RESIDENT_AFTER_HEAP);
+        if saw_heap && !soon && !read_resident {
+            self.read_resident(&mut observe)?;
         }
         self.tick(&mut observe)?;
         Ok(moved)
@@ -262,6 +313,11 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
                 self.add(&rss, observe)?;
             }
         }
+        if let Some(last) = self.last_resident {
+            if last.is_none_or(|t| now - t >= RESIDENT_EVERY) {
+                self.read_resident(observe)?;
+            }
+        }
         if now - self.last_flush >= Duration::from_millis(200) {
             self.last_flush = now;
             self.capture.flush()?;
@@ -271,6 +327,7 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
 
     /// Writes the final counters and flushes.
     pub fn finish(&mut self) -> Result<()> {
+        self.read_resident(&mut |_| {})?;
         let reader = self.ring.reader();
         self.capture.write(&Record::Stats {
             samples: reader.samples(),
@@ -283,25 +340,37 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
 /// Serves the agent's request to read the module map, if it made a new one (the process is
 /// about to end or to unload a library, see `mprof_common::ring`): the map is read now, the
 /// MODULE records of what it shows are written, and only then is the request answered.
+///
+/// The same request asks for the process's mappings (a RESIDENT record) when `resident_of`
+/// names the process: the agent asks as its session ends, and waits, so that they are read
+/// beside its last statistics of the allocators, before the program tears itself down.
 fn serve_map_request(
     ring: &RingMem,
     modules: &mut ModuleTracker,
     served: &mut u32,
     capture: &mut CaptureWriter,
+    resident_of: Option<u32>,
     observe: &mut impl FnMut(&[u8]),
-) -> Result<()> {
+) -> Result<bool> {
     let wanted = ring.reader().maps_wanted();
     if wanted == *served {
-        return Ok(());
+        return Ok(false);
     }
     *served = wanted;
-    for module in modules.read_now() {
-        let encoded = record::encode(&module);
+    let mut records = Vec::new();
+    if ring.reader().native_stacks() {
+        records = modules.read_now();
+    }
+    if let Some(pid) = resident_of {
+        records.extend(smaps::read(pid, record_time_ns()).map(Record::Resident));
+    }
+    for r in records {
+        let encoded = record::encode(&r);
         capture.write_raw(&encoded)?;
         observe(&encoded);
     }
     ring.reader().maps_read(wanted);
-    Ok(())
+    Ok(true)
 }
 
 /// The native return addresses of an ALLOC record as the ring holds it (`aux` is its number

@@ -72,6 +72,9 @@ pub fn peak_text(p: &Profile) -> String {
         }
         None => out.push_str("; no RSS reading"),
     }
+    if let Some(note) = crate::views::resident::reservation_note(p) {
+        let _ = write!(out, " ({note})");
+    }
     out
 }
 

@@ -67,6 +67,18 @@ pub fn page(p: &Profile, t: &timeline::Timeline) -> Result<String> {
     let _ = writeln!(html, "<h2>Memory over time</h2>\n<div id=\"timeline\">");
     html.push_str(svg_body(&timeline::svg(p, t)?));
     html.push_str("</div>\n");
+    let rss = crate::views::resident::section(p);
+    if !rss.trim().is_empty() {
+        let _ = writeln!(
+            html,
+            "<h2>Where the RSS is</h2>\n<pre id=\"rss\">{}</pre>",
+            xml_escape(
+                rss.trim()
+                    .trim_start_matches("Where the RSS is")
+                    .trim_start()
+            )
+        );
+    }
     flamegraphs(&mut html, p)?;
     sites(&mut html, p)?;
     html.push_str("</body></html>\n");

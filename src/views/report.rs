@@ -148,6 +148,7 @@ pub fn text_report(p: &Profile, view: View, by: Grouping, top: usize) -> String 
             shown.len() - limit
         );
     }
+    out.push_str(&crate::views::resident::section(p));
     out
 }
 
@@ -199,6 +200,9 @@ pub fn summary(p: &Profile) -> String {
     } else {
         let split = split_text(p.by_allocator(), View::Peak, p.selection());
         let _ = writeln!(out, "mprof: peak live heap by allocator: {split}");
+    }
+    if let Some(line) = crate::views::resident::summary_line(p) {
+        let _ = writeln!(out, "{line}");
     }
     let by = Grouping::YourCode;
     let _ = write!(out, "mprof: top allocation sites, by {}:", by.title());

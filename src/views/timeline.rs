@@ -53,6 +53,30 @@ pub struct Timeline {
     pub sites: Vec<String>,
     /// (seconds, bytes) of the peak live heap.
     pub peak: Option<(f64, f64)>,
+    /// Where the RSS was at each breakdown (see `crate::analysis::resident`): seconds, and the
+    /// bytes of each of [`RSS_BANDS`], stacked in that order above the live heap.
+    pub rss_parts: Vec<(f64, [f64; RSS_BANDS.len()])>,
+}
+
+/// The parts of the RSS beside the sampled live heap, as the timeline stacks them above it
+/// (their legend labels and colours).
+pub const RSS_BANDS: [(&str, RGBColor); 5] = [
+    ("RSS: live, not sampled", RGBColor(196, 170, 230)),
+    ("RSS: free in pymalloc's arenas", RGBColor(250, 200, 140)),
+    ("RSS: free memory malloc keeps", RGBColor(245, 225, 120)),
+    ("RSS: sampled mappings, resident", RGBColor(150, 215, 230)),
+    ("RSS: the rest (code, stacks, ...)", RGBColor(215, 215, 225)),
+];
+
+/// The bytes of [`RSS_BANDS`] in one breakdown.
+fn bands(b: &crate::analysis::resident::Parts) -> [f64; RSS_BANDS.len()] {
+    [
+        b.live_unseen,
+        b.pymalloc_free.unwrap_or(0) as f64,
+        b.malloc_free.unwrap_or(0) as f64,
+        b.mmap_resident.bytes,
+        b.unexplained,
+    ]
 }
 
 /// The timeline of the captures `set`, whose profile is `p`, with `top` sites: from the series
@@ -81,10 +105,21 @@ pub fn load(set: &CaptureSet, p: &Profile, top: usize) -> Result<Timeline> {
             })
         })
         .collect();
+    let start_ns = p.start_ns.unwrap_or(0);
+    // Breakdowns without the allocators' figures (a reading of the mappings far from any)
+    // would draw their free memory as gone: left out when others have them.
+    let known = p.breakdowns.iter().any(|b| b.malloc_free.is_some());
+    let rss_parts = p
+        .breakdowns
+        .iter()
+        .filter(|b| !known || b.malloc_free.is_some())
+        .map(|b| (b.time_ns.saturating_sub(start_ns) as f64 / 1e9, bands(b)))
+        .collect();
     Ok(Timeline {
         points,
         sites,
         peak: p.peak_seconds.map(|s| (s, p.totals().peak.bytes)),
+        rss_parts,
     })
 }
 
@@ -312,6 +347,29 @@ fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::
             .map(|pt| (pt.seconds, f(pt) / scale))
             .collect()
     };
+    // The RSS's parts beside the live heap, stacked above the sampled live heap of their
+    // moment (python_live + native_live), drawn first: the sites cover the heap below them.
+    let mut rss_entries = Vec::new();
+    if !t.rss_parts.is_empty() {
+        let heap_at = |seconds: f64| {
+            let i = t.points.partition_point(|pt| pt.seconds <= seconds);
+            i.checked_sub(1).map_or(0.0, |i| t.points[i].heap)
+        };
+        for k in (0..RSS_BANDS.len()).rev() {
+            if t.rss_parts.iter().all(|(_, b)| b[k] <= 0.0) {
+                continue;
+            }
+            let (label, colour) = RSS_BANDS[k];
+            let stacked: Vec<(f64, f64)> = t
+                .rss_parts
+                .iter()
+                .map(|(s, b)| (*s, (heap_at(*s) + b[..=k].iter().sum::<f64>()) / scale))
+                .collect();
+            chart.draw_series(AreaSeries::new(stacked, 0.0, colour.mix(0.9)))?;
+            rss_entries.push((Mark::Area(colour), label.to_owned()));
+        }
+        rss_entries.reverse();
+    }
     let grey = RGBColor(200, 200, 200);
     chart.draw_series(AreaSeries::new(series(&|pt| pt.heap), 0.0, grey.mix(0.5)))?;
     let mut entries = vec![(Mark::Area(grey), "other sites".to_owned())];
@@ -345,6 +403,7 @@ fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::
         chart.draw_series(LineSeries::new(rss, RED.stroke_width(2)))?;
         entries.push((Mark::Line(RED), "RSS".to_owned()));
     }
+    entries.extend(rss_entries);
     if let Some((at, bytes)) = t.peak {
         chart.draw_series(LineSeries::new(
             vec![(at, 0.0), (at, top)],

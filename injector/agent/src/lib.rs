@@ -9,8 +9,8 @@
 //! lock), `prot` (page protections), `own_name`, `cycles`, `map_request`, `exec_env`, `python`
 //! (the interpreter's API), `code_dealloc`, `pyframes` (stack walking), `layout_check`,
 //! `stacks`, `addrset` (sampled blocks), `sampler` (countdowns), `chain` (the allocator chain
-//! and the hook layers in it), `got`, `cfi`, `unwind` (native stacks), `follow` (children),
-//! `lifecycle` (the one owner of a session: start, stop), `sample_stack`, `sampling` (the
+//! and the hook layers in it), `heap_stats` (the allocators' own figures), `got`, `cfi`,
+//! `unwind` (native stacks), `follow` (children), `lifecycle` (the one owner of a session: start, stop), `sample_stack`, `sampling` (the
 //! hooks' slow path), `hooks` (the hooks' fast path), `native` (the C allocator's hooks),
 //! `locks` (their order, the fork handlers), and here the entry points.
 //!
@@ -40,6 +40,7 @@ mod follow;
 ))]
 mod glibc_floor;
 mod got;
+mod heap_stats;
 mod hooks;
 mod layout_check;
 mod lifecycle;

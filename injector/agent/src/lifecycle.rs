@@ -30,7 +30,7 @@ use crate::sampler;
 use crate::stacks::Stacks;
 use crate::sys::{self, now_ns};
 use mprof_common::layout::{self, PyLayout};
-use mprof_common::record::{EndReason, KIND_END};
+use mprof_common::record::{EndReason, HeapStats, KIND_END, KIND_HEAP};
 use mprof_common::ring::{
     Ring, RingHeader, CONFIG_NATIVE_STACKS, CONFIG_PYTHON_ONLY, STATE_ACTIVE, STATE_STOPPED,
     STATE_STOP_REQUESTED,
@@ -341,6 +341,10 @@ pub unsafe fn start(
     if native && install_native(api.get_version, serial) {
         NATIVE.store(true, Ordering::Release);
     }
+    // The allocators' statistics as the session starts (an attach: memory allocated before
+    // it), and again at the first sample.
+    crate::heap_stats::reset();
+    read_all_and_write_heap_stats();
     Ok(())
 }
 
@@ -380,12 +384,39 @@ pub fn reinstall_if_replaced() {
     }
 }
 
-/// Ends the running session, if any, for `reason`; returns whether there was one.
+/// Ends the running session, if any, for `reason`; returns whether there was one. Called
+/// without the session lock: the allocators' statistics are read first (the session's last
+/// HEAP record, before its END).
 pub fn stop(reason: EndReason) -> bool {
-    let mut s = SESSION.lock();
-    let running = s.mapped.is_some();
-    stop_locked(&mut s, reason);
-    running
+    stop_with_statistics(reason)
+}
+
+/// The reason of a stop a sample's slow path asked for, to be made once the session lock is
+/// released ([`stop_soon`]); `EndReason as u16 + 1`, 0 when none.
+static PENDING_STOP: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+
+/// Ends the session from a sample's slow path (the session lock held). A session that ends
+/// because the program is done or mprof detaches first reads the allocators' statistics, which
+/// may not be read under the lock (see `locks`): sampling stops now, and the stop itself is
+/// made once the lock is released, right after ([`SpinLock::defer`]). A session whose reader
+/// is gone stops at once (nobody would read them).
+pub fn stop_soon(s: &mut Session, reason: EndReason) {
+    if reason == EndReason::ReaderGone {
+        return stop_locked(s, reason);
+    }
+    ENABLED.store(false, Ordering::Release);
+    if PENDING_STOP.swap(reason as u16 + 1, Ordering::AcqRel) == 0 {
+        SESSION.defer(stop_pending);
+    }
+}
+
+/// The stop [`stop_soon`] asked for, with the allocators' statistics read first.
+fn stop_pending() {
+    let Some(reason) = EndReason::from_u16(PENDING_STOP.swap(0, Ordering::AcqRel).wrapping_sub(1))
+    else {
+        return;
+    };
+    stop_with_statistics(reason);
 }
 
 /// Ends the session: sampling off, the allocators restored (unless the interpreter is shutting
@@ -532,24 +563,57 @@ pub fn at_exit() {
 pub fn before_unload() {
     let mut s = SESSION.lock();
     let Some(m) = &s.mapped else { return };
-    let h = m.ring.header();
-    if !map_request::wanted(h) || s.native_samples == s.native_samples_mapped {
+    if !map_request::wanted(m.ring.header()) || s.native_samples == s.native_samples_mapped {
         return;
     }
+    s.native_samples_mapped = s.native_samples;
+    drop(ask_reader_and_wait(s, map_request::WAIT_NS));
+}
+
+/// Asks the reader to read the maps (and the mappings' resident bytes) and waits for its
+/// answer, at most `wait_ns`, without the session lock (`s`, released for the wait and taken
+/// again, is returned). The ring stays mapped meanwhile: a session that lets it go parks it
+/// ([`UNLOAD_WAITERS`]), and the last waiter unmaps what was parked.
+fn ask_reader_and_wait(
+    mut s: crate::lock::Guard<'_, Session>,
+    wait_ns: u64,
+) -> crate::lock::Guard<'_, Session> {
+    let Some(m) = &s.mapped else { return s };
+    let h = m.ring.header();
     let n = map_request::ask(h);
     let header = h as *const RingHeader;
-    s.native_samples_mapped = s.native_samples;
     UNLOAD_WAITERS.fetch_add(1, Ordering::Relaxed);
     drop(s);
     // SAFETY: the ring stays mapped while UNLOAD_WAITERS counts this thread: a session that
     // lets it go meanwhile parks it instead of unmapping it.
-    map_request::wait(unsafe { &*header }, n);
-    let mut s = SESSION.lock();
+    map_request::wait_at_most(unsafe { &*header }, n, wait_ns);
+    s = SESSION.lock();
     if UNLOAD_WAITERS.fetch_sub(1, Ordering::Relaxed) == 1 {
         for m in s.parked.iter_mut().filter_map(Option::take) {
             unmap(m);
         }
     }
+    s
+}
+
+/// The longest a session's end waits for the reader to read the mappings beside the
+/// allocators' last statistics.
+const END_WAIT_NS: u64 = 200_000_000;
+
+/// Ends the session for `reason` with its last statistics of the allocators, read first
+/// (without the session lock: see `locks`), and the process's mappings read by mprof beside
+/// them (the agent waits for it, bounded), so that where the RSS was at the session's end is
+/// known before the program tears itself down. Returns whether a session was running.
+fn stop_with_statistics(reason: EndReason) -> bool {
+    let stats = crate::heap_stats::read_busy();
+    let mut s = SESSION.lock();
+    let running = s.mapped.is_some();
+    if running {
+        write_heap_stats(&mut s, stats);
+        s = ask_reader_and_wait(s, END_WAIT_NS);
+    }
+    stop_locked(&mut s, reason);
+    running
 }
 
 /// Why the session should end now (`now`, from `now_ns`), if it should: the interpreter is
@@ -686,4 +750,31 @@ fn forget_leaving(s: &mut Session) {
     if let Some((m, _)) = s.leaving.take() {
         unmap(m);
     }
+}
+
+/// Writes `stats` into the session's ring as a HEAP record stamped now, if a session runs.
+pub fn write_heap_stats(s: &mut Session, stats: HeapStats) {
+    if let Some(m) = s.mapped.as_mut() {
+        let stats = HeapStats {
+            time_ns: sys::now_ns(),
+            ..stats
+        };
+        m.ring
+            .try_write(KIND_HEAP, 0, HeapStats::BODY, |b| stats.write(b));
+    }
+}
+
+/// Reads the statistics and writes them into the session's ring. Deferred from a sample's
+/// slow path: runs with no agent lock held.
+pub fn read_and_write_heap_stats() {
+    let start = sys::precise_ns();
+    let stats = crate::heap_stats::read_busy();
+    crate::heap_stats::cost_was(sys::precise_ns().saturating_sub(start));
+    write_heap_stats(&mut SESSION.lock(), stats);
+}
+
+/// [`read_and_write_heap_stats`] as a session starts (its cost is no periodic reading's).
+pub fn read_all_and_write_heap_stats() {
+    let stats = crate::heap_stats::read_busy();
+    write_heap_stats(&mut SESSION.lock(), stats);
 }

@@ -8,8 +8,10 @@
 //! once the reader's heartbeat is older than [`SILENT_NS`]: a killed or stopped mprof costs
 //! the target at most that.
 //!
-//! Never called from an allocation hook: from the agent's destructor (`lifecycle::at_exit`)
-//! and from the `dlclose` hook, before the real `dlclose` (no loader lock held).
+//! Never called from an allocation hook itself: from the agent's destructor
+//! (`lifecycle::at_exit`), from the `dlclose` hook, before the real `dlclose` (no loader lock
+//! held), and as a session ends, once the session lock is released. The same request asks for
+//! the process's mappings (their resident bytes) beside the allocators' last statistics.
 
 use crate::sys::{now_ns, sleep_ns};
 use mprof_common::ring::{RingHeader, CONFIG_NATIVE_STACKS};
@@ -51,11 +53,22 @@ pub enum Answer {
 
 /// Waits until the reader has served request `n`; see the module doc for the bounds.
 pub fn wait(h: &RingHeader, n: u32) -> Answer {
-    wait_with(h, n, now_ns, || sleep_ns(NAP_NS))
+    wait_at_most(h, n, WAIT_NS)
+}
+
+/// [`wait`], for at most `wait_ns` (and at most [`WAIT_NS`]).
+pub fn wait_at_most(h: &RingHeader, n: u32, wait_ns: u64) -> Answer {
+    wait_with(h, n, wait_ns.min(WAIT_NS), now_ns, || sleep_ns(NAP_NS))
 }
 
 /// [`wait`] with its clock and its nap given (for the tests).
-fn wait_with(h: &RingHeader, n: u32, now: impl Fn() -> u64, mut nap: impl FnMut()) -> Answer {
+fn wait_with(
+    h: &RingHeader,
+    n: u32,
+    limit_ns: u64,
+    now: impl Fn() -> u64,
+    mut nap: impl FnMut(),
+) -> Answer {
     let start = now();
     loop {
         if served(h, n) {
@@ -66,7 +79,7 @@ fn wait_with(h: &RingHeader, n: u32, now: impl Fn() -> u64, mut nap: impl FnMut(
         if beat == 0 || t.saturating_sub(beat) > SILENT_NS {
             return Answer::Silent;
         }
-        if t.saturating_sub(start) >= WAIT_NS {
+        if t.saturating_sub(start) >= limit_ns {
             return Answer::TimedOut;
         }
         nap();
@@ -100,11 +113,11 @@ mod tests {
         // Never beat: not waited for.
         let n = ask(h);
         assert_eq!(n, 1);
-        assert_eq!(wait_with(h, n, now, tick), Answer::Silent);
+        assert_eq!(wait_with(h, n, WAIT_NS, now, tick), Answer::Silent);
         // A beating reader that answers after a few naps.
         h.reader_heartbeat_ns.store(clock.get(), Ordering::Release);
         let naps = Cell::new(0);
-        let answer = wait_with(h, n, now, || {
+        let answer = wait_with(h, n, WAIT_NS, now, || {
             naps.set(naps.get() + 1);
             if naps.get() == 5 {
                 h.maps_read.store(n, Ordering::Release);
@@ -115,12 +128,12 @@ mod tests {
         let n = ask(h);
         let beat = clock.get();
         h.reader_heartbeat_ns.store(beat, Ordering::Release);
-        assert_eq!(wait_with(h, n, now, tick), Answer::Silent);
+        assert_eq!(wait_with(h, n, WAIT_NS, now, tick), Answer::Silent);
         assert!(clock.get() - beat <= SILENT_NS + NAP_NS);
         // A reader that beats but never answers: given up after WAIT_NS.
         let start = clock.get();
         h.reader_heartbeat_ns.store(start, Ordering::Release);
-        let answer = wait_with(h, n, now, || {
+        let answer = wait_with(h, n, WAIT_NS, now, || {
             tick();
             h.reader_heartbeat_ns.store(clock.get(), Ordering::Release);
         });

@@ -406,7 +406,7 @@ unsafe fn record_alloc_with<const WITH_NATIVE: bool>(shared: &mut Session, block
     let now = mapped.clock.now(t.tsc.get());
     if let Some(reason) = lifecycle::stop_reason_at(*finalizing_flag, api, mapped, now) {
         cold_path();
-        lifecycle::stop_locked(shared, reason);
+        lifecycle::stop_soon(shared, reason);
         return;
     }
     let with_native = WITH_NATIVE;
@@ -486,8 +486,15 @@ unsafe fn record_alloc_with<const WITH_NATIVE: bool>(shared: &mut Session, block
     if written {
         // Only the holder of the session lock writes the counters: no read-modify-write.
         let samples = &mapped.ring.header().samples;
-        samples.store(samples.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        let n = samples.load(Ordering::Relaxed) + 1;
+        samples.store(n, Ordering::Relaxed);
         *native_samples += with_native as u64;
+        // Every so many samples, whether the allocators' statistics are due (read once the
+        // lock is released).
+        if n % crate::heap_stats::SAMPLES_BETWEEN_CHECKS == 0 {
+            cold_path();
+            heap_stats_check(now, crate::heap_stats::SAMPLES_BETWEEN_CHECKS);
+        }
         // Without room for it in the set, its free would go unrecorded: it stays live.
         set.insert(addr);
     }
@@ -668,7 +675,31 @@ fn write_free(b: &mut [u8], addr: usize) {
 #[inline(always)]
 fn count_free(ring: &Ring) {
     let frees = &ring.header().frees;
-    frees.store(frees.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    let n = frees.load(Ordering::Relaxed) + 1;
+    frees.store(n, Ordering::Relaxed);
+    // At a sampling rate, at every sampled free (rare, and each stands for many bytes); at
+    // `--rate 1` every so many: a program that frees much and allocates little would
+    // otherwise leave the allocators' statistics unread, and a burst of frees should be seen
+    // to its end.
+    let every = if ring.header().rate >= crate::heap_stats::SPARSE_RATE {
+        1
+    } else {
+        crate::heap_stats::FREES_BETWEEN_CHECKS
+    };
+    if n.is_multiple_of(every) {
+        cold_path();
+        heap_stats_check(sys::now_ns(), every);
+    }
+}
+
+/// Whether the allocators' statistics are due, `events` sampled events after the last look;
+/// if they are, they are read once the session lock is released. Out of line.
+#[cold]
+#[inline(never)]
+fn heap_stats_check(now: u64, events: u64) {
+    if crate::heap_stats::due(now, events) {
+        SESSION.defer(lifecycle::read_and_write_heap_stats);
+    }
 }
 
 /// Writes the FREE record of a sampled block (or ends the session, if it must end). The clock
@@ -680,7 +711,7 @@ fn count_free(ring: &Ring) {
 fn record_free_locked(shared: &mut Session, addr: usize) {
     if let Some(reason) = lifecycle::must_end(shared) {
         cold_path();
-        lifecycle::stop_locked(shared, reason);
+        lifecycle::stop_soon(shared, reason);
         return;
     }
     let Some(mapped) = shared.mapped.as_mut() else {

@@ -204,6 +204,8 @@ extern "C" {
     pub fn setenv(name: *const c_char, value: *const c_char, overwrite: c_int) -> c_int;
     pub fn unsetenv(name: *const c_char) -> c_int;
     pub fn close(fd: c_int) -> c_int;
+    pub fn open_memstream(buf: *mut *mut c_char, len: *mut usize) -> *mut c_void;
+    pub fn fclose(file: *mut c_void) -> c_int;
     #[link_name = "__errno_location"]
     pub fn errno() -> *mut c_int;
     pub fn open(path: *const c_char, flags: c_int, ...) -> c_int;

@@ -369,6 +369,8 @@ impl Builder {
             })
             .collect();
         let series = self.series.take().map(|s| s.finish(agg));
+        let resident = agg.resident.summary(agg.peak().map(|(_, _, t)| t));
+        let breakdowns = agg.resident.breakdowns();
         let agg = self.agg;
         let mut profile = Profile {
             focus: Focus::new(&agg.meta, &[]),
@@ -396,6 +398,8 @@ impl Builder {
             sites,
             symbol_warnings,
             series,
+            resident,
+            breakdowns,
         };
         profile.add_up();
         profile

@@ -66,6 +66,9 @@ pub struct JsonReport<'a> {
     processes: Option<Vec<crate::views::process_table::ProcessRow>>,
     locations_total: usize,
     locations: Vec<JsonLocation<'a>>,
+    /// Where the RSS is (see `crate::views::resident`), when the capture read the mappings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rss: Option<crate::views::resident::JsonWhere>,
 }
 
 #[derive(Serialize)]
@@ -267,5 +270,6 @@ pub fn json_report(p: &Profile, view: View, by: Grouping, top: usize) -> JsonRep
             .take(limit)
             .map(|r| json_location(r, view, by))
             .collect(),
+        rss: p.resident.as_ref().map(crate::views::resident::json_where),
     }
 }

@@ -81,6 +81,8 @@ pub struct Snapshot {
     /// The processes seen, the program first.
     pub processes: Vec<Process>,
     pub rss: Option<u64>,
+    /// Where the RSS was at the latest reading of the allocators' figures.
+    pub rss_parts: Option<crate::analysis::resident::Parts>,
     /// Estimated bytes of the live heap, and its highest value so far.
     pub live_heap: f64,
     /// `live_heap` per allocator (python, native, mmap).
@@ -326,6 +328,7 @@ impl Model {
             threads: self.threads.clone(),
             processes: self.processes.clone(),
             rss,
+            rss_parts: self.agg.resident.latest().cloned(),
             live_heap: self.agg.live_bytes.max(0.0),
             live_split: self.agg.live_split.map(|b| b.max(0.0)),
             peak_heap: self.agg.peak_bytes(),

@@ -171,12 +171,32 @@ fn gap_line(s: &Screen, gap: Option<f64>, width: usize) -> Line<'static> {
         .find(|t| t.chars().count() <= room)
         .unwrap_or_default()
     };
-    let parts = [
-        value,
-        heap,
-        "gap: allocator-held, fragmented or unseen memory".to_owned(),
-    ];
+    let gap = match &s.snap.rss_parts {
+        Some(b) => kept_text(b),
+        None => "gap: allocator-held, fragmented or unseen memory".to_owned(),
+    };
+    let parts = [value, heap, gap];
     Line::raw(fit(&parts, "  ", width))
+}
+
+/// `kept: malloc free 190M · rest 9.0M · pymalloc free 1.0M`: what holds the RSS beside the
+/// live heap at the latest reading of the allocators' figures, largest first.
+fn kept_text(b: &crate::analysis::resident::Parts) -> String {
+    let short = |part: &str| match part {
+        "live_unseen" => "unsampled live",
+        "pymalloc_free" => "pymalloc free",
+        "malloc_free" => "malloc free",
+        "mmap_resident" => "mmaps",
+        _ => "rest",
+    };
+    let kept: Vec<String> = b
+        .ranked()
+        .into_iter()
+        .filter(|(part, bytes)| !part.ends_with("_live") && *bytes >= 1.0)
+        .take(3)
+        .map(|(part, bytes)| format!("{} {}", short(part), compact_bytes(bytes)))
+        .collect();
+    format!("kept: {}", kept.join(" · "))
 }
 
 /// `label  value ▁▂▃▅  extra`.
