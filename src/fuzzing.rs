@@ -161,14 +161,14 @@ fn other_views(p: &Profile, path: &Path) {
     let set =
         crate::capture::processes::CaptureSet::open(path, crate::capture::processes::Pick::All)
             .expect("the input is still there");
-    let timeline = crate::views::timeline::load(&set, p, 5).expect("timeline");
+    let timeline = crate::views::timeline::load(&set, p, 5, Grouping::YourCode).expect("timeline");
     outputs.push((
         "timeline",
         crate::views::timeline::svg(p, &timeline)
             .expect("timeline")
             .into_bytes(),
     ));
-    let html = crate::views::html::page(p, &timeline).expect("html");
+    let html = crate::views::html::page(p, &timeline, Grouping::YourCode).expect("html");
     outputs.push(("html", html.into_bytes()));
     let diff = crate::views::diff::text(p, p, View::Live, Grouping::Stack, 0);
     outputs.push(("diff", diff.into_bytes()));

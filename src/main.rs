@@ -13,6 +13,7 @@ use mprof::capture::processes::{Pick, PidArgs};
 use mprof::sessions::sampling::SamplingArgs;
 use mprof::sessions::{attach, record};
 use mprof::views::formats::Format;
+use mprof::views::timeline::ByFrame;
 use mprof::views::{diff, export, flamegraph, html, report, timeline};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -158,6 +159,13 @@ enum Command {
         /// How many allocation sites get their own area.
         #[arg(long, default_value_t = 5)]
         top: usize,
+        /// How to group the sites, as report does.
+        #[arg(long, value_enum, default_value = "your-code")]
+        by: ByFrame,
+        /// Count the files under PATH as your code for `--by your-code`, library or not
+        /// (repeatable; a relative PATH also matches that run of directories anywhere).
+        #[arg(long = "focus", value_name = "PATH")]
+        focus: Vec<PathBuf>,
         #[command(flatten)]
         processes: PidArgs,
     },
@@ -168,6 +176,13 @@ enum Command {
         /// HTML file to write (`-`: standard output).
         #[arg(short, long, default_value = "mprof-report.html")]
         output: PathBuf,
+        /// How to group the top sites and the timeline's areas, as report does.
+        #[arg(long, value_enum, default_value = "your-code")]
+        by: ByFrame,
+        /// Count the files under PATH as your code for `--by your-code`, library or not
+        /// (repeatable; a relative PATH also matches that run of directories anywhere).
+        #[arg(long = "focus", value_name = "PATH")]
+        focus: Vec<PathBuf>,
         #[command(flatten)]
         processes: PidArgs,
     },
@@ -345,13 +360,34 @@ fn run(cli: Cli) -> Result<ExitCode> {
             file,
             output,
             top,
+            by,
+            focus,
             processes,
-        } => done(timeline::run(&file, &output, top, processes.pick())),
+        } => done(timeline::run(
+            &file,
+            &output,
+            top,
+            &timeline::Sites {
+                by: by.into(),
+                focus: &focus,
+                pick: processes.pick(),
+            },
+        )),
         Command::Html {
             file,
             output,
+            by,
+            focus,
             processes,
-        } => done(html::run(&file, &output, processes.pick())),
+        } => done(html::run(
+            &file,
+            &output,
+            &timeline::Sites {
+                by: by.into(),
+                focus: &focus,
+                pick: processes.pick(),
+            },
+        )),
         Command::Diff {
             base,
             new,

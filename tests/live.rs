@@ -545,3 +545,163 @@ fn a_live_view_that_cannot_start_leaves_the_program_recorded() {
     let report = report_json(&capture, &[]);
     assert!(report["samples"].as_u64().unwrap() > 100, "{report}");
 }
+
+/// (function, line) of a location's text: `dump_a (…/views_agree.py:21)`, with anything after.
+fn function_line(location: &str) -> (String, u32) {
+    let function = location
+        .split(" (")
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    let line = location
+        .split(')')
+        .next()
+        .and_then(|l| l.rsplit(':').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    (function, line)
+}
+
+/// The first three rows of a `report --json` (by your code) in `view`.
+fn report_top3(capture: &Path, view: &str) -> Vec<(String, u32)> {
+    let report = report_json(capture, &["--view", view, "--top", "3"]);
+    report["locations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            let function = l["function"].as_str().unwrap().to_owned();
+            (function, l["line"].as_u64().unwrap() as u32)
+        })
+        .collect()
+}
+
+/// The timeline's legend entries for sites (after `other sites`), first three.
+fn timeline_top3(capture: &Path, dir: &Path) -> Vec<(String, u32)> {
+    let svg = dir.join("t.svg");
+    let out = Command::new(env!("CARGO_BIN_EXE_mprof"))
+        .arg("timeline")
+        .arg(capture)
+        .arg("-o")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&svg).unwrap();
+    text.lines()
+        .map(str::trim)
+        .skip_while(|l| *l != "other sites")
+        .skip(1)
+        .filter(|l| !l.starts_with('<') && !l.is_empty())
+        .take(3)
+        .map(function_line)
+        .collect()
+}
+
+/// The HTML report's top-sites table: its first three rows (they come in the order of the
+/// allocated view).
+fn html_top3(capture: &Path, dir: &Path) -> Vec<(String, u32)> {
+    let html = dir.join("r.html");
+    let out = Command::new(env!("CARGO_BIN_EXE_mprof"))
+        .arg("html")
+        .arg(capture)
+        .arg("-o")
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&html).unwrap();
+    let start = text.find("id=\"sites-data\">").expect("the sites' data") + 16;
+    let end = start + text[start..].find("</script>").unwrap();
+    let rows: serde_json::Value = serde_json::from_str(&text[start..end]).unwrap();
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .take(3)
+        .map(|r| function_line(r["location"].as_str().unwrap()))
+        .collect()
+}
+
+/// One capture, four views grouped the same way by default (by your code): the live view
+/// while it records (sorted by live bytes), the timeline's legend (by bytes at the peak), the
+/// HTML report's top-sites table (by allocated bytes) name the same top rows as `report`
+/// does in that view: the three lines of the workload that reach one line of json's encoder
+/// (which grouping by line would name instead). On every interpreter present.
+#[test]
+fn every_view_names_the_same_top_rows_as_report() {
+    if !have_tmux() {
+        return;
+    }
+    let source = std::fs::read_to_string(script("views_agree.py")).unwrap();
+    let line = |f: &str| {
+        1 + source
+            .lines()
+            .position(|l| l.contains(&format!("# LINE {f}")))
+            .unwrap() as u32
+    };
+    let want: Vec<(String, u32)> = ["dump_a", "dump_b", "dump_c"]
+        .iter()
+        .map(|f| (f.to_string(), line(f)))
+        .collect();
+    for py in common::pythons() {
+        let run = Run::new();
+        let q = |p: &Path| format!("'{}'", p.display());
+        let command = format!(
+            "{} record --live -o {} -- {} {} {}; echo $? > {}; sleep 600",
+            q(Path::new(env!("CARGO_BIN_EXE_mprof"))),
+            q(&run.capture),
+            q(&py.path),
+            q(&script("views_agree.py")),
+            q(&run.stop),
+            q(&run.status),
+        );
+        let tmux = Tmux::start(&command, 140, 30);
+        let live_top3 = |s: &str| -> Vec<(String, u32)> {
+            let mut lines = s.lines().skip_while(|l| !l.contains("ALLOC/s"));
+            lines.next();
+            lines
+                .take(3)
+                .map(|l| {
+                    // RATE UNIT ALLOCATED UNIT LIVE UNIT SAMPLES FUNCTION FILE:LINE [← …]
+                    let words: Vec<&str> = l.split_whitespace().collect();
+                    let at = |i: usize| words.get(i).copied().unwrap_or_default();
+                    let line = at(8).rsplit(':').next().and_then(|n| n.parse().ok());
+                    (at(7).to_owned(), line.unwrap_or(0))
+                })
+                .collect()
+        };
+        tmux.wait_for("the live view", |s| s.contains("ALLOC/s"));
+        tmux.keys(&["3"]);
+        let screen = tmux.wait_for("the workload's three lines by live bytes", |s| {
+            s.contains("▼LIVE") && live_top3(s) == want
+        });
+        assert!(screen.contains("by your code"), "{}: {screen}", py.label);
+        std::fs::write(&run.stop, "").unwrap();
+        assert_eq!(run.wait_status(&tmux), 0, "{}", py.label);
+        let dir = run.capture.parent().unwrap();
+        for view in ["allocated", "live", "peak"] {
+            assert_eq!(
+                report_top3(&run.capture, view),
+                want,
+                "{}: report --view {view}",
+                py.label
+            );
+        }
+        assert_eq!(
+            timeline_top3(&run.capture, dir),
+            want,
+            "{}: timeline",
+            py.label
+        );
+        assert_eq!(html_top3(&run.capture, dir), want, "{}: html", py.label);
+    }
+}

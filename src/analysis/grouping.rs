@@ -67,6 +67,46 @@ impl Grouping {
     }
 }
 
+/// The frame a stack (innermost first) is grouped at by your code, with its innermost frame
+/// and whether the frame is yours: the innermost frame in your code, or the innermost frame
+/// when none is. None for an empty stack.
+fn your_frame<'a>(
+    focus: &Focus,
+    memo: &mut Memo<'a>,
+    frames: impl IntoIterator<Item = Location<'a>>,
+) -> Option<(Location<'a>, Location<'a>, bool)> {
+    let mut frames = frames.into_iter();
+    let innermost = frames.next()?;
+    let at = match focus.is_yours(&innermost, memo) {
+        true => Some(innermost),
+        false => focus.first_yours(frames, memo),
+    };
+    Some((innermost, at.unwrap_or(innermost), at.is_some()))
+}
+
+impl Grouping {
+    /// The row key of a stack (frames innermost first), for the groupings by frame: by your
+    /// code, that of the frame [`YourCodeGroups`] groups it at; by line, function or file,
+    /// the innermost frame's ([`Grouping::frame_key`]). None for an empty stack and for the
+    /// groupings not by frame (stack, thread).
+    pub fn stack_key<'a>(
+        self,
+        focus: &Focus,
+        memo: &mut Memo<'a>,
+        frames: impl IntoIterator<Item = Location<'a>>,
+    ) -> Option<Key<'a>> {
+        match self {
+            Grouping::YourCode => {
+                your_frame(focus, memo, frames).map(|(_, at, _)| Grouping::Line.frame_key(&at))
+            }
+            Grouping::Line | Grouping::Function | Grouping::File => {
+                frames.into_iter().next().map(|loc| self.frame_key(&loc))
+            }
+            Grouping::Stack | Grouping::Thread => None,
+        }
+    }
+}
+
 /// What a row grouped by your code shows beside its frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Beside<'a> {
@@ -120,16 +160,9 @@ impl<'a, 'f, F: Default> YourCodeGroups<'a, 'f, F> {
         figures: &F,
         merge: impl Fn(&mut F, &F),
     ) {
-        let mut frames = frames.into_iter();
-        let Some(innermost) = frames.next() else {
+        let Some((innermost, at, yours)) = your_frame(self.focus, &mut self.memo, frames) else {
             return;
         };
-        let at = match self.focus.is_yours(&innermost, &mut self.memo) {
-            true => Some(innermost),
-            false => self.focus.first_yours(frames, &mut self.memo),
-        };
-        let yours = at.is_some();
-        let at = at.unwrap_or(innermost);
         let group = self
             .groups
             .entry(Grouping::Line.frame_key(&at))

@@ -251,14 +251,6 @@ impl Names {
         self.location(self.nodes[node as usize].1)
     }
 
-    /// What names the line of the stack ending at `node` (its innermost frame's file,
-    /// function and line, as string ids): stacks with the same key are on the same line.
-    pub(crate) fn line_key(&self, node: u32) -> (u32, u32, u32) {
-        let (code, line) = self.frames[self.nodes[node as usize].1 as usize];
-        let (file, name, _, _) = self.codes[code as usize];
-        (file, name, line)
-    }
-
     pub(crate) fn location(&self, frame: u32) -> Location<'_> {
         let (code, line) = self.frames[frame as usize];
         let (file, name, firstline, module) = self.codes[code as usize];

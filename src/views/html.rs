@@ -11,7 +11,7 @@ use crate::analysis::grouping::Grouping;
 use crate::analysis::profile::{Completeness, Profile, View};
 use crate::analysis::sites::{rows, whole};
 use crate::base::text::xml_escape;
-use crate::capture::processes::{CaptureSet, Pick};
+use crate::capture::processes::CaptureSet;
 use crate::views::about::{
     peak_text, plus_minus, python_version, rate_text, target_text, view_title, NOT_NATIVE,
 };
@@ -27,13 +27,16 @@ use std::path::Path;
 /// Rows of the sites table.
 pub const TOP_SITES: usize = 50;
 
-/// `mprof html`: writes the report of `path` (the processes `pick` says) to `out`.
-pub fn run(path: &Path, out: &Path, pick: Pick) -> Result<()> {
+/// `mprof html`: writes the report of `path` to `out`, its timeline and top sites grouped as
+/// `sites` says (the processes it picks).
+pub fn run(path: &Path, out: &Path, sites: &timeline::Sites) -> Result<()> {
     check_output(out, Format::Html)?;
-    let set = CaptureSet::open(path, pick)?;
-    let p = Profile::load_set(&set)?;
-    let t = timeline::load(&set, &p, 5)?;
-    write_file(out, "HTML report", page(&p, &t)?.as_bytes())
+    let by = timeline::check_grouping(sites.by)?;
+    let set = CaptureSet::open(path, sites.pick)?;
+    let mut p = Profile::load_set(&set)?;
+    p.set_focus(sites.focus);
+    let t = timeline::load(&set, &p, 5, by)?;
+    write_file(out, "HTML report", page(&p, &t, by)?.as_bytes())
 }
 
 #[derive(Serialize)]
@@ -45,7 +48,7 @@ struct SiteRow {
 }
 
 /// The page.
-pub fn page(p: &Profile, t: &timeline::Timeline) -> Result<String> {
+pub fn page(p: &Profile, t: &timeline::Timeline, by: Grouping) -> Result<String> {
     let mut html = String::new();
     let title = match target_text(p) {
         Some(target) => format!("mprof report: {target}"),
@@ -80,7 +83,7 @@ pub fn page(p: &Profile, t: &timeline::Timeline) -> Result<String> {
         );
     }
     flamegraphs(&mut html, p)?;
-    sites(&mut html, p)?;
+    sites(&mut html, p, by)?;
     html.push_str("</body></html>\n");
     Ok(html)
 }
@@ -180,15 +183,19 @@ fn flamegraphs(html: &mut String, p: &Profile) -> Result<()> {
 }
 
 /// The top sites table: JSON in the page, rows built by a script, sorted by the chosen view.
-fn sites(html: &mut String, p: &Profile) -> Result<()> {
+fn sites(html: &mut String, p: &Profile, by: Grouping) -> Result<()> {
     let mut data: Vec<SiteRow> = Vec::new();
     for view in View::ALL {
-        for row in rows(p, view, Grouping::Line).iter().take(TOP_SITES) {
-            let mut location = crate::base::text::printable(&row.label()).into_owned();
-            let tag = row.allocators.tag(View::Allocated);
-            if !tag.is_empty() {
-                let _ = write!(location, "  {tag}");
+        for row in rows(p, view, by).iter().take(TOP_SITES) {
+            // As the text report labels it: the row, the innermost frame beside it (by your
+            // code), the allocators.
+            let mut location = row.label_in(p);
+            for extra in [row.beside_text(), row.allocators.tag(View::Allocated)] {
+                if !extra.is_empty() {
+                    let _ = write!(location, "  {extra}");
+                }
             }
+            let location = crate::base::text::printable(&location).into_owned();
             if data.iter().any(|r| r.location == location) {
                 continue;
             }
@@ -207,8 +214,13 @@ fn sites(html: &mut String, p: &Profile) -> Result<()> {
     // parser looks for its end (names in a capture can be anything): no `<`, `>` or `&` is
     // left as such. They only occur inside JSON strings, where `\u003c` means the same.
     let json = script_safe_json(&serde_json::to_string(&data)?);
+    let _ = writeln!(
+        html,
+        "<h2>Top allocation sites</h2>\n<p>By {} (--by).</p>",
+        xml_escape(by.title())
+    );
     html.push_str(
-        "<h2>Top allocation sites</h2>\n<label>sort by <select id=\"sites-view\" \
+        "<label>sort by <select id=\"sites-view\" \
          onchange=\"fillSites()\"><option value=\"0\">allocated</option>\
          <option value=\"1\">live at the end</option><option value=\"2\">live at the peak\
          </option></select></label>\n<table id=\"sites\"><thead><tr><th>bytes</th>\

@@ -221,7 +221,7 @@ fn the_timeline_adds_up_the_processes() {
     let dir = tempfile::tempdir().unwrap();
     let set = CaptureSet::open(&family(dir.path()), Pick::All).unwrap();
     let p = Profile::load_set(&set).unwrap();
-    let t = timeline::load(&set, &p, 5).unwrap();
+    let t = timeline::load(&set, &p, 5, crate::analysis::grouping::Grouping::Line).unwrap();
     let heap_at = |s: f64| {
         t.points
             .iter()

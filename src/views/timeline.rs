@@ -4,8 +4,9 @@
 //!
 //! The points come from the series the profile recorded in its one pass over the capture
 //! (`crate::analysis::profile::series`): the last RSS reading, the live heap, and the live
-//! bytes of each top site (by line, ranked by their bytes at the peak). A profile without a
-//! series (too many lines changing too often to keep them) has the capture read once more,
+//! bytes of each top site (grouped as the reports group them, by your code unless `--by`
+//! says otherwise, ranked by their bytes at the peak). A profile without a series (too many
+//! stacks changing too often to keep them) has the capture read once more,
 //! through the same descriptors ([`CaptureSet`]: with followed children, all their captures
 //! merged, so RSS is the sum of the processes' and the heap theirs together), the same
 //! [`Aggregator`] as every view and the same memory allowance (`Budget`): after each timed
@@ -13,7 +14,8 @@
 //! the previous point, a point is taken.
 
 use crate::analysis::aggregate::{Aggregator, Change};
-use crate::analysis::grouping::Grouping;
+use crate::analysis::focus::Memo;
+use crate::analysis::grouping::{Grouping, Key};
 use crate::analysis::names::StackId;
 use crate::analysis::profile::series::Recorded;
 use crate::analysis::profile::{Budget, FastMap, Profile, View};
@@ -82,27 +84,30 @@ fn bands(b: &crate::analysis::resident::Parts) -> [f64; RSS_BANDS.len()] {
 /// The timeline of the captures `set`, whose profile is `p`, with `top` sites: from the series
 /// the profile recorded in its pass (see `crate::analysis::profile::series`), or, when it has
 /// none, from one more pass over the captures.
-pub fn load(set: &CaptureSet, p: &Profile, top: usize) -> Result<Timeline> {
-    let keys: Vec<(String, String, u32)> = rows(p, View::Peak, Grouping::Line)
+pub fn load(set: &CaptureSet, p: &Profile, top: usize, by: Grouping) -> Result<Timeline> {
+    let by = check_grouping(by)?;
+    let keys: Vec<(String, String, u32)> = rows(p, View::Peak, by)
         .iter()
         .filter(|r| r.figures.peak.bytes >= 0.5)
         .take(top)
         .map(|r| (r.file.to_owned(), r.function.to_owned(), r.line))
         .collect();
     let points = match p.series() {
-        Some(series) => from_series(p, series, &keys),
-        None => read_again(set, p, &keys)?,
+        Some(series) => from_series(p, series, &keys, by),
+        None => read_again(set, p, &keys, by)?,
     };
     let sites = keys
         .iter()
-        .map(|(file, function, line)| {
-            crate::analysis::frames::label(&crate::analysis::names::Location {
+        .map(|(file, function, line)| match function.is_empty() {
+            true => crate::base::text::printable(&crate::analysis::frames::short_file(file))
+                .into_owned(),
+            false => crate::analysis::frames::label(&crate::analysis::names::Location {
                 file,
                 function,
                 line: *line,
                 firstline: *line,
                 module: None,
-            })
+            }),
         })
         .collect();
     let start_ns = p.start_ns.unwrap_or(0);
@@ -124,25 +129,29 @@ pub fn load(set: &CaptureSet, p: &Profile, top: usize) -> Result<Timeline> {
 }
 
 /// The points of a recorded series, with the live bytes of the lines `keys`.
-fn from_series(p: &Profile, series: &Recorded, keys: &[(String, String, u32)]) -> Vec<Point> {
+fn from_series(
+    p: &Profile,
+    series: &Recorded,
+    keys: &[(String, String, u32)],
+    by: Grouping,
+) -> Vec<Point> {
+    let mut memo = Memo::new();
     let key_of: Vec<Option<usize>> = series
         .lines
         .iter()
-        .map(|&stack| {
-            let loc = p.innermost(stack);
-            keys.iter().position(|(f, n, l)| {
-                (f.as_str(), n.as_str(), *l) == (loc.file, loc.function, loc.line)
-            })
-        })
+        .map(|&stack| site_of(keys, by.stack_key(p.focus(), &mut memo, p.frames(stack))))
         .collect();
     let start_ns = p.start_ns.unwrap_or(0);
     let mut live = vec![0.0f64; keys.len()];
+    // Each stack's bytes now: a site sums the stacks grouped into it.
+    let mut stack_bytes = vec![0.0f64; series.lines.len()];
     let mut log = series.log.iter().peekable();
     let mut points = Vec::with_capacity(series.points.len());
     for (i, pt) in series.points.iter().enumerate() {
         while let Some(&&(_, line, bytes)) = log.peek().filter(|e| e.0 as usize <= i) {
             if let Some(k) = key_of[line as usize] {
-                live[k] = bytes;
+                live[k] += bytes - stack_bytes[line as usize];
+                stack_bytes[line as usize] = bytes;
             }
             log.next();
         }
@@ -157,7 +166,12 @@ fn from_series(p: &Profile, series: &Recorded, keys: &[(String, String, u32)]) -
 }
 
 /// The points of the captures `set`, read once more.
-fn read_again(set: &CaptureSet, p: &Profile, keys: &[(String, String, u32)]) -> Result<Vec<Point>> {
+fn read_again(
+    set: &CaptureSet,
+    p: &Profile,
+    keys: &[(String, String, u32)],
+    by: Grouping,
+) -> Result<Vec<Point>> {
     let mut builder = Builder::new(p, keys.len());
     let mut key_of: FastMap<StackId, Option<usize>> = FastMap::default();
     let budget = Budget::new(Some(set.size()));
@@ -171,10 +185,8 @@ fn read_again(set: &CaptureSet, p: &Profile, keys: &[(String, String, u32)]) -> 
         };
         let mut site = |agg: &Aggregator, stack: StackId| {
             *key_of.entry(stack).or_insert_with(|| {
-                let loc = agg.innermost(stack);
-                keys.iter().position(|(f, n, l)| {
-                    (f.as_str(), n.as_str(), *l) == (loc.file, loc.function, loc.line)
-                })
+                let key = by.stack_key(p.focus(), &mut Memo::new(), agg.frames(stack));
+                site_of(keys, key)
             })
         };
         match change {
@@ -221,6 +233,59 @@ fn read_again(set: &CaptureSet, p: &Profile, keys: &[(String, String, u32)]) -> 
     }
     builder.finish();
     Ok(builder.points)
+}
+
+/// The groupings by frame, which the timeline and the HTML report take (`--by`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ByFrame {
+    /// The innermost frame in your code (not the standard library, site-packages or the
+    /// import system; see `--focus`), as report groups by default.
+    YourCode,
+    /// The innermost frame's file, function and line.
+    Line,
+    /// The innermost frame's function.
+    Function,
+    /// The innermost frame's file.
+    File,
+}
+
+impl From<ByFrame> for Grouping {
+    fn from(by: ByFrame) -> Grouping {
+        match by {
+            ByFrame::YourCode => Grouping::YourCode,
+            ByFrame::Line => Grouping::Line,
+            ByFrame::Function => Grouping::Function,
+            ByFrame::File => Grouping::File,
+        }
+    }
+}
+
+/// How the timeline and the HTML report pick their sites: the grouping (`--by`, your code by
+/// default as in every view), the files that count as your code besides the capture's
+/// (`--focus`), the processes (`--pid`).
+pub struct Sites<'a> {
+    pub by: Grouping,
+    pub focus: &'a [std::path::PathBuf],
+    pub pick: Pick,
+}
+
+/// The index in `keys` of the row key `key`, if it is one of them.
+fn site_of(keys: &[(String, String, u32)], key: Option<Key>) -> Option<usize> {
+    let (file, function, line) = key?;
+    keys.iter()
+        .position(|(f, n, l)| (f.as_str(), n.as_str(), *l) == (file, function, line))
+}
+
+/// The grouping the timeline (and the HTML report) can draw: one by frame (your code, line,
+/// function, file); the others are refused with a clear error.
+pub fn check_grouping(by: Grouping) -> Result<Grouping> {
+    match by {
+        Grouping::Stack | Grouping::Thread => Err(anyhow!(
+            "the timeline groups by your-code, line, function or file, not by {}",
+            by.name()
+        )),
+        by => Ok(by),
+    }
 }
 
 /// Collects points while the records are applied.
@@ -453,11 +518,13 @@ fn round_tick(v: f64) -> String {
 }
 
 /// `mprof timeline`: writes the timeline of `path` (the processes `pick` says) to `out` (SVG).
-pub fn run(path: &Path, out: &Path, top: usize, pick: Pick) -> Result<()> {
+pub fn run(path: &Path, out: &Path, top: usize, sites: &Sites) -> Result<()> {
     check_output(out, Format::Svg)?;
-    let set = CaptureSet::open(path, pick)?;
-    let p = Profile::load_set(&set)?;
-    let t = load(&set, &p, top)?;
+    let by = check_grouping(sites.by)?;
+    let set = CaptureSet::open(path, sites.pick)?;
+    let mut p = Profile::load_set(&set)?;
+    p.set_focus(sites.focus);
+    let t = load(&set, &p, top, by)?;
     if t.points.is_empty() {
         crate::say!("mprof: warning: the capture has no timed record; the timeline is empty");
     }
@@ -495,7 +562,7 @@ mod tests {
         let path = c.write(dir.path(), "t.mprof");
         let set = CaptureSet::open(&path, Pick::All).unwrap();
         let p = Profile::load_set(&set).unwrap();
-        let t = load(&set, &p, 5).unwrap();
+        let t = load(&set, &p, 5, Grouping::Line).unwrap();
         assert_eq!(t.sites, ["f (a.py:2)", "g (a.py:6)"]);
         let at = |s: f64| {
             t.points
@@ -513,5 +580,34 @@ mod tests {
         let svg = svg(&p, &t).unwrap();
         assert!(svg.contains("<svg") && svg.contains("f (a.py:2)"));
         assert!(svg.contains("peak 1.27 KiB at 1.00 s"), "{svg}");
+    }
+
+    /// A library line reached from two lines of yours: by your code (the default of every
+    /// view) two areas, one per line of yours, from the series and from a second reading
+    /// alike; by line, one.
+    #[test]
+    fn areas_are_grouped_as_the_reports_group_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = CaptureBuilder::new();
+        c.meta("rate=1\ncwd=/srv\nprogram_dir=/srv\n")
+            .code(1, "/srv/app.py", "main", 1)
+            .code(2, "/usr/lib/python3.11/json/encoder.py", "encode", 100);
+        c.alloc(1, 1000, 1_000_000_000, &[(2, 105), (1, 10)]);
+        c.alloc(2, 500, 2_000_000_000, &[(2, 105), (1, 20)]);
+        let path = c.write(dir.path(), "t.mprof");
+        let set = CaptureSet::open(&path, Pick::All).unwrap();
+        let p = Profile::load_set(&set).unwrap();
+        let t = load(&set, &p, 5, Grouping::YourCode).unwrap();
+        assert_eq!(t.sites, ["main (/srv/app.py:10)", "main (/srv/app.py:20)"]);
+        assert_eq!(t.points.last().unwrap().sites, [1000.0, 500.0]);
+        let keys: Vec<(String, String, u32)> = [10, 20]
+            .map(|l| ("/srv/app.py".to_owned(), "main".to_owned(), l))
+            .to_vec();
+        let again = read_again(&set, &p, &keys, Grouping::YourCode).unwrap();
+        assert_eq!(again.last().unwrap().sites, [1000.0, 500.0]);
+        let t = load(&set, &p, 5, Grouping::Line).unwrap();
+        assert_eq!(t.sites, ["encode (json/encoder.py:105)"]);
+        assert_eq!(t.points.last().unwrap().sites, [1500.0]);
+        assert!(check_grouping(Grouping::Stack).is_err());
     }
 }

@@ -319,7 +319,7 @@ impl Builder {
 
     fn line_changed(&mut self, stack: StackId, bytes: f64) {
         if let Some(series) = &mut self.series {
-            series.change(stack, bytes, &self.agg.resolver.names);
+            series.change(stack, bytes);
         }
     }
 

@@ -1,17 +1,19 @@
 //! The timeline's series, recorded in the profile's one pass: the live heap and RSS at points
-//! over the capture, and the live bytes of every line (the innermost frame of a stack) as a
-//! log of changes, so that the timeline can draw any top lines without reading the capture
-//! again (`crate::views::timeline`).
+//! over the capture, and the live bytes of every stack as a log of changes, so that the
+//! timeline can draw any top rows, grouped any way by frame (your code, line, function, file),
+//! without reading the capture again (`crate::views::timeline`). (Per line, the innermost frame,
+//! was not enough: one library line reached from several lines of yours is several rows by
+//! your code.)
 //!
 //! Points are taken after a timed record at least `step` after the previous point. The step
 //! starts at 1 ms and doubles whenever there are twice [`POINTS`] points (every other point is
 //! dropped then, and the log merged with it), so a capture of any length ends with between
-//! `POINTS` and twice as many. The log holds, per point, the lines whose bytes changed since
+//! `POINTS` and twice as many. The log holds, per point, the stacks whose bytes changed since
 //! the previous point; if it would outgrow [`MAX_LOG`] entries with few points left, the
 //! series is given up and the timeline reads the capture again.
 
 use crate::analysis::aggregate::Aggregator;
-use crate::analysis::names::{FastMap, Names, StackId};
+use crate::analysis::names::StackId;
 
 /// Points kept at least (at most twice as many).
 pub const POINTS: usize = 800;
@@ -34,9 +36,9 @@ pub struct SeriesPoint {
 #[derive(Clone, Debug, Default)]
 pub struct Recorded {
     pub points: Vec<SeriesPoint>,
-    /// A stack of each line: its innermost frame names the line.
+    /// The stacks of the series (a "line" of the log is an index in it).
     pub lines: Vec<StackId>,
-    /// (point, line, live bytes of the line from that point on), in point order.
+    /// (point, line, live bytes of the line's stack from that point on), in point order.
     pub log: Vec<(u32, u32, f64)>,
 }
 
@@ -46,7 +48,6 @@ pub(super) struct Series {
     rec: Recorded,
     /// The line of each stack (index: stack id), `u32::MAX` unknown yet.
     line_of: Vec<u32>,
-    line_ids: FastMap<(u32, u32, u32), u32>,
     /// Live bytes per line now, and the lines changed since the last point.
     bytes: Vec<f64>,
     changed: Vec<u32>,
@@ -57,21 +58,17 @@ pub(super) struct Series {
 }
 
 impl Series {
-    /// The live bytes of `stack`'s line changed by `bytes`.
-    pub(super) fn change(&mut self, stack: StackId, bytes: f64, names: &Names) {
+    /// The live bytes of `stack` changed by `bytes`.
+    pub(super) fn change(&mut self, stack: StackId, bytes: f64) {
         let s = stack.0 as usize;
         if self.line_of.len() <= s {
             self.line_of.resize(s + 1, u32::MAX);
         }
         if self.line_of[s] == u32::MAX {
-            let next = self.rec.lines.len() as u32;
-            let line = *self.line_ids.entry(names.line_key(stack.0)).or_insert(next);
-            if line == next {
-                self.rec.lines.push(stack);
-                self.bytes.push(0.0);
-                self.is_changed.push(false);
-            }
-            self.line_of[s] = line;
+            self.line_of[s] = self.rec.lines.len() as u32;
+            self.rec.lines.push(stack);
+            self.bytes.push(0.0);
+            self.is_changed.push(false);
         }
         let line = self.line_of[s];
         self.bytes[line as usize] += bytes;
