@@ -577,22 +577,23 @@ fn report_top3(capture: &Path, view: &str) -> Vec<(String, u32)> {
         .collect()
 }
 
-/// The timeline's legend entries for sites (after `other sites`), first three.
-fn timeline_top3(capture: &Path, dir: &Path) -> Vec<(String, u32)> {
-    let svg = dir.join("t.svg");
-    let out = Command::new(env!("CARGO_BIN_EXE_mprof"))
-        .arg("timeline")
+/// What `mprof COMMAND CAPTURE -o OUT` wrote.
+fn written_by(command: &str, capture: &Path, out: &Path) -> String {
+    let done = mprof()
+        .arg(command)
         .arg(capture)
         .arg("-o")
-        .arg(&svg)
+        .arg(out)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = std::fs::read_to_string(&svg).unwrap();
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "{command}: {err}");
+    std::fs::read_to_string(out).unwrap()
+}
+
+/// The timeline's legend entries for sites (after `other sites`), first three.
+fn timeline_top3(capture: &Path, dir: &Path) -> Vec<(String, u32)> {
+    let text = written_by("timeline", capture, &dir.join("t.svg"));
     text.lines()
         .map(str::trim)
         .skip_while(|l| *l != "other sites")
@@ -606,20 +607,7 @@ fn timeline_top3(capture: &Path, dir: &Path) -> Vec<(String, u32)> {
 /// The HTML report's top-sites table: its first three rows (they come in the order of the
 /// allocated view).
 fn html_top3(capture: &Path, dir: &Path) -> Vec<(String, u32)> {
-    let html = dir.join("r.html");
-    let out = Command::new(env!("CARGO_BIN_EXE_mprof"))
-        .arg("html")
-        .arg(capture)
-        .arg("-o")
-        .arg(&html)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = std::fs::read_to_string(&html).unwrap();
+    let text = written_by("html", capture, &dir.join("r.html"));
     let start = text.find("id=\"sites-data\">").expect("the sites' data") + 16;
     let end = start + text[start..].find("</script>").unwrap();
     let rows: serde_json::Value = serde_json::from_str(&text[start..end]).unwrap();

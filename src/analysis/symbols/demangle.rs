@@ -133,6 +133,15 @@ impl Reader<'_> {
             .ok()
     }
 
+    /// Moves past the next `end`.
+    fn past(&mut self, end: u8) -> Option<()> {
+        while self.peek()? != end {
+            self.at += 1;
+        }
+        self.at += 1;
+        Some(())
+    }
+
     /// `<length><identifier>`; GCC's anonymous namespace reads as `(anonymous namespace)`.
     fn source_name(&mut self) -> Option<String> {
         let len = self.number()?;
@@ -183,10 +192,7 @@ impl Reader<'_> {
                 b'L' if self.peek_at(1) != Some(b'_') => {
                     // A literal: L <builtin type> <value> E.
                     self.at += 2;
-                    while self.peek()? != b'E' {
-                        self.at += 1;
-                    }
-                    self.at += 1;
+                    self.past(b'E')?;
                     continue;
                 }
                 b'T' | b'S' => {
@@ -211,10 +217,7 @@ impl Reader<'_> {
                 b'f' if self.peek_at(1) == Some(b'p') => {
                     // A function parameter: fp <cv> <n> _.
                     self.at += 2;
-                    while self.peek()? != b'_' {
-                        self.at += 1;
-                    }
-                    self.at += 1;
+                    self.past(b'_')?;
                     continue;
                 }
                 b'D' | b'U'
@@ -236,10 +239,7 @@ impl Reader<'_> {
                 b'U' if self.peek_at(1) == Some(b't') => {
                     // An unnamed type: Ut [n] _.
                     self.at += 2;
-                    while self.peek()? != b'_' {
-                        self.at += 1;
-                    }
-                    self.at += 1;
+                    self.past(b'_')?;
                     continue;
                 }
                 b'I' | b'N' | b'X' | b'J' | b'Z' | b'L' => depth += 1,
