@@ -979,6 +979,12 @@ fn a_program_without_python_passes_its_exit_status_on() {
             "{command:?}: {err}"
         );
         assert_eq!(err.matches("mprof:").count(), 1, "said once: {err}");
+        let text =
+            common::views::stdout(&common::views::ok(&["report", capture.to_str().unwrap()]));
+        assert!(
+            text.contains("warning: the program started no Python that mprof can profile"),
+            "{command:?}: {text}"
+        );
     }
 }
 

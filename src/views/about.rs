@@ -91,9 +91,20 @@ pub fn ending_text(p: &Profile) -> Option<String> {
 
 /// What a capture without a sample says instead of `0 B ± 0 B`: that no sample was taken at
 /// its rate, and a rate that would take some (a hundredth of the peak RSS, about 100
-/// samples, when the capture has an RSS reading).
+/// samples, when the capture has an RSS reading); or, for a program recorded to its end that
+/// started no Python (no version in the capture), that.
 pub fn no_sample_text(p: &Profile) -> Option<String> {
-    if p.samples > 0 || !p.rate_known || p.rate <= 1 {
+    if p.samples > 0 {
+        return None;
+    }
+    if python_version(p).is_none() && p.meta.contains_key("exit_code") {
+        return Some(
+            "the program started no Python that mprof can profile (the agent never ran in \
+             it): nothing was sampled"
+                .to_owned(),
+        );
+    }
+    if !p.rate_known || p.rate <= 1 {
         return None;
     }
     let rate = human_bytes(p.rate as f64);
