@@ -111,7 +111,7 @@ fn exit_meta(status: ExitStatus) -> String {
     }
 }
 
-/// The program's exit status in words: `status 2`, or `killed by SIGKILL, 137`.
+/// The program's exit status as mprof passes it on: `2`, or `killed by SIGKILL: 137`.
 fn status_text(status: ExitStatus) -> String {
     match status.signal() {
         Some(sig) => format!(

@@ -113,7 +113,8 @@ pub fn no_sample_text(p: &Profile) -> Option<String> {
          (a block of s bytes is sampled with probability 1 - exp(-s/rate))"
     );
     let suggest = |bytes: u64| {
-        let r = bytes.max(1).next_power_of_two() / 2;
+        // The largest power of two at most `bytes`.
+        let r = 1u64 << (63 - bytes.max(1).leading_zeros());
         match r {
             r if r >= 1 << 20 => format!("{}MiB", r >> 20),
             r if r >= 1 << 10 => format!("{}KiB", r >> 10),
