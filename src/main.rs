@@ -153,7 +153,8 @@ enum Command {
     Timeline {
         /// Capture file.
         file: PathBuf,
-        /// SVG file to write (`-`: standard output).
+        /// SVG file to write (`-`: standard output); a name ending in `.csv` gets the
+        /// points as a table instead.
         #[arg(short, long, default_value = "mprof-timeline.svg")]
         output: PathBuf,
         /// How many allocation sites get their own area.

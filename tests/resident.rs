@@ -272,3 +272,68 @@ fn an_attach_explains_memory_kept_before_it() {
         );
     }
 }
+
+/// pyarrow's default pool (mimalloc) on a real job: its reservations are mapped far beyond what
+/// is resident, so the live heap (what the sampled mappings map) is above the RSS; the report
+/// and the HTML report say so with the "reserved" note, never a heap above RSS unexplained.
+#[test]
+fn a_mimalloc_reservation_is_said_reserved() {
+    for py in pythons() {
+        let test = format!("pyarrow reservation on {}", py.label);
+        let has_arrow = std::process::Command::new(&py.path)
+            .args(["-c", "import pyarrow"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !has_arrow {
+            if py.label == "pyenv 3.11" {
+                common::tier::skip(
+                    &test,
+                    "pyarrow not importable (tools/test-deps.sh installs it into pyenv's 3.11)",
+                );
+            } else {
+                common::tier::skip_here(&test, "pyarrow is installed into pyenv's 3.11 only");
+            }
+            continue;
+        }
+        let dir = tempdir();
+        let capture = dir.path().join("a.mprof");
+        let out = run_with_timeout(
+            common::mprof()
+                .args(["record", "--native", "-q", "-o"])
+                .arg(&capture)
+                .arg("--")
+                .arg(&py.path)
+                .arg(common::script("arrow_pool.py")),
+            Duration::from_secs(180),
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{test}: {out:?}");
+        assert!(stdout.contains("pool mimalloc"), "{test}: {stdout}");
+        let json = report_json(&capture, &["--view", "peak"]);
+        let peak_heap = json["totals"]["peak"]["bytes"].as_f64().unwrap();
+        let max_rss = json["max_rss_bytes"].as_f64().unwrap();
+        let b = &json["rss"]["peak_heap"];
+        let p = parts(b, &test);
+        eprintln!("{test}: heap {peak_heap}, RSS {max_rss}: {p:?}");
+        let mapped = b["mmap_mapped"].as_u64().unwrap();
+        let resident = b["mmap_resident"].as_u64().unwrap();
+        assert!(mapped > 2 * resident, "{test}: {b}");
+        assert!(peak_heap > max_rss, "{test}: no heap above RSS to explain");
+        let text = run_with_timeout(
+            common::mprof()
+                .args(["report", "--view", "peak"])
+                .arg(&capture),
+            Duration::from_secs(120),
+        );
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(
+            text.contains("the live heap is above RSS") && text.contains("reserved"),
+            "{test}: {text}"
+        );
+        let (_, html) = pictures(&capture, dir.path());
+        assert!(
+            html.contains("reserved"),
+            "{test}: the HTML report has no note"
+        );
+    }
+}

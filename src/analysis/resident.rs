@@ -27,6 +27,9 @@ const MAX_KEPT: usize = 4096;
 /// they read differ by at most 5% or this many bytes.
 const MAX_EVENTS_APART: u64 = 64;
 const SAME_RSS_SLACK: u64 = 4 << 20;
+/// Bytes of sampled mappings mapped but not resident below which the views say nothing of a
+/// reservation.
+pub const RESERVED_NOTE: f64 = 64.0 * 1024.0 * 1024.0;
 /// Named mappings kept in a breakdown (the largest resident ones).
 pub const NAMED_KEPT: usize = 8;
 

@@ -72,7 +72,7 @@ pub fn peak_text(p: &Profile) -> String {
         }
         None => out.push_str("; no RSS reading"),
     }
-    if let Some(note) = crate::views::resident::reservation_note(p) {
+    if let Some(note) = reservation_note(p) {
         let _ = write!(out, " ({note})");
     }
     out
@@ -144,6 +144,22 @@ pub fn ending_notes(p: &Profile) -> Vec<String> {
         .into_iter()
         .flatten()
         .collect()
+}
+
+/// Whether a heap figure above the peak RSS is explained by a reservation (for the views that
+/// show both: the note they add).
+fn reservation_note(p: &Profile) -> Option<String> {
+    let w = p.resident.as_ref()?;
+    let rss = p.max_rss? as f64;
+    let peak = p.totals().peak.bytes;
+    let reserved = w.peak_rss.reserved().max(w.end.reserved());
+    (peak > rss && reserved >= crate::analysis::resident::RESERVED_NOTE).then(|| {
+        format!(
+            "the live heap is above RSS: {} of sampled mappings is reserved (mapped, not \
+             resident)",
+            human_bytes(reserved)
+        )
+    })
 }
 
 /// The lines every text view starts with: the target, rate and counts, the warnings.

@@ -22,6 +22,8 @@ pub enum Format {
     Svg,
     /// A self-contained HTML report.
     Html,
+    /// A table of comma-separated values (the timeline's points).
+    Csv,
 }
 
 impl Format {
@@ -34,6 +36,7 @@ impl Format {
             Format::Json => "json",
             Format::Svg => "svg",
             Format::Html => "html",
+            Format::Csv => "csv",
         }
     }
 
@@ -46,6 +49,7 @@ impl Format {
             Format::Json => "JSON report",
             Format::Svg => "picture",
             Format::Html => "HTML report",
+            Format::Csv => "CSV table",
         }
     }
 
@@ -58,16 +62,18 @@ impl Format {
             Format::Json => &[".json"],
             Format::Svg => &[".svg"],
             Format::Html => &[".html", ".htm"],
+            Format::Csv => &[".csv"],
         }
     }
 
-    const ALL: [Format; 6] = [
+    const ALL: [Format; 7] = [
         Format::Pprof,
         Format::Speedscope,
         Format::Folded,
         Format::Json,
         Format::Svg,
         Format::Html,
+        Format::Csv,
     ];
 
     /// The format a file name asks for, by its longest known ending (`x.speedscope.json` is
@@ -115,6 +121,7 @@ pub fn hint(format: Format) -> String {
     match format {
         Format::Svg => "use `mprof flamegraph` or `mprof timeline`".into(),
         Format::Html => "use `mprof html`".into(),
+        Format::Csv => "use `mprof timeline -o FILE.csv`".into(),
         f => format!("use `mprof export --format {}`", f.name()),
     }
 }

@@ -12,9 +12,6 @@ use mprof_common::record::{MALLOC_GLIBC, MALLOC_JEMALLOC, MALLOC_OTHER};
 use serde::Serialize;
 use std::fmt::Write as _;
 
-/// Reservations smaller than this are not worth a note.
-const RESERVED_NOTE: f64 = 64.0 * 1024.0 * 1024.0;
-
 /// What a part is, in a few words, for the lines of the section.
 fn label(part: &str) -> &'static str {
     match part {
@@ -133,7 +130,7 @@ fn parts_lines(title: &str, parts: &Parts) -> Vec<String> {
             human_bytes(parts.over)
         ));
     }
-    if parts.reserved() >= RESERVED_NOTE {
+    if parts.reserved() >= crate::analysis::resident::RESERVED_NOTE {
         lines.push(format!(
             "  reserved: the sampled mappings map {} and hold {} of it resident; the live heap \
              counts what they map, RSS what is resident",
@@ -191,22 +188,6 @@ pub fn summary_line(p: &Profile) -> Option<String> {
         human_bytes(parts.rss as f64),
         advice(top, bytes, parts)
     ))
-}
-
-/// Whether a heap figure above the peak RSS is explained by a reservation (for the views that
-/// show both: the note they add).
-pub fn reservation_note(p: &Profile) -> Option<String> {
-    let w = p.resident.as_ref()?;
-    let rss = p.max_rss? as f64;
-    let peak = p.totals().peak.bytes;
-    let reserved = w.peak_rss.reserved().max(w.end.reserved());
-    (peak > rss && reserved >= RESERVED_NOTE).then(|| {
-        format!(
-            "the live heap is above RSS: {} of sampled mappings is reserved (mapped, not \
-             resident)",
-            human_bytes(reserved)
-        )
-    })
 }
 
 /// `report --json`'s `"rss"`: the breakdowns at the end, at the live heap's peak and at the

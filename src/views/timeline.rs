@@ -27,6 +27,7 @@ use crate::views::about::rate_text;
 use crate::views::formats::{check_output, write_file, Format};
 use anyhow::{anyhow, Result};
 use plotters::prelude::*;
+use std::fmt::Write as _;
 use std::path::Path;
 
 /// Points taken over a capture, at most (plus the last one).
@@ -43,6 +44,11 @@ pub struct Point {
     pub rss: Option<f64>,
     /// The estimated live heap (bytes).
     pub heap: f64,
+    /// The lowest and highest live heap since the point before, and whether the highest came
+    /// first: what happened between two points (a temporary allocated and freed) still shows.
+    pub heap_lo: f64,
+    pub heap_hi: f64,
+    pub hi_first: bool,
     /// Live bytes of each top site, in the order of [`Timeline::sites`].
     pub sites: Vec<f64>,
 }
@@ -159,6 +165,9 @@ fn from_series(
             seconds: pt.time_ns.saturating_sub(start_ns) as f64 / 1e9,
             rss: pt.rss.map(|r| r as f64),
             heap: pt.heap,
+            heap_lo: pt.lo,
+            heap_hi: pt.hi,
+            hi_first: pt.hi_first,
             sites: live.iter().map(|b| b.max(0.0)).collect(),
         });
     }
@@ -218,6 +227,7 @@ fn read_again(
             }
             Change::Other => {}
         }
+        builder.observe();
         if let Some(t) = event.time_ns() {
             builder.at(t, false);
         }
@@ -297,9 +307,26 @@ struct Builder {
     step_ns: u64,
     last_ns: Option<u64>,
     last_point_ns: Option<u64>,
+    /// The live heap's range since the last point: lowest, highest, the events at which each
+    /// was reached, and the events counted.
+    range: (f64, f64, u64, u64, u64),
 }
 
 impl Builder {
+    /// After every event: the live heap now, for the range between points (each extreme's
+    /// latest moment counts, for the order they are drawn in).
+    fn observe(&mut self) {
+        let heap = self.agg.live_bytes.max(0.0);
+        let (lo, hi, lo_at, hi_at, events) = &mut self.range;
+        *events += 1;
+        if heap <= *lo {
+            (*lo, *lo_at) = (heap, *events);
+        }
+        if heap >= *hi {
+            (*hi, *hi_at) = (heap, *events);
+        }
+    }
+
     fn new(p: &Profile, sites: usize) -> Builder {
         Builder {
             agg: Aggregator::new(p.rate),
@@ -309,6 +336,7 @@ impl Builder {
             step_ns: ((p.duration_seconds * 1e9) as u64 / POINTS as u64).max(1),
             last_ns: None,
             last_point_ns: None,
+            range: (0.0, 0.0, 0, 0, 0),
         }
     }
 
@@ -323,12 +351,18 @@ impl Builder {
             return;
         }
         self.last_point_ns = Some(time_ns);
+        let heap = self.agg.live_bytes.max(0.0);
+        let (lo, hi, lo_at, hi_at, _) = self.range;
         self.points.push(Point {
             seconds: time_ns.saturating_sub(self.start_ns) as f64 / 1e9,
             rss: self.agg.last_rss.map(|r| r as f64),
-            heap: self.agg.live_bytes.max(0.0),
+            heap,
+            heap_lo: lo.min(heap),
+            heap_hi: hi.max(heap),
+            hi_first: hi_at < lo_at,
             sites: self.live.iter().map(|b| b.max(0.0)).collect(),
         });
+        self.range = (heap, heap, 0, 0, 0);
     }
 
     /// The last point: the state after the last record.
@@ -338,6 +372,8 @@ impl Builder {
                 self.at(t, true);
             } else if let Some(last) = self.points.last_mut() {
                 last.heap = self.agg.live_bytes.max(0.0);
+                last.heap_lo = last.heap_lo.min(last.heap);
+                last.heap_hi = last.heap_hi.max(last.heap);
                 last.rss = self.agg.last_rss.map(|r| r as f64);
                 last.sites = self.live.iter().map(|b| b.max(0.0)).collect();
             }
@@ -364,6 +400,32 @@ pub fn svg(p: &Profile, t: &Timeline) -> Result<String> {
     Ok(out)
 }
 
+/// The live heap's line: through each point, and through the lowest and highest values
+/// between it and the point before (in the order they came), a third and two thirds of the
+/// way: at any zoom, a temporary allocated and freed between two points draws its rise and
+/// its drop.
+pub fn heap_path(points: &[Point]) -> Vec<(f64, f64)> {
+    let mut path = Vec::with_capacity(points.len() * 3);
+    let mut before = None;
+    for pt in points {
+        if let Some(t0) = before {
+            let dt = pt.seconds - t0;
+            let (first, second) = if pt.hi_first {
+                (pt.heap_hi, pt.heap_lo)
+            } else {
+                (pt.heap_lo, pt.heap_hi)
+            };
+            if pt.heap_hi > pt.heap_lo {
+                path.push((t0 + dt / 3.0, first));
+                path.push((t0 + 2.0 * dt / 3.0, second));
+            }
+        }
+        path.push((pt.seconds, pt.heap));
+        before = Some(pt.seconds);
+    }
+    path
+}
+
 /// The width of the legend, right of the plot: the legend never covers the curves.
 const LEGEND_WIDTH: u32 = 340;
 
@@ -387,7 +449,7 @@ fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::
     let top = t
         .points
         .iter()
-        .map(|pt| pt.heap.max(pt.rss.unwrap_or(0.0)))
+        .map(|pt| pt.heap_hi.max(pt.rss.unwrap_or(0.0)))
         .fold(1.0f64, f64::max)
         * 1.08;
     // The y axis counts in one binary unit, so that its ticks fall on round numbers of it
@@ -436,7 +498,11 @@ fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::
         rss_entries.reverse();
     }
     let grey = RGBColor(200, 200, 200);
-    chart.draw_series(AreaSeries::new(series(&|pt| pt.heap), 0.0, grey.mix(0.5)))?;
+    let heap: Vec<(f64, f64)> = heap_path(&t.points)
+        .into_iter()
+        .map(|(s, b)| (s, b / scale))
+        .collect();
+    chart.draw_series(AreaSeries::new(heap.clone(), 0.0, grey.mix(0.5)))?;
     let mut entries = vec![(Mark::Area(grey), "other sites".to_owned())];
     // The legend lists the sites largest first; the areas are stacked by drawing the largest
     // cumulative area first and each smaller one over it.
@@ -454,10 +520,7 @@ fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::
             colour.mix(0.85),
         ))?;
     }
-    chart.draw_series(LineSeries::new(
-        series(&|pt| pt.heap),
-        BLACK.stroke_width(2),
-    ))?;
+    chart.draw_series(LineSeries::new(heap, BLACK.stroke_width(2)))?;
     entries.push((Mark::Line(BLACK), "live heap (estimated)".to_owned()));
     let rss: Vec<(f64, f64)> = t
         .points
@@ -519,7 +582,8 @@ fn round_tick(v: f64) -> String {
 
 /// `mprof timeline`: writes the timeline of `path` (the processes `pick` says) to `out` (SVG).
 pub fn run(path: &Path, out: &Path, top: usize, sites: &Sites) -> Result<()> {
-    check_output(out, Format::Svg)?;
+    let csv = Format::of_path(out) == Some(Format::Csv);
+    check_output(out, if csv { Format::Csv } else { Format::Svg })?;
     let by = check_grouping(sites.by)?;
     let set = CaptureSet::open(path, sites.pick)?;
     let mut p = Profile::load_set(&set)?;
@@ -528,7 +592,53 @@ pub fn run(path: &Path, out: &Path, top: usize, sites: &Sites) -> Result<()> {
     if t.points.is_empty() {
         crate::say!("mprof: warning: the capture has no timed record; the timeline is empty");
     }
+    if csv {
+        return write_file(out, "timeline", table(&t).as_bytes());
+    }
     write_file(out, "timeline", svg(&p, &t)?.as_bytes())
+}
+
+/// The timeline's points as CSV: seconds, RSS, the live heap at the point and its lowest and
+/// highest since the point before, each top site's live bytes (a column per site, named by
+/// its label), and each part of the RSS as last broken down (empty before the first).
+pub fn table(t: &Timeline) -> String {
+    let quote = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+    let mut out = String::from("seconds,rss,heap,heap_min,heap_max");
+    for site in &t.sites {
+        out.push(',');
+        out.push_str(&quote(site));
+    }
+    for (label, _) in RSS_BANDS {
+        out.push(',');
+        out.push_str(&quote(label));
+    }
+    out.push('\n');
+    let mut parts = t.rss_parts.iter().peekable();
+    let mut current = None;
+    for pt in &t.points {
+        while let Some((_, b)) = parts.next_if(|(s, _)| *s <= pt.seconds) {
+            current = Some(b);
+        }
+        let rss = pt.rss.map_or(String::new(), |r| format!("{r:.0}"));
+        let _ = write!(
+            out,
+            "{:.9},{rss},{:.0},{:.0},{:.0}",
+            pt.seconds, pt.heap, pt.heap_lo, pt.heap_hi
+        );
+        for b in &pt.sites {
+            let _ = write!(out, ",{b:.0}");
+        }
+        for k in 0..RSS_BANDS.len() {
+            match current {
+                Some(b) => {
+                    let _ = write!(out, ",{:.0}", b[k]);
+                }
+                None => out.push(','),
+            }
+        }
+        out.push('\n');
+    }
+    out
 }
 
 #[cfg(test)]
@@ -542,6 +652,46 @@ mod tests {
         assert_eq!(round_tick(20.0), "20");
         assert_eq!(round_tick(2.5), "2.5");
         assert_eq!(round_tick(0.0), "0");
+    }
+
+    /// A temporary allocated and freed between two points (no timed record in between) shows
+    /// in the point's range, in the line drawn and in the CSV table.
+    #[test]
+    fn a_temporary_between_two_points_is_drawn() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = CaptureBuilder::new();
+        c.meta("rate=1").code(1, "a.py", "f", 1);
+        c.alloc(1, 1000, 1_000_000_000, &[(1, 2)]);
+        c.alloc(2, 100_000, 1_000_000_100, &[(1, 3)]);
+        c.free(2);
+        c.alloc(3, 10, 1_000_000_200, &[(1, 4)]);
+        c.alloc(4, 10, 2_000_000_000, &[(1, 4)]);
+        let path = c.write(dir.path(), "t.mprof");
+        let set = CaptureSet::open(&path, Pick::All).unwrap();
+        let p = Profile::load_set(&set).unwrap();
+        let t = load(&set, &p, 5, Grouping::Line).unwrap();
+        let last = t.points.last().unwrap();
+        assert_eq!(last.seconds, 1.0);
+        assert_eq!(last.heap, 1020.0);
+        assert_eq!((last.heap_lo, last.heap_hi), (1000.0, 101_000.0));
+        assert!(last.hi_first);
+        let path = heap_path(&t.points);
+        let top = path.iter().position(|&(_, b)| b == 101_000.0).unwrap();
+        assert_eq!(
+            path[top + 1].1,
+            1000.0,
+            "the drop follows the rise: {path:?}"
+        );
+        let csv = table(&t);
+        assert!(
+            csv.starts_with("seconds,rss,heap,heap_min,heap_max,"),
+            "{csv}"
+        );
+        assert!(csv
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with("1.000000000,,1020,1000,101000,"));
     }
 
     #[test]

@@ -106,8 +106,22 @@ enum Malloc {
     Other,
 }
 
-fn sources() -> &'static Sources {
-    static SOURCES: OnceLock<Sources> = OnceLock::new();
+static SOURCES: OnceLock<Sources> = OnceLock::new();
+
+/// Finds the statistics functions, once per process: called as a session starts, before its
+/// hooks are on, with no agent lock held. Never from a hook: `dlsym` takes the loader's lock,
+/// which a thread inside `dlclose` holds while its library's destructors free through hooked
+/// GOT entries, and such a hook would wait here for the thread that waits for the loader.
+pub fn prepare() {
+    let _ = sources_now();
+}
+
+/// The statistics functions, if [`prepare`] found them (no waiting).
+fn sources() -> Option<&'static Sources> {
+    SOURCES.get()
+}
+
+fn sources_now() -> &'static Sources {
     SOURCES.get_or_init(|| {
         let sym = |name: &CStr| {
             // SAFETY: dlsym with a NUL-terminated name.
@@ -179,8 +193,11 @@ fn malloc_is_glibcs() -> bool {
 
 /// Reads the statistics now. Must run with no agent lock held.
 pub fn read() -> HeapStats {
-    let s = sources();
     let mut out = HeapStats::default();
+    let Some(s) = sources() else {
+        out.rss = resident_bytes();
+        return out;
+    };
     match s.malloc {
         Malloc::Glibc(mallinfo2) => {
             // SAFETY: glibc's mallinfo2 takes no argument and returns the struct by value.
@@ -408,6 +425,7 @@ mod tests {
 
     #[test]
     fn this_process_s_malloc_is_read() {
+        prepare();
         let s = read();
         // The test binary runs on glibc here (or with another malloc, said so).
         assert!(s.malloc_kind == MALLOC_GLIBC || s.malloc_kind == MALLOC_OTHER);

@@ -308,6 +308,8 @@ pub unsafe fn start(
     touch_for_samples(&ring);
     crate::addrset::touch_filter();
     crate::code_dealloc::wrap(layout, api.code_type);
+    // Before any hook is on and with no lock held (see `heap_stats::prepare`).
+    crate::heap_stats::prepare();
     let mut s = SESSION.lock();
     if let Some(old) = &s.mapped {
         match reader_stopped(old.ring.header(), READER_TIMEOUT_NS) {

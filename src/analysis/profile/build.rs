@@ -193,6 +193,7 @@ impl Builder {
         };
         self.apply(change);
         if let Some(series) = &mut self.series {
+            series.observe(self.agg.live_bytes);
             if let Some(t) = event.time_ns() {
                 if !series.at(t, &self.agg) {
                     self.series = None;

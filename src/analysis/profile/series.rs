@@ -1,9 +1,10 @@
 //! The timeline's series, recorded in the profile's one pass: the live heap and RSS at points
-//! over the capture, and the live bytes of every stack as a log of changes, so that the
-//! timeline can draw any top rows, grouped any way by frame (your code, line, function, file),
-//! without reading the capture again (`crate::views::timeline`). (Per line, the innermost frame,
-//! was not enough: one library line reached from several lines of yours is several rows by
-//! your code.)
+//! over the capture (with the lowest and highest live heap since the point before, so that a
+//! temporary allocated and freed between two points still shows), and the live bytes of every
+//! stack as a log of changes, so that the timeline can draw any top rows, grouped any way by
+//! frame (your code, line, function, file), without reading the capture again
+//! (`crate::views::timeline`). (Per line, the innermost frame, was not enough: one library line
+//! reached from several lines of yours is several rows by your code.)
 //!
 //! Points are taken after a timed record at least `step` after the previous point. The step
 //! starts at 1 ms and doubles whenever there are twice [`POINTS`] points (every other point is
@@ -30,6 +31,11 @@ pub struct SeriesPoint {
     pub rss: Option<u64>,
     /// The estimated live heap.
     pub heap: f64,
+    /// The lowest and highest live heap since the point before (this one's `heap` included),
+    /// and whether the highest came first.
+    pub lo: f64,
+    pub hi: f64,
+    pub hi_first: bool,
 }
 
 /// A capture's series, as recorded.
@@ -55,6 +61,13 @@ pub(super) struct Series {
     step_ns: u64,
     last_point_ns: Option<u64>,
     last_ns: Option<u64>,
+    /// The live heap's range since the last point: lowest, highest, and the events at which
+    /// each was last reached (counted from the point).
+    lo: f64,
+    hi: f64,
+    lo_at: i64,
+    hi_at: i64,
+    events: i64,
 }
 
 impl Series {
@@ -75,6 +88,18 @@ impl Series {
         if !self.is_changed[line as usize] {
             self.is_changed[line as usize] = true;
             self.changed.push(line);
+        }
+    }
+
+    /// After every event: the live heap now, for the range between points (each extreme's
+    /// latest moment counts, for the order they are drawn in).
+    pub(super) fn observe(&mut self, heap: f64) {
+        self.events += 1;
+        if heap <= self.lo {
+            (self.lo, self.lo_at) = (heap, self.events);
+        }
+        if heap >= self.hi {
+            (self.hi, self.hi_at) = (heap, self.events);
         }
     }
 
@@ -104,11 +129,22 @@ impl Series {
     fn point(&mut self, time_ns: u64, agg: &Aggregator) {
         self.last_point_ns = Some(time_ns);
         let index = self.rec.points.len() as u32;
+        let heap = agg.live_bytes.max(0.0);
+        // The first point's range starts at it.
+        let (lo, hi) = if self.rec.points.is_empty() && self.events == 0 {
+            (heap, heap)
+        } else {
+            (self.lo.min(heap).max(0.0), self.hi.max(heap))
+        };
         self.rec.points.push(SeriesPoint {
             time_ns,
             rss: agg.last_rss,
-            heap: agg.live_bytes.max(0.0),
+            heap,
+            lo,
+            hi,
+            hi_first: self.hi_at < self.lo_at,
         });
+        (self.lo, self.hi, self.lo_at, self.hi_at, self.events) = (heap, heap, 0, 0, 0);
         for line in self.changed.drain(..) {
             self.is_changed[line as usize] = false;
             self.rec.log.push((index, line, self.bytes[line as usize]));
@@ -121,7 +157,10 @@ impl Series {
         let points = &mut self.rec.points;
         let kept: Vec<SeriesPoint> = points
             .chunks(2)
-            .map(|pair| *pair.last().expect("chunks are not empty"))
+            .map(|pair| match pair {
+                [a, b] => merge(a, b),
+                _ => pair[0],
+            })
             .collect();
         *points = kept;
         // Per line, where its entry of the merged point being written is.
@@ -147,8 +186,17 @@ impl Series {
                 self.point(t, agg);
             } else {
                 // The last point was taken before the records that came after it at the same
-                // time: it is the state after the last record.
-                self.rec.points.pop();
+                // time: it is the state after the last record, its range that one's too
+                // (reached before every event since).
+                if let Some(last) = self.rec.points.pop() {
+                    let (hi_at, lo_at) = if last.hi_first { (-2, -1) } else { (-1, -2) };
+                    if last.hi >= self.hi {
+                        (self.hi, self.hi_at) = (last.hi, hi_at);
+                    }
+                    if last.lo <= self.lo {
+                        (self.lo, self.lo_at) = (last.lo, lo_at);
+                    }
+                }
                 let index = self.rec.points.len() as u32;
                 self.rec.log.retain(|&(p, _, _)| p < index);
                 for line in 0..self.bytes.len() {
@@ -160,5 +208,50 @@ impl Series {
             }
         }
         self.rec
+    }
+}
+
+/// Two neighbouring points as one: the later one's state, the range of both, in order.
+fn merge(a: &SeriesPoint, b: &SeriesPoint) -> SeriesPoint {
+    let hi_in_a = a.hi > b.hi;
+    let lo_in_a = a.lo < b.lo;
+    let hi_first = match (hi_in_a, lo_in_a) {
+        (true, false) => true,
+        (false, true) => false,
+        (true, true) => a.hi_first,
+        (false, false) => b.hi_first,
+    };
+    SeriesPoint {
+        lo: a.lo.min(b.lo),
+        hi: a.hi.max(b.hi),
+        hi_first,
+        ..*b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(lo: f64, hi: f64, hi_first: bool) -> SeriesPoint {
+        SeriesPoint {
+            time_ns: 0,
+            rss: None,
+            heap: lo,
+            lo,
+            hi,
+            hi_first,
+        }
+    }
+
+    #[test]
+    fn merged_points_keep_the_range_of_both_in_order() {
+        // A rise in the first, a drop in the second: the high came first.
+        let m = merge(&point(10.0, 50.0, false), &point(5.0, 20.0, true));
+        assert_eq!((m.lo, m.hi, m.hi_first), (5.0, 50.0, true));
+        let m = merge(&point(1.0, 5.0, true), &point(3.0, 90.0, false));
+        assert_eq!((m.lo, m.hi, m.hi_first), (1.0, 90.0, false));
+        let m = merge(&point(1.0, 95.0, true), &point(3.0, 90.0, false));
+        assert!(m.hi_first);
     }
 }

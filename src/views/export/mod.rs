@@ -52,7 +52,7 @@ pub fn exporter(format: Format) -> Option<Box<dyn Exporter>> {
         Format::Speedscope => Some(Box::new(speedscope::Speedscope)),
         Format::Folded => Some(Box::new(folded::Folded)),
         Format::Json => Some(Box::new(json::Json)),
-        Format::Svg | Format::Html => None,
+        Format::Svg | Format::Html | Format::Csv => None,
     }
 }
 
