@@ -22,7 +22,9 @@ pub enum Format {
     Svg,
     /// A self-contained HTML report.
     Html,
-    /// A table of comma-separated values (the timeline's points).
+    /// A table of comma-separated values (the timeline's points: `mprof timeline -o t.csv`;
+    /// not an export format).
+    #[value(skip)]
     Csv,
 }
 
