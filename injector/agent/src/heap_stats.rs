@@ -91,6 +91,8 @@ type MallctlFn =
     unsafe extern "C" fn(*const c_char, *mut c_void, *mut usize, *mut c_void, usize) -> c_int;
 type DebugStatsFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 type GilCheckFn = unsafe extern "C" fn() -> c_int;
+/// `PyInterpreterState_Head`/`_Main`, and the thread-state functions: a pointer, no argument.
+type PointerFn = unsafe extern "C" fn() -> *mut c_void;
 
 /// The statistics functions this process has.
 struct Sources {
@@ -98,6 +100,10 @@ struct Sources {
     /// `_PyObject_DebugMallocStats`: pymalloc's arenas and blocks, printed.
     pymalloc: Option<DebugStatsFn>,
     gil_check: Option<GilCheckFn>,
+    /// What [`holds_the_only_gil`] asks: `PyInterpreterState_Head` and `_Main`, the thread
+    /// state that runs now (`PyThreadState_GetUnchecked`, `_PyThreadState_UncheckedGet`
+    /// before 3.13) and the calling thread's own (`PyGILState_GetThisThreadState`).
+    gil_owner: Option<[PointerFn; 4]>,
 }
 
 enum Malloc {
@@ -142,6 +148,16 @@ fn sources_now() -> &'static Sources {
         };
         let stats = sym(c"_PyObject_DebugMallocStats");
         let gil = sym(c"PyGILState_Check");
+        let running = match sym(c"PyThreadState_GetUnchecked") {
+            p if p.is_null() => sym(c"_PyThreadState_UncheckedGet"),
+            p => p,
+        };
+        let owner = [
+            sym(c"PyInterpreterState_Head"),
+            sym(c"PyInterpreterState_Main"),
+            running,
+            sym(c"PyGILState_GetThisThreadState"),
+        ];
         Sources {
             malloc,
             // SAFETY: CPython's functions, with their C signatures.
@@ -150,6 +166,10 @@ fn sources_now() -> &'static Sources {
             // SAFETY: as above.
             gil_check: (!gil.is_null())
                 .then(|| unsafe { std::mem::transmute::<*mut c_void, GilCheckFn>(gil) }),
+            // SAFETY: as above; each takes nothing and returns a pointer.
+            gil_owner: owner.iter().all(|p| !p.is_null()).then(|| {
+                owner.map(|p| unsafe { std::mem::transmute::<*mut c_void, PointerFn>(p) })
+            }),
         }
     })
 }
@@ -253,8 +273,7 @@ pub fn read() -> HeapStats {
         // SAFETY: as above.
         up || api.is_finalizing.is_some_and(|f| unsafe { f() } != 0)
     });
-    // SAFETY: PyGILState_Check takes nothing and reads the calling thread's state.
-    let holds_gil = running && s.gil_check.is_some_and(|check| unsafe { check() } == 1);
+    let holds_gil = running && holds_the_only_gil(s);
     if let (Some(print), true) = (s.pymalloc, holds_gil) {
         with_pymalloc_current(|| read_pymalloc(print, &mut out));
     }
@@ -291,6 +310,30 @@ fn parse_statm(text: &[u8]) -> u64 {
         pages = pages.saturating_mul(10).saturating_add(u64::from(b - b'0'));
     }
     pages
+}
+
+/// Whether the calling thread holds the GIL, and it is the process's only one: one
+/// interpreter runs (the list's head is the main one: a new interpreter goes to the head),
+/// `PyGILState_Check` says so, and the thread state that runs is this thread's own.
+/// `PyGILState_Check` alone answers yes to every thread once a process has made a
+/// subinterpreter (it stops checking then, for good), and from 3.12 an interpreter may have a
+/// GIL of its own, whose threads allocate while [`with_pymalloc_current`] has the object
+/// domain's allocator, which is the process's, stepped aside. With the GIL held, no other
+/// interpreter can be made meanwhile.
+fn holds_the_only_gil(s: &Sources) -> bool {
+    let (Some(check), Some([head, main, running, own])) = (s.gil_check, s.gil_owner) else {
+        return false;
+    };
+    // SAFETY: CPython's functions, taking nothing: the interpreters' list head and the main
+    // interpreter (pointers of the runtime's, not dereferenced), whether this thread holds the
+    // GIL, the thread state that runs now (the GIL holder's before 3.12, this thread's
+    // attached one from 3.12) and this thread's own.
+    unsafe {
+        head() == main() && check() == 1 && {
+            let now = running();
+            !now.is_null() && now == own()
+        }
+    }
 }
 
 /// Runs `f` with the allocator the sampling layer wraps in the object domain (pymalloc's) as
