@@ -166,9 +166,11 @@ fn sources_now() -> &'static Sources {
             // SAFETY: as above.
             gil_check: (!gil.is_null())
                 .then(|| unsafe { std::mem::transmute::<*mut c_void, GilCheckFn>(gil) }),
-            // SAFETY: as above; each takes nothing and returns a pointer.
             gil_owner: owner.iter().all(|p| !p.is_null()).then(|| {
-                owner.map(|p| unsafe { std::mem::transmute::<*mut c_void, PointerFn>(p) })
+                owner.map(|p| {
+                    // SAFETY: CPython's functions, each taking nothing and returning a pointer.
+                    unsafe { std::mem::transmute::<*mut c_void, PointerFn>(p) }
+                })
             }),
         }
     })
