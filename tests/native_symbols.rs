@@ -235,9 +235,18 @@ fn every_view_shows_native_frames() {
     // The timeline and the HTML page load the libraries' debug information too, which is not
     // counted against the capture's memory allowance (it was: both refused every small
     // `--native` capture of pyenv's interpreters as "may be corrupt or crafted").
+    // By function: by default they group by your code, where the C function is the row's
+    // innermost frame only.
     for (view, name) in [("timeline", "timeline.svg"), ("html", "report.html")] {
         let path = dir.path().join(name);
-        let out = run_with_timeout(mprof().arg(view).arg(&capture).arg("-o").arg(&path), LIMIT);
+        let out = run_with_timeout(
+            mprof()
+                .arg(view)
+                .arg(&capture)
+                .args(["--by", "function", "-o"])
+                .arg(&path),
+            LIMIT,
+        );
         assert!(out.status.success(), "{view}: {}", stderr(&out));
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains("chain_level2"), "{view}: no native frame");
