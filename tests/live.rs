@@ -693,3 +693,37 @@ fn every_view_names_the_same_top_rows_as_report() {
         assert_eq!(html_top3(&run.capture, dir), want, "{}: html", py.label);
     }
 }
+
+/// Where the RSS is, in the live view: after a burst of 5 KB strings freed under one live
+/// string (tests/py/rss_kept.py), the `RSS − heap` line names glibc's free memory as what
+/// keeps the RSS, as `mprof report` does.
+#[test]
+fn the_live_view_says_what_keeps_the_rss() {
+    let Some(py) = prerequisites() else {
+        return;
+    };
+    let run = Run::new();
+    let q = |p: &Path| format!("'{}'", p.display());
+    let command = format!(
+        "{} record --live -o {} -- {} {} {} malloc serve; sleep 600",
+        q(Path::new(env!("CARGO_BIN_EXE_mprof"))),
+        q(&run.capture),
+        q(&py),
+        q(&script("rss_kept.py")),
+        q(run.capture.parent().unwrap()),
+    );
+    let tmux = Tmux::start(&command, 140, 30);
+    let screen = tmux.wait_for("the RSS − heap line names malloc's free memory", |s| {
+        s.lines()
+            .any(|l| l.contains("RSS − heap") && l.contains("kept: malloc free"))
+    });
+    let line = screen
+        .lines()
+        .find(|l| l.contains("kept: malloc free"))
+        .unwrap();
+    let after = line.split("kept: malloc free ").nth(1).unwrap();
+    let mut words = after.split_whitespace();
+    let (value, unit) = (words.next().unwrap(), words.next().unwrap());
+    let kept = bytes(value, unit.trim_end_matches('·'));
+    assert!(kept > 150.0 * 1048576.0, "{line}");
+}

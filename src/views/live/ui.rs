@@ -179,8 +179,8 @@ fn gap_line(s: &Screen, gap: Option<f64>, width: usize) -> Line<'static> {
     Line::raw(fit(&parts, "  ", width))
 }
 
-/// `kept: malloc free 190M · rest 9.0M · pymalloc free 1.0M`: what holds the RSS beside the
-/// live heap at the latest reading of the allocators' figures, largest first.
+/// `kept: malloc free 190 MiB · rest 9.00 MiB · pymalloc free 1.00 MiB`: what holds the RSS
+/// beside the live heap at the latest reading of the allocators' figures, largest first.
 fn kept_text(b: &crate::analysis::resident::Parts) -> String {
     let short = |part: &str| match part {
         "live_unseen" => "unsampled live",
