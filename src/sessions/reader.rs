@@ -72,10 +72,15 @@ fn rss_in_statm(text: &str, page: u64) -> Option<u64> {
     pages.checked_mul(page)
 }
 
-/// How often the program's own reader reads its mappings (see `smaps`) when nothing else asks.
-const RESIDENT_EVERY: Duration = Duration::from_secs(1);
-/// The mappings are read at most this often after new statistics of the allocators.
-const RESIDENT_AFTER_HEAP: Duration = Duration::from_millis(200);
+/// How often the program's own reader reads its mappings (see `smaps`) at most (and as the
+/// session ends); and never sooner than [`RESIDENT_COST_SHARE`] times what the last reading
+/// took: the kernel walks the page tables of every mapping under the program's own lock of its
+/// mappings (8 ms for a heap of 200 MB here), which stalls its page faults. Read every second,
+/// they cost an allocation-bound program 2.4% (benches/pairs.py --against the build before
+/// them); the allocators' figures carry the RSS themselves, and the mappings only add the
+/// resident part of sampled `mmap` blocks and the named mappings.
+const RESIDENT_EVERY: Duration = Duration::from_secs(5);
+const RESIDENT_COST_SHARE: u32 = 100;
 
 /// Threads whose names the reader looks up at most.
 const MAX_THREAD_NAMES: usize = 4096;
@@ -103,6 +108,8 @@ pub struct Reader<R: std::ops::Deref<Target = RingMem>> {
     /// When the process's mappings were last read for a RESIDENT record, if this reader reads
     /// them (the program's own reader: see `smaps`).
     last_resident: Option<Option<Instant>>,
+    /// What the last reading of the mappings took.
+    resident_cost: Duration,
 }
 
 impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
@@ -130,6 +137,7 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
             modules: ModuleTracker::new(pid),
             maps_served: 0,
             last_resident: None,
+            resident_cost: Duration::ZERO,
         };
         r.heartbeat();
         r
@@ -154,8 +162,11 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
         if self.last_resident.is_none() || !self.reads_rss || !self.agent_up {
             return Ok(());
         }
-        self.last_resident = Some(Some(Instant::now()));
-        match smaps::read(self.pid, record_time_ns()) {
+        let start = Instant::now();
+        self.last_resident = Some(Some(start));
+        let read = smaps::read(self.pid, record_time_ns());
+        self.resident_cost = start.elapsed();
+        match read {
             Some(resident) => self.add(&Record::Resident(resident), observe),
             None => Ok(()),
         }
@@ -177,7 +188,6 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
     pub fn pump_observed(&mut self, mut observe: impl FnMut(&[u8])) -> Result<usize> {
         self.heartbeat();
         let mut new_tids = Vec::new();
-        let mut saw_heap = false;
         let capture = &mut self.capture;
         let tids = &mut self.tids;
         let modules = &mut self.modules;
@@ -220,7 +230,6 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
                             }
                         }
                         // The modules a native stack reaches go into the capture before it.
-                        saw_heap |= kind == record::KIND_HEAP;
                         let before = match kind {
                             KIND_ALLOC => native_addrs(bytes, aux)
                                 .map(|addrs| modules.before_sample(&addrs))
@@ -252,19 +261,10 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
         for tid in new_tids {
             self.write_thread_name(tid, &mut observe)?;
         }
-        // New statistics of the allocators (the agent reads them a few times a second while
-        // the program allocates or frees, and as a session ends): the mappings are read now,
-        // at the same moment, so that the two say where the RSS is together. And at a detach,
-        // once more as the session ends.
+        // The agent asked for the mappings as its session ends (a detach): read with the
+        // request, at the same moment as its last statistics.
         if read_resident && resident_of.is_some() {
             self.last_resident = Some(Some(Instant::now()));
-        }
-        let soon = self
-            .last_resident
-            .flatten()
-            .is_some_and(|t| t.elapsed() < RESIDENT_AFTER_HEAP);
-        if saw_heap && !soon && !read_resident {
-            self.read_resident(&mut observe)?;
         }
         self.tick(&mut observe)?;
         Ok(moved)
@@ -314,7 +314,8 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
             }
         }
         if let Some(last) = self.last_resident {
-            if last.is_none_or(|t| now - t >= RESIDENT_EVERY) {
+            let gap = RESIDENT_EVERY.max(self.resident_cost * RESIDENT_COST_SHARE);
+            if last.is_none_or(|t| now - t >= gap) {
                 self.read_resident(observe)?;
             }
         }

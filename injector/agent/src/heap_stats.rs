@@ -6,7 +6,8 @@
 //! Looked at every [`SAMPLES_BETWEEN_CHECKS`] samples and [`FREES_BETWEEN_CHECKS`] sampled
 //! frees, and read when the last reading is [`INTERVAL_NS`] old, or [`MIN_GAP_NS`] old after
 //! many sampled events ([`BURST_EVENTS`]: a burst of allocations or frees, whose end the
-//! statistics should see, as the program may go idle right after it). Read from a slow path
+//! statistics should see, as the program may go idle right after it); never sooner than
+//! [`COST_SHARE`] times what the last reading took. Read from a slow path
 //! once the session lock is released (`lock::SpinLock::defer`): the allocators' statistics
 //! take the allocators' own locks, which no agent lock may be held around (see `locks`), and
 //! the hooks call into the real allocator only before or after their own work, so no
@@ -25,9 +26,13 @@ use std::sync::OnceLock;
 
 /// Time between two readings when the program allocates at an even pace.
 pub const INTERVAL_NS: u64 = 250_000_000;
-/// Time between two readings at least, in a burst; and at least four times what the last
-/// reading took (so that readings take at most a fifth of a burst's time).
-pub const MIN_GAP_NS: u64 = 50_000;
+/// Time between two readings at least, in a burst.
+pub const MIN_GAP_NS: u64 = 20_000_000;
+/// Readings are at least this many times what the last one took apart, so that they take at
+/// most 1% of the program's time (pymalloc's figures walk every pool: milliseconds for a heap
+/// of hundreds of megabytes; with a gap of four times that, they cost an allocation-bound
+/// program 15%).
+pub const COST_SHARE: u64 = 100;
 /// Sampled events since the last reading that make a burst (at the default rate, 256 of them
 /// stand for about 32 MiB allocated or freed).
 pub const BURST_EVENTS: u64 = 256;
@@ -52,8 +57,9 @@ pub fn due(now: u64, events: u64) -> bool {
     let seen = EVENTS.fetch_add(events, Ordering::Relaxed) + events;
     let last = LAST.load(Ordering::Relaxed);
     let gap = now.wrapping_sub(last);
-    let min_gap = MIN_GAP_NS.max(4 * LAST_COST.load(Ordering::Relaxed));
-    let due = gap >= INTERVAL_NS || (seen >= BURST_EVENTS && gap >= min_gap);
+    let floor = COST_SHARE.saturating_mul(LAST_COST.load(Ordering::Relaxed));
+    let due =
+        gap >= INTERVAL_NS.max(floor) || (seen >= BURST_EVENTS && gap >= MIN_GAP_NS.max(floor));
     if due
         && LAST
             .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
