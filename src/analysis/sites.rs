@@ -100,7 +100,10 @@ impl Row<'_> {
 /// bootstrap, `runpy`, the import system): a thread's target (`work`), a pool's worker loop,
 /// the main thread's `<module>`. `None` for a stack without such a frame (native threads).
 pub fn thread_entry<'a>(frames: impl Iterator<Item = Location<'a>>) -> Option<Location<'a>> {
-    let frames: Vec<Location<'a>> = frames.collect();
+    // The thread's own frames: not those of the stack that created it.
+    let frames: Vec<Location<'a>> = frames
+        .take_while(|loc| !crate::analysis::grouping::is_new_thread(loc))
+        .collect();
     frames.into_iter().rev().find(|loc| {
         let machinery = loc.file.ends_with("/threading.py")
             || loc.file.ends_with("/runpy.py")

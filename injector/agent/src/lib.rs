@@ -55,6 +55,7 @@ mod python;
 mod sample_stack;
 mod sampler;
 mod sampling;
+mod spawns;
 mod stacks;
 mod sys;
 mod unwind;

@@ -165,7 +165,7 @@ fn decide_per_thread(
 
 /// The thread's kernel id, and with it whether it may read the time-stamp counter: asked of
 /// the kernel at its first sample (and again in a forked child).
-fn tid(t: &ThreadState) -> u32 {
+pub(crate) fn tid(t: &ThreadState) -> u32 {
     if t.tid.get() == 0 {
         t.tid.set(sys::gettid());
         t.tsc.set(sys::tsc_allowed());
@@ -403,6 +403,11 @@ unsafe fn record_alloc_with<const WITH_NATIVE: bool>(shared: &mut Session, block
     }
     let (layout, api) = (mapped.layout, mapped.api);
     let tid = tid(t);
+    // The thread's HANDLE comes before its first sample of the session (see `spawns`).
+    if !crate::spawns::announced(t) && !crate::spawns::announce(&mut mapped.ring, t, tid) {
+        cold_path();
+        return;
+    }
     let now = mapped.clock.now(t.tsc.get());
     if let Some(reason) = lifecycle::stop_reason_at(*finalizing_flag, api, mapped, now) {
         cold_path();
@@ -592,7 +597,7 @@ unsafe fn has_own_gil(layout: &PyLayout, interp: usize) -> bool {
 /// # Safety
 /// `api` and `read` were made for the running interpreter; `verified` is the calling thread's
 /// own word (`ThreadState::key_slot`).
-unsafe fn this_thread_state(
+pub(crate) unsafe fn this_thread_state(
     api: &Api,
     read: Option<&ThisThread>,
     verified: &std::cell::Cell<isize>,

@@ -218,7 +218,20 @@ impl Model {
             Expanded::Alloc(alloc) => record::decode(&alloc),
             Expanded::Consumed | Expanded::Bad(_) => return,
         };
-        if let Ok((record, _)) = decoded {
+        if let Ok((mut record, _)) = decoded {
+            if let Record::Spawn {
+                node,
+                depth,
+                frames,
+                ..
+            } = &mut record
+            {
+                // The creating thread's stack, as the nodes define it now.
+                match self.stacks[self.current].frames(*node, *depth as usize) {
+                    Ok(stack) => *frames = stack,
+                    Err(_) => return,
+                }
+            }
             self.apply(&record);
         }
     }

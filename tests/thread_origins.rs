@@ -1,0 +1,116 @@
+//! Work done on threads that run none of the user's code is shown under the line that started
+//! the thread (issue 52): `mprof record --rate 1` of tests/py/thread_origins.py, on every
+//! interpreter present, groups by your code (the default of `report`)
+//! - a `threading.Thread` whose target is a library's (in a site-packages folder) under
+//!   "thread started at" the script's `worker.start()` line;
+//! - a native thread started with `pthread_create` by a C library (tests/c/thread_origin.c,
+//!   loaded with ctypes) under "thread started at" the line that called into the library.
+
+mod common;
+
+use common::native::build_library;
+use common::{pythons, report_json, script};
+use serde_json::Value;
+use std::path::Path;
+
+/// Bytes the Python worker keeps: 200 bytearrays of 10,000 bytes (each 10,001 with its NUL).
+const PYTHON_BYTES: u64 = 200 * 10_001;
+/// Bytes the native thread keeps: 8 blocks of 1 MiB.
+const NATIVE_BYTES: u64 = 8 << 20;
+
+/// The line of tests/py/thread_origins.py marked `# mark: WHAT`.
+fn marked_line(what: &str) -> u64 {
+    let text = std::fs::read_to_string(script("thread_origins.py")).unwrap();
+    let mark = format!("# mark: {what}");
+    let at = text.lines().position(|l| l.ends_with(&mark)).unwrap();
+    at as u64 + 1
+}
+
+/// The library module the Python worker runs, in a site-packages folder of `dir`.
+fn write_worklib(dir: &Path) {
+    let site = dir.join("lib/site-packages");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(
+        site.join("worklib.py"),
+        "def work(kept, n, size):\n    for _ in range(n):\n        kept.append(bytearray(size))\n",
+    )
+    .unwrap();
+}
+
+/// The row of `report` grouped at "thread started at" `line` of the script, if any.
+fn started_at<'a>(report: &'a Value, line: u64) -> Option<&'a Value> {
+    report["locations"].as_array().unwrap().iter().find(|l| {
+        l["function"] == "thread started at"
+            && l["line"] == line
+            && l["file"]
+                .as_str()
+                .is_some_and(|f| f.ends_with("thread_origins.py"))
+    })
+}
+
+#[test]
+fn threads_that_run_no_code_of_yours_show_under_the_line_that_started_them() {
+    let dir = common::tempdir();
+    write_worklib(dir.path());
+    let library = build_library(dir.path(), "thread_origin");
+    let (python_line, native_line) = (marked_line("python thread"), marked_line("native thread"));
+    for py in pythons() {
+        let capture = dir
+            .path()
+            .join(format!("{}.mprof", py.label.replace(' ', "-")));
+        let out = common::run_with_timeout(
+            common::mprof()
+                .args(["record", "-q", "--rate", "1", "-o"])
+                .arg(&capture)
+                .arg("--")
+                .arg(&py.path)
+                .arg(script("thread_origins.py"))
+                .arg(dir.path())
+                .arg(&library),
+            common::procs::LIMIT,
+        );
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            py.label,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report = report_json(&capture, &["--top", "0"]);
+        let row = started_at(&report, python_line)
+            .unwrap_or_else(|| panic!("{}: no row for the Python thread: {report}", py.label));
+        let bytes = row["alloc_bytes"].as_u64().unwrap();
+        // The bytearrays, and what the list that keeps them and the thread's start-up took.
+        assert!(
+            (PYTHON_BYTES..PYTHON_BYTES + 200_000).contains(&bytes),
+            "{}: {bytes} B under the Python thread's start: {row}",
+            py.label
+        );
+        assert_eq!(row["in_your_code"], true, "{}: {row}", py.label);
+        let row = started_at(&report, native_line)
+            .unwrap_or_else(|| panic!("{}: no row for the native thread: {report}", py.label));
+        let bytes = row["alloc_bytes"].as_u64().unwrap();
+        assert!(
+            (NATIVE_BYTES..NATIVE_BYTES + 4096).contains(&bytes),
+            "{}: {bytes} B under the native thread's start: {row}",
+            py.label
+        );
+        let text = common::views::stdout(&common::views::ok(&[
+            "report",
+            capture.to_str().unwrap(),
+            "--top",
+            "0",
+        ]));
+        let label = format!("thread_origins.py:{native_line}");
+        assert!(
+            text.lines()
+                .any(|l| l.contains("thread started at ") && l.contains(&label)),
+            "{}: {text}",
+            py.label
+        );
+        eprintln!(
+            "{}: thread started at line {python_line}: {} B, line {native_line}: {bytes} B",
+            py.label,
+            started_at(&report, python_line).unwrap()["alloc_bytes"]
+        );
+    }
+}
