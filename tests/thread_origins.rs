@@ -38,7 +38,7 @@ fn write_worklib(dir: &Path) {
 }
 
 /// The row of `report` grouped at "thread started at" `line` of the script, if any.
-fn started_at<'a>(report: &'a Value, line: u64) -> Option<&'a Value> {
+fn started_at(report: &Value, line: u64) -> Option<&Value> {
     report["locations"].as_array().unwrap().iter().find(|l| {
         l["function"] == "thread started at"
             && l["line"] == line

@@ -11,7 +11,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-/// Creations after which one still under way counts as lost.
+/// A creation still under way counts as lost once its serial is more than this far behind
+/// the latest.
 pub const LOST_AFTER: u32 = 4096;
 /// Most threads waiting at once; beyond, a thread takes the latest origin of its handle.
 pub const MAX_WAITING: usize = 1024;
@@ -193,7 +194,7 @@ mod tests {
         p.spawn(2, 'b'); // its SPAWNED is lost
         p.handle(11, 0x100);
         assert_eq!(p.origin(11), None);
-        for serial in 3..LOST_AFTER + 3 {
+        for serial in 3..=LOST_AFTER + 3 {
             p.spawn(serial, 'x');
             p.spawned(serial, 0x900);
         }

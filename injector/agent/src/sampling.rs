@@ -11,6 +11,7 @@ use crate::sample_stack::{Announcer, Stack};
 use crate::sampler::{self, ThreadState, EPOCH, IDLE_COUNTDOWN, THREAD};
 use crate::sys;
 use mprof_common::layout::PyLayout;
+use mprof_common::record::threads;
 use mprof_common::record::{
     Allocator, ALLOC_NATIVE_STACK, ALLOC_TRUNCATED, KIND_FREE, MAX_NATIVE_FRAMES,
 };
@@ -403,8 +404,8 @@ unsafe fn record_alloc_with<const WITH_NATIVE: bool>(shared: &mut Session, block
     }
     let (layout, api) = (mapped.layout, mapped.api);
     let tid = tid(t);
-    // The thread's HANDLE comes before its first sample of the session (see `spawns`).
-    if !crate::spawns::announced(t) && !crate::spawns::announce(&mut mapped.ring, t, tid) {
+    // The thread's HANDLE comes before its first sample of the session.
+    if !announced(t) && !announce_thread(&mut mapped.ring, t, tid) {
         cold_path();
         return;
     }
@@ -727,4 +728,27 @@ fn record_free_locked(shared: &mut Session, addr: usize) {
         .ring
         .try_write(KIND_FREE, 0, FREE_BODY, |b| write_free(b, addr));
     count_free(&mapped.ring);
+}
+
+/// Whether the calling thread has written its HANDLE (`mprof_common::record::threads`) in
+/// this session; asked by each sample under the session lock, before its record.
+#[inline(always)]
+fn announced(t: &ThreadState) -> bool {
+    t.handle_epoch.get() == EPOCH.load(Ordering::Relaxed)
+}
+
+/// Writes the calling thread's HANDLE into `ring` (under the session lock); false when the
+/// ring had no room (it is tried again at the next sample).
+#[cold]
+#[inline(never)]
+fn announce_thread(ring: &mut Ring, t: &ThreadState, tid: u32) -> bool {
+    // SAFETY: pthread_self has no preconditions.
+    let handle = unsafe { sys::pthread_self() } as u64;
+    let written = ring.try_write(threads::KIND_HANDLE, 0, threads::THREAD_BODY, |b| {
+        threads::write_handle(b, tid, handle)
+    });
+    if written {
+        t.handle_epoch.set(EPOCH.load(Ordering::Relaxed));
+    }
+    written
 }

@@ -1,7 +1,8 @@
 //! Where threads come from (`mprof_common::record::threads`): the hook of `pthread_create`
 //! (`native`) writes a SPAWN with the creating thread's Python stack before the real call and
 //! a SPAWNED with the new thread's `pthread_t` after it; each thread writes a HANDLE, its
-//! kernel id beside its own `pthread_self()`, before its first sample of a session. mprof
+//! kernel id beside its own `pthread_self()`, before its first sample of a session
+//! (`sampling::announce_thread`). mprof
 //! pairs them (a thread may sample before its creator returns, and a `pthread_t` is reused
 //! after a join: the serials let the reader tell).
 //!
@@ -12,9 +13,8 @@
 
 use crate::lifecycle::{Session, ENABLED, SESSION};
 use crate::sample_stack::{Announcer, Stack};
-use crate::sampler::{ThreadState, EPOCH, THREAD};
+use crate::sampler::{ThreadState, THREAD};
 use crate::sampling;
-use crate::sys;
 use mprof_common::record::threads::{
     write_handle, write_spawn, KIND_HANDLE, KIND_SPAWN, KIND_SPAWNED, SPAWN_TRUNCATED, THREAD_BODY,
 };
@@ -129,27 +129,4 @@ pub fn after_create(serial: u32, handle: u64) {
         }
         t.busy.set(false);
     })
-}
-
-/// Whether the calling thread (`tid`) has written its HANDLE in this session; called by each
-/// sample under the session lock, before its record.
-#[inline(always)]
-pub fn announced(t: &ThreadState) -> bool {
-    t.handle_epoch.get() == EPOCH.load(Ordering::Relaxed)
-}
-
-/// Writes the calling thread's HANDLE into `ring` (under the session lock); false when the
-/// ring had no room (it is tried again at the next sample).
-#[cold]
-#[inline(never)]
-pub fn announce(ring: &mut Ring, t: &ThreadState, tid: u32) -> bool {
-    // SAFETY: pthread_self has no preconditions.
-    let handle = unsafe { sys::pthread_self() } as u64;
-    let written = ring.try_write(KIND_HANDLE, 0, THREAD_BODY, |b| {
-        write_handle(b, tid, handle)
-    });
-    if written {
-        t.handle_epoch.set(EPOCH.load(Ordering::Relaxed));
-    }
-    written
 }
