@@ -611,6 +611,12 @@ impl Aggregator {
         self.resolver.names.frames(stack.0)
     }
 
+    /// The frames of a stack, innermost first, then those of the stack that created its
+    /// thread, if known (see [`crate::analysis::profile::Profile::frames_with_origin`]).
+    pub fn frames_with_origin(&self, stack: StackId) -> impl Iterator<Item = Location<'_>> + '_ {
+        self.resolver.names.frames_with_origin(stack.0)
+    }
+
     /// The innermost frame of a stack.
     pub fn innermost(&self, stack: StackId) -> Location<'_> {
         self.resolver.names.innermost(stack.0)

@@ -100,7 +100,7 @@ fn your_frame<'a>(
 }
 
 /// Whether `loc` is the pseudo-frame between a thread's frames and its creator's.
-pub fn is_new_thread(loc: &Location) -> bool {
+fn is_new_thread(loc: &Location) -> bool {
     loc.file == NEW_THREAD && loc.function == NEW_THREAD
 }
 

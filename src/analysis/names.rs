@@ -153,6 +153,8 @@ pub(crate) struct Names {
     node_ids: FastMap<(u32, u32), u32>,
     /// The allocator of each node's stack (its root's), as its wire value.
     allocators: Vec<u8>,
+    /// The frame of the [`NEW_THREAD`] pseudo-frame.
+    new_thread: u32,
 }
 
 /// The module id of Python frames and pseudo-frames.
@@ -168,6 +170,8 @@ impl Names {
             names.nodes.push((0, u32::MAX));
             names.allocators.push(a as u8);
         }
+        let new_thread = names.code(NEW_THREAD, NEW_THREAD, 0);
+        names.new_thread = names.frame(new_thread, 0);
         names
     }
 
@@ -246,8 +250,26 @@ impl Names {
         id
     }
 
-    /// The frames of the stack ending at `node`, innermost first.
+    /// The frames of the stack ending at `node`, innermost first: the thread's own, up to
+    /// the [`NEW_THREAD`] pseudo-frame of a grafted stack.
     pub(crate) fn frames(&self, node: u32) -> impl Iterator<Item = Location<'_>> + '_ {
+        let mut node = node;
+        std::iter::from_fn(move || {
+            if node < ROOTS {
+                return None;
+            }
+            let (parent, frame) = self.nodes[node as usize];
+            if frame == self.new_thread {
+                return None;
+            }
+            node = parent;
+            Some(self.location(frame))
+        })
+    }
+
+    /// The frames of the stack ending at `node`, innermost first, and for a grafted stack
+    /// [`NEW_THREAD`] and the frames of the stack that created the thread after them.
+    pub(crate) fn frames_with_origin(&self, node: u32) -> impl Iterator<Item = Location<'_>> + '_ {
         let mut node = node;
         std::iter::from_fn(move || {
             if node < ROOTS {
@@ -285,8 +307,6 @@ pub(crate) struct StackResolver {
     empty_stack: [u32; 3],
     /// Per allocator: the pseudo-frame node under which stacks cut at `max_depth` start.
     truncated_root: [u32; 3],
-    /// The [`NEW_THREAD`] pseudo-frame.
-    new_thread: u32,
     /// (stack, origin) → the grafted stack ([`StackResolver::graft`]).
     grafts: FastMap<(u32, u32), u32>,
     /// What is known of the process whose records are read now, and of the other processes
@@ -348,8 +368,6 @@ impl StackResolver {
         let no_python = names.frame(no_python, 0);
         let truncated = names.code(TRUNCATED, TRUNCATED, 0);
         let truncated = names.frame(truncated, 0);
-        let new_thread = names.code(NEW_THREAD, NEW_THREAD, 0);
-        let new_thread = names.frame(new_thread, 0);
         let (mut empty_stack, mut truncated_root) = ([0; 3], [0; 3]);
         for a in Allocator::ALL {
             let root = Names::root(a);
@@ -361,7 +379,6 @@ impl StackResolver {
             unknown_code,
             empty_stack,
             truncated_root,
-            new_thread,
             grafts: FastMap::default(),
             here: Codes::default(),
             process: 0,
@@ -469,7 +486,7 @@ impl StackResolver {
         for &frame in from.iter().rev() {
             node = self.names.child(node, frame);
         }
-        node = self.names.child(node, self.new_thread);
+        node = self.names.child(node, self.names.new_thread);
         for &frame in own.iter().rev() {
             node = self.names.child(node, frame);
         }

@@ -100,10 +100,7 @@ impl Row<'_> {
 /// bootstrap, `runpy`, the import system): a thread's target (`work`), a pool's worker loop,
 /// the main thread's `<module>`. `None` for a stack without such a frame (native threads).
 pub fn thread_entry<'a>(frames: impl Iterator<Item = Location<'a>>) -> Option<Location<'a>> {
-    // The thread's own frames: not those of the stack that created it.
-    let frames: Vec<Location<'a>> = frames
-        .take_while(|loc| !crate::analysis::grouping::is_new_thread(loc))
-        .collect();
+    let frames: Vec<Location<'a>> = frames.collect();
     frames.into_iter().rev().find(|loc| {
         let machinery = loc.file.ends_with("/threading.py")
             || loc.file.ends_with("/runpy.py")
@@ -141,7 +138,7 @@ pub fn rows(p: &Profile, view: View, by: Grouping) -> Vec<Row<'_>> {
                     thread: None,
                     figures: *f,
                     allocators,
-                    stack: p.frames(id).collect(),
+                    stack: p.frames_with_origin(id).collect(),
                     beside: None,
                 }
             })
@@ -190,7 +187,7 @@ pub fn rows(p: &Profile, view: View, by: Grouping) -> Vec<Row<'_>> {
             for (id, f) in p.stacks() {
                 let mut one = ByAllocator::default();
                 one.add(p.allocator(id), f);
-                groups.add(p.frames(id), &one, ByAllocator::merge);
+                groups.add(p.frames_with_origin(id), &one, ByAllocator::merge);
             }
             groups
                 .finish(|split| whole(sum(split).get(view).bytes))

@@ -16,9 +16,8 @@ use crate::sample_stack::{Announcer, Stack};
 use crate::sampler::{ThreadState, THREAD};
 use crate::sampling;
 use mprof_common::record::threads::{
-    write_handle, write_spawn, KIND_HANDLE, KIND_SPAWN, KIND_SPAWNED, SPAWN_TRUNCATED, THREAD_BODY,
+    write_handle, write_spawn, KIND_SPAWN, KIND_SPAWNED, SPAWN_TRUNCATED, THREAD_BODY,
 };
-use mprof_common::ring::Ring;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// The last creation's serial (0: none yet).
