@@ -4,7 +4,9 @@
 //! - a `threading.Thread` whose target is a library's (in a site-packages folder) under
 //!   "thread started at" the script's `worker.start()` line;
 //! - a native thread started with `pthread_create` by a C library (tests/c/thread_origin.c,
-//!   loaded with ctypes) under "thread started at" the line that called into the library.
+//!   loaded with ctypes) under "thread started at" the line that called into the library;
+//! - Arrow's own native threads under the `pyarrow.csv.read_csv` line (and pandas'
+//!   `read_csv(engine="pyarrow")` when pandas is there).
 
 mod common;
 
@@ -37,14 +39,17 @@ fn write_worklib(dir: &Path) {
     .unwrap();
 }
 
-/// The row of `report` grouped at "thread started at" `line` of the script, if any.
+/// The row of `report` grouped at "thread started at" `line` of tests/py/thread_origins.py.
 fn started_at(report: &Value, line: u64) -> Option<&Value> {
+    started_at_file(report, "thread_origins.py", line)
+}
+
+/// The row of `report` grouped at "thread started at" `line` of the script `name`, if any.
+fn started_at_file<'a>(report: &'a Value, name: &str, line: u64) -> Option<&'a Value> {
     report["locations"].as_array().unwrap().iter().find(|l| {
         l["function"] == "thread started at"
             && l["line"] == line
-            && l["file"]
-                .as_str()
-                .is_some_and(|f| f.ends_with("thread_origins.py"))
+            && l["file"].as_str().is_some_and(|f| f.ends_with(name))
     })
 }
 
@@ -112,5 +117,72 @@ fn threads_that_run_no_code_of_yours_show_under_the_line_that_started_them() {
             py.label,
             started_at(&report, python_line).unwrap()["alloc_bytes"]
         );
+    }
+}
+
+/// Arrow parses a CSV on native threads of its own, which it starts at the first read: their
+/// bytes are under "thread started at" the `read_csv` line (pyenv's 3.11, where
+/// tools/test-deps.sh installs pyarrow; pandas' `read_csv(engine="pyarrow")` too when pandas
+/// is importable).
+#[test]
+fn arrow_threads_show_under_the_read_csv_line() {
+    let text = std::fs::read_to_string(script("arrow_csv_threads.py")).unwrap();
+    let line_of = |what: &str| {
+        let mark = format!("# mark: {what}");
+        text.lines().position(|l| l.ends_with(&mark)).unwrap() as u64 + 1
+    };
+    for py in pythons() {
+        let test = format!("Arrow's threads on {}", py.label);
+        let has = |module: &str| {
+            std::process::Command::new(&py.path)
+                .args(["-c", &format!("import {module}")])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        if !has("pyarrow") {
+            if py.label == "pyenv 3.11" {
+                common::tier::skip(
+                    &test,
+                    "pyarrow not importable (tools/test-deps.sh installs it into pyenv's 3.11)",
+                );
+            } else {
+                common::tier::skip_here(&test, "pyarrow is installed into pyenv's 3.11 only");
+            }
+            continue;
+        }
+        let dir = common::tempdir();
+        let capture = dir.path().join("arrow.mprof");
+        let out = common::run_with_timeout(
+            common::mprof()
+                .env("ARROW_DEFAULT_MEMORY_POOL", "system")
+                .args(["record", "-q", "-o"])
+                .arg(&capture)
+                .arg("--")
+                .arg(&py.path)
+                .arg(script("arrow_csv_threads.py"))
+                .arg(dir.path()),
+            common::procs::LIMIT,
+        );
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            py.label,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report = report_json(&capture, &["--top", "0"]);
+        let mut lines = vec![line_of("pyarrow read_csv")];
+        if has("pandas") {
+            lines.push(line_of("pandas read_csv"));
+        } else {
+            common::tier::skip_here(&format!("pandas on {}", py.label), "pandas not installed");
+        }
+        for line in lines {
+            let row = started_at_file(&report, "arrow_csv_threads.py", line).unwrap_or_else(|| {
+                panic!("{}: nothing started at line {line}: {report}", py.label)
+            });
+            let bytes = row["alloc_bytes"].as_u64().unwrap();
+            assert!(bytes > 1 << 20, "{}: {bytes} B: {row}", py.label);
+            eprintln!("{}: thread started at line {line}: {bytes} B", py.label);
+        }
     }
 }
