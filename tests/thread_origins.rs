@@ -186,3 +186,96 @@ fn arrow_threads_show_under_the_read_csv_line() {
         }
     }
 }
+
+/// The reader's pairing, on a hand-built capture: a thread that samples before its creator
+/// returned waits (its early samples have no origin), a reused `pthread_t` goes to its latest
+/// creation and never to the stale one, and a SPAWN naming a stack never defined is skipped.
+#[test]
+fn the_reader_pairs_each_thread_with_its_own_creation() {
+    use mprof::capture::testing::CaptureBuilder;
+    use mprof_common::record::Record;
+    use mprof_common::stacks::{encode_stack, Node};
+    const APP: u64 = 0x10;
+    const LIB: u64 = 0x20;
+    let node = |code, line| Node {
+        parent: 0,
+        code,
+        line,
+        entry: false,
+    };
+    let spawn = |serial, node| Record::Spawn {
+        serial,
+        tid: 1,
+        node,
+        depth: 1,
+        truncated: false,
+        frames: Vec::new(),
+    };
+    let pool = "/venv/lib/python3.11/site-packages/lib/pool.py";
+    let mut c = CaptureBuilder::new();
+    c.meta("mode=record\npid=7\nrate=1\npython=3.11.2\ncwd=/srv/app\nprogram_dir=/srv/app\n")
+        .code(APP, "/srv/app/app.py", "<module>", 1)
+        .code(LIB, pool, "work", 1);
+    c.bytes.extend(encode_stack(1, &node(APP, 5)));
+    c.bytes.extend(encode_stack(2, &node(APP, 9)));
+    // Thread 2, started at line 5, samples once its creator returned.
+    c.push(spawn(1, 1))
+        .push(Record::Spawned {
+            serial: 1,
+            handle: 0x100,
+        })
+        .push(Record::Handle {
+            tid: 2,
+            handle: 0x100,
+        })
+        .alloc_in(2, 0x1000, 1000, 1, &[(LIB, 3)]);
+    // Thread 3 gets thread 2's handle, started at line 9, and samples before its creator
+    // returned: that sample has no origin; the next is line 9's, never line 5's.
+    c.push(spawn(2, 2))
+        .push(Record::Handle {
+            tid: 3,
+            handle: 0x100,
+        })
+        .alloc_in(3, 0x2000, 2000, 2, &[(LIB, 3)])
+        .push(Record::Spawned {
+            serial: 2,
+            handle: 0x100,
+        })
+        .alloc_in(3, 0x3000, 4000, 3, &[(LIB, 3)]);
+    // A SPAWN naming a stack never defined is skipped; thread 4 has no origin.
+    c.push(spawn(3, 99))
+        .push(Record::Spawned {
+            serial: 3,
+            handle: 0x400,
+        })
+        .push(Record::Handle {
+            tid: 4,
+            handle: 0x400,
+        })
+        .alloc_in(4, 0x4000, 8000, 4, &[(LIB, 3)]);
+    let dir = tempfile::tempdir().unwrap();
+    let capture = c.write(dir.path(), "pairing.mprof");
+    let report = report_json(&capture, &["--top", "0"]);
+    let rows: Vec<(String, u64, u64)> = report["locations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            let function = l["function"].as_str().unwrap().to_owned();
+            (
+                function,
+                l["line"].as_u64().unwrap(),
+                l["alloc_bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("work".to_owned(), 3, 10_000),
+            ("thread started at".to_owned(), 9, 4000),
+            ("thread started at".to_owned(), 5, 1000),
+        ],
+        "{report}"
+    );
+}

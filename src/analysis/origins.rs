@@ -9,6 +9,7 @@
 //! SPAWNED never came (the ring was full) stops counting as under way [`LOST_AFTER`] creations
 //! later.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 
 /// A creation still under way counts as lost once its serial is more than this far behind
@@ -34,12 +35,14 @@ struct Waiting<T> {
 /// Pairs threads (by kernel id) with the origin of their creation (`T`: what the reader
 /// made of the SPAWN's stack), reading SPAWN, SPAWNED and HANDLE in order (see the module's
 /// doc). Memory is bounded by [`MAX_PAIRING`] entries per table, whatever the input.
-#[derive(Clone, Debug)]
 pub struct Pairing<T> {
     under_way: BTreeMap<u32, T>,
     latest: HashMap<u64, T>,
     waiting: HashMap<u32, Waiting<T>>,
+    /// Keyed with the standard hasher: thread ids and handles are the capture's, untrusted.
     paired: HashMap<u32, T>,
+    /// The last thread asked for and its answer: samples come in runs of one thread.
+    last: Cell<Option<(u32, Option<T>)>>,
 }
 
 impl<T> Default for Pairing<T> {
@@ -49,6 +52,7 @@ impl<T> Default for Pairing<T> {
             latest: HashMap::new(),
             waiting: HashMap::new(),
             paired: HashMap::new(),
+            last: Cell::new(None),
         }
     }
 }
@@ -111,6 +115,7 @@ impl<T: Copy> Pairing<T> {
     /// A HANDLE: thread `tid` is `handle`.
     pub fn handle(&mut self, tid: u32, handle: u64) {
         let before = self.latest.get(&handle).copied();
+        self.last.set(None);
         self.paired.remove(&tid);
         self.waiting.remove(&tid);
         match self.under_way.keys().next_back() {
@@ -127,6 +132,7 @@ impl<T: Copy> Pairing<T> {
     }
 
     fn pair(&mut self, tid: u32, origin: Option<T>) {
+        self.last.set(None);
         match origin {
             Some(o) if self.paired.len() < MAX_PAIRING => {
                 self.paired.insert(tid, o);
@@ -135,9 +141,21 @@ impl<T: Copy> Pairing<T> {
         }
     }
 
-    /// The origin of thread `tid`, once known (a thread still waiting has none yet).
+    /// The origin of thread `tid`, once known (a thread still waiting has none yet). Asked
+    /// for every sample: a capture without origins pays one test.
+    #[inline]
     pub fn origin(&self, tid: u32) -> Option<T> {
-        self.paired.get(&tid).copied()
+        if self.paired.is_empty() {
+            return None;
+        }
+        if let Some((last, origin)) = self.last.get() {
+            if last == tid {
+                return origin;
+            }
+        }
+        let origin = self.paired.get(&tid).copied();
+        self.last.set(Some((tid, origin)));
+        origin
     }
 }
 
