@@ -132,22 +132,7 @@ fn arrow_threads_show_under_the_read_csv_line() {
         text.lines().position(|l| l.ends_with(&mark)).unwrap() as u64 + 1
     };
     for py in pythons() {
-        let test = format!("Arrow's threads on {}", py.label);
-        let has = |module: &str| {
-            std::process::Command::new(&py.path)
-                .args(["-c", &format!("import {module}")])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        };
-        if !has("pyarrow") {
-            if py.label == "pyenv 3.11" {
-                common::tier::skip(
-                    &test,
-                    "pyarrow not importable (tools/test-deps.sh installs it into pyenv's 3.11)",
-                );
-            } else {
-                common::tier::skip_here(&test, "pyarrow is installed into pyenv's 3.11 only");
-            }
+        if !common::pyarrow_or_skip(&py, &format!("Arrow's threads on {}", py.label)) {
             continue;
         }
         let dir = common::tempdir();
@@ -171,7 +156,7 @@ fn arrow_threads_show_under_the_read_csv_line() {
         );
         let report = report_json(&capture, &["--top", "0"]);
         let mut lines = vec![line_of("pyarrow read_csv")];
-        if has("pandas") {
+        if common::imports(&py, "pandas") {
             lines.push(line_of("pandas read_csv"));
         } else {
             common::tier::skip_here(&format!("pandas on {}", py.label), "pandas not installed");
@@ -218,40 +203,28 @@ fn the_reader_pairs_each_thread_with_its_own_creation() {
         .code(LIB, pool, "work", 1);
     c.bytes.extend(encode_stack(1, &node(APP, 5)));
     c.bytes.extend(encode_stack(2, &node(APP, 9)));
+    let spawned = |serial, handle| Record::Spawned { serial, handle };
+    let handle = |tid, handle| Record::Handle {
+        tid,
+        handle,
+        serial: 0,
+    };
     // Thread 2, started at line 5, samples once its creator returned.
     c.push(spawn(1, 1))
-        .push(Record::Spawned {
-            serial: 1,
-            handle: 0x100,
-        })
-        .push(Record::Handle {
-            tid: 2,
-            handle: 0x100,
-        })
+        .push(spawned(1, 0x100))
+        .push(handle(2, 0x100))
         .alloc_in(2, 0x1000, 1000, 1, &[(LIB, 3)]);
     // Thread 3 gets thread 2's handle, started at line 9, and samples before its creator
     // returned: that sample has no origin; the next is line 9's, never line 5's.
     c.push(spawn(2, 2))
-        .push(Record::Handle {
-            tid: 3,
-            handle: 0x100,
-        })
+        .push(handle(3, 0x100))
         .alloc_in(3, 0x2000, 2000, 2, &[(LIB, 3)])
-        .push(Record::Spawned {
-            serial: 2,
-            handle: 0x100,
-        })
+        .push(spawned(2, 0x100))
         .alloc_in(3, 0x3000, 4000, 3, &[(LIB, 3)]);
     // A SPAWN naming a stack never defined is skipped; thread 4 has no origin.
     c.push(spawn(3, 99))
-        .push(Record::Spawned {
-            serial: 3,
-            handle: 0x400,
-        })
-        .push(Record::Handle {
-            tid: 4,
-            handle: 0x400,
-        })
+        .push(spawned(3, 0x400))
+        .push(handle(4, 0x400))
         .alloc_in(4, 0x4000, 8000, 4, &[(LIB, 3)]);
     let dir = tempfile::tempdir().unwrap();
     let capture = c.write(dir.path(), "pairing.mprof");

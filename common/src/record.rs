@@ -32,7 +32,7 @@
 //! | 21   | RESIDENT| -         | mappings and their resident bytes (see [`Resident`])        |
 //! | 22   | SPAWN   | depth     | serial u32, tid u32, stack u32, flags u32 (see [`threads`]) |
 //! | 23   | SPAWNED | -         | serial u32, pad u32, handle u64                             |
-//! | 24   | HANDLE  | -         | tid u32, pad u32, handle u64                                |
+//! | 24   | HANDLE  | -         | tid u32, serial u32, handle u64                             |
 //!
 //! A frame in ALLOC is 16 bytes: code u64 (the code object's address, announced by a CODE
 //! record before its first use), line u32, pad u32. Frames are innermost first. ALLOC flags:
@@ -180,10 +180,12 @@ pub enum Record {
         serial: u32,
         handle: u64,
     },
-    /// Thread `tid` is the one whose `pthread_t` is `handle`.
+    /// Thread `tid` is the one whose `pthread_t` is `handle`, made by creation `serial` if
+    /// the agent could tell (else 0).
     Handle {
         tid: u32,
         handle: u64,
+        serial: u32,
     },
     /// A kind this reader does not know (written by a newer mprof): skipped.
     Unknown {
@@ -364,7 +366,11 @@ pub fn decode(buf: &[u8]) -> Result<(Record, usize), DecodeError> {
                     .ok_or_else(|| DecodeError::Corrupt(format!("kind {kind} body too short")))?;
                 match kind {
                     KIND_SPAWNED => Record::Spawned { serial: id, handle },
-                    _ => Record::Handle { tid: id, handle },
+                    _ => Record::Handle {
+                        tid: id,
+                        handle,
+                        serial: threads::handle_serial(body),
+                    },
                 }
             }
             other => Record::Unknown { kind: other },
@@ -485,9 +491,14 @@ pub fn encode(record: &Record) -> Vec<u8> {
             threads::write_handle(&mut body, *serial, *handle);
             KIND_SPAWNED
         }
-        Record::Handle { tid, handle } => {
+        Record::Handle {
+            tid,
+            handle,
+            serial,
+        } => {
             body.resize(threads::THREAD_BODY, 0);
             threads::write_handle(&mut body, *tid, *handle);
+            body[4..8].copy_from_slice(&serial.to_le_bytes());
             KIND_HANDLE
         }
         Record::Unknown { kind } => *kind,

@@ -403,9 +403,11 @@ impl Aggregator {
             Record::Spawned { serial, handle } => {
                 self.origins[self.process as usize].spawned(*serial, *handle)
             }
-            Record::Handle { tid, handle } => {
-                self.origins[self.process as usize].handle(*tid, *handle)
-            }
+            Record::Handle {
+                tid,
+                handle,
+                serial,
+            } => self.origins[self.process as usize].handle(*tid, *handle, *serial),
             Record::Unknown { .. } => {}
         }
         Change::Other

@@ -112,12 +112,16 @@ impl<T: Copy> Pairing<T> {
         }
     }
 
-    /// A HANDLE: thread `tid` is `handle`.
-    pub fn handle(&mut self, tid: u32, handle: u64) {
+    /// A HANDLE: thread `tid` is `handle`, made by creation `serial` if the agent could
+    /// tell (0: not known), which pairs it at once while that creation is under way.
+    pub fn handle(&mut self, tid: u32, handle: u64, serial: u32) {
         let before = self.latest.get(&handle).copied();
         self.last.set(None);
         self.paired.remove(&tid);
         self.waiting.remove(&tid);
+        if let Some(&origin) = self.under_way.get(&serial) {
+            return self.pair(tid, Some(origin));
+        }
         match self.under_way.keys().next_back() {
             Some(&upto) if self.waiting.len() < MAX_WAITING => {
                 let w = Waiting {
@@ -169,11 +173,11 @@ mod tests {
         // In order: created, then sampled.
         p.spawn(1, 'a');
         p.spawned(1, 0x100);
-        p.handle(11, 0x100);
+        p.handle(11, 0x100, 0);
         assert_eq!(p.origin(11), Some('a'));
         // The handle is reused; the new thread samples before its creator returns.
         p.spawn(2, 'b');
-        p.handle(12, 0x100);
+        p.handle(12, 0x100, 0);
         assert_eq!(p.origin(12), None, "waits for the creation under way");
         p.spawned(2, 0x100);
         assert_eq!(
@@ -190,18 +194,33 @@ mod tests {
         p.spawned(1, 0x100);
         p.spawn(2, 'b');
         p.spawn(3, 'c');
-        p.handle(11, 0x100);
+        p.handle(11, 0x100, 0);
         p.spawned(3, 0x300);
         assert_eq!(p.origin(11), None, "creation 2 is still under way");
         p.spawned(2, 0x200);
         assert_eq!(p.origin(11), Some('a'));
         // A failed creation closes too; a later creation cannot be a running thread's.
         p.spawn(4, 'd');
-        p.handle(13, 0x400);
+        p.handle(13, 0x400, 0);
         p.spawned(4, 0);
         p.spawn(5, 'e');
         p.spawned(5, 0x400);
         assert_eq!(p.origin(13), None);
+    }
+
+    #[test]
+    fn a_thread_that_names_its_creation_is_paired_at_once() {
+        let mut p = Pairing::default();
+        p.spawn(1, 'a');
+        p.spawned(1, 0x100);
+        p.spawn(2, 'b');
+        p.handle(12, 0x100, 2);
+        assert_eq!(p.origin(12), Some('b'));
+        p.spawned(2, 0x100);
+        assert_eq!(p.origin(12), Some('b'));
+        // A creation no longer under way is no hint.
+        p.handle(13, 0x100, 1);
+        assert_eq!(p.origin(13), Some('b'));
     }
 
     #[test]
@@ -210,7 +229,7 @@ mod tests {
         p.spawn(1, 'a');
         p.spawned(1, 0x100);
         p.spawn(2, 'b'); // its SPAWNED is lost
-        p.handle(11, 0x100);
+        p.handle(11, 0x100, 0);
         assert_eq!(p.origin(11), None);
         for serial in 3..=LOST_AFTER + 3 {
             p.spawn(serial, 'x');
@@ -224,7 +243,7 @@ mod tests {
         let mut p = Pairing::default();
         for i in 0..(MAX_PAIRING as u32 + 10) {
             p.spawn(i + 1, i);
-            p.handle(i, u64::from(i));
+            p.handle(i, u64::from(i), 0);
         }
         assert!(p.under_way.len() <= MAX_PAIRING && p.waiting.len() <= MAX_WAITING);
         assert!(p.paired.len() <= MAX_PAIRING);

@@ -192,30 +192,20 @@ impl Stacks {
     /// A SPAWN record (whole, its preamble first), with the frames of the creating thread's
     /// stack as the nodes define them at this point of the capture.
     pub fn spawn(&mut self, bytes: &[u8]) -> Result<Interned, &'static str> {
-        let Ok((
-            Record::Spawn {
-                serial,
-                tid,
-                node,
-                depth,
-                truncated,
-                ..
-            },
-            _,
-        )) = mprof_common::record::decode(bytes)
+        let Ok((mut record, _)) = mprof_common::record::decode(bytes) else {
+            return Err("a damaged SPAWN");
+        };
+        let Record::Spawn {
+            node,
+            depth,
+            frames,
+            ..
+        } = &mut record
         else {
             return Err("a damaged SPAWN");
         };
-        self.check(node, depth as usize)?;
-        let mut frames = Vec::new();
-        self.frames(node, &mut frames, None);
-        Ok(Interned::Record(Record::Spawn {
-            serial,
-            tid,
-            node,
-            depth,
-            truncated,
-            frames,
-        }))
+        self.check(*node, *depth as usize)?;
+        self.frames(*node, frames, None);
+        Ok(Interned::Record(record))
     }
 }

@@ -33,6 +33,7 @@ fn every_kind_round_trips() {
     roundtrip(Record::Handle {
         tid: 8,
         handle: 0x7f12_3456_7000,
+        serial: 3,
     });
     roundtrip(Record::Alloc {
         tid: 7,

@@ -17,16 +17,17 @@
 //!  +--------+------+--------------+
 //!
 //!  HANDLE (kind 24): written by a thread before its first sample of a session
-//!  0      4      8
-//!  +------+------+--------------+
-//!  | tid  | pad  | handle u64   |
-//!  +------+------+--------------+
+//!  0      4        8
+//!  +------+--------+--------------+
+//!  | tid  | serial | handle u64   |
+//!  +------+--------+--------------+
 //! ```
 //! `serial` numbers the creations of a process (from 1); `tid` in SPAWN is the creating
 //! thread's kernel id, `stack` its innermost interned node (0: no Python frame; see
 //! [`crate::stacks`]) and `flags` bit 0 says the stack was cut. `handle` is the new thread's
 //! `pthread_t`, 0 when the call failed. HANDLE pairs a thread's kernel id with its own
-//! `pthread_self()`.
+//! `pthread_self()`, and the serial of its creation when the agent could tell (the one
+//! creation under way whose caller's `pthread_t` word holds the handle already), else 0.
 //!
 //! Pairing them (the reader's part): a thread's HANDLE can come before the SPAWNED of its own
 //! creation (the new thread may run, and sample, before its creator returns), and a `pthread_t`
@@ -65,13 +66,19 @@ pub fn read_spawn(body: &[u8]) -> Option<(u32, u32, u32, u32)> {
     Some((word(0), word(4), word(8), word(12)))
 }
 
-/// A SPAWNED or HANDLE body: (serial or tid, handle).
+/// A SPAWNED or HANDLE body: (serial or tid, handle); a HANDLE's serial is [`handle_serial`].
 pub fn read_handle(body: &[u8]) -> Option<(u32, u64)> {
     let b = body.get(..THREAD_BODY)?;
     Some((
         u32::from_le_bytes(b[0..4].try_into().unwrap()),
         u64::from_le_bytes(b[8..16].try_into().unwrap()),
     ))
+}
+
+/// A HANDLE body's serial of the thread's creation (0: not known).
+pub fn handle_serial(body: &[u8]) -> u32 {
+    body.get(4..8)
+        .map_or(0, |b| u32::from_le_bytes(b.try_into().unwrap()))
 }
 
 #[cfg(test)]

@@ -348,7 +348,7 @@ unsafe extern "C" fn hook_pthread_create(
     arg: *mut c_void,
 ) -> c_int {
     // SAFETY: from this hook, on the creating thread.
-    let serial = unsafe { crate::spawns::before_create() };
+    let serial = unsafe { crate::spawns::before_create(thread) };
     // SAFETY: the caller's call.
     let ret = unsafe { sys::pthread_create(thread, attr, start, arg) };
     if serial != 0 {

@@ -23,7 +23,7 @@ use mprof_common::stacks::{
 use std::ffi::c_void;
 use std::hint::cold_path;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 // The domains a sample comes from: the interpreter's three (`chain::RAW`, `MEM`, `OBJ`), then
 // the agent's own two.
@@ -738,17 +738,80 @@ fn announced(t: &ThreadState) -> bool {
 }
 
 /// Writes the calling thread's HANDLE into `ring` (under the session lock); false when the
-/// ring had no room (it is tried again at the next sample).
+/// ring had no room (it is tried again at the next sample). It names the creation under way
+/// whose caller's `pthread_t` word holds the thread's handle already (glibc stores it before
+/// the thread starts), when exactly one does: a thread that samples before its creator
+/// returned is paired at once.
 #[cold]
 #[inline(never)]
 fn announce_thread(ring: &mut Ring, t: &ThreadState, tid: u32) -> bool {
     // SAFETY: pthread_self has no preconditions.
     let handle = unsafe { sys::pthread_self() } as u64;
+    let serial = UNDER_WAY.creation_of(handle as usize);
     let written = ring.try_write(threads::KIND_HANDLE, 0, threads::THREAD_BODY, |b| {
-        threads::write_handle(b, tid, handle)
+        threads::write_handle(b, tid, handle);
+        b[4..8].copy_from_slice(&serial.to_le_bytes());
     });
     if written {
         t.handle_epoch.set(EPOCH.load(Ordering::Relaxed));
     }
     written
+}
+
+/// The thread creations under way (`spawns`): each one's serial and the address of its
+/// caller's `pthread_t` word, in a few slots (a creation that finds none free goes without).
+/// Changed and read under the session lock only, hence relaxed atomics.
+pub(crate) struct UnderWay {
+    serial: [AtomicU32; UNDER_WAY_SLOTS],
+    word: [AtomicUsize; UNDER_WAY_SLOTS],
+}
+
+const UNDER_WAY_SLOTS: usize = 16;
+
+pub(crate) static UNDER_WAY: UnderWay = UnderWay {
+    serial: [const { AtomicU32::new(0) }; UNDER_WAY_SLOTS],
+    word: [const { AtomicUsize::new(0) }; UNDER_WAY_SLOTS],
+};
+
+impl UnderWay {
+    /// Creation `serial` (not 0) writes the new thread's handle at `word`. Under the session
+    /// lock.
+    pub(crate) fn add(&self, serial: u32, word: usize) {
+        if let Some(i) = (0..UNDER_WAY_SLOTS).find(|&i| self.serial[i].load(Ordering::Relaxed) == 0)
+        {
+            self.word[i].store(word, Ordering::Relaxed);
+            self.serial[i].store(serial, Ordering::Relaxed);
+        }
+    }
+
+    /// Creation `serial` returned: its caller may use its word again. Under the session lock.
+    pub(crate) fn remove(&self, serial: u32) {
+        for s in &self.serial {
+            if s.load(Ordering::Relaxed) == serial {
+                s.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The one creation under way whose word holds `handle`, or 0 (none, or more than one).
+    /// The words are read without a fault (a caller's word may be gone if the new thread
+    /// freed it). Under the session lock.
+    fn creation_of(&self, handle: usize) -> u32 {
+        let mut found = 0;
+        for i in 0..UNDER_WAY_SLOTS {
+            let serial = self.serial[i].load(Ordering::Relaxed);
+            if serial == 0 {
+                continue;
+            }
+            let mut value = [0usize];
+            if sys::read_own(self.word[i].load(Ordering::Relaxed), &mut value) && value[0] == handle
+            {
+                if found != 0 {
+                    return 0;
+                }
+                found = serial;
+            }
+        }
+        found
+    }
 }

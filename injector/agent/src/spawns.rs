@@ -24,13 +24,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 static SERIAL: AtomicU32 = AtomicU32::new(0);
 
 /// Before the real `pthread_create`: the SPAWN of the calling thread's stack, while a session
-/// runs. Returns its serial, or 0 when nothing was written (no session, the ring full, or a
-/// call the agent itself made).
+/// runs, and the creation noted as under way with the caller's `pthread_t` word (`word`; see
+/// `sampling::UnderWay`). Returns its serial, or 0 when nothing was written (no session, the
+/// ring full, or a call the agent itself made).
 ///
 /// # Safety
 /// From the hook of `pthread_create`, on the creating thread (its Python frames are walked
 /// with plain loads, as a sample's are: only this thread changes them, and it is in the call).
-pub unsafe fn before_create() -> u32 {
+pub unsafe fn before_create(word: *mut usize) -> u32 {
     if !ENABLED.load(Ordering::Acquire) {
         return 0;
     }
@@ -39,8 +40,14 @@ pub unsafe fn before_create() -> u32 {
             return 0;
         }
         let serial = match SESSION.lock_unless_mine() {
-            // SAFETY: on the creating thread, in the hook (contract).
-            Some(mut shared) => unsafe { write_spawn_locked(&mut shared, t) },
+            Some(mut shared) => {
+                // SAFETY: on the creating thread, in the hook (contract).
+                let serial = unsafe { write_spawn_locked(&mut shared, t) };
+                if serial != 0 {
+                    sampling::UNDER_WAY.add(serial, word as usize);
+                }
+                serial
+            }
             None => 0,
         };
         t.busy.set(false);
@@ -120,6 +127,8 @@ pub fn after_create(serial: u32, handle: u64) {
             return;
         }
         if let Some(mut shared) = SESSION.lock_unless_mine() {
+            // Before the caller may use its word again.
+            sampling::UNDER_WAY.remove(serial);
             if let Some(mapped) = &mut shared.mapped {
                 mapped.ring.try_write(KIND_SPAWNED, 0, THREAD_BODY, |b| {
                     write_handle(b, serial, handle)
