@@ -11,7 +11,7 @@
 mod common;
 
 use common::native::build_library;
-use common::{pythons, report_json, script};
+use common::{pythons, record_script, report_json, script};
 use serde_json::Value;
 use std::path::Path;
 
@@ -63,22 +63,15 @@ fn threads_that_run_no_code_of_yours_show_under_the_line_that_started_them() {
         let capture = dir
             .path()
             .join(format!("{}.mprof", py.label.replace(' ', "-")));
-        let out = common::run_with_timeout(
-            common::mprof()
-                .args(["record", "-q", "--rate", "1", "-o"])
-                .arg(&capture)
-                .arg("--")
-                .arg(&py.path)
-                .arg(script("thread_origins.py"))
-                .arg(dir.path())
-                .arg(&library),
-            common::procs::LIMIT,
-        );
-        assert!(
-            out.status.success(),
-            "{}: {}",
-            py.label,
-            String::from_utf8_lossy(&out.stderr)
+        let env = [("THREAD_ORIGIN_LIBRARY", library.to_str().unwrap())];
+        let options = ["-q", "--rate", "1"];
+        record_script(
+            &py,
+            &options,
+            &env,
+            &capture,
+            "thread_origins.py",
+            dir.path(),
         );
         let report = report_json(&capture, &["--top", "0"]);
         let row = started_at(&report, python_line)
@@ -137,22 +130,14 @@ fn arrow_threads_show_under_the_read_csv_line() {
         }
         let dir = common::tempdir();
         let capture = dir.path().join("arrow.mprof");
-        let out = common::run_with_timeout(
-            common::mprof()
-                .env("ARROW_DEFAULT_MEMORY_POOL", "system")
-                .args(["record", "-q", "-o"])
-                .arg(&capture)
-                .arg("--")
-                .arg(&py.path)
-                .arg(script("arrow_csv_threads.py"))
-                .arg(dir.path()),
-            common::procs::LIMIT,
-        );
-        assert!(
-            out.status.success(),
-            "{}: {}",
-            py.label,
-            String::from_utf8_lossy(&out.stderr)
+        let env = [("ARROW_DEFAULT_MEMORY_POOL", "system")];
+        record_script(
+            &py,
+            &["-q"],
+            &env,
+            &capture,
+            "arrow_csv_threads.py",
+            dir.path(),
         );
         let report = report_json(&capture, &["--top", "0"]);
         let mut lines = vec![line_of("pyarrow read_csv")];
