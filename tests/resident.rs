@@ -280,19 +280,7 @@ fn an_attach_explains_memory_kept_before_it() {
 fn a_mimalloc_reservation_is_said_reserved() {
     for py in pythons() {
         let test = format!("pyarrow reservation on {}", py.label);
-        let has_arrow = std::process::Command::new(&py.path)
-            .args(["-c", "import pyarrow"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !has_arrow {
-            if py.label == "pyenv 3.11" {
-                common::tier::skip(
-                    &test,
-                    "pyarrow not importable (tools/test-deps.sh installs it into pyenv's 3.11)",
-                );
-            } else {
-                common::tier::skip_here(&test, "pyarrow is installed into pyenv's 3.11 only");
-            }
+        if !common::pyarrow_or_skip(&py, &test) {
             continue;
         }
         let dir = tempdir();

@@ -30,6 +30,9 @@
 //! | 9    | MODULE  | -         | a loaded object and where it is mapped (see [`Module`])     |
 //! | 20   | HEAP    | -         | the allocators' statistics (see [`HeapStats`])              |
 //! | 21   | RESIDENT| -         | mappings and their resident bytes (see [`Resident`])        |
+//! | 22   | SPAWN   | depth     | serial u32, tid u32, stack u32, flags u32 (see [`threads`]) |
+//! | 23   | SPAWNED | -         | serial u32, pad u32, handle u64                             |
+//! | 24   | HANDLE  | -         | tid u32, serial u32, handle u64                             |
 //!
 //! A frame in ALLOC is 16 bytes: code u64 (the code object's address, announced by a CODE
 //! record before its first use), line u32, pad u32. Frames are innermost first. ALLOC flags:
@@ -45,6 +48,7 @@ mod allocator;
 mod module;
 mod native;
 mod resident;
+pub mod threads;
 pub use allocator::{Allocator, ALLOCATOR_MASK, ALLOCATOR_SHIFT};
 pub use module::{Module, ModuleRange, MODULE_BIAS_FROM_ELF, MODULE_DELETED, MODULE_MAIN};
 pub use native::{native_stack, NativeStack, MAX_NATIVE_FRAMES};
@@ -76,6 +80,7 @@ pub const KIND_STATS: u16 = 8;
 pub const KIND_MODULE: u16 = 9;
 pub const KIND_HEAP: u16 = 20;
 pub const KIND_RESIDENT: u16 = 21;
+pub use threads::{KIND_HANDLE, KIND_SPAWN, KIND_SPAWNED};
 
 /// ALLOC flag: the stack was cut at `max_depth`.
 pub const ALLOC_TRUNCATED: u32 = 1;
@@ -159,6 +164,29 @@ pub enum Record {
     Heap(HeapStats),
     /// The process's mappings and their resident bytes (written by mprof).
     Resident(Resident),
+    /// A thread is being created (see [`threads`]): `node` and `depth` name the creating
+    /// thread's stack among the interned nodes, which only a reader that keeps them turns into
+    /// `frames` (empty as decoded here).
+    Spawn {
+        serial: u32,
+        tid: u32,
+        node: u32,
+        depth: u16,
+        truncated: bool,
+        frames: Vec<Frame>,
+    },
+    /// Creation `serial` returned the new thread's `pthread_t` (0: it failed).
+    Spawned {
+        serial: u32,
+        handle: u64,
+    },
+    /// Thread `tid` is the one whose `pthread_t` is `handle`, made by creation `serial` if
+    /// the agent could tell (else 0).
+    Handle {
+        tid: u32,
+        handle: u64,
+        serial: u32,
+    },
     /// A kind this reader does not know (written by a newer mprof): skipped.
     Unknown {
         kind: u16,
@@ -321,6 +349,30 @@ pub fn decode(buf: &[u8]) -> Result<(Record, usize), DecodeError> {
                 }
             }
             KIND_MODULE => Record::Module(Module::decode(body).map_err(DecodeError::Corrupt)?),
+            KIND_SPAWN => {
+                let (serial, tid, node, flags) = threads::read_spawn(body)
+                    .ok_or_else(|| DecodeError::Corrupt("SPAWN body too short".into()))?;
+                Record::Spawn {
+                    serial,
+                    tid,
+                    node,
+                    depth: aux,
+                    truncated: flags & threads::SPAWN_TRUNCATED != 0,
+                    frames: Vec::new(),
+                }
+            }
+            KIND_SPAWNED | KIND_HANDLE => {
+                let (id, handle) = threads::read_handle(body)
+                    .ok_or_else(|| DecodeError::Corrupt(format!("kind {kind} body too short")))?;
+                match kind {
+                    KIND_SPAWNED => Record::Spawned { serial: id, handle },
+                    _ => Record::Handle {
+                        tid: id,
+                        handle,
+                        serial: threads::handle_serial(body),
+                    },
+                }
+            }
             other => Record::Unknown { kind: other },
         };
     Ok((record, len))
@@ -415,6 +467,39 @@ pub fn encode(record: &Record) -> Vec<u8> {
         Record::Resident(resident) => {
             resident.encode(&mut body);
             KIND_RESIDENT
+        }
+        Record::Spawn {
+            serial,
+            tid,
+            node,
+            depth,
+            truncated,
+            ..
+        } => {
+            aux = *depth;
+            body.resize(threads::THREAD_BODY, 0);
+            let flags = if *truncated {
+                threads::SPAWN_TRUNCATED
+            } else {
+                0
+            };
+            threads::write_spawn(&mut body, *serial, *tid, *node, flags);
+            KIND_SPAWN
+        }
+        Record::Spawned { serial, handle } => {
+            body.resize(threads::THREAD_BODY, 0);
+            threads::write_handle(&mut body, *serial, *handle);
+            KIND_SPAWNED
+        }
+        Record::Handle {
+            tid,
+            handle,
+            serial,
+        } => {
+            body.resize(threads::THREAD_BODY, 0);
+            threads::write_handle(&mut body, *tid, *handle);
+            body[4..8].copy_from_slice(&serial.to_le_bytes());
+            KIND_HANDLE
         }
         Record::Unknown { kind } => *kind,
     };

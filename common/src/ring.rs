@@ -61,11 +61,12 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 pub const RING_MAGIC: [u8; 8] = *b"MPROFRNG";
 /// Ring layout version; bumped on any change to `RingHeader` or to the records the agent
 /// writes (3: interned stacks; 4: `maps_wanted` and `maps_read`; 5: CONTEXT and BRIEF; 6: short
-/// laps, PADs of any length, `head` up to two sizes ahead, `pad_bytes`). The
+/// laps, PADs of any length, `head` up to two sizes ahead, `pad_bytes`; 7: SPAWN, SPAWNED and
+/// HANDLE). The
 /// agent refuses a ring of another version (`Ring::attach`), and so does the CLI a ring a
 /// followed child hands over (`RingReader::check_format`): old and new never read each other's
 /// headers.
-pub const RING_VERSION: u32 = 6;
+pub const RING_VERSION: u32 = 7;
 /// Where the data area starts.
 pub const HEADER_SIZE: usize = 4096;
 

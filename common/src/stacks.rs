@@ -43,7 +43,8 @@
 //! so that everything after it sees one kind of sample.
 
 use crate::record::{
-    preamble, ALLOC_FIXED, ALLOC_NATIVE_STACK, FRAME_SIZE, KIND_ALLOC, MAX_NATIVE_FRAMES, PREAMBLE,
+    preamble, Frame, ALLOC_FIXED, ALLOC_NATIVE_STACK, FRAME_SIZE, KIND_ALLOC, MAX_NATIVE_FRAMES,
+    PREAMBLE,
 };
 
 pub const KIND_STACK: u16 = 10;
@@ -298,6 +299,20 @@ impl Expander {
         fixed[16..24].copy_from_slice(&(size as u64).to_le_bytes());
         fixed[24..32].copy_from_slice(&time_ns.to_le_bytes());
         Expanded::Alloc(self.alloc_bytes(&fixed, None))
+    }
+
+    /// The frames (innermost first) of the stack whose innermost node is `id`, `depth` deep,
+    /// as the nodes read so far define it: a SPAWN's (see `record::threads`).
+    pub fn frames(&mut self, id: u32, depth: usize) -> Result<Vec<Frame>, &'static str> {
+        self.walk(id, depth)?;
+        Ok(self
+            .frames
+            .iter()
+            .map(|n| Frame {
+                code: n.code,
+                line: n.line,
+            })
+            .collect())
     }
 
     /// Collects the `depth` frames of the stack whose innermost node is `id`.

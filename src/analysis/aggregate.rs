@@ -19,6 +19,7 @@ use crate::analysis::estimate::{Estimate, Sample};
 pub(crate) use crate::analysis::live::Block;
 use crate::analysis::live::LiveTable;
 use crate::analysis::names::{Location, StackId, StackResolver, MAX_NAME};
+use crate::analysis::origins::Pairing;
 use crate::base::text::elide;
 use crate::capture::meta::{ended_by_exec, meta_pairs, meta_rate, meta_u64};
 use crate::capture::stacks::{Brief, Stacks};
@@ -133,6 +134,9 @@ pub(crate) struct Aggregator {
     node_stacks: Vec<NodeStacks>,
     /// Frames of a node being resolved.
     scratch: Vec<Frame>,
+    /// Per process, the stack each thread was created by, if known (see
+    /// [`crate::analysis::origins`]): its samples are grafted onto it.
+    origins: Vec<Pairing<Option<u32>>>,
 }
 
 /// Which stack each stack node of one capture is, per allocator and truncation (the slots of
@@ -204,6 +208,7 @@ impl Aggregator {
                 ..NodeStacks::default()
             }],
             scratch: Vec::new(),
+            origins: vec![Pairing::default()],
         }
     }
 
@@ -225,6 +230,8 @@ impl Aggregator {
                     stamp: 1,
                     ..NodeStacks::default()
                 });
+            self.origins
+                .resize_with(process as usize + 1, Pairing::default);
         }
         if process != self.process {
             self.resolver.switch_process(process);
@@ -383,6 +390,24 @@ impl Aggregator {
                     .insert(*tid, elide(name, MAX_NAME).into_owned());
             }
             Record::Module(module) => self.resolver.add_module(module.clone()),
+            Record::Spawn {
+                serial,
+                tid,
+                truncated,
+                frames,
+                ..
+            } => {
+                let origin = self.origin_of_spawn(*tid, frames, *truncated);
+                self.origins[self.process as usize].spawn(*serial, origin);
+            }
+            Record::Spawned { serial, handle } => {
+                self.origins[self.process as usize].spawned(*serial, *handle)
+            }
+            Record::Handle {
+                tid,
+                handle,
+                serial,
+            } => self.origins[self.process as usize].handle(*tid, *handle, *serial),
             Record::Unknown { .. } => {}
         }
         Change::Other
@@ -417,6 +442,24 @@ impl Aggregator {
         self.alloc(index, b.tid, b.addr, b.size, b.time_ns, StackId(stack))
     }
 
+    /// The stack a thread created by `tid` from `frames` comes from: those frames, grafted
+    /// onto `tid`'s own origin when it has one (a thread started by a thread that was started
+    /// from the user's code); `tid`'s origin alone when `frames` is empty (a native thread
+    /// starting another). None when neither is known.
+    fn origin_of_spawn(&mut self, tid: u32, frames: &[Frame], truncated: bool) -> Option<u32> {
+        let creator = self.origins[self.process as usize].origin(tid).flatten();
+        if frames.is_empty() {
+            return creator;
+        }
+        let own = self
+            .resolver
+            .stack(frames, truncated, Allocator::Python, None);
+        Some(match creator {
+            Some(origin) => self.resolver.graft(own, origin),
+            None => own,
+        })
+    }
+
     /// A sampled allocation (the `index`-th record applied) of `stack`.
     fn alloc(
         &mut self,
@@ -429,6 +472,10 @@ impl Aggregator {
     ) -> Change {
         self.saw_time(time_ns);
         self.samples += 1;
+        let stack = match self.origins[self.process as usize].origin(tid).flatten() {
+            Some(origin) => StackId(self.resolver.graft(stack.0, origin)),
+            None => stack,
+        };
         let block = Block {
             stack,
             tid,
@@ -564,6 +611,12 @@ impl Aggregator {
     /// The frames of a stack, innermost first.
     pub fn frames(&self, stack: StackId) -> impl Iterator<Item = Location<'_>> + '_ {
         self.resolver.names.frames(stack.0)
+    }
+
+    /// The frames of a stack, innermost first, then those of the stack that created its
+    /// thread, if known (see [`crate::analysis::profile::Profile::frames_with_origin`]).
+    pub fn frames_with_origin(&self, stack: StackId) -> impl Iterator<Item = Location<'_>> + '_ {
+        self.resolver.names.frames_with_origin(stack.0)
     }
 
     /// The innermost frame of a stack.

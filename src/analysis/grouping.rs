@@ -2,7 +2,7 @@
 //! report and the live view.
 
 use crate::analysis::focus::{Focus, Memo};
-use crate::analysis::names::Location;
+use crate::analysis::names::{Location, NEW_THREAD, THREAD_STARTED_AT};
 use std::collections::{BTreeMap, HashMap};
 
 /// How rows are grouped.
@@ -69,7 +69,10 @@ impl Grouping {
 
 /// The frame a stack (innermost first) is grouped at by your code, with its innermost frame
 /// and whether the frame is yours: the innermost frame in your code, or the innermost frame
-/// when none is. None for an empty stack.
+/// when none is. A stack grafted onto the stack that created its thread (see
+/// [`crate::analysis::names::NEW_THREAD`]) whose thread ran none of your code is grouped at
+/// the creator's innermost frame in your code, as "thread started at" that line
+/// ([`THREAD_STARTED_AT`]). None for an empty stack.
 fn your_frame<'a>(
     focus: &Focus,
     memo: &mut Memo<'a>,
@@ -77,11 +80,28 @@ fn your_frame<'a>(
 ) -> Option<(Location<'a>, Location<'a>, bool)> {
     let mut frames = frames.into_iter();
     let innermost = frames.next()?;
+    let mut started = is_new_thread(&innermost);
     let at = match focus.is_yours(&innermost, memo) {
         true => Some(innermost),
-        false => focus.first_yours(frames, memo),
+        false => frames.find(|loc| {
+            started |= is_new_thread(loc);
+            focus.is_yours(loc, memo)
+        }),
+    };
+    let at = match at {
+        Some(loc) if started => Some(Location {
+            function: THREAD_STARTED_AT,
+            firstline: loc.line,
+            ..loc
+        }),
+        other => other,
     };
     Some((innermost, at.unwrap_or(innermost), at.is_some()))
+}
+
+/// Whether `loc` is the pseudo-frame between a thread's frames and its creator's.
+fn is_new_thread(loc: &Location) -> bool {
+    loc.file == NEW_THREAD && loc.function == NEW_THREAD
 }
 
 impl Grouping {
@@ -280,6 +300,53 @@ mod tests {
         let lib = &rows[0];
         assert_eq!((lib.0, lib.2.yours), ((json, "f", 7), false));
         assert_eq!(beside_text(&lib.2, false), "← (no frame in your code)");
+    }
+
+    #[test]
+    fn a_thread_with_no_frame_of_yours_groups_at_the_line_that_started_it() {
+        let focus = Focus::default();
+        let lib = "/venv/lib/python3.11/site-packages/lib/pool.py";
+        let marker = Location {
+            module: None,
+            file: NEW_THREAD,
+            function: NEW_THREAD,
+            line: 0,
+            firstline: 0,
+        };
+        let mut g = YourCodeGroups::new(&focus);
+        // The worker ran the library only: grouped at the creator's line of yours.
+        let worker = [
+            loc(lib, 40),
+            loc(lib, 12),
+            marker,
+            loc(lib, 3),
+            loc("app.py", 7),
+        ];
+        g.add(worker.iter().copied(), &100u64, |a, b| *a += b);
+        // A worker that ran code of yours is grouped there, as any stack.
+        let own = [loc("job.py", 5), marker, loc("app.py", 7)];
+        g.add(own.iter().copied(), &10u64, |a, b| *a += b);
+        // The line itself allocating on its own thread: a row of its own.
+        g.add([loc("app.py", 7)], &1u64, |a, b| *a += b);
+        let mut rows = g.finish(|n| *n);
+        rows.sort_by_key(|(k, _, _)| *k);
+        let keys: Vec<_> = rows.iter().map(|(k, n, _)| (*k, *n)).collect();
+        assert_eq!(
+            keys,
+            [
+                (("app.py", "f", 7), 1),
+                (("app.py", THREAD_STARTED_AT, 7), 100),
+                (("job.py", "f", 5), 10),
+            ]
+        );
+        let started = &rows[1].2;
+        assert!(started.yours);
+        assert_eq!(started.innermost, Some(loc(lib, 40)));
+        let shown = Location {
+            function: THREAD_STARTED_AT,
+            ..loc("app.py", 7)
+        };
+        assert_eq!(shown.to_string(), "thread started at app.py:7");
     }
 
     #[test]

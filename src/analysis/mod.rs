@@ -11,6 +11,7 @@
 //!   live blocks in their table (`live`);
 //! - [`profile`]: a whole capture (or set of captures), within its memory allowance;
 //! - [`grouping`] and [`sites`]: the rows every table shows;
+//! - [`origins`]: which stack created each thread (its samples are grafted onto it);
 //! - [`resident`]: where the RSS is (live blocks, allocators' free memory, mappings).
 
 pub mod aggregate;
@@ -22,6 +23,7 @@ pub mod grouping;
 pub mod launchers;
 pub(crate) mod live;
 pub mod names;
+pub mod origins;
 pub mod profile;
 pub mod resident;
 pub mod sites;

@@ -8,6 +8,10 @@
 //! `<no Python frame>`. A stack the agent cut at `max_depth` gets the pseudo-frame
 //! `<truncated stack>` as its outermost frame, so it does not pass for a whole stack.
 //!
+//! A sample of a thread whose creation is known (`analysis::origins`) is grafted onto the
+//! stack that created the thread: the creator's frames, then the pseudo-frame [`NEW_THREAD`],
+//! then the thread's own ([`StackResolver::graft`]).
+//!
 //! Each allocator (see [`crate::analysis::allocators`]) has its own root, so a stack also says
 //! which allocator its blocks came from: the same Python frames calling `malloc` and making
 //! Python objects are two stacks with the same frames. The roots are no frames:
@@ -33,6 +37,12 @@ pub const NO_PYTHON_FRAME: &str = "<no Python frame>";
 pub const UNKNOWN: &str = "<unknown>";
 /// The outermost pseudo-frame of stacks the agent cut at `max_depth`.
 pub const TRUNCATED: &str = "<truncated stack>";
+
+/// The pseudo-frame between a thread's own frames and the frames of the stack that created it.
+pub const NEW_THREAD: &str = "<new thread>";
+/// The function of a row grouped at a line that started the thread the bytes were allocated
+/// on ([`crate::analysis::grouping`]): shown as `thread started at file:line`.
+pub const THREAD_STARTED_AT: &str = "thread started at";
 
 /// Deepest stack kept (the agent records at most `--max-depth` 256 frames); a deeper stack in
 /// a capture keeps its innermost frames and counts as truncated.
@@ -74,6 +84,9 @@ impl fmt::Display for Location<'_> {
     /// Python frame>`) and native frames known by an offset only show their name alone, with
     /// the line when there is one.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.function == THREAD_STARTED_AT {
+            return write!(f, "{THREAD_STARTED_AT} {}:{}", self.file, self.line);
+        }
         match (self.file == self.function, self.line) {
             (true, 0) => write!(f, "{}", self.function),
             (true, line) => write!(f, "{}:{line}", self.function),
@@ -140,6 +153,8 @@ pub(crate) struct Names {
     node_ids: FastMap<(u32, u32), u32>,
     /// The allocator of each node's stack (its root's), as its wire value.
     allocators: Vec<u8>,
+    /// The frame of the [`NEW_THREAD`] pseudo-frame.
+    new_thread: u32,
 }
 
 /// The module id of Python frames and pseudo-frames.
@@ -155,6 +170,8 @@ impl Names {
             names.nodes.push((0, u32::MAX));
             names.allocators.push(a as u8);
         }
+        let new_thread = names.code(NEW_THREAD, NEW_THREAD, 0);
+        names.new_thread = names.frame(new_thread, 0);
         names
     }
 
@@ -233,8 +250,26 @@ impl Names {
         id
     }
 
-    /// The frames of the stack ending at `node`, innermost first.
+    /// The frames of the stack ending at `node`, innermost first: the thread's own, up to
+    /// the [`NEW_THREAD`] pseudo-frame of a grafted stack.
     pub(crate) fn frames(&self, node: u32) -> impl Iterator<Item = Location<'_>> + '_ {
+        let mut node = node;
+        std::iter::from_fn(move || {
+            if node < ROOTS {
+                return None;
+            }
+            let (parent, frame) = self.nodes[node as usize];
+            if frame == self.new_thread {
+                return None;
+            }
+            node = parent;
+            Some(self.location(frame))
+        })
+    }
+
+    /// The frames of the stack ending at `node`, innermost first, and for a grafted stack
+    /// [`NEW_THREAD`] and the frames of the stack that created the thread after them.
+    pub(crate) fn frames_with_origin(&self, node: u32) -> impl Iterator<Item = Location<'_>> + '_ {
         let mut node = node;
         std::iter::from_fn(move || {
             if node < ROOTS {
@@ -272,6 +307,8 @@ pub(crate) struct StackResolver {
     empty_stack: [u32; 3],
     /// Per allocator: the pseudo-frame node under which stacks cut at `max_depth` start.
     truncated_root: [u32; 3],
+    /// (stack, origin) → the grafted stack ([`StackResolver::graft`]).
+    grafts: FastMap<(u32, u32), u32>,
     /// What is known of the process whose records are read now, and of the other processes
     /// (each process has its own code addresses and its own module map: see
     /// [`StackResolver::switch_process`]).
@@ -342,6 +379,7 @@ impl StackResolver {
             unknown_code,
             empty_stack,
             truncated_root,
+            grafts: FastMap::default(),
             here: Codes::default(),
             process: 0,
             stashed: Vec::new(),
@@ -422,6 +460,41 @@ impl StackResolver {
             }
             _ => self.python_stack(frames, truncated, allocator),
         }
+    }
+
+    /// The stack of a sample taken on a thread created by the stack `origin` (a Python stack
+    /// of its own, itself grafted when its thread had an origin): `origin`'s frames, then
+    /// [`NEW_THREAD`], then `stack`'s, under `stack`'s root. The origin's outermost frames
+    /// give way when the whole would be deeper than twice [`MAX_DEPTH`].
+    pub(crate) fn graft(&mut self, stack: u32, origin: u32) -> u32 {
+        if let Some(&node) = self.grafts.get(&(stack, origin)) {
+            return node;
+        }
+        let path = |names: &Names, mut node: u32| {
+            let mut frames = Vec::new();
+            while node >= ROOTS {
+                let (parent, frame) = names.nodes[node as usize];
+                frames.push(frame);
+                node = parent;
+            }
+            frames
+        };
+        let own = path(&self.names, stack);
+        let mut from = path(&self.names, origin);
+        from.truncate((2 * MAX_DEPTH).saturating_sub(own.len() + 1));
+        let mut node = Names::root(self.names.allocator(stack));
+        for &frame in from.iter().rev() {
+            node = self.names.child(node, frame);
+        }
+        node = self.names.child(node, self.names.new_thread);
+        for &frame in own.iter().rev() {
+            node = self.names.child(node, frame);
+        }
+        if self.grafts.len() >= CACHE_FRAMES {
+            self.grafts.clear();
+        }
+        self.grafts.insert((stack, origin), node);
+        node
     }
 
     /// The code id of a raw frame's code address (`<unknown>` if never announced).

@@ -489,9 +489,17 @@ impl Profile {
         }
     }
 
-    /// The frames of a stack, innermost first.
+    /// The frames of a stack, innermost first (a thread's own: see
+    /// [`Profile::frames_with_origin`]).
     pub fn frames(&self, stack: StackId) -> impl Iterator<Item = Location<'_>> + '_ {
         self.names.frames(stack.0)
+    }
+
+    /// The frames of a stack, innermost first, then, when its thread's creation is known,
+    /// `<new thread>` and the stack that created the thread (what your code's grouping and
+    /// whole stacks show).
+    pub fn frames_with_origin(&self, stack: StackId) -> impl Iterator<Item = Location<'_>> + '_ {
+        self.names.frames_with_origin(stack.0)
     }
 
     /// The innermost frame of a stack.

@@ -138,7 +138,7 @@ pub fn rows(p: &Profile, view: View, by: Grouping) -> Vec<Row<'_>> {
                     thread: None,
                     figures: *f,
                     allocators,
-                    stack: p.frames(id).collect(),
+                    stack: p.frames_with_origin(id).collect(),
                     beside: None,
                 }
             })
@@ -187,7 +187,7 @@ pub fn rows(p: &Profile, view: View, by: Grouping) -> Vec<Row<'_>> {
             for (id, f) in p.stacks() {
                 let mut one = ByAllocator::default();
                 one.add(p.allocator(id), f);
-                groups.add(p.frames(id), &one, ByAllocator::merge);
+                groups.add(p.frames_with_origin(id), &one, ByAllocator::merge);
             }
             groups
                 .finish(|split| whole(sum(split).get(view).bytes))

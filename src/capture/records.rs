@@ -18,7 +18,7 @@ use super::frame::{
 use super::pack::{Item, Unpacker, KIND_PACKED};
 use super::stacks::{Brief, Interned, Stacks};
 use anyhow::{Context, Result};
-use mprof_common::record::{self, DecodeError, Frame, Record};
+use mprof_common::record::{self, DecodeError, Frame, Record, KIND_SPAWN};
 use mprof_common::stacks::{KIND_BRIEF, KIND_CONTEXT, KIND_SAMPLE, KIND_STACK};
 use std::fs::File;
 use std::io::{BufReader, Read, Take};
@@ -470,6 +470,7 @@ impl<'a> Records<'a> {
             KIND_CONTEXT => self.stacks.context(body).map(|()| Interned::Consumed),
             KIND_BRIEF => self.stacks.brief_record(body, aux).map(Interned::Sample),
             KIND_SAMPLE => self.stacks.sample(body, aux),
+            KIND_SPAWN => self.stacks.spawn(&bytes[..len]),
             _ => {
                 return match record::decode(bytes) {
                     Ok((Record::Unknown { .. }, _)) => Ok(None),
@@ -484,7 +485,7 @@ impl<'a> Records<'a> {
         match interned {
             Ok(Interned::Consumed) => Ok(None),
             Ok(Interned::Sample(b)) => Ok(Some(Event::Sample(b))),
-            Ok(Interned::Alloc(r)) => Ok(Some(Event::Record(Box::new(r)))),
+            Ok(Interned::Record(r)) => Ok(Some(Event::Record(Box::new(r)))),
             Err(why) => {
                 self.unresolved.note(why);
                 Ok(None)

@@ -34,8 +34,9 @@ pub enum Interned {
     /// A node or a context: nothing to hand on.
     Consumed,
     Sample(Brief),
-    /// A SAMPLE with a native section, expanded into the ALLOC record it stands for.
-    Alloc(Record),
+    /// A SAMPLE with a native section, expanded into the ALLOC record it stands for; a SPAWN
+    /// with the frames of the stack it names.
+    Record(Record),
 }
 
 /// The stack nodes of a capture, and the thread and time of its last CONTEXT.
@@ -177,7 +178,7 @@ impl Stacks {
         for (i, _) in marks.iter().enumerate().filter(|(_, &m)| m) {
             entries[i / 64] |= 1 << (i % 64);
         }
-        Ok(Interned::Alloc(Record::Alloc {
+        Ok(Interned::Record(Record::Alloc {
             tid: brief.tid,
             flags,
             addr: brief.addr,
@@ -186,5 +187,25 @@ impl Stacks {
             frames,
             native: Some(NativeStack { addrs, entries }),
         }))
+    }
+
+    /// A SPAWN record (whole, its preamble first), with the frames of the creating thread's
+    /// stack as the nodes define them at this point of the capture.
+    pub fn spawn(&mut self, bytes: &[u8]) -> Result<Interned, &'static str> {
+        let Ok((mut record, _)) = mprof_common::record::decode(bytes) else {
+            return Err("a damaged SPAWN");
+        };
+        let Record::Spawn {
+            node,
+            depth,
+            frames,
+            ..
+        } = &mut record
+        else {
+            return Err("a damaged SPAWN");
+        };
+        self.check(*node, *depth as usize)?;
+        self.frames(*node, frames, None);
+        Ok(Interned::Record(record))
     }
 }

@@ -145,7 +145,12 @@ fn from_series(
     let key_of: Vec<Option<usize>> = series
         .lines
         .iter()
-        .map(|&stack| site_of(keys, by.stack_key(p.focus(), &mut memo, p.frames(stack))))
+        .map(|&stack| {
+            site_of(
+                keys,
+                by.stack_key(p.focus(), &mut memo, p.frames_with_origin(stack)),
+            )
+        })
         .collect();
     let start_ns = p.start_ns.unwrap_or(0);
     let mut live = vec![0.0f64; keys.len()];
@@ -194,7 +199,7 @@ fn read_again(
         };
         let mut site = |agg: &Aggregator, stack: StackId| {
             *key_of.entry(stack).or_insert_with(|| {
-                let key = by.stack_key(p.focus(), &mut Memo::new(), agg.frames(stack));
+                let key = by.stack_key(p.focus(), &mut Memo::new(), agg.frames_with_origin(stack));
                 site_of(keys, key)
             })
         };

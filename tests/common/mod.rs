@@ -113,6 +113,31 @@ pub fn pythons() -> Vec<Python> {
     out
 }
 
+/// Whether `py` imports `module`.
+pub fn imports(py: &Python, module: &str) -> bool {
+    Command::new(&py.path)
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Whether `py` imports pyarrow; if not, says that `test` is skipped: a failure in CI for
+/// pyenv's 3.11, where tools/test-deps.sh installs it.
+pub fn pyarrow_or_skip(py: &Python, test: &str) -> bool {
+    if imports(py, "pyarrow") {
+        return true;
+    }
+    if py.label == "pyenv 3.11" {
+        tier::skip(
+            test,
+            "pyarrow not importable (tools/test-deps.sh installs it into pyenv's 3.11)",
+        );
+    } else {
+        tier::skip_here(test, "pyarrow is installed into pyenv's 3.11 only");
+    }
+    false
+}
+
 /// A test's Python script.
 pub fn script(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

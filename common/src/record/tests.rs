@@ -18,6 +18,23 @@ fn every_kind_round_trips() {
         frames: vec![Frame { code: 1, line: 2 }, Frame { code: 3, line: 4 }],
         native: None,
     });
+    roundtrip(Record::Spawn {
+        serial: 3,
+        tid: 7,
+        node: 12,
+        depth: 4,
+        truncated: true,
+        frames: Vec::new(),
+    });
+    roundtrip(Record::Spawned {
+        serial: 3,
+        handle: 0x7f12_3456_7000,
+    });
+    roundtrip(Record::Handle {
+        tid: 8,
+        handle: 0x7f12_3456_7000,
+        serial: 3,
+    });
     roundtrip(Record::Alloc {
         tid: 7,
         flags: ALLOC_NATIVE_STACK,

@@ -23,6 +23,7 @@ std::arch::global_asm!(
     ".symver dlclose, dlclose@GLIBC_2.2.5",
     ".symver dladdr1, dladdr1@GLIBC_2.3.3",
     ".symver pthread_key_create, pthread_key_create@GLIBC_2.2.5",
+    ".symver pthread_create, pthread_create@GLIBC_2.2.5",
     ".symver pthread_key_delete, pthread_key_delete@GLIBC_2.2.5",
     ".symver pthread_getspecific, pthread_getspecific@GLIBC_2.2.5",
     ".symver pthread_setspecific, pthread_setspecific@GLIBC_2.2.5",

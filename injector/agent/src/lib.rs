@@ -11,7 +11,7 @@
 //! `stacks`, `addrset` (sampled blocks), `sampler` (countdowns), `chain` (the allocator chain
 //! and the hook layers in it), `heap_stats` (the allocators' own figures), `got`, `cfi`,
 //! `unwind` (native stacks), `follow` (children), `lifecycle` (the one owner of a session: start, stop), `sample_stack`, `sampling` (the
-//! hooks' slow path), `hooks` (the hooks' fast path), `native` (the C allocator's hooks),
+//! hooks' slow path), `spawns` (where threads come from), `hooks` (the hooks' fast path), `native` (the C allocator's hooks),
 //! `locks` (their order, the fork handlers), and here the entry points.
 //!
 //! Each module imports only modules before it in that list (`injector/agent/tests/layers.rs`
@@ -55,6 +55,7 @@ mod python;
 mod sample_stack;
 mod sampler;
 mod sampling;
+mod spawns;
 mod stacks;
 mod sys;
 mod unwind;

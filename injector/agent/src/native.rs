@@ -1,8 +1,9 @@
 //! Hooks of the C allocator family (`malloc`, `calloc`, `realloc`, `reallocarray`, `free`,
 //! `posix_memalign`, `aligned_alloc`, `memalign`, `valloc`, `pvalloc`) and of anonymous
 //! memory mappings (`mmap`, `mmap64`, `munmap`, `mremap`), reached through the GOT entries
-//! that `got` points here, plus `dlopen` to patch the objects it loads and `dlclose` to have
-//! the memory map read before a library goes (`--native`).
+//! that `got` points here, plus `dlopen` to patch the objects it loads, `dlclose` to have
+//! the memory map read before a library goes (`--native`), and `pthread_create` to note which
+//! Python stack created each thread (`spawns`).
 //!
 //! The fast path is the RAW domain's: one per-thread countdown, shared by the allocator family
 //! and `mmap` (bytes are bytes), then the real function (the agent's own GOT, never patched).
@@ -338,6 +339,27 @@ unsafe extern "C" fn hook_posix_spawn<const PATH: bool>(
     }
 }
 
+/// `pthread_create`: the creating thread's stack before the call, the new thread's handle
+/// after it (see `spawns`); the start routine is passed on as it is.
+unsafe extern "C" fn hook_pthread_create(
+    thread: *mut usize,
+    attr: *const c_void,
+    start: *const c_void,
+    arg: *mut c_void,
+) -> c_int {
+    // SAFETY: from this hook, on the creating thread.
+    let serial = unsafe { crate::spawns::before_create(thread) };
+    // SAFETY: the caller's call.
+    let ret = unsafe { sys::pthread_create(thread, attr, start, arg) };
+    if serial != 0 {
+        // SAFETY: a successful call stored the new thread's handle at `thread`, the caller's
+        // word, which the caller may read now too.
+        let handle = if ret == 0 { unsafe { *thread } } else { 0 };
+        crate::spawns::after_create(serial, handle as u64);
+    }
+    ret
+}
+
 /// The real functions (as the agent itself calls them) and their hooks.
 fn real_to_hook() -> [(usize, usize); 12] {
     let p = |f: *const ()| f as usize;
@@ -380,7 +402,7 @@ fn hook(name: &'static std::ffi::CStr, addr: usize, scope: Scope) -> Hook {
 }
 
 /// The hooked functions.
-fn hooks() -> [Hook; 20] {
+fn hooks() -> [Hook; 21] {
     use Scope::{Everywhere, NotInterpreter, PythonCode};
     [
         hook(c"malloc", hook_malloc as *const () as usize, NotInterpreter),
@@ -423,6 +445,11 @@ fn hooks() -> [Hook; 20] {
         hook(c"mremap", hook_mremap as *const () as usize, NotInterpreter),
         hook(c"dlopen", hook_dlopen as *const () as usize, Everywhere),
         hook(c"dlclose", hook_dlclose as *const () as usize, Everywhere),
+        hook(
+            c"pthread_create",
+            hook_pthread_create as *const () as usize,
+            Everywhere,
+        ),
         hook(c"dlsym", hook_dlsym as *const () as usize, PythonCode),
         hook(c"execve", hook_execve as *const () as usize, PythonCode),
         hook(

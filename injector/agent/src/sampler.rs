@@ -83,6 +83,8 @@ pub struct ThreadState {
     pub native_countdown: Cell<i64>,
     pub native_epoch: Cell<u32>,
     pub tid: Cell<u32>,
+    /// The session ([`EPOCH`]) in which the thread wrote its HANDLE (see `spawns`).
+    pub handle_epoch: Cell<u32>,
     /// Whether the thread may read the time-stamp counter (`sys::tsc_allowed`), found with its
     /// `tid`.
     pub tsc: Cell<bool>,
@@ -103,6 +105,7 @@ thread_local! {
             native_countdown: Cell::new(0),
             native_epoch: Cell::new(u32::MAX),
             tid: Cell::new(0),
+            handle_epoch: Cell::new(u32::MAX),
             tsc: Cell::new(false),
             key_slot: Cell::new(0),
             stack: Cell::new((0, 0)),

@@ -11,6 +11,7 @@ use crate::sample_stack::{Announcer, Stack};
 use crate::sampler::{self, ThreadState, EPOCH, IDLE_COUNTDOWN, THREAD};
 use crate::sys;
 use mprof_common::layout::PyLayout;
+use mprof_common::record::threads;
 use mprof_common::record::{
     Allocator, ALLOC_NATIVE_STACK, ALLOC_TRUNCATED, KIND_FREE, MAX_NATIVE_FRAMES,
 };
@@ -22,7 +23,7 @@ use mprof_common::stacks::{
 use std::ffi::c_void;
 use std::hint::cold_path;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 // The domains a sample comes from: the interpreter's three (`chain::RAW`, `MEM`, `OBJ`), then
 // the agent's own two.
@@ -165,7 +166,7 @@ fn decide_per_thread(
 
 /// The thread's kernel id, and with it whether it may read the time-stamp counter: asked of
 /// the kernel at its first sample (and again in a forked child).
-fn tid(t: &ThreadState) -> u32 {
+pub(crate) fn tid(t: &ThreadState) -> u32 {
     if t.tid.get() == 0 {
         t.tid.set(sys::gettid());
         t.tsc.set(sys::tsc_allowed());
@@ -403,6 +404,11 @@ unsafe fn record_alloc_with<const WITH_NATIVE: bool>(shared: &mut Session, block
     }
     let (layout, api) = (mapped.layout, mapped.api);
     let tid = tid(t);
+    // The thread's HANDLE comes before its first sample of the session.
+    if !announced(t) && !announce_thread(&mut mapped.ring, t, tid) {
+        cold_path();
+        return;
+    }
     let now = mapped.clock.now(t.tsc.get());
     if let Some(reason) = lifecycle::stop_reason_at(*finalizing_flag, api, mapped, now) {
         cold_path();
@@ -592,7 +598,7 @@ unsafe fn has_own_gil(layout: &PyLayout, interp: usize) -> bool {
 /// # Safety
 /// `api` and `read` were made for the running interpreter; `verified` is the calling thread's
 /// own word (`ThreadState::key_slot`).
-unsafe fn this_thread_state(
+pub(crate) unsafe fn this_thread_state(
     api: &Api,
     read: Option<&ThisThread>,
     verified: &std::cell::Cell<isize>,
@@ -722,4 +728,90 @@ fn record_free_locked(shared: &mut Session, addr: usize) {
         .ring
         .try_write(KIND_FREE, 0, FREE_BODY, |b| write_free(b, addr));
     count_free(&mapped.ring);
+}
+
+/// Whether the calling thread has written its HANDLE (`mprof_common::record::threads`) in
+/// this session; asked by each sample under the session lock, before its record.
+#[inline(always)]
+fn announced(t: &ThreadState) -> bool {
+    t.handle_epoch.get() == EPOCH.load(Ordering::Relaxed)
+}
+
+/// Writes the calling thread's HANDLE into `ring` (under the session lock); false when the
+/// ring had no room (it is tried again at the next sample). It names the creation under way
+/// whose caller's `pthread_t` word holds the thread's handle already (glibc stores it before
+/// the thread starts), when exactly one does: a thread that samples before its creator
+/// returned is paired at once.
+#[cold]
+#[inline(never)]
+fn announce_thread(ring: &mut Ring, t: &ThreadState, tid: u32) -> bool {
+    // SAFETY: pthread_self has no preconditions.
+    let handle = unsafe { sys::pthread_self() } as u64;
+    let serial = UNDER_WAY.creation_of(handle as usize);
+    let written = ring.try_write(threads::KIND_HANDLE, 0, threads::THREAD_BODY, |b| {
+        threads::write_handle(b, tid, handle);
+        b[4..8].copy_from_slice(&serial.to_le_bytes());
+    });
+    if written {
+        t.handle_epoch.set(EPOCH.load(Ordering::Relaxed));
+    }
+    written
+}
+
+/// The thread creations under way (`spawns`): each one's serial and the address of its
+/// caller's `pthread_t` word, in a few slots (a creation that finds none free goes without).
+/// Changed and read under the session lock only, hence relaxed atomics.
+pub(crate) struct UnderWay {
+    serial: [AtomicU32; UNDER_WAY_SLOTS],
+    word: [AtomicUsize; UNDER_WAY_SLOTS],
+}
+
+const UNDER_WAY_SLOTS: usize = 16;
+
+pub(crate) static UNDER_WAY: UnderWay = UnderWay {
+    serial: [const { AtomicU32::new(0) }; UNDER_WAY_SLOTS],
+    word: [const { AtomicUsize::new(0) }; UNDER_WAY_SLOTS],
+};
+
+impl UnderWay {
+    /// Creation `serial` (not 0) writes the new thread's handle at `word`. Under the session
+    /// lock.
+    pub(crate) fn add(&self, serial: u32, word: usize) {
+        if let Some(i) = (0..UNDER_WAY_SLOTS).find(|&i| self.serial[i].load(Ordering::Relaxed) == 0)
+        {
+            self.word[i].store(word, Ordering::Relaxed);
+            self.serial[i].store(serial, Ordering::Relaxed);
+        }
+    }
+
+    /// Creation `serial` returned: its caller may use its word again. Under the session lock.
+    pub(crate) fn remove(&self, serial: u32) {
+        for s in &self.serial {
+            if s.load(Ordering::Relaxed) == serial {
+                s.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The one creation under way whose word holds `handle`, or 0 (none, or more than one).
+    /// The words are read without a fault (a caller's word may be gone if the new thread
+    /// freed it). Under the session lock.
+    fn creation_of(&self, handle: usize) -> u32 {
+        let mut found = 0;
+        for i in 0..UNDER_WAY_SLOTS {
+            let serial = self.serial[i].load(Ordering::Relaxed);
+            if serial == 0 {
+                continue;
+            }
+            let mut value = [0usize];
+            if sys::read_own(self.word[i].load(Ordering::Relaxed), &mut value) && value[0] == handle
+            {
+                if found != 0 {
+                    return 0;
+                }
+                found = serial;
+            }
+        }
+        found
+    }
 }

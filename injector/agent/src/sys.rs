@@ -213,6 +213,13 @@ extern "C" {
     pub fn lseek(fd: c_int, off: i64, whence: c_int) -> i64;
     pub fn sched_yield() -> c_int;
     pub fn nanosleep(req: *const Timespec, rem: *mut Timespec) -> c_int;
+    pub fn pthread_create(
+        thread: *mut usize,
+        attr: *const c_void,
+        start: *const c_void,
+        arg: *mut c_void,
+    ) -> c_int;
+    pub fn pthread_self() -> usize;
     pub fn pthread_atfork(
         prepare: Option<extern "C" fn()>,
         parent: Option<extern "C" fn()>,

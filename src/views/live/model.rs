@@ -218,7 +218,20 @@ impl Model {
             Expanded::Alloc(alloc) => record::decode(&alloc),
             Expanded::Consumed | Expanded::Bad(_) => return,
         };
-        if let Ok((record, _)) = decoded {
+        if let Ok((mut record, _)) = decoded {
+            if let Record::Spawn {
+                node,
+                depth,
+                frames,
+                ..
+            } = &mut record
+            {
+                // The creating thread's stack, as the nodes define it now.
+                match self.stacks[self.current].frames(*node, *depth as usize) {
+                    Ok(stack) => *frames = stack,
+                    Err(_) => return,
+                }
+            }
             self.apply(&record);
         }
     }
@@ -348,6 +361,11 @@ impl Model {
         self.agg.frames(stack)
     }
 
+    /// The frames of a stack, then those of the stack that created its thread, if known.
+    pub fn frames_with_origin(&self, stack: StackId) -> impl Iterator<Item = Location<'_>> + '_ {
+        self.agg.frames_with_origin(stack)
+    }
+
     /// The innermost frame of a stack.
     pub fn innermost(&self, stack: StackId) -> Location<'_> {
         self.agg.innermost(stack)
@@ -463,7 +481,11 @@ pub fn rows<'a>(model: &'a Model, snap: &Snapshot, settings: &Settings) -> Vec<R
     let mut rows = if settings.group == Grouping::YourCode && !settings.inclusive {
         let mut groups = YourCodeGroups::new(&model.focus);
         for (stack, _, figures) in sites {
-            groups.add(model.frames(*stack), figures, SiteFigures::merge);
+            groups.add(
+                model.frames_with_origin(*stack),
+                figures,
+                SiteFigures::merge,
+            );
         }
         let sort = settings.sort;
         groups
