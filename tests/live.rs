@@ -727,3 +727,34 @@ fn the_live_view_says_what_keeps_the_rss() {
     let kept = bytes(value, unit.trim_end_matches('·'));
     assert!(kept > 150.0 * 1048576.0, "{line}");
 }
+
+/// A reservation in the live view: 1 GiB mapped, 16 MiB touched (rss_kept.py's `reserve`,
+/// sampled with `--native`): the live heap is above the RSS, and the `RSS − heap` line says
+/// the sampled mappings' reserved bytes, so that it never shows a heap above RSS unexplained.
+#[test]
+fn the_live_view_says_a_reservation() {
+    let Some(py) = prerequisites() else {
+        return;
+    };
+    let run = Run::new();
+    let q = |p: &Path| format!("'{}'", p.display());
+    let command = format!(
+        "{} record --live --native -o {} -- {} {} {} reserve serve; sleep 600",
+        q(Path::new(env!("CARGO_BIN_EXE_mprof"))),
+        q(&run.capture),
+        q(&py),
+        q(&script("rss_kept.py")),
+        q(run.capture.parent().unwrap()),
+    );
+    let tmux = Tmux::start(&command, 140, 30);
+    let screen = tmux.wait_for("the RSS − heap line says what is reserved", |s| {
+        s.lines()
+            .any(|l| l.contains("RSS − heap") && l.contains("reserved "))
+    });
+    let line = screen.lines().find(|l| l.contains("reserved ")).unwrap();
+    let after = line.split("reserved ").nth(1).unwrap();
+    let mut words = after.split_whitespace();
+    let (value, unit) = (words.next().unwrap(), words.next().unwrap());
+    let reserved = bytes(value, unit);
+    assert!(reserved > 900.0 * 1048576.0, "{line}");
+}

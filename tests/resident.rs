@@ -318,7 +318,11 @@ fn a_mimalloc_reservation_is_said_reserved() {
             text.contains("the live heap is above RSS") && text.contains("reserved"),
             "{test}: {text}"
         );
-        let (_, html) = pictures(&capture, dir.path());
+        let (svg, html) = pictures(&capture, dir.path());
+        assert!(
+            svg.contains("heap above RSS") && svg.contains("reserved"),
+            "{test}: the timeline has no note"
+        );
         assert!(
             html.contains("reserved"),
             "{test}: the HTML report has no note"

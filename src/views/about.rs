@@ -149,17 +149,23 @@ pub fn ending_notes(p: &Profile) -> Vec<String> {
 /// Whether a heap figure above the peak RSS is explained by a reservation (for the views that
 /// show both: the note they add).
 fn reservation_note(p: &Profile) -> Option<String> {
-    let w = p.resident.as_ref()?;
-    let rss = p.max_rss? as f64;
-    let peak = p.totals().peak.bytes;
-    let reserved = w.peak_rss.reserved().max(w.end.reserved());
-    (peak > rss && reserved >= crate::analysis::resident::RESERVED_NOTE).then(|| {
+    reserved_above_rss(p).map(|reserved| {
         format!(
             "the live heap is above RSS: {} of sampled mappings is reserved (mapped, not \
              resident)",
             human_bytes(reserved)
         )
     })
+}
+
+/// The bytes of sampled mappings that are mapped but not resident, when the peak live heap is
+/// above the peak RSS and they are enough to say so.
+pub fn reserved_above_rss(p: &Profile) -> Option<f64> {
+    let w = p.resident.as_ref()?;
+    let rss = p.max_rss? as f64;
+    let peak = p.totals().peak.bytes;
+    let reserved = w.peak_rss.reserved().max(w.end.reserved());
+    (peak > rss && reserved >= crate::analysis::resident::RESERVED_NOTE).then_some(reserved)
 }
 
 /// The lines every text view starts with: the target, rate and counts, the warnings.

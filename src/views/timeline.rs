@@ -537,6 +537,14 @@ fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::
         entries.push((Mark::Line(RED), "RSS".to_owned()));
     }
     entries.extend(rss_entries);
+    if let Some(reserved) = crate::views::about::reserved_above_rss(p) {
+        // The live heap drawn above the RSS line: what the sampled mappings map, not what is
+        // resident.
+        entries.push((
+            Mark::Line(RGBColor(120, 120, 120)),
+            format!("heap above RSS: {} reserved", human_bytes(reserved)),
+        ));
+    }
     if let Some((at, bytes)) = t.peak {
         chart.draw_series(LineSeries::new(
             vec![(at, 0.0), (at, top)],

@@ -189,14 +189,25 @@ fn kept_text(b: &crate::analysis::resident::Parts) -> String {
         "mmap_resident" => "mmaps",
         _ => "rest",
     };
+    // Sampled mappings mostly not resident come first: the live heap counts what they map,
+    // and is above the RSS by them.
+    let reserved = b.reserved();
+    let reserved = (reserved >= crate::analysis::resident::RESERVED_NOTE).then_some(reserved);
     let kept: Vec<String> = b
         .ranked()
         .into_iter()
         .filter(|(part, bytes)| !part.ends_with("_live") && *bytes >= 1.0)
-        .take(3)
+        .take(if reserved.is_some() { 1 } else { 3 })
         .map(|(part, bytes)| format!("{} {}", short(part), compact_bytes(bytes)))
         .collect();
-    format!("kept: {}", kept.join(" · "))
+    let kept = format!("kept: {}", kept.join(" · "));
+    match reserved {
+        Some(r) => format!(
+            "reserved {} (mapped, not resident) · {kept}",
+            compact_bytes(r)
+        ),
+        None => kept,
+    }
 }
 
 /// `label  value ▁▂▃▅  extra`.
