@@ -114,9 +114,9 @@ fn threads_that_run_no_code_of_yours_show_under_the_line_that_started_them() {
 }
 
 /// Arrow parses a CSV on native threads of its own, which it starts at the first read: their
-/// bytes are under "thread started at" the `read_csv` line (pyenv's 3.11, where
-/// tools/test-deps.sh installs pyarrow; pandas' `read_csv(engine="pyarrow")` too when pandas
-/// is importable).
+/// bytes are under "thread started at" the `read_csv` line, pyarrow's and pandas'
+/// (`engine="pyarrow"`), each in a process of its own (pyenv's 3.11, where tools/test-deps.sh
+/// installs both).
 #[test]
 fn arrow_threads_show_under_the_read_csv_line() {
     let text = std::fs::read_to_string(script("arrow_csv_threads.py")).unwrap();
@@ -128,31 +128,43 @@ fn arrow_threads_show_under_the_read_csv_line() {
         if !common::pyarrow_or_skip(&py, &format!("Arrow's threads on {}", py.label)) {
             continue;
         }
-        let dir = common::tempdir();
-        let capture = dir.path().join("arrow.mprof");
-        let env = [("ARROW_DEFAULT_MEMORY_POOL", "system")];
-        record_script(
-            &py,
-            &["-q"],
-            &env,
-            &capture,
-            "arrow_csv_threads.py",
-            dir.path(),
-        );
-        let report = report_json(&capture, &["--top", "0"]);
-        let mut lines = vec![line_of("pyarrow read_csv")];
+        let mut readers = vec![("pyarrow", line_of("pyarrow read_csv"))];
         if common::imports(&py, "pandas") {
-            lines.push(line_of("pandas read_csv"));
+            readers.push(("pandas", line_of("pandas read_csv")));
         } else {
-            common::tier::skip_here(&format!("pandas on {}", py.label), "pandas not installed");
+            common::tier::skip(
+                &format!("pandas on {}", py.label),
+                "pandas not importable (tools/test-deps.sh installs it into pyenv's 3.11)",
+            );
         }
-        for line in lines {
+        for (reader, line) in readers {
+            let dir = common::tempdir();
+            let capture = dir.path().join("arrow.mprof");
+            let env = [
+                ("ARROW_DEFAULT_MEMORY_POOL", "system"),
+                ("CSV_READER", reader),
+            ];
+            record_script(
+                &py,
+                &["-q"],
+                &env,
+                &capture,
+                "arrow_csv_threads.py",
+                dir.path(),
+            );
+            let report = report_json(&capture, &["--top", "0"]);
             let row = started_at_file(&report, "arrow_csv_threads.py", line).unwrap_or_else(|| {
-                panic!("{}: nothing started at line {line}: {report}", py.label)
+                panic!(
+                    "{} {reader}: nothing started at line {line}: {report}",
+                    py.label
+                )
             });
             let bytes = row["alloc_bytes"].as_u64().unwrap();
-            assert!(bytes > 1 << 20, "{}: {bytes} B: {row}", py.label);
-            eprintln!("{}: thread started at line {line}: {bytes} B", py.label);
+            assert!(bytes > 1 << 20, "{} {reader}: {bytes} B: {row}", py.label);
+            eprintln!(
+                "{} {reader}: thread started at line {line}: {bytes} B",
+                py.label
+            );
         }
     }
 }

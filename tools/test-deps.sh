@@ -2,8 +2,8 @@
 # Prepares every tool the tests call, before they start, so that no test pays for a first use
 # (docs/testing.md). Run by .ci/run and by hand before the full tier (README: "The two
 # commands"). Does nothing for what is already there.
-#   - numpy and pyarrow (tests/requirements.txt) into pyenv's newest 3.11, the interpreter
-#     the numpy and pyarrow tests find them in;
+#   - numpy, pyarrow and pandas (tests/requirements.txt) into pyenv's newest 3.11, the
+#     interpreter the tests that use them find them in;
 #   - the Python tools of pymprof's wheel (python/requirements-build.txt: maturin, zig,
 #     cargo-zigbuild, auditwheel) into a venv of their own, MPROF_PYTOOLS (default
 #     ~/.cache/mprof/pytools), where tools/cc-floor.sh finds zig to link the mprof binary
@@ -22,7 +22,7 @@ root="${PYENV_ROOT:-$HOME/.pyenv}"
 python=$(ls -d "$root"/versions/3.11.*/bin/python3.11 2>/dev/null | sort -t. -k3 -n | tail -n 1)
 if [ -z "$python" ]; then
     echo "tools/test-deps.sh: no pyenv 3.11 under $root: numpy not installed" >&2
-elif ! "$python" -c "import numpy, pyarrow" 2>/dev/null; then
+elif ! "$python" -c "import numpy, pyarrow, pandas" 2>/dev/null; then
     "$python" -m pip install --quiet --root-user-action=ignore -r tests/requirements.txt
 fi
 
