@@ -30,8 +30,20 @@ fn points(csv: &str) -> Vec<[f64; 4]> {
 
 #[test]
 fn temporaries_rise_and_drop_in_the_timeline() {
+    let mut runs = Vec::new();
     for py in pythons() {
-        let label = py.label.clone();
+        runs.push((py.clone(), "malloc"));
+        if common::imports(&py, "numpy") {
+            runs.push((py, "numpy"));
+        } else if py.label == "pyenv 3.11" {
+            common::tier::skip(
+                "numpy temporaries",
+                "numpy not importable (tools/test-deps.sh installs it into pyenv's 3.11)",
+            );
+        }
+    }
+    for (py, kind) in runs {
+        let label = format!("{} {kind}", py.label);
         let dir = tempdir();
         let capture = dir.path().join("t.mprof");
         let out = run_with_timeout(
@@ -40,7 +52,8 @@ fn temporaries_rise_and_drop_in_the_timeline() {
                 .arg(&capture)
                 .arg("--")
                 .arg(&py.path)
-                .arg(common::script("temporaries.py")),
+                .arg(common::script("temporaries.py"))
+                .env("TEMPORARIES", kind),
             Duration::from_secs(120),
         );
         assert!(out.status.success(), "{label}: {out:?}");
