@@ -694,6 +694,38 @@ fn every_view_names_the_same_top_rows_as_report() {
     }
 }
 
+/// The `RSS − heap` line of the live view on rss_kept.py's MODE (`serve`: it runs on), once
+/// it contains `needle`.
+fn rss_line(py: &Path, mode: &str, options: &str, needle: &str) -> String {
+    let run = Run::new();
+    let q = |p: &Path| format!("'{}'", p.display());
+    let command = format!(
+        "{} record --live {options} -o {} -- {} {} {} {mode} serve; sleep 600",
+        q(Path::new(env!("CARGO_BIN_EXE_mprof"))),
+        q(&run.capture),
+        q(py),
+        q(&script("rss_kept.py")),
+        q(run.capture.parent().unwrap()),
+    );
+    let tmux = Tmux::start(&command, 140, 30);
+    let screen = tmux.wait_for(&format!("the RSS − heap line says {needle:?}"), |s| {
+        s.lines()
+            .any(|l| l.contains("RSS − heap") && l.contains(needle))
+    });
+    screen
+        .lines()
+        .find(|l| l.contains(needle))
+        .unwrap()
+        .to_owned()
+}
+
+/// The bytes printed after `needle` on `line` (`190 MiB`).
+fn bytes_after(line: &str, needle: &str) -> f64 {
+    let after = line.split(needle).nth(1).unwrap();
+    let mut words = after.split_whitespace();
+    bytes(words.next().unwrap(), words.next().unwrap())
+}
+
 /// Where the RSS is, in the live view: after a burst of 5 KB strings freed under one live
 /// string (tests/py/rss_kept.py), the `RSS − heap` line names glibc's free memory as what
 /// keeps the RSS, as `mprof report` does.
@@ -702,30 +734,11 @@ fn the_live_view_says_what_keeps_the_rss() {
     let Some(py) = prerequisites() else {
         return;
     };
-    let run = Run::new();
-    let q = |p: &Path| format!("'{}'", p.display());
-    let command = format!(
-        "{} record --live -o {} -- {} {} {} malloc serve; sleep 600",
-        q(Path::new(env!("CARGO_BIN_EXE_mprof"))),
-        q(&run.capture),
-        q(&py),
-        q(&script("rss_kept.py")),
-        q(run.capture.parent().unwrap()),
+    let line = rss_line(&py, "malloc", "", "kept: malloc free ");
+    assert!(
+        bytes_after(&line, "kept: malloc free ") > 150.0 * MIB,
+        "{line}"
     );
-    let tmux = Tmux::start(&command, 140, 30);
-    let screen = tmux.wait_for("the RSS − heap line names malloc's free memory", |s| {
-        s.lines()
-            .any(|l| l.contains("RSS − heap") && l.contains("kept: malloc free"))
-    });
-    let line = screen
-        .lines()
-        .find(|l| l.contains("kept: malloc free"))
-        .unwrap();
-    let after = line.split("kept: malloc free ").nth(1).unwrap();
-    let mut words = after.split_whitespace();
-    let (value, unit) = (words.next().unwrap(), words.next().unwrap());
-    let kept = bytes(value, unit.trim_end_matches('·'));
-    assert!(kept > 150.0 * 1048576.0, "{line}");
 }
 
 /// A reservation in the live view: 1 GiB mapped, 16 MiB touched (rss_kept.py's `reserve`,
@@ -736,25 +749,6 @@ fn the_live_view_says_a_reservation() {
     let Some(py) = prerequisites() else {
         return;
     };
-    let run = Run::new();
-    let q = |p: &Path| format!("'{}'", p.display());
-    let command = format!(
-        "{} record --live --native -o {} -- {} {} {} reserve serve; sleep 600",
-        q(Path::new(env!("CARGO_BIN_EXE_mprof"))),
-        q(&run.capture),
-        q(&py),
-        q(&script("rss_kept.py")),
-        q(run.capture.parent().unwrap()),
-    );
-    let tmux = Tmux::start(&command, 140, 30);
-    let screen = tmux.wait_for("the RSS − heap line says what is reserved", |s| {
-        s.lines()
-            .any(|l| l.contains("RSS − heap") && l.contains("reserved "))
-    });
-    let line = screen.lines().find(|l| l.contains("reserved ")).unwrap();
-    let after = line.split("reserved ").nth(1).unwrap();
-    let mut words = after.split_whitespace();
-    let (value, unit) = (words.next().unwrap(), words.next().unwrap());
-    let reserved = bytes(value, unit);
-    assert!(reserved > 900.0 * 1048576.0, "{line}");
+    let line = rss_line(&py, "reserve", "--native", "reserved ");
+    assert!(bytes_after(&line, "reserved ") > 900.0 * MIB, "{line}");
 }
