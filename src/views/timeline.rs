@@ -17,7 +17,7 @@ use crate::analysis::aggregate::{Aggregator, Change};
 use crate::analysis::focus::Memo;
 use crate::analysis::grouping::{Grouping, Key};
 use crate::analysis::names::StackId;
-use crate::analysis::profile::series::Recorded;
+use crate::analysis::profile::series::{HeapRange, Recorded};
 use crate::analysis::profile::{Budget, FastMap, Profile, View};
 use crate::analysis::sites::rows;
 use crate::base::units::human_bytes;
@@ -312,24 +312,14 @@ struct Builder {
     step_ns: u64,
     last_ns: Option<u64>,
     last_point_ns: Option<u64>,
-    /// The live heap's range since the last point: lowest, highest, the events at which each
-    /// was reached, and the events counted.
-    range: (f64, f64, u64, u64, u64),
+    /// The live heap's range since the last point.
+    range: HeapRange,
 }
 
 impl Builder {
-    /// After every event: the live heap now, for the range between points (each extreme's
-    /// latest moment counts, for the order they are drawn in).
+    /// After every event: the live heap now, for the range between points.
     fn observe(&mut self) {
-        let heap = self.agg.live_bytes.max(0.0);
-        let (lo, hi, lo_at, hi_at, events) = &mut self.range;
-        *events += 1;
-        if heap <= *lo {
-            (*lo, *lo_at) = (heap, *events);
-        }
-        if heap >= *hi {
-            (*hi, *hi_at) = (heap, *events);
-        }
+        self.range.observe(self.agg.live_bytes);
     }
 
     fn new(p: &Profile, sites: usize) -> Builder {
@@ -341,7 +331,7 @@ impl Builder {
             step_ns: ((p.duration_seconds * 1e9) as u64 / POINTS as u64).max(1),
             last_ns: None,
             last_point_ns: None,
-            range: (0.0, 0.0, 0, 0, 0),
+            range: HeapRange::default(),
         }
     }
 
@@ -357,17 +347,16 @@ impl Builder {
         }
         self.last_point_ns = Some(time_ns);
         let heap = self.agg.live_bytes.max(0.0);
-        let (lo, hi, lo_at, hi_at, _) = self.range;
+        let (heap_lo, heap_hi, hi_first) = self.range.take(heap);
         self.points.push(Point {
             seconds: time_ns.saturating_sub(self.start_ns) as f64 / 1e9,
             rss: self.agg.last_rss.map(|r| r as f64),
             heap,
-            heap_lo: lo.min(heap),
-            heap_hi: hi.max(heap),
-            hi_first: hi_at < lo_at,
+            heap_lo,
+            heap_hi,
+            hi_first,
             sites: self.live.iter().map(|b| b.max(0.0)).collect(),
         });
-        self.range = (heap, heap, 0, 0, 0);
     }
 
     /// The last point: the state after the last record.

@@ -61,13 +61,68 @@ pub(super) struct Series {
     step_ns: u64,
     last_point_ns: Option<u64>,
     last_ns: Option<u64>,
-    /// The live heap's range since the last point: lowest, highest, and the events at which
-    /// each was last reached (counted from the point).
+    /// The live heap's range since the last point.
+    range: HeapRange,
+}
+
+/// The live heap's lowest and highest values since a point, and the events at which each was
+/// last reached (counted from the point, for the order they are drawn in): what a point says
+/// of the time between it and the one before. Shared by the series and the timeline's own
+/// pass (`crate::views::timeline`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HeapRange {
     lo: f64,
     hi: f64,
     lo_at: i64,
     hi_at: i64,
     events: i64,
+}
+
+impl HeapRange {
+    /// After every event: the live heap now.
+    pub fn observe(&mut self, heap: f64) {
+        let heap = heap.max(0.0);
+        self.events += 1;
+        if heap <= self.lo {
+            (self.lo, self.lo_at) = (heap, self.events);
+        }
+        if heap >= self.hi {
+            (self.hi, self.hi_at) = (heap, self.events);
+        }
+    }
+
+    /// Whether any event was observed since the last point.
+    fn observed(&self) -> bool {
+        self.events != 0
+    }
+
+    /// At a point where the live heap is `heap`: the range since the one before (`heap`
+    /// included) and whether its highest came first; the range starts again at `heap`.
+    pub fn take(&mut self, heap: f64) -> (f64, f64, bool) {
+        let taken = (
+            self.lo.min(heap),
+            self.hi.max(heap),
+            self.hi_at < self.lo_at,
+        );
+        *self = HeapRange {
+            lo: heap,
+            hi: heap,
+            ..HeapRange::default()
+        };
+        taken
+    }
+
+    /// Takes in the range of a point dropped just before (`lo`, `hi`, `hi_first`), reached
+    /// before every event since.
+    fn absorb_earlier(&mut self, lo: f64, hi: f64, hi_first: bool) {
+        let (hi_at, lo_at) = if hi_first { (-2, -1) } else { (-1, -2) };
+        if hi >= self.hi {
+            (self.hi, self.hi_at) = (hi, hi_at);
+        }
+        if lo <= self.lo {
+            (self.lo, self.lo_at) = (lo, lo_at);
+        }
+    }
 }
 
 impl Series {
@@ -91,16 +146,9 @@ impl Series {
         }
     }
 
-    /// After every event: the live heap now, for the range between points (each extreme's
-    /// latest moment counts, for the order they are drawn in).
+    /// After every event: the live heap now, for the range between points.
     pub(super) fn observe(&mut self, heap: f64) {
-        self.events += 1;
-        if heap <= self.lo {
-            (self.lo, self.lo_at) = (heap, self.events);
-        }
-        if heap >= self.hi {
-            (self.hi, self.hi_at) = (heap, self.events);
-        }
+        self.range.observe(heap);
     }
 
     /// After a timed record at `time_ns`: takes a point if it is time. False when the series
@@ -131,20 +179,18 @@ impl Series {
         let index = self.rec.points.len() as u32;
         let heap = agg.live_bytes.max(0.0);
         // The first point's range starts at it.
-        let (lo, hi) = if self.rec.points.is_empty() && self.events == 0 {
-            (heap, heap)
-        } else {
-            (self.lo.min(heap).max(0.0), self.hi.max(heap))
-        };
+        if self.rec.points.is_empty() && !self.range.observed() {
+            self.range.take(heap);
+        }
+        let (lo, hi, hi_first) = self.range.take(heap);
         self.rec.points.push(SeriesPoint {
             time_ns,
             rss: agg.last_rss,
             heap,
             lo,
             hi,
-            hi_first: self.hi_at < self.lo_at,
+            hi_first,
         });
-        (self.lo, self.hi, self.lo_at, self.hi_at, self.events) = (heap, heap, 0, 0, 0);
         for line in self.changed.drain(..) {
             self.is_changed[line as usize] = false;
             self.rec.log.push((index, line, self.bytes[line as usize]));
@@ -189,13 +235,7 @@ impl Series {
                 // time: it is the state after the last record, its range that one's too
                 // (reached before every event since).
                 if let Some(last) = self.rec.points.pop() {
-                    let (hi_at, lo_at) = if last.hi_first { (-2, -1) } else { (-1, -2) };
-                    if last.hi >= self.hi {
-                        (self.hi, self.hi_at) = (last.hi, hi_at);
-                    }
-                    if last.lo <= self.lo {
-                        (self.lo, self.lo_at) = (last.lo, lo_at);
-                    }
+                    self.range.absorb_earlier(last.lo, last.hi, last.hi_first);
                 }
                 let index = self.rec.points.len() as u32;
                 self.rec.log.retain(|&(p, _, _)| p < index);
