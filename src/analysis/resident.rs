@@ -1,5 +1,5 @@
 //! Where the RSS is: the process's resident memory shared out among what holds it, at each
-//! reading of its mappings (RESIDENT records, about once a second) — the live sampled blocks
+//! reading of the allocators' figures and the RSS (HEAP records) — the live sampled blocks
 //! (Python's and the C allocators', estimated, with their standard errors), the resident part
 //! of the sampled anonymous mappings (measured), the free memory pymalloc's arenas and the C
 //! library's `malloc` keep (their own statistics, HEAP records), live memory the allocators
@@ -102,7 +102,7 @@ struct Measured {
 /// while the program allocates or frees, and as a session ends: each such reading is a
 /// breakdown, the live estimates taken at its place in the ring (the samples before it
 /// happened before it). The resident part of the sampled mappings and the named mappings come
-/// from mprof's latest reading of the mappings (RESIDENT, about once a second). A reading of
+/// from mprof's latest reading of the mappings (RESIDENT, every 5 seconds and at the end). A reading of
 /// the mappings while the program is quiet (no statistics since the one before) is a breakdown
 /// of its own, with the latest statistics if nothing changed since them (see
 /// [`MAX_EVENTS_APART`]), else with the allocators' free memory unknown.
@@ -128,7 +128,7 @@ pub struct ResidentTracker {
 impl ResidentTracker {
     /// A sample of the capture's own process.
     pub fn alloc(&mut self, addr: u64, size: u64, allocator: Allocator, sample: &Sample) {
-        self.event();
+        self.events_since_heap += 1;
         self.live[allocator as usize].add(sample);
         if allocator == Allocator::Mmap {
             self.mmaps.insert(addr, (size, *sample));
@@ -139,7 +139,7 @@ impl ResidentTracker {
     /// allocation that replaced it counts as the event).
     pub fn free(&mut self, addr: u64, allocator: Allocator, sample: &Sample, replaced: bool) {
         if !replaced {
-            self.event();
+            self.events_since_heap += 1;
         }
         self.live[allocator as usize].remove(sample);
         if allocator == Allocator::Mmap {
@@ -147,12 +147,8 @@ impl ResidentTracker {
         }
     }
 
-    fn event(&mut self) {
-        self.events_since_heap += 1;
-    }
-
-    /// The allocators' statistics and the RSS, read together: a breakdown (statistics of an
-    /// older agent, without the RSS, only wait for a reading of the mappings).
+    /// The allocators' statistics and the RSS, read together: a breakdown (statistics without
+    /// the RSS, which the agent could not read, only wait for a reading of the mappings).
     pub fn heap(&mut self, stats: &HeapStats) {
         self.events_since_heap = 0;
         self.heap = Some(*stats);

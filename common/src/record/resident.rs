@@ -1,6 +1,7 @@
 //! What resident memory is made of: the allocators' own statistics (HEAP, kind 20, written by
 //! the agent a few times a second) and the process's mappings and their resident bytes
-//! (RESIDENT, kind 21, written by mprof's reader from `/proc/PID/smaps` about once a second).
+//! (RESIDENT, kind 21, written by mprof's reader from `/proc/PID/smaps` every 5 seconds at most
+//! and at the end).
 //! Together with the live sampled blocks they say where a process's RSS is, free memory that
 //! the allocators keep included.
 //!

@@ -13,10 +13,9 @@
 //! the hooks call into the real allocator only before or after their own work, so no
 //! allocator lock is held there either. pymalloc's figures need the GIL: they are read with a
 //! reading made on a thread that holds it (they walk every pool, which the reading's cost, and
-//! so the gap [`due`] leaves after it, says). Also read as
-//! a session starts and ends. Written as one HEAP record (see
-//! `mprof_common::record::HeapStats`); mprof reads the process's mappings as soon as it sees
-//! one, so that both describe one moment.
+//! so the gap [`due`] leaves after it, says). Also read as a session starts and ends.
+//! Written as one HEAP record (see `mprof_common::record::HeapStats`) with the RSS read in the
+//! same call, so that all its figures describe one moment.
 
 use crate::sys;
 use mprof_common::record::{HeapStats, MALLOC_GLIBC, MALLOC_JEMALLOC, MALLOC_OTHER};

@@ -1,9 +1,9 @@
 //! The process's mappings and their resident bytes, from `/proc/PID/smaps`, for the RESIDENT
 //! records (see `mprof_common::record::Resident`): anonymous mappings one by one (sampled
 //! `mmap` blocks are looked up among them), named ones (files, `[heap]`, `[stack]`) added up
-//! per name. Read about once a second by the program's own reader (the kernel walks the
-//! process's page tables for it, under the lock `mmap` takes in the target: not ten times a
-//! second) and once at the end.
+//! per name. Read every 5 seconds at most by the program's own reader (the kernel walks the
+//! process's page tables for it, under the lock `mmap` takes in the target: see
+//! `RESIDENT_EVERY`) and once at the end.
 
 use mprof_common::record::{AnonMapping, Resident, MAX_ANON, MAX_NAMED};
 use std::collections::HashMap;
