@@ -271,7 +271,7 @@ fn in_a_fresh_venv(py: &Python, wheel: &Path, tools: &Path) -> Option<Vec<String
     let pytest = |extra: &[&str], env: &[(&str, &str)]| {
         let mut cmd = clean(&python);
         cmd.current_dir(dir.path())
-            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs"])
+            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs"])
             .args(extra)
             .env("PYMPROF_EXPECT_INSTALLED", "1");
         for (k, v) in env {

@@ -90,7 +90,10 @@ def test_pymprof_lists_the_tests_that_allocated_most(pytester):
                                            "-p", "no:cacheprovider")
     out = result.stdout.str()
     assert "pymprof: tests that allocated the most" in out
-    table = out.split("pymprof: tests that allocated the most")[1].splitlines()
+    # The table runs to the next section's rule (the short summary's FAILED lines, whole
+    # when pytest sees CI set, also name tests and say "allocated").
+    after = out.split("pymprof: tests that allocated the most")[1].splitlines()[1:]
+    table = after[:next((i for i, line in enumerate(after) if line.startswith("=")), len(after))]
     rows = [line for line in table if "allocated" in line and "::" in line]
     assert len(rows) == 3
     assert rows[0].endswith("test_memory.py::test_over_the_limit")
