@@ -10,6 +10,7 @@ use mprof::analysis::allocators::{self, Allocator, Allocators};
 use mprof::analysis::grouping::Grouping;
 use mprof::analysis::profile::{Lens, View};
 use mprof::capture::processes::{Pick, PidArgs};
+use mprof::sessions::continuous::ContinuousArgs;
 use mprof::sessions::sampling::SamplingArgs;
 use mprof::sessions::{attach, record};
 use mprof::views::formats::Format;
@@ -45,12 +46,14 @@ enum Command {
         quiet: bool,
         /// Show a live view of the allocation sites while recording (the program's output then
         /// goes to CAPTURE.out).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "every")]
         live: bool,
         /// Profile the program's child processes too: forked ones (multiprocessing, pre-fork
         /// servers) and Pythons it starts (spawn, subprocess); their captures go to CAPTURE.d/.
         #[arg(long)]
         follow_children: bool,
+        #[command(flatten)]
+        continuous: ContinuousArgs,
         /// The command, e.g. `python app.py`.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
@@ -80,8 +83,10 @@ enum Command {
         #[arg(long)]
         follow_children: bool,
         /// Show a live view of the allocation sites while attached (q detaches).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "every")]
         live: bool,
+        #[command(flatten)]
+        continuous: ContinuousArgs,
     },
     /// Show the top allocation sites of a capture.
     Report {
@@ -286,8 +291,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
             quiet,
             live,
             follow_children,
+            continuous,
             command,
-        } => record::run(&command, &output, &sampling, quiet, live, follow_children),
+        } => record::run(
+            &command,
+            &output,
+            &sampling,
+            quiet,
+            live,
+            follow_children,
+            &continuous,
+        ),
         Command::Attach {
             pid,
             duration,
@@ -297,6 +311,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             quiet,
             live,
             follow_children,
+            continuous,
         } => attach::run(attach::Options {
             pid,
             duration,
@@ -306,6 +321,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             quiet,
             live,
             follow_children,
+            continuous: &continuous,
         }),
         Command::Report {
             file,

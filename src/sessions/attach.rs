@@ -8,6 +8,7 @@ use crate::analysis::profile::Profile;
 use crate::base::signals::{self, Handler};
 use crate::capture::file::CaptureWriter;
 use crate::sessions::children::{Children, Rendezvous};
+use crate::sessions::continuous::{Continuous, ContinuousArgs};
 use crate::sessions::driver::{Followed, Session, Watch};
 use crate::sessions::hints;
 use crate::sessions::procfs::{arguments, command_line};
@@ -362,6 +363,8 @@ pub struct Options<'a> {
     pub quiet: bool,
     pub live: bool,
     pub follow_children: bool,
+    /// `--every` and where its profiles go.
+    pub continuous: &'a ContinuousArgs,
 }
 
 /// Attaches to `pid`, samples until `duration` or a signal, detaches and prints the summary.
@@ -379,12 +382,14 @@ pub fn run(o: Options) -> Result<ExitCode> {
         quiet,
         live,
         follow_children,
+        continuous,
     } = o;
     let started = Instant::now();
     catch_stop_signals();
     if live {
         live::Live::check_terminal()?;
     }
+    let continuous = Continuous::prepare(continuous, sampling.rate)?;
     // Every check that needs no change to the target comes before the capture file exists.
     let injector = hints::noting_a_stale_session(pid, || Injector::new(pid))?;
     let mut capture = CaptureWriter::create(output)?;
@@ -471,6 +476,10 @@ pub fn run(o: Options) -> Result<ExitCode> {
         None => None,
     };
     let mut session = Session::new(reader, sampling, view, followed, false);
+    session.continuous = continuous.map(|mut c| {
+        c.of_process(pid, &arguments(pid));
+        c
+    });
     let until = duration.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
     let ending = session.run(&mut Attachment {
         a: &attached,

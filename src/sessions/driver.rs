@@ -19,6 +19,7 @@
 //! injects the agent and detaches; both hand the rest to [`Session`].
 
 use crate::sessions::children::{Children, Event, Rendezvous};
+use crate::sessions::continuous::Continuous;
 use crate::sessions::hints::GrowthWatch;
 use crate::sessions::reader::{Reader, RingMem};
 use crate::sessions::sampling::SamplingArgs;
@@ -65,6 +66,8 @@ pub struct Session<'r> {
     pub reader: Reader<&'r RingMem>,
     pub view: Option<Live>,
     pub followed: Option<Followed>,
+    /// `--every`: the intervals' profiles (never with a live view).
+    pub continuous: Option<Continuous>,
     growth: GrowthWatch,
     /// The longest sleep between rounds ([`QUIET_POLL`] or [`IDLE_POLL`]).
     longest_poll: Duration,
@@ -93,6 +96,7 @@ impl<'r> Session<'r> {
             reader,
             view,
             followed,
+            continuous: None,
             growth: GrowthWatch::new(sampling.rate),
             longest_poll,
             announce_python,
@@ -134,8 +138,17 @@ impl<'r> Session<'r> {
     /// it did.
     pub fn round(&mut self) -> Result<(usize, Option<Closed>)> {
         let ring = self.ring();
-        let (mut moved, closed) = pump_program(&mut self.view, &mut self.reader)?;
+        let (mut moved, closed) = match &mut self.continuous {
+            Some(c) => {
+                c.enter_program();
+                (self.reader.pump_observed(|bytes| c.observe(bytes))?, None)
+            }
+            None => pump_program(&mut self.view, &mut self.reader)?,
+        };
         moved += self.pump_children()?;
+        if let Some(c) = &mut self.continuous {
+            c.tick(ring.dropped(), || ring.python_version());
+        }
         if self.view.is_none() {
             let written = self.written();
             if let Some(note) = self.growth.check(Instant::now(), written) {
@@ -157,6 +170,7 @@ impl<'r> Session<'r> {
             reader,
             view,
             followed,
+            continuous,
             ..
         } = self;
         let Some(f) = followed.as_mut() else {
@@ -165,11 +179,11 @@ impl<'r> Session<'r> {
         let mut replaced = Ok(());
         let moved = f.children.pump(&f.rendezvous, &mut |e| {
             if let Event::ProgramReplaced(pid) = e {
-                replaced = program_replaced(reader, view);
-                show_child(view, &Event::Ended(pid));
+                replaced = program_replaced(reader, view, continuous);
+                show_child(view, continuous, &Event::Ended(pid));
                 return;
             }
-            show_child(view, &e)
+            show_child(view, continuous, &e)
         })?;
         replaced?;
         Ok(moved)
@@ -191,8 +205,18 @@ impl<'r> Session<'r> {
     /// agent published: the end of the program's capture, before [`Session::finish`].
     pub fn drain(&mut self) -> Result<()> {
         self.view = None;
-        while self.reader.pump()? > 0 {}
-        Ok(())
+        loop {
+            let moved = match &mut self.continuous {
+                Some(c) => {
+                    c.enter_program();
+                    self.reader.pump_observed(|bytes| c.observe(bytes))?
+                }
+                None => self.reader.pump()?,
+            };
+            if moved == 0 {
+                return Ok(());
+            }
+        }
     }
 
     /// Drains the children still running for up to `grace` and finishes their captures,
@@ -200,8 +224,17 @@ impl<'r> Session<'r> {
     pub fn finish(&mut self, grace: Duration) -> Result<()> {
         self.view = None;
         if let Some(f) = self.followed.as_mut() {
-            f.children
-                .finish(&f.rendezvous, grace, &mut |_: Event| {})?;
+            let continuous = &mut self.continuous;
+            f.children.finish(&f.rendezvous, grace, &mut |e: Event| {
+                if let Some(c) = continuous.as_mut() {
+                    c.child(&e);
+                }
+            })?;
+        }
+        if let Some(c) = self.continuous.take() {
+            let ring = self.ring();
+            let said = c.finish(ring.dropped(), || ring.python_version());
+            crate::say!("{said}");
         }
         self.reader.capture.write(&Record::Meta {
             text: format!("reader_cpu_ms={}\n", own_cpu_ms()),
@@ -235,9 +268,24 @@ impl<'r> Session<'r> {
 /// The program ran a new Python by exec (see `Event::ProgramReplaced`): the pid's RSS, now the
 /// new program's, is no longer read into its capture; what its old program left in the ring
 /// goes into the capture (and the view), then the capture says how it ended.
-fn program_replaced(reader: &mut Reader<&RingMem>, view: &mut Option<Live>) -> Result<()> {
+fn program_replaced(
+    reader: &mut Reader<&RingMem>,
+    view: &mut Option<Live>,
+    continuous: &mut Option<Continuous>,
+) -> Result<()> {
     reader.program_replaced();
-    while pump_program(view, reader)?.0 > 0 {}
+    loop {
+        let moved = match continuous {
+            Some(c) => {
+                c.enter_program();
+                reader.pump_observed(|bytes| c.observe(bytes))?
+            }
+            None => pump_program(view, reader)?.0,
+        };
+        if moved == 0 {
+            break;
+        }
+    }
     reader.capture.write(&Record::Meta {
         text: format!(
             "ended_by=exec\nreplaced_unix_ms={}\n",
@@ -270,8 +318,12 @@ fn pump_program(
     Ok((moved, closed))
 }
 
-/// Shows the view, if there is one, what happened to a followed child.
-fn show_child(view: &mut Option<Live>, event: &Event) {
+/// Shows the view, if there is one, what happened to a followed child (and tells the
+/// continuous side, if there is one).
+fn show_child(view: &mut Option<Live>, continuous: &mut Option<Continuous>, event: &Event) {
+    if let Some(c) = continuous {
+        c.child(event);
+    }
     let Some(live) = view else {
         return;
     };

@@ -13,6 +13,7 @@
 
 pub mod attach;
 pub mod children;
+pub mod continuous;
 pub mod driver;
 pub mod hints;
 pub mod inprocess;

@@ -3,6 +3,7 @@
 use crate::analysis::profile::Profile;
 use crate::base::signals;
 use crate::capture::file::CaptureWriter;
+use crate::sessions::continuous::{Continuous, ContinuousArgs};
 use crate::sessions::driver::{Followed, Session, Watch};
 use crate::sessions::reader::{Reader, RingMem};
 use crate::sessions::sampling::SamplingArgs;
@@ -272,11 +273,13 @@ pub fn run(
     quiet: bool,
     live: bool,
     follow_children: bool,
+    continuous: &ContinuousArgs,
 ) -> Result<ExitCode> {
     crate::base::limits::ensure_descriptors(
         crate::base::limits::SESSION_DESCRIPTORS,
         "mprof record",
     )?;
+    let continuous = Continuous::prepare(continuous, sampling.rate)?;
     if live {
         Live::check_terminal()?;
     }
@@ -381,6 +384,10 @@ pub fn run(
         });
     let following = followed.is_some();
     let mut session = Session::new(reader, sampling, view, followed, true);
+    session.continuous = continuous.map(|mut c| {
+        c.of_process(pid, command);
+        c
+    });
     let mut watch = Program {
         pid,
         name: command_name(&command[0]),

@@ -91,6 +91,18 @@ impl OutputDir {
         }
     }
 
+    /// The session has started: the directory stays, with whatever an earlier run left in it
+    /// (a directory of rolling profiles keeps its history).
+    pub fn keep_as_it_is(&mut self) {
+        self.kept = true;
+    }
+
+    /// A path that lists the directory itself (through its descriptor), whatever its name
+    /// points to now.
+    pub fn listing(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+    }
+
     /// Removes this user's `*.mprof` files left in the directory by an earlier run.
     fn remove_old_captures(&self) {
         let Ok(entries) = std::fs::read_dir(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))

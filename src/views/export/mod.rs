@@ -4,7 +4,9 @@
 //! [`crate::views::formats`]'s.
 
 pub mod folded;
+pub mod interval;
 pub mod json;
+pub mod otlp;
 pub mod pprof;
 pub mod speedscope;
 

@@ -10,12 +10,12 @@
 //! meta goes in the profile's comments as `key=value` (`go tool pprof -comments`). Messages
 //! are declared here with prost's derive, field numbers as in profile.proto.
 
-use crate::analysis::profile::{Profile, View};
+use crate::analysis::profile::{Location, Profile, View};
 use anyhow::Result;
 use flate2::write::GzEncoder;
 use prost::Message;
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::{Read, Write};
 
 /// Meta keys that also label every sample (what tools that group by labels, like Pyroscope,
 /// can filter on); all of the meta is in the comments.
@@ -92,6 +92,8 @@ pub struct Label {
     pub str: i64,
     #[prost(int64, tag = "3")]
     pub num: i64,
+    #[prost(int64, tag = "4")]
+    pub num_unit: i64,
 }
 
 /// profile.proto's `Location`: here one Python frame (function and line), no mapping.
@@ -128,13 +130,13 @@ pub struct Function {
 }
 
 /// The string table under construction (index 0 is the empty string, as the format wants).
-struct Strings {
+pub(super) struct Strings {
     table: Vec<String>,
     index: HashMap<String, i64>,
 }
 
 impl Strings {
-    fn new() -> Strings {
+    pub(super) fn new() -> Strings {
         Strings {
             table: vec![String::new()],
             index: HashMap::from([(String::new(), 0)]),
@@ -142,7 +144,7 @@ impl Strings {
     }
 
     /// The index of `s`, made printable (`go tool pprof` shows the strings on a terminal).
-    fn id(&mut self, s: &str) -> i64 {
+    pub(super) fn id(&mut self, s: &str) -> i64 {
         if let Some(&i) = self.index.get(s) {
             return i;
         }
@@ -152,52 +154,55 @@ impl Strings {
         self.index.insert(s.to_owned(), i);
         i
     }
+
+    /// The table, index 0 the empty string.
+    pub(super) fn into_table(self) -> Vec<String> {
+        self.table
+    }
+
+    /// A `ValueType` of a type and its unit.
+    pub(super) fn value_type(&mut self, t: &str, unit: &str) -> ValueType {
+        ValueType {
+            r#type: self.id(t),
+            unit: self.id(unit),
+        }
+    }
 }
 
-fn whole(x: f64) -> i64 {
-    x.round().max(0.0) as i64
+/// The functions and locations of a profile under construction: one location per distinct
+/// (function, line), one function per distinct (file, name, first line); ids from 1.
+#[derive(Default)]
+pub(super) struct Code {
+    functions: HashMap<(String, String, u32), u64>,
+    pub(super) function: Vec<Function>,
+    locations: HashMap<(u64, u32), u64>,
+    pub(super) location: Vec<PprofLocation>,
 }
 
-/// The profile message of a capture.
-pub fn profile(p: &Profile) -> PprofProfile {
-    let mut strings = Strings::new();
-    let value_type = |s: &mut Strings, t: &str, u: &str| ValueType {
-        r#type: s.id(t),
-        unit: s.id(u),
-    };
-    let sample_type = vec![
-        value_type(&mut strings, "alloc_objects", "count"),
-        value_type(&mut strings, "alloc_space", "bytes"),
-        value_type(&mut strings, "inuse_objects", "count"),
-        value_type(&mut strings, "inuse_space", "bytes"),
-        value_type(&mut strings, "peak_objects", "count"),
-        value_type(&mut strings, "peak_space", "bytes"),
-    ];
-    let period_type = Some(value_type(&mut strings, "space", "bytes"));
-    let mut functions: HashMap<(String, String, u32), u64> = HashMap::new();
-    let mut function = Vec::new();
-    let mut locations: HashMap<(u64, u32), u64> = HashMap::new();
-    let mut location = Vec::new();
-    let mut sample = Vec::new();
-    for ((stack, tid), figures) in p.sites() {
-        let mut ids = Vec::new();
-        for loc in p.frames(*stack) {
-            let key = (loc.file.to_owned(), loc.function.to_owned(), loc.firstline);
-            let next = functions.len() as u64 + 1;
-            let function_id = *functions.entry(key).or_insert_with(|| {
-                function.push(Function {
-                    id: next,
-                    name: strings.id(loc.function),
-                    // pprof demangles a system name as C++, turning `<module>` into
-                    // nothing: Python names have no system form.
-                    system_name: 0,
-                    filename: strings.id(loc.file),
-                    start_line: loc.firstline as i64,
-                });
-                next
+impl Code {
+    /// The id of the location of `loc`, its strings in `strings`.
+    pub(super) fn location(&mut self, strings: &mut Strings, loc: &Location) -> u64 {
+        let key = (loc.file.to_owned(), loc.function.to_owned(), loc.firstline);
+        let next = self.functions.len() as u64 + 1;
+        let function = &mut self.function;
+        let function_id = *self.functions.entry(key).or_insert_with(|| {
+            function.push(Function {
+                id: next,
+                name: strings.id(loc.function),
+                // pprof demangles a system name as C++, turning `<module>` into
+                // nothing: Python names have no system form.
+                system_name: 0,
+                filename: strings.id(loc.file),
+                start_line: loc.firstline as i64,
             });
-            let next = locations.len() as u64 + 1;
-            let id = *locations.entry((function_id, loc.line)).or_insert_with(|| {
+            next
+        });
+        let next = self.locations.len() as u64 + 1;
+        let location = &mut self.location;
+        *self
+            .locations
+            .entry((function_id, loc.line))
+            .or_insert_with(|| {
                 location.push(PprofLocation {
                     id: next,
                     line: vec![Line {
@@ -206,39 +211,68 @@ pub fn profile(p: &Profile) -> PprofProfile {
                     }],
                 });
                 next
-            });
-            ids.push(id);
-        }
+            })
+    }
+}
+
+/// A label of a string value.
+pub(super) fn text_label(strings: &mut Strings, key: &str, value: &str) -> Label {
+    Label {
+        key: strings.id(key),
+        str: strings.id(value),
+        ..Label::default()
+    }
+}
+
+/// A label of a number, with its unit (empty for none).
+pub(super) fn number_label(strings: &mut Strings, key: &str, num: i64, unit: &str) -> Label {
+    Label {
+        key: strings.id(key),
+        num,
+        num_unit: if unit.is_empty() { 0 } else { strings.id(unit) },
+        ..Label::default()
+    }
+}
+
+/// A figure as the whole number pprof holds.
+pub(super) fn whole(x: f64) -> i64 {
+    x.round().max(0.0) as i64
+}
+
+/// The profile message of a capture.
+pub fn profile(p: &Profile) -> PprofProfile {
+    let mut strings = Strings::new();
+    let sample_type = vec![
+        strings.value_type("alloc_objects", "count"),
+        strings.value_type("alloc_space", "bytes"),
+        strings.value_type("inuse_objects", "count"),
+        strings.value_type("inuse_space", "bytes"),
+        strings.value_type("peak_objects", "count"),
+        strings.value_type("peak_space", "bytes"),
+    ];
+    let period_type = Some(strings.value_type("space", "bytes"));
+    let mut code = Code::default();
+    let mut sample = Vec::new();
+    for ((stack, tid), figures) in p.sites() {
+        let ids = p
+            .frames(*stack)
+            .map(|loc| code.location(&mut strings, &loc))
+            .collect();
         let mut value = Vec::new();
         for view in [View::Allocated, View::Live, View::Peak] {
             let e = figures.get(view);
             value.push(whole(e.count));
             value.push(whole(e.bytes));
         }
-        let mut label = vec![Label {
-            key: strings.id("thread"),
-            num: *tid as i64,
-            ..Label::default()
-        }];
+        let mut label = vec![number_label(&mut strings, "thread", *tid as i64, "")];
         if let Some(name) = p.threads.get(tid) {
-            label.push(Label {
-                key: strings.id("thread_name"),
-                str: strings.id(name),
-                ..Label::default()
-            });
+            label.push(text_label(&mut strings, "thread_name", name));
         }
-        label.push(Label {
-            key: strings.id("allocator"),
-            str: strings.id(p.allocator(*stack).name()),
-            ..Label::default()
-        });
+        let allocator = p.allocator(*stack).name();
+        label.push(text_label(&mut strings, "allocator", allocator));
         for key in META_LABELS {
             if let Some(value) = p.meta.get(key) {
-                label.push(Label {
-                    key: strings.id(key),
-                    str: strings.id(value),
-                    ..Label::default()
-                });
+                label.push(text_label(&mut strings, key, value));
             }
         }
         sample.push(Sample {
@@ -264,14 +298,35 @@ pub fn profile(p: &Profile) -> PprofProfile {
     PprofProfile {
         sample_type,
         sample,
-        location,
-        function,
+        location: code.location,
+        function: code.function,
         time_nanos: start_ms.saturating_mul(1_000_000),
         duration_nanos: (p.duration_seconds * 1e9) as i64,
         period_type,
         period: p.rate as i64,
         comment,
         default_sample_type,
-        string_table: strings.table,
+        string_table: strings.into_table(),
     }
+}
+
+/// The largest pprof message [`decode`] unpacks: a file claiming more is refused, not read.
+pub const MAX_DECODED: u64 = 256 << 20;
+
+/// A pprof file's message (gzipped or not), as far as mprof writes its fields; a file that is
+/// not one, or that unpacks to more than [`MAX_DECODED`], is an error.
+pub fn decode(bytes: &[u8]) -> Result<PprofProfile> {
+    let raw = if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        let mut gz = flate2::read::GzDecoder::new(bytes).take(MAX_DECODED + 1);
+        std::io::Read::read_to_end(&mut gz, &mut out)
+            .map_err(|e| anyhow::anyhow!("not a gzipped pprof file: {e}"))?;
+        if out.len() as u64 > MAX_DECODED {
+            anyhow::bail!("a pprof file larger than {MAX_DECODED} bytes unpacked");
+        }
+        out
+    } else {
+        bytes.to_vec()
+    };
+    PprofProfile::decode(raw.as_slice()).map_err(|e| anyhow::anyhow!("not a pprof profile: {e}"))
 }

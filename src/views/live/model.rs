@@ -278,6 +278,9 @@ impl Model {
             let site = self.sites.entry((old.stack, old.tid)).or_default();
             site.live.remove(&old.sample());
         }
+        // Nothing reads them again: a session that outlives many children (a pre-fork server
+        // recycling its workers, `--every` for days) does not keep them.
+        self.agg.ended.clear();
     }
 
     fn site(&mut self, stack: StackId, tid: u32) -> &mut SiteFigures {
@@ -369,6 +372,11 @@ impl Model {
     /// The innermost frame of a stack.
     pub fn innermost(&self, stack: StackId) -> Location<'_> {
         self.agg.innermost(stack)
+    }
+
+    /// Which allocator a stack's blocks came from.
+    pub fn allocator(&self, stack: StackId) -> crate::analysis::allocators::Allocator {
+        self.agg.allocator(stack)
     }
 }
 
