@@ -1,0 +1,352 @@
+//! Continuous profiling (`--every`): a leaking web server (tests/py/leaky_server.py) under
+//! load, profiled interval by interval into a directory of rolling pprof files and to an
+//! OpenTelemetry Collector (a real one, tools/otelcol, when tools/test-deps.sh built it): the
+//! in-use bytes at the leaking line grow interval by interval within their error bars, the
+//! files are bounded, `go tool pprof` reads them, and a collector that is down costs bounded
+//! memory and never holds the server back.
+
+mod common;
+
+use common::procs::{signal, Target, LIMIT};
+use common::{main_python, mprof, pythons, run_with_timeout, script};
+use mprof::views::export::pprof::{decode, PprofProfile};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The line of leaky_server.py that keeps 20,000 bytes per request.
+const LEAK_LINE: i64 = 17;
+
+/// Requests sent to the server from a thread of the test, at about 100 a second, until
+/// stopped: how many failed and the slowest answer.
+struct Load {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    slowest_us: Arc<AtomicU64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(port: u16) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let slowest_us = Arc::new(AtomicU64::new(0));
+        let thread = {
+            let (stop, sent, failed, slowest_us) = (
+                stop.clone(),
+                sent.clone(),
+                failed.clone(),
+                slowest_us.clone(),
+            );
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    if get(port).is_none() {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    slowest_us.fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            })
+        };
+        Load {
+            stop,
+            sent,
+            failed,
+            slowest_us,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops; (sent, failed, slowest answer).
+    fn finish(mut self) -> (u64, u64, Duration) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+        (
+            self.sent.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+            Duration::from_micros(self.slowest_us.load(Ordering::Relaxed)),
+        )
+    }
+}
+
+/// One GET to the server on `port`; its body.
+fn get(port: u16) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.starts_with("HTTP/1.0 200").then_some(out)
+}
+
+/// Waits (at most [`LIMIT`]) for `child` to exit.
+fn wait(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let end = Instant::now() + LIMIT;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < end, "mprof did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The server under `py`, run directly (for attach).
+fn server(py: &Path) -> (Target, u16) {
+    let t = Target::python(py, "leaky_server.py", &[]);
+    let port = t.ready[2].parse().unwrap();
+    (t, port)
+}
+
+/// Bytes in use at the leaking line in one interval's profile, and their standard error.
+fn leaked(p: &PprofProfile) -> (f64, f64) {
+    let s = |i: i64| p.string_table[i as usize].as_str();
+    let inuse = p
+        .sample_type
+        .iter()
+        .position(|t| s(t.r#type) == "inuse_space")
+        .expect("an inuse_space type");
+    let leak_locations: Vec<u64> = p
+        .location
+        .iter()
+        .filter(|l| {
+            l.line.iter().any(|line| {
+                line.line == LEAK_LINE
+                    && p.function
+                        .iter()
+                        .any(|f| f.id == line.function_id && s(f.name) == "handle")
+            })
+        })
+        .map(|l| l.id)
+        .collect();
+    let (mut bytes, mut variance) = (0.0, 0.0);
+    for sample in &p.sample {
+        if sample
+            .location_id
+            .first()
+            .is_some_and(|l| leak_locations.contains(l))
+        {
+            bytes += sample.value[inuse] as f64;
+            let se = sample
+                .label
+                .iter()
+                .find(|l| s(l.key) == "inuse_space_stderr")
+                .map_or(0.0, |l| l.num as f64);
+            variance += se * se;
+        }
+    }
+    (bytes, variance.sqrt())
+}
+
+/// The rolling files in `dir`, oldest first.
+fn rolling_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".pb.gz"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Checks that the leak's in-use bytes never fall between two intervals by more than two
+/// standard errors, grow from the first interval to the last by more than two, and end
+/// within three (and 5%) of `kept`, the bytes the server really kept.
+fn grows(series: &[(f64, f64)], kept: f64) {
+    let apart = |(a, ea): (f64, f64), (b, eb): (f64, f64)| (b - a) / (ea * ea + eb * eb).sqrt();
+    for w in series.windows(2) {
+        assert!(
+            apart(w[0], w[1]) >= -2.0,
+            "the leak's in-use bytes fell between intervals: {series:?}"
+        );
+    }
+    let (first, last) = (series[0], series[series.len() - 1]);
+    assert!(
+        apart(first, last) > 2.0,
+        "the leak did not grow: {series:?}"
+    );
+    assert!(
+        (last.0 - kept).abs() <= 3.0 * last.1 + 0.05 * kept,
+        "the last interval holds {} bytes at the leak, the server kept {kept}: {series:?}",
+        last.0
+    );
+}
+
+#[test]
+fn a_leaking_server_leaves_rolling_pprof_files_whose_leak_grows() {
+    let py = main_python(&pythons());
+    let dir = common::tempdir();
+    let profiles = dir.path().join("profiles");
+    let mut child = mprof()
+        .args(["record", "--rate", "64KiB", "--every", "1s", "--keep", "5"])
+        .arg("--profiles-dir")
+        .arg(&profiles)
+        .arg("-o")
+        .arg(dir.path().join("c.mprof"))
+        .arg("--")
+        .arg(&py.path)
+        .arg(script("leaky_server.py"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = common::procs::lines(child.stdout.take().unwrap());
+    let stderr = common::procs::lines(child.stderr.take().unwrap());
+    let mut guard = common::ChildGuard(child);
+    let ready = common::procs::wait_line(&lines, "ready", LIMIT, &mut Vec::new())
+        .expect("the server never said ready");
+    let port: u16 = ready.split_whitespace().nth(2).unwrap().parse().unwrap();
+    let load = Load::start(port);
+    std::thread::sleep(Duration::from_secs(8));
+    let (sent, failed, _) = load.finish();
+    // SIGTERM to mprof: passed on to the server, which exits; the interval under way is
+    // written.
+    signal(guard.0.id(), libc::SIGTERM);
+    let status = wait(&mut guard.0);
+    let err: Vec<String> =
+        std::iter::from_fn(|| stderr.recv_timeout(Duration::from_secs(2)).ok()).collect();
+    let err = err.join("\n");
+    assert!(status.success(), "{}: {err}", py.label);
+    assert_eq!(failed, 0, "{sent} requests");
+    let files = rolling_files(&profiles);
+    assert_eq!(files.len(), 5, "--keep 5: {files:?}\n{err}");
+    assert!(err.contains("older removed"), "{err}");
+    let series: Vec<(f64, f64)> = files
+        .iter()
+        .map(|f| leaked(&decode(&std::fs::read(f).unwrap()).unwrap()))
+        .collect();
+    eprintln!(
+        "{}: in use at the leak, interval by interval: {series:?}",
+        py.label
+    );
+    // Every request kept 20,000 bytes; the last interval ends after the last request.
+    grows(&series, sent as f64 * 20_000.0);
+    if let Some(go) = common::tools::go("go tool pprof on a rolling file") {
+        let out = run_with_timeout(
+            Command::new(go)
+                .args(["tool", "pprof", "-top", "-sample_index=inuse_space"])
+                .arg(&files[files.len() - 2]),
+            LIMIT,
+        );
+        let top = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(top.contains("handle"), "{top}");
+        assert!(
+            top.contains("service.name=unknown_service:leaky_server.py"),
+            "{top}"
+        );
+    }
+}
+
+#[test]
+fn a_collector_that_is_down_costs_bounded_memory_and_never_holds_the_server_back() {
+    let py = main_python(&pythons());
+    let (mut target, port) = server(&py.path);
+    let dir = common::tempdir();
+    let profiles = dir.path().join("p");
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let mut attach = common::procs::Attach::start(
+        target.pid,
+        &[
+            "--rate",
+            "64KiB",
+            "--every",
+            "1s",
+            "--otlp",
+            &url,
+            "--otlp-buffer",
+            "16KiB",
+            "--profiles-dir",
+            profiles.to_str().unwrap(),
+            "-o",
+            dir.path().join("c.mprof").to_str().unwrap(),
+        ],
+    );
+    attach.attached();
+    let load = Load::start(port);
+    std::thread::sleep(Duration::from_secs(6));
+    let mprof_pid = attach.guard.0.id();
+    let hwm_kib = std::fs::read_to_string(format!("/proc/{mprof_pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap();
+    let (sent, failed, slowest) = load.finish();
+    let started = Instant::now();
+    let err = attach.detach();
+    let took = started.elapsed();
+    assert_eq!(failed, 0, "{sent} requests");
+    assert!(
+        slowest < Duration::from_secs(2),
+        "an answer took {slowest:?}"
+    );
+    assert!(target.alive(), "the server died: {err}");
+    assert!(
+        get(port).is_some(),
+        "the server stopped answering after the detach"
+    );
+    assert!(err.contains("did not take a profile"), "{err}");
+    assert!(
+        err.contains("dropped (the collector was down or slow)"),
+        "{err}"
+    );
+    // The profiles still went to the directory, one per interval.
+    assert!(rolling_files(&profiles).len() >= 5, "{err}");
+    // Detaching waits for the collector a few seconds at most.
+    assert!(took < Duration::from_secs(15), "the detach took {took:?}");
+    eprintln!("mprof's peak RSS with the collector down: {hwm_kib} KiB; detach took {took:?}");
+    assert!(hwm_kib < 200 * 1024, "mprof's peak RSS {hwm_kib} KiB");
+}
+
+#[test]
+fn continuous_flags_without_a_destination_or_over_https_are_refused() {
+    for (args, says) in [
+        (&["--every", "1s"][..], "--every needs somewhere"),
+        (
+            &["--every", "1s", "--otlp", "https://c:4318"][..],
+            "plain HTTP only",
+        ),
+        (
+            &["--every", "0.5s", "--profiles-dir", "p"][..],
+            "from 1s to 7 days",
+        ),
+        (&["--profiles-dir", "p"][..], "--every"),
+        (
+            &["--every", "1s", "--otlp", "http://c", "--live"][..],
+            "cannot be used with",
+        ),
+    ] {
+        let out = run_with_timeout(
+            mprof()
+                .arg("record")
+                .args(args)
+                .args(["--", "python3", "-c", "pass"]),
+            LIMIT,
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(
+            err.lines().filter(|l| l.contains("error")).count() == 1,
+            "{args:?}: {err}"
+        );
+    }
+}
