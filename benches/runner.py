@@ -56,17 +56,23 @@ def make_configs(mprof, with_memray):
 
 
 def rate_config(mprof, name):
-    """`mprof --rate R` for any R (`64KiB`, `131072`), or the in-process `pymprof` (at the
+    """`mprof --rate R` for any R (`64KiB`, `131072`), `mprof --rate R --every S` (continuous:
+    a profile every S into a directory beside the capture), or the in-process `pymprof` (at the
     default rate, or `pymprof --rate R`: pymprof.start() inside the program, benches/inprocess.py),
     when `name` spells one; else None."""
     if name == "pymprof":
         return Config(name, lambda py, cap: [py, INPROCESS, "--mprof", mprof, "-o", cap])
-    m = re.fullmatch(r"(py)?mprof --rate (\S+)", name)
-    if m is None:
+    m = re.fullmatch(r"(py)?mprof --rate (\S+)( --every (\S+))?", name)
+    if m is None or (m.group(1) and m.group(3)):
         return None
     rate = m.group(2)
     if m.group(1):
         return Config(name, lambda py, cap: [py, INPROCESS, "--mprof", mprof, "--rate", rate, "-o", cap])
+    if m.group(3):
+        # Continuous: a profile every interval into a rolling directory beside the capture.
+        every = m.group(4)
+        return Config(name, lambda py, cap: [mprof, "record", "-q", "--rate", rate, "--every", every,
+                                             "--profiles-dir", cap + ".profiles", "-o", cap, "--", py])
     return Config(name, lambda py, cap: [mprof, "record", "-q", "--rate", rate, "-o", cap, "--", py])
 
 
