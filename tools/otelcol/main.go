@@ -28,6 +28,7 @@ import (
 	"log"
 	"os"
 	"sync"
+	"time"
 
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/confmap"
@@ -45,6 +46,7 @@ import (
 )
 
 func main() {
+	go exitWithParent()
 	if err := featuregate.GlobalRegistry().Set("service.profilesSupport", true); err != nil {
 		log.Fatalf("otelcol: profiles feature gate: %v", err)
 	}
@@ -67,6 +69,19 @@ func main() {
 	}
 	if err := otelcol.NewCommand(settings).Execute(); err != nil {
 		log.Fatalf("otelcol: %v", err)
+	}
+}
+
+// exitWithParent ends the collector when the process that started it is gone (a test binary
+// killed before its guard could stop it): a test collector never outlives its test.
+func exitWithParent() {
+	parent := os.Getppid()
+	for {
+		time.Sleep(200 * time.Millisecond)
+		if os.Getppid() != parent {
+			log.Printf("otelcol: parent %d is gone: exiting", parent)
+			os.Exit(1)
+		}
 	}
 }
 
