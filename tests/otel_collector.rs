@@ -143,16 +143,34 @@ fn agent(limit: Duration) -> ureq::Agent {
         .into()
 }
 
-/// POSTs `request` to `url` as OTLP/HTTP protobuf; the collector's response, decoded.
-fn post(url: &str, request: &ExportProfilesServiceRequest) -> ExportProfilesServiceResponse {
-    let mut response = agent(Duration::from_secs(20))
+/// POSTs `request` to `url` as OTLP/HTTP protobuf, giving up after `limit`.
+fn send(
+    url: &str,
+    request: &ExportProfilesServiceRequest,
+    limit: Duration,
+) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
+    agent(limit)
         .post(url)
         .header("Content-Type", "application/x-protobuf")
         .send(&request.encode_to_vec()[..])
-        .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+}
+
+/// POSTs `request` to `url`; the collector's response, decoded.
+fn post(url: &str, request: &ExportProfilesServiceRequest) -> ExportProfilesServiceResponse {
+    let mut response =
+        send(url, request, Duration::from_secs(20)).unwrap_or_else(|e| panic!("POST {url}: {e}"));
     assert_eq!(response.status(), 200);
     let body = response.body_mut().read_to_vec().expect("response body");
     ExportProfilesServiceResponse::decode(&body[..]).expect("an ExportProfilesServiceResponse")
+}
+
+/// The collector for `test`, started; `None` in the fast tier, or after saying why it is
+/// skipped.
+fn collector(test: &str) -> Option<Collector> {
+    if common::tier::full_tier_only(test, CONSUMER) {
+        return None;
+    }
+    Collector::start(test)
 }
 
 /// The string at `index` of the string table.
@@ -254,11 +272,8 @@ fn assert_is_run(bytes: &[u8], run: i64, log: &str) {
 
 #[test]
 fn collector_receives_profiles_over_http_across_a_restart() {
-    let test = "collector_receives_profiles_over_http_across_a_restart";
-    if common::tier::full_tier_only(test, CONSUMER) {
-        return;
-    }
-    let Some(mut collector) = Collector::start(test) else {
+    let Some(mut collector) = collector("collector_receives_profiles_over_http_across_a_restart")
+    else {
         return;
     };
     let url = collector.profiles_url();
@@ -297,21 +312,13 @@ fn collector_receives_profiles_over_http_across_a_restart() {
 
 #[test]
 fn a_post_while_the_collector_is_down_fails_at_once() {
-    let test = "a_post_while_the_collector_is_down_fails_at_once";
-    if common::tier::full_tier_only(test, CONSUMER) {
-        return;
-    }
-    let Some(mut collector) = Collector::start(test) else {
+    let Some(mut collector) = collector("a_post_while_the_collector_is_down_fails_at_once") else {
         return;
     };
     let url = collector.profiles_url();
     collector.kill();
     let start = Instant::now();
-    let err = agent(Duration::from_secs(30))
-        .post(&url)
-        .header("Content-Type", "application/x-protobuf")
-        .send(&request(1).encode_to_vec()[..])
-        .expect_err("nothing listens");
+    let err = send(&url, &request(1), Duration::from_secs(30)).expect_err("nothing listens");
     let elapsed = start.elapsed();
     let refused = match &err {
         ureq::Error::Io(e) => e.kind() == std::io::ErrorKind::ConnectionRefused,
