@@ -12,7 +12,11 @@
 #     network. Made again when either requirements file changes;
 #   - the npm packages of tests/js, from their lockfile (`npm ci`), when npm is installed;
 #   - `go tool pprof`, which Go builds on its first call (seconds when idle, over 300 s on a
-#     loaded fresh machine: a test must not time out on it), when Go is installed.
+#     loaded fresh machine: a test must not time out on it), when Go is installed;
+#   - the OpenTelemetry Collector the OTLP tests send profiles to (tools/otelcol, Go modules
+#     pinned by its go.sum), built when Go is installed into the cache folder that
+#     tools/otelcol/path.sh names by the hash of its sources (2.5-3.5 minutes on a fresh,
+#     loaded 2-core machine: downloading the modules and compiling; nothing once built).
 # The Debian packages (tmux, gdb, chromium, node, npm, Go, script) are .ci/run's to install; a
 # tool missing here is said, and its tests print SKIPPED (a failure under MPROF_CI=1).
 set -euo pipefail
@@ -61,6 +65,18 @@ if [ -n "$go" ]; then
         echo "tools/test-deps.sh: \`go tool pprof\` does not run" >&2
         exit 1
     }
+    otelcol=$(tools/otelcol/path.sh)
+    if [ ! -x "$otelcol" ]; then
+        # Built beside its final name, then moved there: a binary at that path is whole.
+        mkdir -p "$(dirname "$otelcol")"
+        (cd tools/otelcol && "$go" build -mod=readonly -trimpath -ldflags="-s -w" \
+            -o "$otelcol.part" .) || {
+            echo "tools/test-deps.sh: the test collector (tools/otelcol) did not build with" \
+                "$("$go" version) (its go.mod names the Go it needs)" >&2
+            exit 1
+        }
+        mv "$otelcol.part" "$otelcol"
+    fi
 else
-    echo "tools/test-deps.sh: no Go: the go tool pprof tests will be skipped" >&2
+    echo "tools/test-deps.sh: no Go: the go tool pprof and OTLP collector tests will be skipped" >&2
 fi

@@ -6,6 +6,7 @@
 pub mod hostile;
 pub mod mixed;
 pub mod native;
+pub mod otelcol;
 pub mod procs;
 pub mod tier;
 pub mod tmux;
