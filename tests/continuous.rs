@@ -350,3 +350,163 @@ fn continuous_flags_without_a_destination_or_over_https_are_refused() {
         );
     }
 }
+
+/// Bytes in use at the leaking line in one interval's OTLP request, their standard error,
+/// the interval's start and length, and the request's resource attributes.
+struct OtlpInterval {
+    leaked: (f64, f64),
+    start_ns: u64,
+    duration_ns: u64,
+    resource: Vec<(String, String)>,
+}
+
+fn otlp_interval(batch: &[u8]) -> OtlpInterval {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    let request = common::otelcol::decode(batch);
+    let d = request.dictionary.as_ref().unwrap();
+    let s = |i: i32| d.string_table[i as usize].as_str();
+    let rp = &request.resource_profiles[0];
+    let resource = rp
+        .resource
+        .as_ref()
+        .unwrap()
+        .attributes
+        .iter()
+        .map(|kv| {
+            let key = if kv.key.is_empty() {
+                s(kv.key_strindex).to_owned()
+            } else {
+                kv.key.clone()
+            };
+            let value = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                Some(Value::StringValue(v)) => v.clone(),
+                Some(Value::StringValueStrindex(i)) => s(*i).to_owned(),
+                Some(Value::IntValue(n)) => n.to_string(),
+                other => format!("{other:?}"),
+            };
+            (key, value)
+        })
+        .collect();
+    let profiles = &rp.scope_profiles[0].profiles;
+    let types: Vec<&str> = profiles
+        .iter()
+        .map(|p| s(p.sample_type.as_ref().unwrap().type_strindex))
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "alloc_objects",
+            "alloc_space",
+            "inuse_objects",
+            "inuse_space"
+        ]
+    );
+    let inuse = &profiles[3];
+    let at_leak = |stack: i32| {
+        let stack = &d.stack_table[stack as usize];
+        stack.location_indices.first().is_some_and(|&l| {
+            d.location_table[l as usize].lines.iter().any(|line| {
+                line.line == LEAK_LINE
+                    && s(d.function_table[line.function_index as usize].name_strindex) == "handle"
+            })
+        })
+    };
+    let (mut bytes, mut variance) = (0.0, 0.0);
+    for sample in inuse.samples.iter().filter(|x| at_leak(x.stack_index)) {
+        bytes += sample.values[0] as f64;
+        for &a in &sample.attribute_indices {
+            let a = &d.attribute_table[a as usize];
+            if s(a.key_strindex) == "mprof.stderr" {
+                if let Some(Value::IntValue(se)) = a.value.as_ref().and_then(|v| v.value.as_ref()) {
+                    variance += (*se as f64).powi(2);
+                }
+            }
+        }
+    }
+    OtlpInterval {
+        leaked: (bytes, variance.sqrt()),
+        start_ns: inuse.time_unix_nano,
+        duration_ns: inuse.duration_nano,
+        resource,
+    }
+}
+
+#[test]
+fn a_collector_gets_every_interval_of_a_leaking_server_even_across_its_restart() {
+    let test = "a_collector_gets_every_interval_of_a_leaking_server_even_across_its_restart";
+    if common::tier::full_tier_only(test, "a real OpenTelemetry Collector, 25 s") {
+        return;
+    }
+    let Some(mut collector) = common::otelcol::Collector::start(test) else {
+        return;
+    };
+    let py = main_python(&pythons());
+    let (mut target, port) = server(&py.path);
+    let dir = common::tempdir();
+    let mut attach = common::procs::Attach::start(
+        target.pid,
+        &[
+            "--rate",
+            "64KiB",
+            "--every",
+            "2s",
+            "--otlp",
+            &collector.http_endpoint(),
+            "--service-name",
+            "leaky",
+            "-o",
+            dir.path().join("c.mprof").to_str().unwrap(),
+        ],
+    );
+    attach.attached();
+    let load = Load::start(port);
+    // 20 s of intervals; the collector is down for 5 of them (two or three intervals wait).
+    std::thread::sleep(Duration::from_secs(8));
+    collector.kill();
+    std::thread::sleep(Duration::from_secs(5));
+    collector.restart();
+    std::thread::sleep(Duration::from_secs(7));
+    let (sent, failed, slowest) = load.finish();
+    let err = attach.detach();
+    assert_eq!(failed, 0, "{sent} requests");
+    assert!(
+        slowest < Duration::from_secs(2),
+        "an answer took {slowest:?}"
+    );
+    assert!(target.alive(), "the server died: {err}");
+    assert!(err.contains("takes profiles again"), "{err}");
+    let batches = collector.wait_received(10, Duration::from_secs(10));
+    let mut intervals: Vec<OtlpInterval> = batches.iter().map(|b| otlp_interval(b)).collect();
+    intervals.sort_by_key(|i| i.start_ns);
+    // A request the collector wrote just before it was killed may come again.
+    intervals.dedup_by_key(|i| i.start_ns);
+    assert!(intervals.len() >= 8, "{} intervals: {err}", intervals.len());
+    // None lost in the outage: each starts where the one before ended.
+    for w in intervals.windows(2) {
+        let gap = w[1].start_ns as i64 - (w[0].start_ns + w[0].duration_ns) as i64;
+        assert!(
+            gap.abs() < 50_000_000,
+            "a gap of {gap} ns between intervals"
+        );
+    }
+    for i in &intervals {
+        let has = |k: &str, v: &str| i.resource.iter().any(|(a, b)| a == k && b == v);
+        assert!(has("service.name", "leaky"), "{:?}", i.resource);
+        assert!(
+            has("process.pid", &target.pid.to_string()),
+            "{:?}",
+            i.resource
+        );
+        assert!(has("process.runtime.name", "cpython"), "{:?}", i.resource);
+    }
+    let series: Vec<(f64, f64)> = intervals.iter().map(|i| i.leaked).collect();
+    eprintln!("OTLP: in use at the leak, interval by interval: {series:?}");
+    // The server kept 20,000 bytes a request, and the last interval ends after the last one
+    // (its requests before the attach are not seen: the first interval starts at the attach).
+    let before: f64 = get(port)
+        .and_then(|body| body.lines().last()?.split_whitespace().next()?.parse().ok())
+        .map(|kept: f64| (kept - 1.0 - sent as f64) * 20_000.0)
+        .unwrap();
+    assert_eq!(before, 0.0, "requests before the attach");
+    grows(&series, sent as f64 * 20_000.0);
+}
