@@ -324,7 +324,7 @@ fn a_capture_of_the_format_before_frames_reads_as_it_did() {
 /// The format version in the header: 0 (never written) and a file that is not a capture are
 /// refused with one line; a newer version is read with a one-line warning, the records this
 /// mprof knows read as they are, and a frame compressed in a way it does not know is skipped
-/// with a warning that says so.
+/// with a warning that says so; one of which nothing is readable is refused.
 #[test]
 fn a_capture_of_another_format_version_is_refused_or_read_with_a_warning() {
     let dir = common::tempdir();
@@ -377,7 +377,7 @@ fn a_capture_of_another_format_version_is_refused_or_read_with_a_warning() {
     bytes.extend(frame_of(&records));
     let mut later = frame_of(&encode_brief(0x2000, 32, 1, brief_aux(1, 0).unwrap()));
     later[6..8].copy_from_slice(&9u16.to_le_bytes());
-    bytes.extend(later);
+    bytes.extend(&later);
     let got = report("codec.mprof", &bytes);
     let err = String::from_utf8_lossy(&got.stderr);
     assert!(got.status.success(), "{err}");
@@ -387,4 +387,18 @@ fn a_capture_of_another_format_version_is_refused_or_read_with_a_warning() {
     );
     let json: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
     assert_eq!(json["samples"], 1);
+    // A newer mprof's capture of which nothing is readable here (every frame in its codec)
+    // is refused, not shown as an empty profile.
+    let mut bytes = header();
+    bytes[8..12].copy_from_slice(&99u32.to_le_bytes());
+    bytes.extend(&later);
+    bytes.extend(&later);
+    let got = report("unreadable.mprof", &bytes);
+    let err = String::from_utf8_lossy(&got.stderr);
+    assert_eq!(got.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("a newer mprof wrote it (capture format 99; this one reads up to 5)"),
+        "{err}"
+    );
 }

@@ -54,6 +54,8 @@ pub enum LoadError {
     LiveUndeclared { declared: u32 },
     /// The file changed while it was read.
     Changed,
+    /// A newer mprof wrote it, and nothing in it is of a kind this one reads.
+    Newer { format: u32, unreadable: u64 },
 }
 
 impl fmt::Display for LoadError {
@@ -80,6 +82,11 @@ impl fmt::Display for LoadError {
                 memory >> 20,
                 MEMORY_CEILING >> 20,
                 build::MEMORY_ENV
+            ),
+            LoadError::Newer { format, unreadable } => write!(
+                f,
+                "a newer mprof wrote it (capture format {format}; this one reads up to {}) and                  none of its {unreadable} records is of a kind this one reads: read it with                  that newer mprof",
+                crate::capture::file::FORMAT_VERSION
             ),
             LoadError::LiveUndeclared { declared } => write!(
                 f,
@@ -277,6 +284,18 @@ impl Profile {
             return Err(anyhow::Error::new(LoadError::Changed).context(context()));
         }
         let mut profile = builder.finish();
+        if let Some(p) = passes
+            .first()
+            .filter(|p| p.unreadable > 0 && profile.samples == 0)
+        {
+            if let Some(format) = p.newer {
+                let e = LoadError::Newer {
+                    format,
+                    unreadable: p.unreadable,
+                };
+                return Err(anyhow::Error::new(e).context(context()));
+            }
+        }
         let mut passes = passes.into_iter().map(|p| p.warning);
         profile.damaged = passes.next().flatten();
         profile.followed = set.followed;

@@ -148,9 +148,12 @@ impl CaptureFile {
             .map_err(|_| anyhow::anyhow!("missing the MPROFCAP header"))
             .with_context(context)?;
         let warning = check_header(&header).with_context(context)?;
+        let version = super::format::header_version(&header);
         let pass = Pass {
             warning,
             changed: false,
+            newer: (version > FORMAT_VERSION).then_some(version),
+            unreadable: 0,
         };
         Ok(Records::new(input, self.size, pass))
     }

@@ -41,6 +41,15 @@ pub struct Pass {
     /// The file became shorter than it was when opened, while it was read: it was rewritten
     /// in place, and what was read may mix two files.
     pub changed: bool,
+    /// The capture's format, when a newer mprof wrote it.
+    pub newer: Option<u32>,
+    /// Records (and frames) of kinds this reader does not know, skipped.
+    pub unreadable: u64,
+}
+
+/// The format version of a header [`check_header`] accepted.
+pub(super) fn header_version(bytes: &[u8]) -> u32 {
+    u32::from_le_bytes(bytes[8..12].try_into().unwrap())
 }
 
 /// Checks the 16-byte file header; returns a warning for a newer format.

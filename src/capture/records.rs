@@ -275,6 +275,7 @@ impl<'a> Records<'a> {
     /// be resolved).
     pub fn finish(self) -> Pass {
         let mut pass = self.pass;
+        pass.unreadable += self.unknown_codecs;
         let mut notes: Vec<String> = self.unresolved.warning().into_iter().collect();
         if self.unknown_codecs > 0 {
             notes.push(format!(
@@ -473,7 +474,10 @@ impl<'a> Records<'a> {
             KIND_SPAWN => self.stacks.spawn(&bytes[..len]),
             _ => {
                 return match record::decode(bytes) {
-                    Ok((Record::Unknown { .. }, _)) => Ok(None),
+                    Ok((Record::Unknown { .. }, _)) => {
+                        self.pass.unreadable += 1;
+                        Ok(None)
+                    }
                     Ok((r, _)) => Ok(Some(Event::Record(Box::new(r)))),
                     Err(e) => {
                         self.damaged(&e, origin);
