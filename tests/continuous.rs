@@ -510,3 +510,70 @@ fn a_collector_gets_every_interval_of_a_leaking_server_even_across_its_restart()
     assert_eq!(before, 0.0, "requests before the attach");
     grows(&series, sent as f64 * 20_000.0);
 }
+
+#[test]
+fn a_pre_fork_servers_workers_are_in_every_interval_with_their_pids() {
+    let py = main_python(&pythons());
+    let dir = common::tempdir();
+    let stop = dir.path().join("STOP");
+    let profiles = dir.path().join("p");
+    let stopper = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(4));
+            std::fs::write(stop, b"").unwrap();
+        })
+    };
+    let out = run_with_timeout(
+        mprof()
+            .args([
+                "record",
+                "-q",
+                "--follow-children",
+                "--rate",
+                "64KiB",
+                "--every",
+                "1s",
+            ])
+            .arg("--profiles-dir")
+            .arg(&profiles)
+            .arg("-o")
+            .arg(dir.path().join("c.mprof"))
+            .arg("--")
+            .arg(&py.path)
+            .arg(script("prefork_server.py"))
+            .arg(&stop),
+        LIMIT,
+    );
+    stopper.join().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    // The master says "ready PID"; the workers' own lines may interleave.
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    let master: i64 = said
+        .lines()
+        .find_map(|l| l.strip_prefix("ready ")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    let files = rolling_files(&profiles);
+    assert!(files.len() >= 3, "{files:?}\n{err}");
+    // Every whole interval (the last may be a moment after the workers ended) has samples of
+    // both workers, labelled with their pids.
+    for f in &files[..files.len() - 1] {
+        let p = decode(&std::fs::read(f).unwrap()).unwrap();
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        let pids: std::collections::BTreeSet<i64> = p
+            .sample
+            .iter()
+            .flat_map(|x| x.label.iter())
+            .filter(|l| s(l.key) == "pid")
+            .map(|l| l.num)
+            .collect();
+        let workers = pids.iter().filter(|&&p| p != master).count();
+        assert_eq!(
+            workers,
+            2,
+            "{}: pids {pids:?}, master {master}",
+            f.display()
+        );
+    }
+}
