@@ -11,7 +11,7 @@ pub mod pprof;
 pub mod speedscope;
 
 use crate::analysis::allocators::Allocators;
-use crate::analysis::profile::{Profile, View};
+use crate::analysis::profile::{Profile, Source, View};
 use crate::views::formats::{check_output, hint, write_file, Format};
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
@@ -84,8 +84,7 @@ pub fn run(
         None => beside(input, format),
     };
     check_output(&output, format)?;
-    let set = crate::capture::processes::CaptureSet::open(input, pick)?;
-    let mut p = Profile::load_set(&set)?;
+    let mut p = Source::open(input, pick)?.load()?;
     p.select(options.allocators);
     let bytes = exporter.export(&p, options)?;
     write_file(&output, format.label(), &bytes)
