@@ -289,4 +289,65 @@ mod tests {
         assert_eq!(half.totals().allocated.bytes, 2.0 * 5.0 * mib);
         assert_eq!(half.totals().live.bytes, 4.0 * mib);
     }
+
+    /// Mutated interval files (bytes flipped, cut, repeated, in the protobuf before gzip)
+    /// give a profile that every view renders, or a warning, never a panic.
+    #[test]
+    fn mutated_interval_files_are_read_or_skipped() {
+        use crate::analysis::grouping::Grouping;
+        use crate::analysis::profile::View;
+        use crate::views::{diff, flamegraph, report};
+        let raw = interval(3).pprof_message().encode_to_vec();
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n.max(1) as u64) as usize
+        };
+        let (mut read, mut skipped) = (0, 0);
+        for round in 0..400 {
+            let mut bytes = raw.clone();
+            for _ in 0..1 + next(4) {
+                let at = next(bytes.len());
+                match next(4) {
+                    0 => bytes[at] ^= 1 << next(8),
+                    1 => bytes[at] = [0, 0x7f, 0x80, 0xff][next(4)],
+                    2 => bytes.truncate(at),
+                    _ => {
+                        let end = (at + 1 + next(16)).min(bytes.len());
+                        let piece = bytes[at..end].to_vec();
+                        bytes.splice(at..at, piece);
+                    }
+                }
+                if bytes.is_empty() {
+                    bytes.push(0);
+                }
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let good = interval(1);
+            let name = file_name(good.start_unix_ns / 1_000_000, 900, 1);
+            std::fs::write(dir.path().join(name), good.pprof().unwrap()).unwrap();
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            gz.write_all(&bytes).unwrap();
+            let name = file_name(1_900_000_000_000, 900, 2 + round);
+            std::fs::write(dir.path().join(name), gz.finish().unwrap()).unwrap();
+            let (p, warnings) = Profile::read(dir.path()).unwrap();
+            match warnings.iter().any(|w| w.starts_with("skipping")) {
+                true => skipped += 1,
+                false => read += 1,
+            }
+            for w in &warnings {
+                assert!(!w.contains('\n'), "{w}");
+            }
+            for view in View::ALL {
+                report::render(&p, view, Grouping::YourCode, 20, false).unwrap();
+                report::render(&p, view, Grouping::Stack, 0, true).unwrap();
+            }
+            let settings = flamegraph::Settings::of(View::Live);
+            flamegraph::svg(&p, &settings, Some(&p)).unwrap();
+            diff::text(&p, &p, View::Live, Grouping::Line, 20);
+        }
+        assert!(read > 0 && skipped > 0, "{read} read, {skipped} skipped");
+    }
 }
