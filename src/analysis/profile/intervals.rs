@@ -15,8 +15,9 @@
 //! `s` bytes adds `(1 − p)·w² ≤ rate·w`). The samples behind an estimate are not in the files:
 //! they are derived as `min(objects, bytes² / variance)` at least 1, which is exact at `--rate
 //! 1` and close for blocks much smaller than the rate (each sample then stands for about
-//! `rate` bytes and adds `rate²` to the variance), and overstates blocks near the rate by up
-//! to about 2.7×. Threads' names come from the `thread_name` label, the allocator from the
+//! `rate` bytes and adds `rate²` to the variance) or much larger (each is about one object);
+//! for blocks of `s` bytes it is `min(e^(s/rate), 1/(1 − e^(−s/rate)))` times the samples, at
+//! most 2 (at `s = rate·ln 2`). Threads' names come from the `thread_name` label, the allocator from the
 //! `allocator` label (`python` when it has none), the metadata from the comments (`key=value`:
 //! the resource, `mprof.interval`, `mprof.dropped`), the rate from the `period`. Native frames
 //! come back as plain frames: the files do not say which frames are native.

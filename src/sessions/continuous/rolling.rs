@@ -41,7 +41,7 @@ impl Rolling {
             .filter_map(|e| {
                 let name = e.file_name().into_string().ok()?;
                 let meta = e.metadata().ok()?;
-                (is_ours(&name) && meta.is_file()).then(|| (name, meta.len()))
+                (is_ours(&name) && meta.is_file()).then_some((name, meta.len()))
             })
             .collect();
         files.sort();
