@@ -126,74 +126,39 @@ pub(super) fn read(
         );
     }
     let mut reader = Reader::new(pick);
-    let mut skipped = Vec::new();
-    // The end of the last interval, for a range counted from it: its file is read first.
-    let mut last = None;
-    let mut end_ns = start_of(&listing.files[listing.files.len() - 1].1, None);
-    if range.is_some_and(Range::needs_end) {
-        let i = listing.files.len() - 1;
-        match reader.decode(listing, i) {
-            Ok(m) => {
-                end_ns = end_of(&listing.files[i].1, &m);
-                last = Some(m);
-            }
-            Err(e) => skipped.push((i, e)),
-        }
-    }
-    let starts: Vec<u64> = listing
-        .files
-        .iter()
-        .map(|(_, n)| start_of(n, None))
-        .collect();
-    let selected = match range {
-        Some(r) => r.select(&starts, end_ns),
-        None => 0..listing.files.len(),
-    };
-    if selected.is_empty() {
-        let last = starts[starts.len() - 1].saturating_sub(starts[0]) as f64 / 1e9;
-        bail!(
-            "{path}@{}: the range selects none of its {} interval(s), which start from 0 s to \
-             {last:.1} s",
-            range.map_or("", |r| r.text.as_str()),
-            listing.files.len()
-        );
-    }
-    for i in selected.clone() {
-        let message = match last.take() {
-            Some(m) if i + 1 == listing.files.len() => Ok(m),
-            kept => {
-                last = kept;
-                if skipped.iter().any(|(s, _)| *s == i) {
-                    continue;
-                }
-                reader.decode(listing, i)
-            }
+    let mut selection = Selection::of(listing, range, &reader)?;
+    for i in selection.indices.clone() {
+        let message = match selection.take(i) {
+            Some(Ok(m)) => Ok(m),
+            Some(Err(())) => continue,
+            None => reader.decode(listing, i),
         };
-        let added = message.and_then(|m| reader.add(&listing.files[i].1, &m));
-        match added {
+        match message.and_then(|m| reader.add(&listing.files[i].1, &m)) {
             Ok(()) => reader.check_memory()?,
-            Err(e) => skipped.push((i, e)),
+            Err(e) => selection.skipped.push((i, e)),
         }
     }
     let name = |i: usize| listing.files[i].0.as_str();
     if reader.intervals == 0 {
-        let (i, e) = &skipped[0];
-        bail!(
-            "{path}: no interval profile could be read: {}: {e:#}",
-            name(*i)
-        );
+        if let Some((i, e)) = selection.skipped.first() {
+            bail!(
+                "{path}: no interval profile could be read: {}: {e:#}",
+                name(*i)
+            );
+        }
     }
     if let Pick::Pid(pid) = pick {
-        if reader.kept_samples == 0 && !reader.pids_seen.contains(&pid) {
+        if reader.intervals == 0 {
             let seen: Vec<String> = reader.pids_seen.iter().map(u32::to_string).collect();
             bail!(
-                "PID {pid} is not among the processes of {path}: {}",
+                "PID {pid} is not among the processes of {path}{}: {}",
+                range.map_or(String::new(), |r| format!("@{}", r.text)),
                 seen.join(", ")
             );
         }
     }
     let mut warnings = listing.warnings.clone();
-    skipped.retain(|(i, _)| selected.contains(i));
+    let skipped = &selection.skipped;
     for (i, e) in skipped.iter().take(MAX_SKIPPED_LINES) {
         warnings.push(format!("skipping {}: {e:#}", name(*i)));
     }
@@ -206,14 +171,14 @@ pub(super) fn read(
     // Offsets are counted from the first interval listed (for one file not named as the
     // directory's are, from its own start).
     let first_ns = match listing.files[0].1 {
-        Some(_) => starts[0],
+        Some(n) => n.start_ns(),
         None => reader.first_ns.unwrap_or(0),
     };
     let from = FromIntervals {
         path: listing.path.clone(),
         range: range.map(|r| r.text.clone()),
         read: reader.intervals,
-        selected: selected.len(),
+        selected: selection.indices.len(),
         listed: listing.files.len(),
         from_seconds: reader.first_ns.unwrap_or(first_ns).saturating_sub(first_ns) as f64 / 1e9,
         to_seconds: reader.last_end_ns.saturating_sub(first_ns) as f64 / 1e9,
@@ -224,6 +189,68 @@ pub(super) fn read(
     profile.intervals = Some(from);
     let warnings = profile.warnings();
     Ok((profile, warnings))
+}
+
+/// The files a range selects.
+struct Selection {
+    indices: std::ops::Range<usize>,
+    /// The last file, when it was read first (a range counted back from its end), as read.
+    last: Option<(usize, Result<PprofProfile, ()>)>,
+    /// The files skipped, and why.
+    skipped: Vec<(usize, anyhow::Error)>,
+}
+
+impl Selection {
+    /// The files of `listing` that `range` selects, in time order: those that start in it
+    /// (by their names' times); a range that selects none is an error.
+    fn of(listing: &Listing, range: Option<&Range>, reader: &Reader) -> Result<Selection> {
+        let n = listing.files.len();
+        let mut selection = Selection {
+            indices: 0..n,
+            last: None,
+            skipped: Vec::new(),
+        };
+        let Some(range) = range else {
+            return Ok(selection);
+        };
+        let starts: Vec<u64> = listing
+            .files
+            .iter()
+            .map(|(_, name)| start_of(name, None))
+            .collect();
+        let mut end_ns = starts[n - 1];
+        if range.needs_end() {
+            let last = reader.decode(listing, n - 1);
+            if let Ok(m) = &last {
+                end_ns = end_of(&listing.files[n - 1].1, m);
+            }
+            selection.last = Some((n - 1, last.map_err(|e| selection.skipped.push((n - 1, e)))));
+        }
+        selection.indices = range.select(&starts, end_ns);
+        if selection.indices.is_empty() {
+            let last = starts[n - 1].saturating_sub(starts[0]) as f64 / 1e9;
+            bail!(
+                "{}@{}: the range selects none of its {n} interval(s), which start from 0 s \
+                 to {last:.1} s",
+                listing.path.display(),
+                range.text
+            );
+        }
+        let indices = selection.indices.clone();
+        selection.skipped.retain(|(i, _)| indices.contains(i));
+        Ok(selection)
+    }
+
+    /// File `i`'s message if it was read already (`Err(())`: it could not be).
+    fn take(&mut self, i: usize) -> Option<Result<PprofProfile, ()>> {
+        match self.last.take() {
+            Some((at, m)) if at == i => Some(m),
+            other => {
+                self.last = other;
+                None
+            }
+        }
+    }
 }
 
 /// When an interval started: its file name's time, else its message's.
@@ -280,7 +307,6 @@ struct Reader {
     /// Per process: allocated, live in the last interval, highest live.
     processes: BTreeMap<u32, (Estimate, Estimate, f64)>,
     pids_seen: BTreeSet<u32>,
-    kept_samples: u64,
     /// Per session (file name's pid): the agent's drops so far, as its last interval says.
     dropped: BTreeMap<u32, u64>,
     intervals: usize,
@@ -311,7 +337,6 @@ impl Reader {
             stderr_known: true,
             processes: BTreeMap::new(),
             pids_seen: BTreeSet::new(),
-            kept_samples: 0,
             dropped: BTreeMap::new(),
             intervals: 0,
             first_ns: None,
@@ -360,6 +385,10 @@ impl Reader {
         let (comments, file_pid) = self.comments(m, &strings, name)?;
         let rate = u64::try_from(m.period).ok().filter(|&r| r > 0);
         let entries = self.entries(m, &strings, &columns, file_pid, rate.unwrap_or(1))?;
+        if matches!(self.pick, Pick::Pid(_)) && entries.is_empty() {
+            // Not the picked process's: its live blocks are in the intervals that hold it.
+            return Ok(());
+        }
         // The interval is sound: it counts.
         merge_meta(
             &mut self.meta,
@@ -460,7 +489,6 @@ impl Reader {
                 figures,
             });
         }
-        self.kept_samples += entries.len() as u64;
         Ok(entries)
     }
 

@@ -90,8 +90,11 @@ pub fn run(
     write_file(&output, format.label(), &bytes)
 }
 
-/// `input` with its extension replaced by the format's (`app.mprof` → `app.pb.gz`).
+/// `input` with its extension replaced by the format's (`app.mprof` → `app.pb.gz`); for a
+/// time range of a directory of interval profiles (`DIR@..1h`), beside the directory.
 fn beside(input: &Path, format: Format) -> PathBuf {
+    let spec = crate::capture::rolling::Spec::of(input).ok().flatten();
+    let input = spec.as_ref().map_or(input, |s| s.path.as_path());
     let stem = input.file_stem().unwrap_or_default().to_string_lossy();
     let name = format!("{stem}{}", format.extensions()[0]);
     input.with_file_name(name)

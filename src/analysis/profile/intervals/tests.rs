@@ -17,8 +17,14 @@ struct Site<'a> {
     live: (i64, i64, i64),
 }
 
-/// A message as `--every` writes it: the four heap types, the labels, the resource.
+/// A message as `--every` writes it for process 42: the four heap types, the labels, the
+/// resource.
 fn message(start_ms: i64, rate: i64, sites: &[Site]) -> PprofProfile {
+    message_of(42, start_ms, rate, sites)
+}
+
+/// [`message`] of process `pid`.
+fn message_of(pid: i64, start_ms: i64, rate: i64, sites: &[Site]) -> PprofProfile {
     let mut strings = vec![String::new()];
     let mut id = |s: &str| -> i64 {
         match strings.iter().position(|x| x == s) {
@@ -73,7 +79,7 @@ fn message(start_ms: i64, rate: i64, sites: &[Site]) -> PprofProfile {
             value: vec![site.alloc.0, site.alloc.1, site.live.0, site.live.1],
             label: vec![
                 num(id("thread"), site.tid),
-                num(id("pid"), 42),
+                num(id("pid"), pid),
                 Label {
                     key: id("allocator"),
                     str: id("python"),
@@ -84,9 +90,10 @@ fn message(start_ms: i64, rate: i64, sites: &[Site]) -> PprofProfile {
             ],
         });
     }
+    let process = format!("process.pid={pid}");
     let comment = vec![
         id("service.name=shop"),
-        id("process.pid=42"),
+        id(&process),
         id("process.runtime.version=3.11.7"),
         id("mprof.dropped=3"),
     ];
@@ -242,6 +249,29 @@ fn one_process_is_picked_by_its_pid() {
     three(dir.path());
     let d = dir.path().display().to_string();
     assert!(read_path(&d, Pick::Pid(42)).is_ok());
+    // Another service writing into the same directory at the same time, its intervals
+    // between 42's: its own live heap when picked, and 42's untouched by it.
+    for seq in 1..=3u64 {
+        let site = Site {
+            frames: TEMP,
+            tid: 9,
+            alloc: (1, 1000, 0),
+            live: (seq as i64, seq as i64 * 1000, 0),
+        };
+        let start = 1_000_000 + (seq - 1) * 10_000 + 5_000;
+        let m = message_of(43, start as i64, 65536, &[site]);
+        let name = file_name(start, 43, seq);
+        std::fs::write(dir.path().join(name), gzip(&m.encode_to_vec())).unwrap();
+    }
+    let (p42, _) = read_path(&d, Pick::Pid(42)).unwrap();
+    assert_eq!(p42.totals().live.bytes, 300.0);
+    assert_eq!(p42.intervals.as_ref().unwrap().read, 3);
+    let (p43, _) = read_path(&d, Pick::Pid(43)).unwrap();
+    assert_eq!(p43.totals().live.bytes, 3000.0);
+    assert_eq!(p43.totals().allocated.bytes, 3000.0);
+    let (all, _) = read_path(&d, Pick::All).unwrap();
+    assert_eq!(all.totals().allocated.bytes, 3000.0 + 800.0);
+    assert_eq!(all.processes.len(), 2);
     let e = error_of(&d, Pick::Pid(7));
     assert!(
         e.contains("PID 7 is not among the processes") && e.contains("42"),
