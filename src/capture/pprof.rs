@@ -6,10 +6,11 @@
 //! The messages live in the capture stage because mprof reads them back as it reads its own
 //! captures; what to write in them is `crate::views::export::pprof`'s.
 //!
-//! A file to read is untrusted: it is unpacked to at most [`MAX_DECODED`] bytes, and before
-//! the message is built, its wire form is walked to count what building it would take in
-//! memory ([`parsed_size`]); a message that would take more than the caller allows is
-//! refused, not built (a sample can take 36 times its few bytes on the wire once built).
+//! A file to read is untrusted: it is unpacked to at most [`MAX_DECODED`] bytes (and no more
+//! than the caller allows), and before the message is built, its wire form is walked to count
+//! what building it would take in memory ([`parsed_size`]); a message that would take more
+//! than the caller allows is refused, not built (a sample can take 36 times its few bytes on
+//! the wire once built).
 
 use anyhow::{bail, Result};
 use prost::Message;
@@ -110,48 +111,50 @@ pub struct Function {
 
 /// The largest pprof message [`decode`] unpacks: a file claiming more is refused, not read.
 pub const MAX_DECODED: u64 = 256 << 20;
-/// What [`decode`] lets a message take in memory once built ([`parsed_size`]).
-pub const MAX_PARSED: u64 = 1 << 30;
+/// What [`decode`] lets a message take in memory: unpacked, then built ([`parsed_size`]).
+pub const MAX_MEMORY: u64 = 1 << 30;
 
 /// A pprof file's message (gzipped or not), as far as mprof writes its fields; a file that is
-/// not one, that unpacks to more than [`MAX_DECODED`], or whose message would take more than
-/// [`MAX_PARSED`] bytes built, is an error.
+/// not one, that unpacks to more than [`MAX_DECODED`], or that would take more than
+/// [`MAX_MEMORY`] bytes unpacked and built, is an error.
 pub fn decode(bytes: &[u8]) -> Result<PprofProfile> {
-    decode_within(bytes, MAX_PARSED)
+    decode_within(bytes, MAX_MEMORY)
 }
 
-/// [`decode`], the built message allowed `max_parsed` bytes of memory.
-pub fn decode_within(bytes: &[u8], max_parsed: u64) -> Result<PprofProfile> {
-    let raw = unpack(bytes)?;
+/// [`decode`] within `max_memory` bytes: the unpacked bytes and the built message together.
+pub fn decode_within(bytes: &[u8], max_memory: u64) -> Result<PprofProfile> {
+    let raw = unpack(bytes, max_memory.min(MAX_DECODED))?;
     let Some(parsed) = parsed_size(&raw) else {
         bail!("not a pprof profile: its protobuf encoding is malformed");
     };
-    if parsed > max_parsed {
+    let memory = parsed.saturating_add(raw.len() as u64);
+    if memory > max_memory {
         bail!(
             "its {} bytes of profile would take {} MiB of memory once read, more than the {} \
              MiB allowed: it may be corrupt or crafted",
             raw.len(),
-            parsed >> 20,
-            max_parsed >> 20
+            memory >> 20,
+            max_memory >> 20
         );
     }
     PprofProfile::decode(raw.as_slice()).map_err(|e| anyhow::anyhow!("not a pprof profile: {e}"))
 }
 
-/// The protobuf bytes of a file: unzipped when it is gzipped (to at most [`MAX_DECODED`]).
-fn unpack(bytes: &[u8]) -> Result<Vec<u8>> {
+/// The protobuf bytes of a file: unzipped when it is gzipped; more than `max` bytes is an
+/// error.
+fn unpack(bytes: &[u8], max: u64) -> Result<Vec<u8>> {
     if !bytes.starts_with(&[0x1f, 0x8b]) {
-        if bytes.len() as u64 > MAX_DECODED {
-            bail!("a pprof file larger than {MAX_DECODED} bytes");
+        if bytes.len() as u64 > max {
+            bail!("a pprof file larger than {} MiB", max >> 20);
         }
         return Ok(bytes.to_vec());
     }
     let mut out = Vec::new();
-    let mut gz = flate2::read::GzDecoder::new(bytes).take(MAX_DECODED + 1);
+    let mut gz = flate2::read::GzDecoder::new(bytes).take(max + 1);
     gz.read_to_end(&mut out)
         .map_err(|e| anyhow::anyhow!("not a gzipped pprof file: {e}"))?;
-    if out.len() as u64 > MAX_DECODED {
-        bail!("a pprof file larger than {MAX_DECODED} bytes unpacked");
+    if out.len() as u64 > max {
+        bail!("a pprof file larger than {} MiB unpacked", max >> 20);
     }
     Ok(out)
 }
@@ -341,8 +344,12 @@ mod tests {
         }
         assert!(parsed_size(&[0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f]).is_none());
         assert!(parsed_size(&[0x0b]).is_none(), "wire type 3 (groups)");
-        let e = decode_within(&raw, 64).unwrap_err().to_string();
+        let e = decode_within(&raw, 2 * at_least as u64)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("more than the 0 MiB allowed"), "{e}");
+        let e = decode_within(&raw, 16).unwrap_err().to_string();
+        assert!(e.contains("larger than 0 MiB"), "{e}");
         // Many empty samples: two bytes each on the wire, counted at their built size.
         let crowd: Vec<u8> = [0x12, 0x00].repeat(1000);
         assert!(parsed_size(&crowd).unwrap() >= 1000 * size_of::<Sample>() as u64);
