@@ -121,8 +121,8 @@ pub(super) fn read(
     let path = listing.path.display().to_string();
     if listing.files.is_empty() {
         bail!(
-            "{path} holds no interval profiles (files named mprof-<unix ms>-<pid>-<n>.pb.gz, \
-             written by --every --profiles-dir)"
+            "{path} is a directory, not a capture file, and holds no interval profiles (files \
+             named mprof-<unix ms>-<pid>-<n>.pb.gz, written by --every --profiles-dir)"
         );
     }
     let mut reader = Reader::new(pick);
@@ -315,6 +315,8 @@ struct Reader {
     series: Option<Recorded>,
     /// Per stack: its live bytes in the series' last point.
     series_bytes: FastMap<u32, (u32, f64)>,
+    /// The stacks whose live bytes were not 0 at the series' last point.
+    series_live: Vec<u32>,
     memory_base: isize,
     memory_limit: u64,
 }
@@ -343,6 +345,7 @@ impl Reader {
             last_end_ns: 0,
             series: Some(Recorded::default()),
             series_bytes: FastMap::default(),
+            series_live: Vec::new(),
             memory_base: crate::base::memory::in_use(),
             memory_limit: MEMORY_LIMIT.max(allowed_by_user()),
         }
@@ -578,10 +581,13 @@ impl Reader {
         for e in entries {
             *now.entry(e.stack).or_default() += e.figures.live.bytes;
         }
-        for (stack, (line, bytes)) in self.series_bytes.iter_mut() {
-            if !now.contains_key(stack) && *bytes != 0.0 {
-                *bytes = 0.0;
-                series.log.push((point, *line, 0.0));
+        // The stacks live at the point before and not now: gone to 0.
+        for stack in std::mem::take(&mut self.series_live) {
+            if !now.contains_key(&stack) {
+                if let Some((line, bytes)) = self.series_bytes.get_mut(&stack) {
+                    *bytes = 0.0;
+                    series.log.push((point, *line, 0.0));
+                }
             }
         }
         for (stack, bytes) in now {
@@ -593,6 +599,9 @@ impl Reader {
             if *was != bytes {
                 *was = bytes;
                 series.log.push((point, *line, bytes));
+            }
+            if bytes != 0.0 {
+                self.series_live.push(stack);
             }
         }
         if series.log.len() > MAX_LOG {

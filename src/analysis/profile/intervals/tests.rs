@@ -216,6 +216,20 @@ fn allocated_adds_up_live_is_the_last_and_peak_the_highest_interval() {
     let series = p.series().unwrap();
     let heaps: Vec<f64> = series.points.iter().map(|pt| pt.heap).collect();
     assert_eq!(heaps, [100.0, 700.0, 300.0]);
+    // `temp` went back to 0 at the third point; `leak` changed at every point.
+    let line_of = |f: &str| {
+        let at = series
+            .lines
+            .iter()
+            .position(|&st| p.innermost(st).function == f);
+        at.unwrap() as u32
+    };
+    let log = |line: u32| -> Vec<(u32, f64)> {
+        let entries = series.log.iter().filter(|e| e.1 == line);
+        entries.map(|&(pt, _, b)| (pt, b)).collect()
+    };
+    assert_eq!(log(line_of("temp")), [(1, 500.0), (2, 0.0)]);
+    assert_eq!(log(line_of("leak")), [(0, 100.0), (1, 200.0), (2, 300.0)]);
     // The stacks are whole: leak under <module>.
     let stack = p.sites().iter().find(|(k, _)| k.1 == 7).unwrap().0 .0;
     let frames: Vec<_> = p.frames(stack).map(|l| (l.function, l.line)).collect();
