@@ -280,11 +280,12 @@ struct Columns {
 }
 
 /// One sample of an interval, read.
-struct Entry {
+struct Entry<'m> {
     site: u32,
     pid: u32,
     stack: u32,
     figures: Figures,
+    thread_name: Option<&'m str>,
 }
 
 /// The profile under construction.
@@ -381,7 +382,8 @@ impl Reader {
     }
 
     /// Adds one interval (its file's name, its message); a message that is not a heap profile
-    /// or refers to what it does not have changes nothing and is an error.
+    /// or refers to what it does not have counts for nothing and is an error (the stacks it
+    /// interned stay, without figures).
     fn add(&mut self, name: &Option<Name>, m: &PprofProfile) -> Result<()> {
         let strings = Strings(&m.string_table);
         let columns = columns(m, &strings)?;
@@ -410,6 +412,12 @@ impl Reader {
         self.first_ns.get_or_insert(start);
         self.last_end_ns = self.last_end_ns.max(end);
         self.intervals += 1;
+        for e in &entries {
+            if let Some(name) = e.thread_name {
+                let tid = self.keys[e.site as usize].1;
+                self.threads.insert(tid, elide(name, MAX_NAME).into_owned());
+            }
+        }
         self.merge(entries, columns.peak.is_some(), end);
         Ok(())
     }
@@ -435,14 +443,14 @@ impl Reader {
     }
 
     /// The samples of `m` kept (the pick), each on its site.
-    fn entries(
+    fn entries<'m>(
         &mut self,
-        m: &PprofProfile,
-        strings: &Strings,
+        m: &'m PprofProfile,
+        strings: &Strings<'m>,
         columns: &Columns,
         file_pid: u32,
         rate: u64,
-    ) -> Result<Vec<Entry>> {
+    ) -> Result<Vec<Entry<'m>>> {
         let frames = Frames::of(m, strings, &mut self.names)?;
         let mut stack = Vec::new();
         let mut entries = Vec::with_capacity(m.sample.len());
@@ -481,15 +489,12 @@ impl Reader {
             if labels.inuse_stderr.is_none() && columns.inuse.is_some() {
                 self.stderr_known = false;
             }
-            if let Some(name) = labels.thread_name {
-                self.threads
-                    .insert(labels.tid, elide(name, MAX_NAME).into_owned());
-            }
             entries.push(Entry {
                 site: self.site(stack, labels.tid),
                 pid,
                 stack,
                 figures,
+                thread_name: labels.thread_name,
             });
         }
         Ok(entries)
@@ -626,6 +631,10 @@ impl Reader {
         let mut sites = Vec::with_capacity(n);
         let mut samples = 0;
         for (&(stack, tid), f) in self.keys.iter().zip(&site_figures) {
+            if !f.sampled() {
+                // Only in an interval that was skipped.
+                continue;
+            }
             figures[stack.0 as usize].merge(f);
             samples += f.allocated.samples.max(f.live.samples).max(f.peak.samples);
             sites.push(((stack, tid), *f));

@@ -314,6 +314,20 @@ fn corrupt_and_crafted_files_are_skipped_with_a_warning() {
         label: vec![],
     });
     broken(13, &gzip(&bad_location.encode_to_vec()));
+    // A sound sample, then a bad one: the file counts for nothing, its site included.
+    let sound = Site {
+        frames: TEMP,
+        tid: 99,
+        alloc: (1, 10, 0),
+        live: (1, 10, 0),
+    };
+    let mut half_bad = interval(1, &[sound]);
+    half_bad.sample.push(Sample {
+        location_id: vec![77],
+        value: vec![0; 4],
+        label: vec![],
+    });
+    broken(17, &gzip(&half_bad.encode_to_vec()));
     let mut negative = interval(1, &[]);
     negative.sample.push(Sample {
         value: vec![-1, 0, 0, 0],
@@ -332,7 +346,7 @@ fn corrupt_and_crafted_files_are_skipped_with_a_warning() {
     std::fs::write(d.join("notes.txt"), b"ignored").unwrap();
     std::fs::write(d.join("mprof-1-2.pb.gz"), b"ignored: not the pattern").unwrap();
     let (p, warnings) = read_path(&d.display().to_string(), Pick::All).unwrap();
-    assert_eq!(warnings.len(), 7, "{warnings:#?}");
+    assert_eq!(warnings.len(), 8, "{warnings:#?}");
     for (w, why) in warnings.iter().zip([
         "not a gzipped pprof file",
         "malformed",
@@ -341,6 +355,7 @@ fn corrupt_and_crafted_files_are_skipped_with_a_warning() {
         "negative value",
         "1 values for 4 sample types",
         "not a heap profile",
+        "location it does not have",
     ]) {
         assert!(
             w.starts_with("skipping mprof-") && w.contains(why),
@@ -350,6 +365,8 @@ fn corrupt_and_crafted_files_are_skipped_with_a_warning() {
     }
     // The sound intervals still add up; the last sound one is live.
     assert_eq!(p.totals().allocated.bytes, 800.0);
+    assert!(p.sites().iter().all(|((_, tid), _)| *tid != 99));
+    assert!(!p.thread_ids().contains(&99));
     assert_eq!(p.intervals.as_ref().unwrap().read, 3);
     // Only corrupt files: an error, with the reason.
     let only = tempfile::tempdir().unwrap();
