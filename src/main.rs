@@ -90,7 +90,8 @@ enum Command {
     },
     /// Show the top allocation sites of a capture.
     Report {
-        /// Capture file.
+        /// Capture file, or a directory of interval profiles (--every --profiles-dir) or
+        /// DIR@FROM..TO for a time range of it (`@..1h`, `@-1h..`), or one pprof file.
         file: PathBuf,
         /// Which bytes to count.
         #[arg(long, value_enum, default_value = "allocated")]
@@ -122,7 +123,8 @@ enum Command {
     },
     /// Write a flamegraph SVG of a capture.
     Flamegraph {
-        /// Capture file.
+        /// Capture file, or a directory of interval profiles (--every --profiles-dir) or
+        /// DIR@FROM..TO for a time range of it (`@..1h`, `@-1h..`), or one pprof file.
         file: PathBuf,
         /// SVG file to write (a name ending in `.folded` writes the folded stacks instead; `-`
         /// writes the SVG to standard output).
@@ -140,7 +142,8 @@ enum Command {
         /// Allocation sites on top, callers below (an icicle graph, for leak hunting).
         #[arg(long)]
         inverted: bool,
-        /// Draw the growth since this base capture instead (red grew, blue shrank).
+        /// Draw the growth since this base capture (or DIR@FROM..TO) instead (red grew, blue
+        /// shrank).
         #[arg(long, value_name = "BASE")]
         diff: Option<PathBuf>,
         /// Only these allocators: python, native, mmap (repeat it, or separate with commas;
@@ -156,7 +159,8 @@ enum Command {
     },
     /// Write a timeline SVG: RSS, the estimated live heap and the top sites over time.
     Timeline {
-        /// Capture file.
+        /// Capture file, or a directory of interval profiles (--every --profiles-dir) or
+        /// DIR@FROM..TO for a time range of it (`@..1h`, `@-1h..`), or one pprof file.
         file: PathBuf,
         /// SVG file to write (`-`: standard output); a name ending in `.csv` gets the
         /// points as a table instead.
@@ -177,7 +181,8 @@ enum Command {
     },
     /// Write a self-contained HTML report (summary, timeline, flamegraphs, top sites).
     Html {
-        /// Capture file.
+        /// Capture file, or a directory of interval profiles (--every --profiles-dir) or
+        /// DIR@FROM..TO for a time range of it (`@..1h`, `@-1h..`), or one pprof file.
         file: PathBuf,
         /// HTML file to write (`-`: standard output).
         #[arg(short, long, default_value = "mprof-report.html")]
@@ -195,9 +200,10 @@ enum Command {
     /// Compare two captures: per site the change in bytes ± its standard error, largest
     /// growth first; changes within 2 standard errors are marked as noise.
     Diff {
-        /// The capture to compare against (before).
+        /// The capture to compare against (before); like the others, a directory of interval
+        /// profiles or a time range of it (DIR@..1h: the first hour) reads too.
         base: PathBuf,
-        /// The capture compared (after).
+        /// The capture compared (after), e.g. DIR@-1h.. (the last hour of DIR).
         new: PathBuf,
         /// Which bytes to count.
         #[arg(long, value_enum, default_value = "live")]
@@ -230,7 +236,8 @@ enum Command {
     },
     /// Write a capture in a format other tools read: pprof, speedscope, folded stacks, JSON.
     Export {
-        /// Capture file.
+        /// Capture file, or a directory of interval profiles (--every --profiles-dir) or
+        /// DIR@FROM..TO for a time range of it (`@..1h`, `@-1h..`), or one pprof file.
         file: PathBuf,
         /// Output format (default: the one the output name says).
         #[arg(short, long, value_enum)]

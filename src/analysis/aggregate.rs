@@ -33,6 +33,22 @@ pub const MAX_META_KEYS: usize = 64;
 /// Longest metadata key kept, in bytes; longer keys are dropped.
 const MAX_META_KEY: usize = 64;
 
+/// Adds `key=value` pairs to `meta`, later values replacing earlier ones, within the bounds of
+/// the module doc (keys, their length, the values' length).
+pub(crate) fn merge_meta<'a>(
+    meta: &mut BTreeMap<String, String>,
+    pairs: impl Iterator<Item = (&'a str, &'a str)>,
+) {
+    for (key, value) in pairs {
+        let known = meta.contains_key(key);
+        if key.len() > MAX_META_KEY || (!known && meta.len() >= MAX_META_KEYS) {
+            continue;
+        }
+        let value = elide(value, MAX_META_VALUE).into_owned();
+        meta.insert(key.to_owned(), value);
+    }
+}
+
 /// What one process of a capture did on its own (see the module doc).
 #[derive(Clone, Debug, Default)]
 pub struct ProcessFigures {
@@ -553,14 +569,7 @@ impl Aggregator {
         } else {
             &mut self.procs[process].meta
         };
-        for (key, value) in meta_pairs(text) {
-            let known = meta.contains_key(key);
-            if key.len() > MAX_META_KEY || (!known && meta.len() >= MAX_META_KEYS) {
-                continue;
-            }
-            let value = elide(value, MAX_META_VALUE).into_owned();
-            meta.insert(key.to_owned(), value);
-        }
+        merge_meta(meta, meta_pairs(text));
         let p = &mut self.procs[process];
         p.rate = meta_rate(text).unwrap_or(p.rate);
         if process == 0 {

@@ -116,7 +116,7 @@ impl ByAllocator {
         Allocator::ALL
             .into_iter()
             .map(|a| (a, self.get(a)))
-            .filter(|(_, f)| f.allocated.samples > 0)
+            .filter(|(_, f)| f.sampled())
     }
 
     /// The estimates of one view, per allocator.

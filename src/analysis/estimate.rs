@@ -100,6 +100,13 @@ impl Figures {
         }
     }
 
+    /// Whether any view rests on a sample. (In a capture, a live block was allocated during
+    /// it; in interval profiles, blocks live at the end of a range may have been allocated
+    /// before it.)
+    pub fn sampled(&self) -> bool {
+        self.allocated.samples > 0 || self.live.samples > 0 || self.peak.samples > 0
+    }
+
     /// Adds another set of figures (of disjoint samples) to this one.
     pub fn merge(&mut self, other: &Figures) {
         self.allocated.merge(&other.allocated);

@@ -239,6 +239,39 @@ impl Names {
         id
     }
 
+    /// The frame id of a Python frame (or a pseudo-frame, its file and function the same
+    /// name): `function` of `file`, starting at `firstline`, running `line`.
+    pub(crate) fn python_frame(
+        &mut self,
+        file: &str,
+        function: &str,
+        line: u32,
+        firstline: u32,
+    ) -> u32 {
+        let code = self.code(file, function, firstline);
+        self.frame(code, line)
+    }
+
+    /// The stack of `frames` (frame ids, innermost first) under the root of `allocator`, as
+    /// [`StackResolver`] makes them: a stack deeper than [`MAX_DEPTH`] keeps its innermost
+    /// frames under [`TRUNCATED`], a stack without frames is [`NO_PYTHON_FRAME`].
+    pub(crate) fn stack_of(&mut self, allocator: Allocator, frames: &[u32]) -> u32 {
+        let mut node = Names::root(allocator);
+        let pseudo = match frames.len() {
+            0 => Some(NO_PYTHON_FRAME),
+            n if n > MAX_DEPTH => Some(TRUNCATED),
+            _ => None,
+        };
+        if let Some(name) = pseudo {
+            let frame = self.python_frame(name, name, 0, 0);
+            node = self.child(node, frame);
+        }
+        for &frame in frames[..frames.len().min(MAX_DEPTH)].iter().rev() {
+            node = self.child(node, frame);
+        }
+        node
+    }
+
     /// The trie node for `frame` called from `parent`.
     fn child(&mut self, parent: u32, frame: u32) -> u32 {
         let next = self.nodes.len() as u32;

@@ -29,6 +29,7 @@ use crate::base::progress::Progress;
 use crate::capture::meta::meta_rate;
 use crate::capture::processes::{CaptureSet, Pick};
 use crate::capture::records::Totals;
+use crate::capture::rolling::{Listing, Range, Spec};
 use anyhow::{Context, Result};
 use mprof_common::record::Record;
 use std::collections::BTreeMap;
@@ -207,6 +208,64 @@ pub struct Profile {
     pub breakdowns: Vec<crate::analysis::resident::Parts>,
     /// The timeline's series ([`Profile::series`]).
     series: Option<series::Recorded>,
+    /// Where the figures come from when they were read from interval profiles instead of a
+    /// capture (see [`intervals`]).
+    pub intervals: Option<intervals::FromIntervals>,
+}
+
+/// What a view reads, as its path names it: a capture (with its followed processes'), or
+/// interval profiles: a directory of them (`--every --profiles-dir`), a time range of it
+/// (`DIR@FROM..TO`), or one pprof file (see [`intervals`] and [`crate::capture::rolling`]).
+pub enum Source {
+    Captures(CaptureSet),
+    Intervals {
+        listing: Listing,
+        range: Option<Range>,
+        pick: Pick,
+    },
+}
+
+impl Source {
+    /// Opens what `path` names, the processes `pick` says.
+    pub fn open(path: &Path, pick: Pick) -> Result<Source> {
+        Ok(match Spec::of(path)? {
+            None => Source::Captures(CaptureSet::open(path, pick)?),
+            Some(spec) => Source::Intervals {
+                listing: Listing::open(&spec)?,
+                range: spec.range,
+                pick,
+            },
+        })
+    }
+
+    /// The captures, when it is captures (to read them again, as the timeline may).
+    pub fn captures(&self) -> Option<&CaptureSet> {
+        match self {
+            Source::Captures(set) => Some(set),
+            Source::Intervals { .. } => None,
+        }
+    }
+
+    /// The profile, and the warnings about it.
+    pub fn read(&self) -> Result<(Profile, Vec<String>)> {
+        match self {
+            Source::Captures(set) => Profile::read_set(set),
+            Source::Intervals {
+                listing,
+                range,
+                pick,
+            } => intervals::read(listing, range.as_ref(), *pick),
+        }
+    }
+
+    /// The profile; its warnings printed to stderr as `mprof: warning: ...` lines.
+    pub fn load(&self) -> Result<Profile> {
+        let (profile, warnings) = self.read()?;
+        for w in warnings {
+            crate::say!("mprof: warning: {w}");
+        }
+        Ok(profile)
+    }
 }
 
 impl Profile {
@@ -214,15 +273,17 @@ impl Profile {
     /// warnings ([`Profile::warnings`]) to stderr as `mprof: warning: ...` lines. A capture
     /// that changes while it is read, or that would take more memory than its allowance
     /// (see the module doc), is an error. A capture with
-    /// followed children is read with theirs, merged (see [`crate::capture::processes`]).
+    /// followed children is read with theirs, merged (see [`crate::capture::processes`]). A
+    /// directory of interval profiles, a time range of it or a pprof file is read as
+    /// [`Source`] says.
     pub fn load(path: &Path) -> Result<Profile> {
-        Profile::load_set(&CaptureSet::open(path, Pick::All)?)
+        Source::open(path, Pick::All)?.load()
     }
 
     /// [`Profile::load`] of the processes `lens` picks, then seen through `lens`
     /// ([`Profile::set_focus`], [`Profile::select`]).
     pub fn load_with(path: &Path, lens: &Lens) -> Result<Profile> {
-        let mut p = Profile::load_set(&CaptureSet::open(path, lens.pick)?)?;
+        let mut p = Source::open(path, lens.pick)?.load()?;
         p.set_focus(lens.focus);
         p.select(lens.allocators);
         Ok(p)
@@ -240,7 +301,7 @@ impl Profile {
 
     /// [`Profile::load`] that returns its warnings instead of printing them.
     pub fn read(path: &Path) -> Result<(Profile, Vec<String>)> {
-        Profile::read_set(&CaptureSet::open(path, Pick::All)?)
+        Source::open(path, Pick::All)?.read()
     }
 
     /// [`Profile::load_set`] that returns its warnings instead of printing them.
@@ -346,6 +407,9 @@ impl Profile {
         }
         out.extend(self.stopped_early());
         out.extend(self.symbol_warnings.iter().cloned());
+        if let Some(from) = &self.intervals {
+            out.extend(from.warnings.iter().cloned());
+        }
         out
     }
 
@@ -462,12 +526,13 @@ impl Profile {
         }
     }
 
-    /// Stacks with at least one sample, in a fixed order (first sampled first).
+    /// Stacks with at least one sample ([`Figures::sampled`]), in a fixed order (first
+    /// sampled first).
     pub fn stacks(&self) -> impl Iterator<Item = (StackId, &Figures)> + '_ {
         self.figures
             .iter()
             .enumerate()
-            .filter(|(_, f)| f.allocated.samples > 0)
+            .filter(|(_, f)| f.sampled())
             .map(|(i, f)| (StackId(i as u32), f))
     }
 
@@ -544,6 +609,7 @@ impl Profile {
 }
 
 mod build;
+pub mod intervals;
 pub mod series;
 pub(crate) use build::Budget;
 use build::Builder;

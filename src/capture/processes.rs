@@ -19,16 +19,14 @@
 //! line. A child's capture that is not a capture is skipped with a warning; a damaged tail is
 //! a warning, as for any capture.
 
+use crate::capture::directory::Directory;
 use crate::capture::file::{CaptureFile, Pass};
 use crate::capture::records::{Event, Records, Totals};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use mprof_common::record::Record;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// Most followed processes read with a capture (mprof follows at most 4096 per session).
@@ -445,7 +443,7 @@ fn children_path(capture: &Path, named: &str) -> PathBuf {
 
 /// The captures found in a children's directory, opened without following symlinks.
 struct Listing {
-    dir: OwnedFd,
+    dir: Directory,
     /// The (pid, image) of the regular files named as [`capture_name`] names them, sorted, at
     /// most [`MAX_MEMBERS`].
     captures: Vec<(u32, u32)>,
@@ -455,25 +453,8 @@ struct Listing {
 impl Listing {
     /// Opens `path` (not a symlink) and lists its captures.
     fn read(path: &Path) -> Result<Listing> {
-        // std adds O_CLOEXEC.
-        let opened = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
-            .open(path);
-        let dir = match opened {
-            Ok(file) => OwnedFd::from(file),
-            Err(e) => {
-                let why = match e.raw_os_error() {
-                    Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
-                        "not a directory (a symlink there is not followed)".to_owned()
-                    }
-                    _ => e.to_string(),
-                };
-                bail!("{}: {why}", path.display());
-            }
-        };
         let mut listing = Listing {
-            dir,
+            dir: Directory::open(path, false)?,
             captures: Vec::new(),
             warnings: Vec::new(),
         };
@@ -483,13 +464,9 @@ impl Listing {
 
     /// Sorts the directory's entries into captures and the rest.
     fn scan(&mut self, path: &Path) -> Result<()> {
-        let entries = std::fs::read_dir(format!("/proc/self/fd/{}", self.dir.as_raw_fd()))
-            .with_context(|| format!("{}: cannot list it", path.display()))?;
         let (mut links, mut others) = (0usize, 0usize);
-        for entry in entries {
-            let entry = entry.with_context(|| format!("{}: cannot list it", path.display()))?;
-            let name = entry.file_name();
-            let kind = entry.file_type().ok();
+        for entry in self.dir.entries()? {
+            let (name, kind) = entry?;
             let member = member_of_name(name.as_bytes());
             match (kind, member) {
                 (Some(k), _) if k.is_symlink() => links += 1,
@@ -526,30 +503,8 @@ impl Listing {
     /// symlink, without blocking on a FIFO; and checks that it starts like a capture.
     fn open(&self, dir: &Path, pid: u32, image: u32) -> Result<CaptureFile> {
         let name = capture_name(pid, image);
-        let path = dir.join(&name);
-        let cname = CString::new(name).expect("no NUL in a number");
-        // SAFETY: `self.dir` is an open directory descriptor `self` owns and `cname` a NUL-ended
-        // string, both alive for the call; without O_CREAT openat takes no mode.
-        let fd = unsafe {
-            libc::openat(
-                self.dir.as_raw_fd(),
-                cname.as_ptr(),
-                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(e).with_context(|| format!("cannot open {}", path.display()));
-        }
-        // SAFETY: openat just returned `fd`, open and owned by nothing else.
-        let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-        let meta = file
-            .metadata()
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        if !meta.is_file() {
-            bail!("{} is not a regular file", path.display());
-        }
-        let capture = CaptureFile::from_file(file, &path)?;
+        let file = self.dir.open_file(&name)?;
+        let capture = CaptureFile::from_file(file, &dir.join(&name))?;
         capture.records(0)?;
         Ok(capture)
     }

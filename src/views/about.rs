@@ -177,6 +177,10 @@ pub fn header_lines(p: &Profile) -> Vec<String> {
     if let Some(processes) = header_line(p) {
         lines.push(processes);
     }
+    if let Some(from) = &p.intervals {
+        lines.push(printable(&from.text()).into_owned());
+        lines.push(from.how().to_owned());
+    }
     let mut about = vec![
         rate_text(p),
         format!("{} samples", p.samples),

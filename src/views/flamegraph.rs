@@ -25,10 +25,10 @@
 use crate::analysis::allocators::Allocators;
 use crate::analysis::frames::{self, Kind};
 use crate::analysis::names::Location;
-use crate::analysis::profile::{Estimate, Profile, View};
+use crate::analysis::profile::{Estimate, Profile, Source, View};
 use crate::base::text::xml_escape;
 use crate::base::units::human_bytes;
-use crate::capture::processes::{CaptureSet, Pick};
+use crate::capture::processes::Pick;
 use crate::views::about::{rate_text, view_title};
 use crate::views::export::folded::{self, allocator_frame, frame_name};
 use crate::views::formats::{check_output, write_file, Format};
@@ -98,7 +98,7 @@ pub fn run(
             out.display()
         );
     }
-    let mut p = Profile::load_set(&CaptureSet::open(path, pick)?)?;
+    let mut p = Source::open(path, pick)?.load()?;
     p.select(settings.allocators);
     if let Some(tid) = settings.thread {
         let tids = p.thread_ids();

@@ -8,10 +8,9 @@
 
 use crate::analysis::allocators::split_text;
 use crate::analysis::grouping::Grouping;
-use crate::analysis::profile::{Completeness, Profile, View};
+use crate::analysis::profile::{Completeness, Profile, Source, View};
 use crate::analysis::sites::{rows, whole};
 use crate::base::text::xml_escape;
-use crate::capture::processes::CaptureSet;
 use crate::views::about::{
     peak_text, plus_minus, python_version, rate_text, target_text, view_title, NOT_NATIVE,
 };
@@ -32,10 +31,10 @@ pub const TOP_SITES: usize = 50;
 pub fn run(path: &Path, out: &Path, sites: &timeline::Sites) -> Result<()> {
     check_output(out, Format::Html)?;
     let by = timeline::check_grouping(sites.by)?;
-    let set = CaptureSet::open(path, sites.pick)?;
-    let mut p = Profile::load_set(&set)?;
+    let source = Source::open(path, sites.pick)?;
+    let mut p = source.load()?;
     p.set_focus(sites.focus);
-    let t = timeline::load(&set, &p, 5, by)?;
+    let t = timeline::load_source(&source, &p, 5, by)?;
     write_file(out, "HTML report", page(&p, &t, by)?.as_bytes())
 }
 
@@ -127,9 +126,14 @@ fn summary(html: &mut String, p: &Profile) {
         item("native allocations", NOT_NATIVE.to_owned());
     }
     item("peak", peak_text(p));
+    if let Some(from) = &p.intervals {
+        item("read from", from.text());
+        item("figures", from.how().to_owned());
+    }
     item(
         "capture",
         match p.completeness {
+            _ if p.intervals.is_some() => "interval profiles, each complete",
             _ if p.sampling_stopped_early() => "sampling stopped early (see the warning)",
             Completeness::Ended => "complete (END record)",
             Completeness::Finished => "finished by mprof (no END record)",

@@ -235,3 +235,5 @@ fn the_timeline_adds_up_the_processes() {
     let last = t.points.last().unwrap();
     assert_eq!((last.heap, last.rss), (0.0, Some(10_000.0)));
 }
+
+mod intervals;

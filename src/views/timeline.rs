@@ -18,7 +18,7 @@ use crate::analysis::focus::Memo;
 use crate::analysis::grouping::{Grouping, Key};
 use crate::analysis::names::StackId;
 use crate::analysis::profile::series::{HeapRange, Recorded};
-use crate::analysis::profile::{Budget, FastMap, Profile, View};
+use crate::analysis::profile::{Budget, FastMap, Profile, Source, View};
 use crate::analysis::sites::rows;
 use crate::base::units::human_bytes;
 use crate::capture::processes::{CaptureSet, Pick};
@@ -91,6 +91,16 @@ fn bands(b: &crate::analysis::resident::Parts) -> [f64; RSS_BANDS.len()] {
 /// the profile recorded in its pass (see `crate::analysis::profile::series`), or, when it has
 /// none, from one more pass over the captures.
 pub fn load(set: &CaptureSet, p: &Profile, top: usize, by: Grouping) -> Result<Timeline> {
+    load_from(Some(set), p, top, by)
+}
+
+/// [`load`] of what a view's path names ([`Source`]): interval profiles have no captures to
+/// read again, only the series their profile recorded.
+pub fn load_source(source: &Source, p: &Profile, top: usize, by: Grouping) -> Result<Timeline> {
+    load_from(source.captures(), p, top, by)
+}
+
+fn load_from(set: Option<&CaptureSet>, p: &Profile, top: usize, by: Grouping) -> Result<Timeline> {
     let by = check_grouping(by)?;
     let keys: Vec<(String, String, u32)> = rows(p, View::Peak, by)
         .iter()
@@ -98,9 +108,16 @@ pub fn load(set: &CaptureSet, p: &Profile, top: usize, by: Grouping) -> Result<T
         .take(top)
         .map(|r| (r.file.to_owned(), r.function.to_owned(), r.line))
         .collect();
-    let points = match p.series() {
-        Some(series) => from_series(p, series, &keys, by),
-        None => read_again(set, p, &keys, by)?,
+    let points = match (p.series(), set) {
+        (Some(series), _) => from_series(p, series, &keys, by),
+        (None, Some(set)) => read_again(set, p, &keys, by)?,
+        (None, None) => {
+            return Err(anyhow!(
+                "these interval profiles hold too many changing stacks to draw their timeline \
+                 (more than {} changes); pick a shorter time range (DIR@FROM..TO)",
+                crate::analysis::profile::series::MAX_LOG
+            ))
+        }
     };
     let sites = keys
         .iter()
@@ -587,10 +604,10 @@ pub fn run(path: &Path, out: &Path, top: usize, sites: &Sites) -> Result<()> {
     let csv = Format::of_path(out) == Some(Format::Csv);
     check_output(out, if csv { Format::Csv } else { Format::Svg })?;
     let by = check_grouping(sites.by)?;
-    let set = CaptureSet::open(path, sites.pick)?;
-    let mut p = Profile::load_set(&set)?;
+    let source = Source::open(path, sites.pick)?;
+    let mut p = source.load()?;
     p.set_focus(sites.focus);
-    let t = load(&set, &p, top, by)?;
+    let t = load_source(&source, &p, top, by)?;
     if t.points.is_empty() {
         crate::say!("mprof: warning: the capture has no timed record; the timeline is empty");
     }

@@ -40,7 +40,7 @@ pub const MEMORY_CEILING: u64 = 2 << 30;
 pub const MEMORY_ENV: &str = "MPROF_READ_MEMORY_MIB";
 
 /// The allowance [`MEMORY_ENV`] asks for, in bytes (0 when unset or not a number).
-fn allowed_by_user() -> u64 {
+pub(super) fn allowed_by_user() -> u64 {
     std::env::var(MEMORY_ENV)
         .ok()
         .and_then(|v| v.trim().parse::<u64>().ok())
@@ -401,6 +401,7 @@ impl Builder {
             series,
             resident,
             breakdowns,
+            intervals: None,
         };
         profile.add_up();
         profile

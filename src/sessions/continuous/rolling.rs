@@ -8,14 +8,11 @@
 //! created through the directory's descriptor.
 
 use crate::base::output::{Access, OutputDir};
+use crate::capture::rolling::is_ours;
 use anyhow::{Context, Result};
 use std::collections::VecDeque;
 use std::io::Write;
 use std::path::Path;
-
-/// The name's start and end; what is between is digits and dashes.
-const PREFIX: &str = "mprof-";
-const SUFFIX: &str = ".pb.gz";
 
 /// How many files, and how many bytes of them, the directory keeps.
 #[derive(Clone, Copy, Debug)]
@@ -64,7 +61,7 @@ impl Rolling {
     /// Writes one interval's file, then removes the oldest beyond the bounds (never the new
     /// one). Returns its name.
     pub fn write(&mut self, unix_ms: u64, pid: u32, seq: u64, bytes: &[u8]) -> Result<String> {
-        let name = format!("{PREFIX}{unix_ms:013}-{pid}-{seq:06}{SUFFIX}");
+        let name = crate::capture::rolling::file_name(unix_ms, pid, seq);
         let (mut file, mut pending) = self.dir.create(&name, "profile", Access::Shared)?;
         file.write_all(bytes)
             .and_then(|()| file.flush())
@@ -89,15 +86,6 @@ impl Rolling {
             self.removed += 1;
         }
     }
-}
-
-/// Whether `name` is one of the directory's rolling files.
-pub fn is_ours(name: &str) -> bool {
-    name.strip_prefix(PREFIX)
-        .and_then(|n| n.strip_suffix(SUFFIX))
-        .is_some_and(|middle| {
-            !middle.is_empty() && middle.bytes().all(|b| b.is_ascii_digit() || b == b'-')
-        })
 }
 
 #[cfg(test)]

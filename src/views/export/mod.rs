@@ -11,7 +11,7 @@ pub mod pprof;
 pub mod speedscope;
 
 use crate::analysis::allocators::Allocators;
-use crate::analysis::profile::{Profile, View};
+use crate::analysis::profile::{Profile, Source, View};
 use crate::views::formats::{check_output, hint, write_file, Format};
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
@@ -84,15 +84,17 @@ pub fn run(
         None => beside(input, format),
     };
     check_output(&output, format)?;
-    let set = crate::capture::processes::CaptureSet::open(input, pick)?;
-    let mut p = Profile::load_set(&set)?;
+    let mut p = Source::open(input, pick)?.load()?;
     p.select(options.allocators);
     let bytes = exporter.export(&p, options)?;
     write_file(&output, format.label(), &bytes)
 }
 
-/// `input` with its extension replaced by the format's (`app.mprof` → `app.pb.gz`).
+/// `input` with its extension replaced by the format's (`app.mprof` → `app.pb.gz`); for a
+/// time range of a directory of interval profiles (`DIR@..1h`), beside the directory.
 fn beside(input: &Path, format: Format) -> PathBuf {
+    let spec = crate::capture::rolling::Spec::of(input).ok().flatten();
+    let input = spec.as_ref().map_or(input, |s| s.path.as_path());
     let stem = input.file_stem().unwrap_or_default().to_string_lossy();
     let name = format!("{stem}{}", format.extensions()[0]);
     input.with_file_name(name)

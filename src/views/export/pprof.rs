@@ -7,15 +7,21 @@
 //! (and `thread_name` when known), an `allocator` label (`python`, `native` or `mmap`) and the
 //! capture's `mode`, `pid`, `command` and `python`; values are the estimates rounded to whole
 //! bytes and allocations. The period is the sampling rate (`space`/`bytes`). The capture's
-//! meta goes in the profile's comments as `key=value` (`go tool pprof -comments`). Messages
-//! are declared here with prost's derive, field numbers as in profile.proto.
+//! meta goes in the profile's comments as `key=value` (`go tool pprof -comments`). The
+//! messages are declared in `crate::capture::pprof`.
 
 use crate::analysis::profile::{Location, Profile, View};
 use anyhow::Result;
 use flate2::write::GzEncoder;
 use prost::Message;
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Write;
+
+/// The messages, and the bounded reader of a file, are the capture stage's: mprof reads them
+/// back as captures.
+pub use crate::capture::pprof::{
+    decode, Function, Label, Line, PprofLocation, PprofProfile, Sample, ValueType, MAX_DECODED,
+};
 
 /// Meta keys that also label every sample (what tools that group by labels, like Pyroscope,
 /// can filter on); all of the meta is in the comments.
@@ -34,99 +40,6 @@ impl super::Exporter for Pprof {
         gz.write_all(&profile(p).encode_to_vec())?;
         Ok(gz.finish()?)
     }
-}
-
-/// profile.proto's `Profile` (the fields mprof writes).
-#[derive(Clone, PartialEq, Message)]
-pub struct PprofProfile {
-    #[prost(message, repeated, tag = "1")]
-    pub sample_type: Vec<ValueType>,
-    #[prost(message, repeated, tag = "2")]
-    pub sample: Vec<Sample>,
-    #[prost(message, repeated, tag = "4")]
-    pub location: Vec<PprofLocation>,
-    #[prost(message, repeated, tag = "5")]
-    pub function: Vec<Function>,
-    #[prost(string, repeated, tag = "6")]
-    pub string_table: Vec<String>,
-    #[prost(int64, tag = "9")]
-    pub time_nanos: i64,
-    #[prost(int64, tag = "10")]
-    pub duration_nanos: i64,
-    #[prost(message, optional, tag = "11")]
-    pub period_type: Option<ValueType>,
-    #[prost(int64, tag = "12")]
-    pub period: i64,
-    #[prost(int64, repeated, tag = "13")]
-    pub comment: Vec<i64>,
-    #[prost(int64, tag = "14")]
-    pub default_sample_type: i64,
-}
-
-/// profile.proto's `ValueType`: string-table indices of a type and its unit.
-#[derive(Clone, PartialEq, Message)]
-pub struct ValueType {
-    #[prost(int64, tag = "1")]
-    pub r#type: i64,
-    #[prost(int64, tag = "2")]
-    pub unit: i64,
-}
-
-/// profile.proto's `Sample`: locations innermost first, one value per sample type.
-#[derive(Clone, PartialEq, Message)]
-pub struct Sample {
-    #[prost(uint64, repeated, tag = "1")]
-    pub location_id: Vec<u64>,
-    #[prost(int64, repeated, tag = "2")]
-    pub value: Vec<i64>,
-    #[prost(message, repeated, tag = "3")]
-    pub label: Vec<Label>,
-}
-
-/// profile.proto's `Label`.
-#[derive(Clone, PartialEq, Message)]
-pub struct Label {
-    #[prost(int64, tag = "1")]
-    pub key: i64,
-    #[prost(int64, tag = "2")]
-    pub str: i64,
-    #[prost(int64, tag = "3")]
-    pub num: i64,
-    #[prost(int64, tag = "4")]
-    pub num_unit: i64,
-}
-
-/// profile.proto's `Location`: here one Python frame (function and line), no mapping.
-#[derive(Clone, PartialEq, Message)]
-pub struct PprofLocation {
-    #[prost(uint64, tag = "1")]
-    pub id: u64,
-    #[prost(message, repeated, tag = "4")]
-    pub line: Vec<Line>,
-}
-
-/// profile.proto's `Line`.
-#[derive(Clone, PartialEq, Message)]
-pub struct Line {
-    #[prost(uint64, tag = "1")]
-    pub function_id: u64,
-    #[prost(int64, tag = "2")]
-    pub line: i64,
-}
-
-/// profile.proto's `Function`.
-#[derive(Clone, PartialEq, Message)]
-pub struct Function {
-    #[prost(uint64, tag = "1")]
-    pub id: u64,
-    #[prost(int64, tag = "2")]
-    pub name: i64,
-    #[prost(int64, tag = "3")]
-    pub system_name: i64,
-    #[prost(int64, tag = "4")]
-    pub filename: i64,
-    #[prost(int64, tag = "5")]
-    pub start_line: i64,
 }
 
 /// The string table under construction (index 0 is the empty string, as the format wants).
@@ -308,25 +221,4 @@ pub fn profile(p: &Profile) -> PprofProfile {
         default_sample_type,
         string_table: strings.into_table(),
     }
-}
-
-/// The largest pprof message [`decode`] unpacks: a file claiming more is refused, not read.
-pub const MAX_DECODED: u64 = 256 << 20;
-
-/// A pprof file's message (gzipped or not), as far as mprof writes its fields; a file that is
-/// not one, or that unpacks to more than [`MAX_DECODED`], is an error.
-pub fn decode(bytes: &[u8]) -> Result<PprofProfile> {
-    let raw = if bytes.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        let mut gz = flate2::read::GzDecoder::new(bytes).take(MAX_DECODED + 1);
-        std::io::Read::read_to_end(&mut gz, &mut out)
-            .map_err(|e| anyhow::anyhow!("not a gzipped pprof file: {e}"))?;
-        if out.len() as u64 > MAX_DECODED {
-            anyhow::bail!("a pprof file larger than {MAX_DECODED} bytes unpacked");
-        }
-        out
-    } else {
-        bytes.to_vec()
-    };
-    PprofProfile::decode(raw.as_slice()).map_err(|e| anyhow::anyhow!("not a pprof profile: {e}"))
 }
