@@ -12,7 +12,7 @@ use common::{main_python, mprof, pythons, run_with_timeout, script};
 use mprof::views::export::pprof::{decode, PprofProfile};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -89,6 +89,20 @@ fn get(port: u16) -> Option<String> {
     out.starts_with("HTTP/1.0 200").then_some(out)
 }
 
+/// `mprof record --rate 64KiB --every 1s --profiles-dir PROFILES -o DIR/c.mprof EXTRA --`,
+/// the program to follow.
+fn record_every_second(profiles: &Path, dir: &Path, extra: &[&str]) -> Command {
+    let mut cmd = mprof();
+    cmd.args(["record", "--rate", "64KiB", "--every", "1s"])
+        .arg("--profiles-dir")
+        .arg(profiles)
+        .arg("-o")
+        .arg(dir.join("c.mprof"))
+        .args(extra)
+        .arg("--");
+    cmd
+}
+
 /// Waits (at most [`LIMIT`]) for `child` to exit.
 fn wait(child: &mut std::process::Child) -> std::process::ExitStatus {
     let end = Instant::now() + LIMIT;
@@ -148,17 +162,6 @@ fn leaked(p: &PprofProfile) -> (f64, f64) {
     (bytes, variance.sqrt())
 }
 
-/// The rolling files in `dir`, oldest first.
-fn rolling_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.to_string_lossy().ends_with(".pb.gz"))
-        .collect();
-    files.sort();
-    files
-}
-
 /// Checks that the leak's in-use bytes never fall between two intervals by more than two
 /// standard errors, grow from the first interval to the last by more than two, and end
 /// within three (and 5%) of `kept`, the bytes the server really kept.
@@ -187,13 +190,7 @@ fn a_leaking_server_leaves_rolling_pprof_files_whose_leak_grows() {
     let py = main_python(&pythons());
     let dir = common::tempdir();
     let profiles = dir.path().join("profiles");
-    let mut child = mprof()
-        .args(["record", "--rate", "64KiB", "--every", "1s", "--keep", "5"])
-        .arg("--profiles-dir")
-        .arg(&profiles)
-        .arg("-o")
-        .arg(dir.path().join("c.mprof"))
-        .arg("--")
+    let mut child = record_every_second(&profiles, dir.path(), &["--keep", "5"])
         .arg(&py.path)
         .arg(script("leaky_server.py"))
         .stdout(Stdio::piped())
@@ -218,7 +215,7 @@ fn a_leaking_server_leaves_rolling_pprof_files_whose_leak_grows() {
     let err = err.join("\n");
     assert!(status.success(), "{}: {err}", py.label);
     assert_eq!(failed, 0, "{sent} requests");
-    let files = rolling_files(&profiles);
+    let files = common::interval_files(&profiles);
     assert_eq!(files.len(), 5, "--keep 5: {files:?}\n{err}");
     assert!(err.contains("older removed"), "{err}");
     let series: Vec<(f64, f64)> = files
@@ -309,7 +306,7 @@ fn a_collector_that_is_down_costs_bounded_memory_and_never_holds_the_server_back
         "{err}"
     );
     // The profiles still went to the directory, one per interval.
-    assert!(rolling_files(&profiles).len() >= 5, "{err}");
+    assert!(common::interval_files(&profiles).len() >= 5, "{err}");
     // Detaching waits for the collector a few seconds at most.
     assert!(took < Duration::from_secs(15), "the detach took {took:?}");
     eprintln!("mprof's peak RSS with the collector down: {hwm_kib} KiB; detach took {took:?}");
@@ -525,21 +522,7 @@ fn a_pre_fork_servers_workers_are_in_every_interval_with_their_pids() {
         })
     };
     let out = run_with_timeout(
-        mprof()
-            .args([
-                "record",
-                "-q",
-                "--follow-children",
-                "--rate",
-                "64KiB",
-                "--every",
-                "1s",
-            ])
-            .arg("--profiles-dir")
-            .arg(&profiles)
-            .arg("-o")
-            .arg(dir.path().join("c.mprof"))
-            .arg("--")
+        record_every_second(&profiles, dir.path(), &["-q", "--follow-children"])
             .arg(&py.path)
             .arg(script("prefork_server.py"))
             .arg(&stop),
@@ -554,7 +537,7 @@ fn a_pre_fork_servers_workers_are_in_every_interval_with_their_pids() {
         .lines()
         .find_map(|l| l.strip_prefix("ready ")?.trim().parse().ok())
         .unwrap_or_else(|| panic!("{said}"));
-    let files = rolling_files(&profiles);
+    let files = common::interval_files(&profiles);
     assert!(files.len() >= 3, "{files:?}\n{err}");
     // Every whole interval (the last may be a moment after the workers ended) has samples of
     // both workers, labelled with their pids.

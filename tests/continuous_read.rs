@@ -39,17 +39,6 @@ fn ranged(dir: &Path, range: &str) -> PathBuf {
     PathBuf::from(format!("{}@{range}", dir.display()))
 }
 
-/// The interval files of `dir`, sorted.
-fn interval_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.to_string_lossy().ends_with(".pb.gz"))
-        .collect();
-    files.sort();
-    files
-}
-
 #[test]
 fn a_directory_of_interval_profiles_reads_back_in_every_view() {
     let py = main_python(&pythons());
@@ -76,7 +65,7 @@ fn a_directory_of_interval_profiles_reads_back_in_every_view() {
         LIMIT,
     );
     assert!(out.status.success(), "{}: {}", py.label, stderr(&out));
-    let files = interval_files(&profiles);
+    let files = common::interval_files(&profiles);
     assert!(
         files.len() >= 5,
         "{}: {} interval files",
@@ -188,7 +177,7 @@ fn a_directory_of_interval_profiles_reads_back_in_every_view() {
 fn hostile_entries_are_skipped(profiles: &Path, n: usize, work: &Path) {
     let copy = work.join("hostile");
     std::fs::create_dir(&copy).unwrap();
-    for f in interval_files(profiles) {
+    for f in common::interval_files(profiles) {
         std::fs::copy(&f, copy.join(f.file_name().unwrap())).unwrap();
     }
     std::fs::write(
@@ -197,7 +186,7 @@ fn hostile_entries_are_skipped(profiles: &Path, n: usize, work: &Path) {
     )
     .unwrap();
     let outside = work.join("outside.pb.gz");
-    std::fs::copy(&interval_files(profiles)[1], &outside).unwrap();
+    std::fs::copy(&common::interval_files(profiles)[1], &outside).unwrap();
     std::os::unix::fs::symlink(&outside, copy.join("mprof-9999999999999-1-000002.pb.gz")).unwrap();
     std::fs::write(copy.join("README.txt"), b"not a profile").unwrap();
     let out = run(&["report", "--view", "live", "--json"], &copy);

@@ -265,3 +265,14 @@ pub fn record_script(
     );
     out
 }
+
+/// The rolling profile files (`*.pb.gz`) of `dir`, oldest first: their names sort by time.
+pub fn interval_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".pb.gz"))
+        .collect();
+    files.sort();
+    files
+}
