@@ -479,11 +479,22 @@ fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::
         .y_label_formatter(&|v| format!("{} {unit}", round_tick(*v)))
         .light_line_style(WHITE.mix(0.0))
         .draw()?;
-    let series = |f: &dyn Fn(&Point) -> f64| -> Vec<(f64, f64)> {
-        t.points
-            .iter()
-            .map(|pt| (pt.seconds, f(pt) / scale))
+    // A crafted capture's figures can lie far outside the axes, or be no number at all:
+    // plotters turns coordinates into pixels with integer arithmetic, so every point drawn
+    // is kept inside the chart (a real capture's are inside already).
+    let clip = |points: Vec<(f64, f64)>| -> Vec<(f64, f64)> {
+        points
+            .into_iter()
+            .map(|(x, y)| (inside(x, end), inside(y, top)))
             .collect()
+    };
+    let series = |f: &dyn Fn(&Point) -> f64| -> Vec<(f64, f64)> {
+        clip(
+            t.points
+                .iter()
+                .map(|pt| (pt.seconds, f(pt) / scale))
+                .collect(),
+        )
     };
     // The RSS's parts beside the live heap, stacked above the sampled live heap of their
     // moment (python_live + native_live), drawn first: the sites cover the heap below them.
@@ -503,16 +514,18 @@ fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::
                 .iter()
                 .map(|(s, b)| (*s, (heap_at(*s) + b[..=k].iter().sum::<f64>()) / scale))
                 .collect();
-            chart.draw_series(AreaSeries::new(stacked, 0.0, colour.mix(0.9)))?;
+            chart.draw_series(AreaSeries::new(clip(stacked), 0.0, colour.mix(0.9)))?;
             rss_entries.push((Mark::Area(colour), label.to_owned()));
         }
         rss_entries.reverse();
     }
     let grey = RGBColor(200, 200, 200);
-    let heap: Vec<(f64, f64)> = heap_path(&t.points)
-        .into_iter()
-        .map(|(s, b)| (s, b / scale))
-        .collect();
+    let heap: Vec<(f64, f64)> = clip(
+        heap_path(&t.points)
+            .into_iter()
+            .map(|(s, b)| (s, b / scale))
+            .collect(),
+    );
     chart.draw_series(AreaSeries::new(heap.clone(), 0.0, grey.mix(0.5)))?;
     let mut entries = vec![(Mark::Area(grey), "other sites".to_owned())];
     // The legend lists the sites largest first; the areas are stacked by drawing the largest
@@ -533,11 +546,12 @@ fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::
     }
     chart.draw_series(LineSeries::new(heap, BLACK.stroke_width(2)))?;
     entries.push((Mark::Line(BLACK), "live heap (estimated)".to_owned()));
-    let rss: Vec<(f64, f64)> = t
-        .points
-        .iter()
-        .filter_map(|pt| pt.rss.map(|r| (pt.seconds, r / scale)))
-        .collect();
+    let rss: Vec<(f64, f64)> = clip(
+        t.points
+            .iter()
+            .filter_map(|pt| pt.rss.map(|r| (pt.seconds, r / scale)))
+            .collect(),
+    );
     if !rss.is_empty() {
         chart.draw_series(LineSeries::new(rss, RED.stroke_width(2)))?;
         entries.push((Mark::Line(RED), "RSS".to_owned()));
@@ -553,7 +567,7 @@ fn draw(p: &Profile, t: &Timeline, out: &mut String) -> Result<(), Box<dyn std::
     }
     if let Some((at, bytes)) = t.peak {
         chart.draw_series(LineSeries::new(
-            vec![(at, 0.0), (at, top)],
+            clip(vec![(at, 0.0), (at, top)]),
             BLUE.mix(0.6).stroke_width(1),
         ))?;
         entries.push((
@@ -591,6 +605,15 @@ fn draw_legend(
         area.draw(&Text::new(text.into_owned(), (24, y - 7), font.clone()))?;
     }
     Ok(())
+}
+
+/// `v` within 0 and `max` (0 when it is no number).
+fn inside(v: f64, max: f64) -> f64 {
+    if v.is_finite() {
+        v.clamp(0.0, max.max(0.0))
+    } else {
+        0.0
+    }
 }
 
 /// A tick's value as the axis prints it: whole numbers bare, others with what they need.
