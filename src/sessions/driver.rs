@@ -138,13 +138,8 @@ impl<'r> Session<'r> {
     /// it did.
     pub fn round(&mut self) -> Result<(usize, Option<Closed>)> {
         let ring = self.ring();
-        let (mut moved, closed) = match &mut self.continuous {
-            Some(c) => {
-                c.enter_program();
-                (self.reader.pump_observed(|bytes| c.observe(bytes))?, None)
-            }
-            None => pump_program(&mut self.view, &mut self.reader)?,
-        };
+        let (mut moved, closed) =
+            pump_program(&mut self.view, &mut self.continuous, &mut self.reader)?;
         moved += self.pump_children()?;
         if let Some(c) = &mut self.continuous {
             c.tick(ring.dropped(), || ring.python_version());
@@ -205,18 +200,8 @@ impl<'r> Session<'r> {
     /// agent published: the end of the program's capture, before [`Session::finish`].
     pub fn drain(&mut self) -> Result<()> {
         self.view = None;
-        loop {
-            let moved = match &mut self.continuous {
-                Some(c) => {
-                    c.enter_program();
-                    self.reader.pump_observed(|bytes| c.observe(bytes))?
-                }
-                None => self.reader.pump()?,
-            };
-            if moved == 0 {
-                return Ok(());
-            }
-        }
+        while pump_program(&mut self.view, &mut self.continuous, &mut self.reader)?.0 > 0 {}
+        Ok(())
     }
 
     /// Drains the children still running for up to `grace` and finishes their captures,
@@ -274,18 +259,7 @@ fn program_replaced(
     continuous: &mut Option<Continuous>,
 ) -> Result<()> {
     reader.program_replaced();
-    loop {
-        let moved = match continuous {
-            Some(c) => {
-                c.enter_program();
-                reader.pump_observed(|bytes| c.observe(bytes))?
-            }
-            None => pump_program(view, reader)?.0,
-        };
-        if moved == 0 {
-            break;
-        }
-    }
+    while pump_program(view, continuous, reader)?.0 > 0 {}
     reader.capture.write(&Record::Meta {
         text: format!(
             "ended_by=exec\nreplaced_unix_ms={}\n",
@@ -295,15 +269,24 @@ fn program_replaced(
 }
 
 /// Drains the program's ring into its capture and, with a view, shows the view every record
-/// written (see [`Live::program_feed`]), then lets it serve the keyboard and the screen.
+/// written (see [`Live::program_feed`]), then lets it serve the keyboard and the screen;
+/// under `--every` (never with a view) the continuous side sees every record instead.
 /// Returns the bytes moved and, when the view closed, why; it is dropped here then, so the
 /// terminal is back to normal on return.
 fn pump_program(
     view: &mut Option<Live>,
+    continuous: &mut Option<Continuous>,
     reader: &mut Reader<&RingMem>,
 ) -> Result<(usize, Option<Closed>)> {
     let Some(live) = view else {
-        return Ok((reader.pump()?, None));
+        let moved = match continuous {
+            Some(c) => {
+                c.enter_program();
+                reader.pump_observed(|bytes| c.observe(bytes))?
+            }
+            None => reader.pump()?,
+        };
+        return Ok((moved, None));
     };
     let ring = *reader.ring_ref(); // the ring itself, not a borrow of the reader
     let moved = {

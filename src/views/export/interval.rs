@@ -8,9 +8,6 @@ use super::pprof::{self, number_label, text_label, whole, Code, PprofProfile, Sa
 use crate::analysis::estimate::Estimate;
 use crate::analysis::profile::Location;
 use anyhow::Result;
-use flate2::write::GzEncoder;
-use prost::Message;
-use std::io::Write;
 
 /// A frame of a stack, owned (an interval outlives the session's tables only as long as it
 /// waits to be sent).
@@ -172,14 +169,6 @@ impl Interval {
 
     /// The gzipped pprof file.
     pub fn pprof(&self) -> Result<Vec<u8>> {
-        let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::default());
-        gz.write_all(&self.pprof_message().encode_to_vec())?;
-        Ok(gz.finish()?)
+        pprof::gzipped(&self.pprof_message())
     }
-}
-
-/// Reads back what [`Interval::pprof`] wrote (the tests, and `mprof` reading a directory of
-/// them): the message, or why it is not one.
-pub fn read_pprof(bytes: &[u8]) -> Result<PprofProfile> {
-    pprof::decode(bytes)
 }

@@ -28,7 +28,7 @@ pub fn request_bytes(interval: &Interval) -> Vec<u8> {
 pub fn request(interval: &Interval) -> ExportProfilesServiceRequest {
     let mut d = Dictionary::new();
     let stacks: Vec<i32> = interval.sites.iter().map(|s| d.stack(s)).collect();
-    let mut attributes: Vec<Vec<i32>> = interval
+    let attributes: Vec<Vec<i32>> = interval
         .sites
         .iter()
         .map(|s| d.site_attributes(s))
@@ -43,26 +43,18 @@ pub fn request(interval: &Interval) -> ExportProfilesServiceRequest {
             if value == 0 {
                 continue;
             }
-            let mut attribute_indices = std::mem::take(&mut attributes[s]);
-            let estimate = if i < 2 { &site.allocated } else { &site.live };
-            let with_stderr = *unit == "bytes";
-            if with_stderr {
-                attribute_indices.push(d.int_attribute(
-                    "mprof.stderr",
-                    estimate.stderr().round() as i64,
-                    "bytes",
-                ));
+            let mut attribute_indices = attributes[s].clone();
+            if *unit == "bytes" {
+                let estimate = if i < 2 { &site.allocated } else { &site.live };
+                let se = estimate.stderr().round() as i64;
+                attribute_indices.push(d.int_attribute("mprof.stderr", se, "bytes"));
             }
             samples.push(otel::Sample {
                 stack_index: stacks[s],
-                attribute_indices: attribute_indices.clone(),
+                attribute_indices,
                 values: vec![value],
                 ..Default::default()
             });
-            if with_stderr {
-                attribute_indices.pop();
-            }
-            attributes[s] = attribute_indices;
         }
         profiles.push(otel::Profile {
             sample_type: Some(otel::ValueType {

@@ -36,10 +36,15 @@ impl super::Exporter for Pprof {
     }
 
     fn export(&self, p: &Profile, _: &super::Options) -> Result<Vec<u8>> {
-        let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::default());
-        gz.write_all(&profile(p).encode_to_vec())?;
-        Ok(gz.finish()?)
+        gzipped(&profile(p))
     }
+}
+
+/// A profile message as a pprof file holds it: encoded, then gzipped.
+pub fn gzipped(message: &PprofProfile) -> Result<Vec<u8>> {
+    let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&message.encode_to_vec())?;
+    Ok(gz.finish()?)
 }
 
 /// The string table under construction (index 0 is the empty string, as the format wants).
