@@ -109,6 +109,17 @@ pub struct Lens<'a> {
     pub pick: Pick,
 }
 
+/// What a read keeps beside the figures that every view needs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Keep {
+    /// The figures alone.
+    #[default]
+    Figures,
+    /// The figures and the timeline's series ([`Profile::series`]): for the views that draw
+    /// the timeline (`timeline`, `html`). Recording it costs a read about a tenth more.
+    Series,
+}
+
 /// Warnings about the other processes' captures shown at most (then how many more).
 const MAX_PROCESS_WARNINGS: usize = 8;
 
@@ -224,7 +235,12 @@ impl Profile {
     /// [`Profile::load`] of captures already open (to read them again afterwards, as the
     /// timeline does).
     pub fn load_set(set: &CaptureSet) -> Result<Profile> {
-        let (profile, warnings) = Profile::read_set(set)?;
+        Profile::load_set_keeping(set, Keep::Figures)
+    }
+
+    /// [`Profile::load_set`] that keeps what `keep` says.
+    pub fn load_set_keeping(set: &CaptureSet, keep: Keep) -> Result<Profile> {
+        let (profile, warnings) = Profile::read_set_keeping(set, keep)?;
         for w in warnings {
             crate::say!("mprof: warning: {w}");
         }
@@ -238,6 +254,11 @@ impl Profile {
 
     /// [`Profile::load_set`] that returns its warnings instead of printing them.
     pub fn read_set(set: &CaptureSet) -> Result<(Profile, Vec<String>)> {
+        Profile::read_set_keeping(set, Keep::Figures)
+    }
+
+    /// [`Profile::read_set`] that keeps what `keep` says.
+    pub fn read_set_keeping(set: &CaptureSet, keep: Keep) -> Result<(Profile, Vec<String>)> {
         let context = || format!("cannot read {}", set.root().path().display());
         let mut first_rate = None;
         set.root().for_each(|r| {
@@ -248,7 +269,7 @@ impl Profile {
         })?;
         let budget = Budget::new(Some(set.size()));
         let mut progress = Progress::new("reading", set.size());
-        let mut builder = Builder::new(first_rate);
+        let mut builder = Builder::new(first_rate, keep);
         let mut failure = None;
         let passes = set
             .for_each(|event, at| {
@@ -375,15 +396,16 @@ impl Profile {
             Record::Meta { text } => meta_rate(text),
             _ => None,
         });
-        let mut builder = Builder::new(first_rate);
+        let mut builder = Builder::new(first_rate, Keep::Figures);
         for r in records {
             builder.feed_record(0, r);
         }
         builder.finish()
     }
 
-    /// The timeline's series, recorded in the same pass as the figures (None when there were
-    /// too many lines changing too often to keep them: the timeline reads the capture again).
+    /// The timeline's series, recorded in the same pass as the figures when the read was
+    /// asked to keep it ([`Keep::Series`]; None otherwise, and when there were too many lines
+    /// changing too often to keep them: the timeline reads the capture again).
     pub fn series(&self) -> Option<&series::Recorded> {
         self.series.as_ref()
     }

@@ -8,7 +8,7 @@
 
 use crate::analysis::allocators::split_text;
 use crate::analysis::grouping::Grouping;
-use crate::analysis::profile::{Completeness, Profile, View};
+use crate::analysis::profile::{Completeness, Keep, Profile, View};
 use crate::analysis::sites::{rows, whole};
 use crate::base::text::xml_escape;
 use crate::capture::processes::CaptureSet;
@@ -33,7 +33,7 @@ pub fn run(path: &Path, out: &Path, sites: &timeline::Sites) -> Result<()> {
     check_output(out, Format::Html)?;
     let by = timeline::check_grouping(sites.by)?;
     let set = CaptureSet::open(path, sites.pick)?;
-    let mut p = Profile::load_set(&set)?;
+    let mut p = Profile::load_set_keeping(&set, Keep::Series)?;
     p.set_focus(sites.focus);
     let t = timeline::load(&set, &p, 5, by)?;
     write_file(out, "HTML report", page(&p, &t, by)?.as_bytes())

@@ -18,7 +18,7 @@ use crate::analysis::focus::Memo;
 use crate::analysis::grouping::{Grouping, Key};
 use crate::analysis::names::StackId;
 use crate::analysis::profile::series::{HeapRange, Recorded};
-use crate::analysis::profile::{Budget, FastMap, Profile, View};
+use crate::analysis::profile::{Budget, FastMap, Keep, Profile, View};
 use crate::analysis::sites::rows;
 use crate::base::units::human_bytes;
 use crate::capture::processes::{CaptureSet, Pick};
@@ -588,7 +588,7 @@ pub fn run(path: &Path, out: &Path, top: usize, sites: &Sites) -> Result<()> {
     check_output(out, if csv { Format::Csv } else { Format::Svg })?;
     let by = check_grouping(sites.by)?;
     let set = CaptureSet::open(path, sites.pick)?;
-    let mut p = Profile::load_set(&set)?;
+    let mut p = Profile::load_set_keeping(&set, Keep::Series)?;
     p.set_focus(sites.focus);
     let t = load(&set, &p, top, by)?;
     if t.points.is_empty() {
@@ -670,7 +670,7 @@ mod tests {
         c.alloc(4, 10, 2_000_000_000, &[(1, 4)]);
         let path = c.write(dir.path(), "t.mprof");
         let set = CaptureSet::open(&path, Pick::All).unwrap();
-        let p = Profile::load_set(&set).unwrap();
+        let p = Profile::load_set_keeping(&set, Keep::Series).unwrap();
         let t = load(&set, &p, 5, Grouping::Line).unwrap();
         let last = t.points.last().unwrap();
         assert_eq!(last.seconds, 1.0);
@@ -713,7 +713,7 @@ mod tests {
         c.alloc(3, 100, 3_000_000_000, &[(2, 6)]);
         let path = c.write(dir.path(), "t.mprof");
         let set = CaptureSet::open(&path, Pick::All).unwrap();
-        let p = Profile::load_set(&set).unwrap();
+        let p = Profile::load_set_keeping(&set, Keep::Series).unwrap();
         let t = load(&set, &p, 5, Grouping::Line).unwrap();
         assert_eq!(t.sites, ["f (a.py:2)", "g (a.py:6)"]);
         let at = |s: f64| {
@@ -748,7 +748,7 @@ mod tests {
         c.alloc(2, 500, 2_000_000_000, &[(2, 105), (1, 20)]);
         let path = c.write(dir.path(), "t.mprof");
         let set = CaptureSet::open(&path, Pick::All).unwrap();
-        let p = Profile::load_set(&set).unwrap();
+        let p = Profile::load_set_keeping(&set, Keep::Series).unwrap();
         let t = load(&set, &p, 5, Grouping::YourCode).unwrap();
         assert_eq!(t.sites, ["main (/srv/app.py:10)", "main (/srv/app.py:20)"]);
         assert_eq!(t.points.last().unwrap().sites, [1000.0, 500.0]);

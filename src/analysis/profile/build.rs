@@ -9,7 +9,7 @@
 //! sites. The same pass records the timeline's series ([`super::series`]).
 
 use super::series::Series;
-use super::{Completeness, LoadError, Process, Profile, MEMORY_FIXED, MEMORY_PER_BYTE};
+use super::{Completeness, Keep, LoadError, Process, Profile, MEMORY_FIXED, MEMORY_PER_BYTE};
 use crate::analysis::aggregate::{Aggregator, Change};
 use crate::analysis::allocators::{Allocators, ByAllocator};
 use crate::analysis::estimate::{Estimate, Figures};
@@ -164,8 +164,8 @@ pub(super) struct Builder {
 
 impl Builder {
     /// A builder; `first_rate` is the first rate the records announce (it applies to samples
-    /// that come before any announcement).
-    pub(super) fn new(first_rate: Option<u64>) -> Builder {
+    /// that come before any announcement); it records the series if `keep` says so.
+    pub(super) fn new(first_rate: Option<u64>, keep: Keep) -> Builder {
         Builder {
             agg: Aggregator::new(first_rate.unwrap_or(1)),
             first_rate,
@@ -178,7 +178,7 @@ impl Builder {
             at_peak: Vec::new(),
             dirty: Vec::new(),
             is_dirty: Vec::new(),
-            series: Some(Series::default()),
+            series: (keep == Keep::Series).then(Series::default),
             until_check: 0,
         }
     }
