@@ -285,7 +285,7 @@ impl Profile {
                 }
                 if builder.due() {
                     progress.update(at.read);
-                    failure = budget.check(&at.declared, builder.apart()).err();
+                    failure = budget.check(at.declared, builder.apart()).err();
                 }
                 failure.is_none()
             })

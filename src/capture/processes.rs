@@ -290,7 +290,7 @@ impl CaptureSet {
             let at = Reading {
                 process: i as u32,
                 records: &head.records,
-                declared,
+                declared: &declared,
                 read,
             };
             if !f(event, &at) {
@@ -321,7 +321,7 @@ fn for_each_alone(file: &CaptureFile, mut f: impl FnMut(Event, &Reading) -> bool
         let at = Reading {
             process: 0,
             records: &records,
-            declared: *records.declared(),
+            declared: records.declared(),
             read,
         };
         if !f(event, &at) {
@@ -343,7 +343,7 @@ pub struct Reading<'r, 'a> {
     /// Its capture's reader (its stack nodes, its frame's declarations).
     pub records: &'r Records<'a>,
     /// What the frames of all the captures read so far declare.
-    pub declared: Totals,
+    pub declared: &'r Totals,
     /// Bytes of all the captures read so far, updated every [`PROGRESS_EVERY`] events.
     pub read: u64,
 }

@@ -23,40 +23,70 @@ use mprof_common::stacks::{KIND_BRIEF, KIND_CONTEXT, KIND_SAMPLE, KIND_STACK};
 use std::fs::File;
 use std::io::{BufReader, Read, Take};
 
-/// How many entries of a packed run are read ahead of the one handed on: about as many as
-/// the memory misses a reader of the live blocks can have under way while it works through
-/// them (see [`Records::upcoming`]).
+/// How many entries of a packed run are read ahead of the one handed on, at least: about as
+/// many as the memory misses a reader of the live blocks can have under way while it works
+/// through them (see [`Records::upcoming`]).
 const AHEAD: usize = 16;
+/// Entries of a packed run decoded at a time: a run's entries are decoded in batches, in a
+/// loop of their own, rather than one at a time between the reader's work on each.
+const BATCH: usize = 64;
 
-/// The entries of a packed run read ahead: a ring of [`AHEAD`], and the error that ended the
-/// run early, said once the entries before it are handed on.
-#[derive(Default)]
+/// An entry of a packed run, decoded.
+#[derive(Clone, Copy)]
+enum Entry {
+    Sample(Brief),
+    Free(u64),
+}
+
+impl Entry {
+    fn addr(&self) -> u64 {
+        match self {
+            Entry::Sample(b) => b.addr,
+            Entry::Free(addr) => *addr,
+        }
+    }
+}
+
+/// Why a packed run stopped before its end: said once the entries before it are handed on.
+enum Stop {
+    /// A malformed entry: the capture's damaged tail starts there.
+    Damaged(&'static str),
+    /// More samples than the frame declares.
+    Undeclared(Undeclared),
+}
+
+/// The entries of a packed run decoded ahead of the one handed on (see [`BATCH`]).
 struct Ahead {
-    entries: [(Item, usize); AHEAD],
-    first: usize,
+    entries: [Entry; BATCH],
+    /// The next entry to hand on, and the end of those decoded.
+    at: usize,
     len: usize,
-    error: Option<&'static str>,
+    stop: Option<Stop>,
+}
+
+impl Default for Ahead {
+    fn default() -> Ahead {
+        Ahead {
+            entries: [Entry::Free(0); BATCH],
+            at: 0,
+            len: 0,
+            stop: None,
+        }
+    }
 }
 
 impl Ahead {
-    fn push(&mut self, entry: (Item, usize)) {
-        self.entries[(self.first + self.len) % AHEAD] = entry;
-        self.len += 1;
+    #[inline]
+    fn pop(&mut self) -> Option<Entry> {
+        let entry = self.entries[..self.len].get(self.at).copied();
+        self.at += entry.is_some() as usize;
+        entry
     }
 
-    fn pop(&mut self) -> Option<(Item, usize)> {
-        if self.len == 0 {
-            return None;
-        }
-        let entry = self.entries[self.first];
-        self.first = (self.first + 1) % AHEAD;
-        self.len -= 1;
-        Some(entry)
-    }
-
-    /// The entry read last.
-    fn last(&self) -> Option<&(Item, usize)> {
-        (self.len > 0).then(|| &self.entries[(self.first + self.len - 1) % AHEAD])
+    /// Entries decoded and not handed on yet.
+    #[inline]
+    fn left(&self) -> usize {
+        self.len - self.at
     }
 }
 
@@ -168,9 +198,10 @@ pub struct Records<'a> {
     chunk_origin: u64,
     framed: Option<Framed>,
     /// The PACKED run being read from `chunk`, and whether it is a top-level one (whose
-    /// expansion counts towards the size-based allowance, see [`EXPANSION`]).
+    /// expansion counts towards the size-based allowance, see [`EXPANSION`]); None once its
+    /// last entry is decoded.
     unpacking: Option<(Unpacker, bool)>,
-    /// The entries of that run read ahead of the one handed on, [`AHEAD`] at most (see
+    /// The entries of that run decoded ahead of the one handed on (see
     /// [`Records::upcoming`]).
     ahead: Ahead,
     stacks: Stacks,
@@ -228,8 +259,11 @@ impl<'a> Records<'a> {
     /// The address of a block that a sample or free a few events from now will name, when it
     /// is known already (samples and frees of a packed run are read [`AHEAD`] entries ahead):
     /// a reader can bring the memory where it keeps that block into the cache meanwhile.
+    #[inline]
     pub fn upcoming(&self) -> Option<u64> {
-        self.ahead.last().map(|(item, _)| item.addr())
+        let a = &self.ahead;
+        let last = a.len.checked_sub(1)?;
+        (a.at <= last).then(|| a.entries[(a.at + AHEAD - 1).min(last)].addr())
     }
 
     /// Bytes of the file read so far.
@@ -240,10 +274,31 @@ impl<'a> Records<'a> {
     /// The next event; `None` at the end of the file or at a damaged tail (then
     /// [`Records::finish`] says why). A read error, or a frame holding more than it declares
     /// ([`Undeclared`]), is an error.
+    #[inline]
     pub fn next_event(&mut self) -> Result<Option<Event>> {
+        if self.ahead.left() <= AHEAD && self.unpacking.is_some() {
+            self.decode_ahead();
+        }
+        if let Some(entry) = self.ahead.pop() {
+            return Ok(Some(match entry {
+                Entry::Sample(b) => Event::Sample(b),
+                Entry::Free(addr) => Event::Free(addr),
+            }));
+        }
+        self.next_unpacked()
+    }
+
+    /// [`Records::next_event`] past the entries decoded ahead.
+    fn next_unpacked(&mut self) -> Result<Option<Event>> {
         while !self.done {
             if let Some(event) = self.step()? {
                 return Ok(Some(event));
+            }
+            if let Some(entry) = self.ahead.pop() {
+                return Ok(Some(match entry {
+                    Entry::Sample(b) => Event::Sample(b),
+                    Entry::Free(addr) => Event::Free(addr),
+                }));
             }
         }
         Ok(None)
@@ -293,33 +348,21 @@ impl<'a> Records<'a> {
     }
 
     /// Reads one thing: an event, or None for a record that makes none (or the end, then
-    /// `done` is set).
+    /// `done` is set; or the start of a packed run, whose entries are then decoded ahead).
     fn step(&mut self) -> Result<Option<Event>> {
-        if let Some((unpacker, plain)) = &mut self.unpacking {
-            let ahead = &mut self.ahead;
-            while ahead.len < AHEAD && ahead.error.is_none() {
-                match unpacker.next_item(&self.chunk) {
-                    Some(Ok(entry)) => ahead.push(entry),
-                    Some(Err(why)) => ahead.error = Some(why),
-                    None => break,
-                }
+        if self.unpacking.is_some() {
+            self.decode_ahead();
+            if self.ahead.left() > 0 {
+                return Ok(None);
             }
-            match ahead.pop() {
-                Some((item, packed)) => {
-                    if *plain {
-                        let more = item.unpacked_len().saturating_sub(packed) as u64;
-                        EXPANSION.with(|e| e.set(e.get() + more));
-                    }
-                    return self.unpacked(item);
-                }
-                None => {
-                    self.unpacking = None;
-                    if let Some(why) = ahead.error.take() {
-                        self.damaged(&DecodeError::Corrupt(why.into()), self.chunk_origin);
-                        return Ok(None);
-                    }
-                }
+        }
+        match self.ahead.stop.take() {
+            Some(Stop::Damaged(why)) => {
+                self.damaged(&DecodeError::Corrupt(why.into()), self.chunk_origin);
+                return Ok(None);
             }
+            Some(Stop::Undeclared(e)) => return Err(e.into()),
+            None => {}
         }
         if self.chunk_at < self.chunk.len() && self.framed.is_some() {
             return self.framed_record();
@@ -330,25 +373,76 @@ impl<'a> Records<'a> {
         self.top_level()
     }
 
-    /// An entry of a PACKED run.
-    fn unpacked(&mut self, item: Item) -> Result<Option<Event>> {
-        match item {
-            Item::Free(addr) => Ok(Some(Event::Free(addr))),
-            Item::Brief {
-                aux,
-                size,
-                addr,
-                node,
-            } => {
-                self.count(Counts::Sample(addr))?;
-                match self.stacks.brief(addr, size, node, aux) {
-                    Ok(b) => Ok(Some(Event::Sample(b))),
-                    Err(why) => {
-                        self.unresolved.note(why);
-                        Ok(None)
+    /// Decodes the next entries of the packed run being read, up to [`BATCH`] ahead; at its
+    /// end (or at an entry that stops it early, [`Stop`]) the run is over. Samples are counted
+    /// against what the frame declares and resolved here ([`Stacks::brief`]): no record of
+    /// the run's can change the stacks meanwhile.
+    #[inline(never)]
+    fn decode_ahead(&mut self) {
+        let Some((run, plain)) = &mut self.unpacking else {
+            return;
+        };
+        // A copy the loop can keep in registers, written back after it.
+        let mut unpacker = *run;
+        let a = &mut self.ahead;
+        a.entries.copy_within(a.at..a.len, 0);
+        a.len -= a.at;
+        a.at = 0;
+        let mut expansion = 0;
+        let mut over = false;
+        while a.len < BATCH {
+            let (item, size) = match unpacker.next_item(&self.chunk) {
+                Some(Ok(entry)) => entry,
+                Some(Err(why)) => {
+                    a.stop = Some(Stop::Damaged(why));
+                    over = true;
+                    break;
+                }
+                None => {
+                    over = true;
+                    break;
+                }
+            };
+            expansion += item.unpacked_len().saturating_sub(size);
+            match item {
+                Item::Free(addr) => {
+                    a.entries[a.len] = Entry::Free(addr);
+                    a.len += 1;
+                }
+                Item::Brief {
+                    aux,
+                    size,
+                    addr,
+                    node,
+                } => {
+                    if let Some(f) = &mut self.framed {
+                        f.samples += 1;
+                        if f.samples > f.declared.samples {
+                            a.stop = Some(Stop::Undeclared(Undeclared {
+                                at: self.chunk_origin,
+                                what: "samples",
+                                declared: f.declared.samples,
+                            }));
+                            over = true;
+                            break;
+                        }
+                    }
+                    match self.stacks.brief(addr, size, node, aux) {
+                        Ok(b) => {
+                            a.entries[a.len] = Entry::Sample(b);
+                            a.len += 1;
+                        }
+                        Err(why) => self.unresolved.note(why),
                     }
                 }
             }
+        }
+        *run = unpacker;
+        if *plain {
+            EXPANSION.with(|e| e.set(e.get() + expansion as u64));
+        }
+        if over {
+            self.unpacking = None;
         }
     }
 

@@ -239,7 +239,7 @@ fn read_again(
         // The debug information of the files on this machine that the native frames need is
         // not the capture's (as in `Profile::build`).
         failure = budget
-            .check(&at.declared, builder.agg.resolver.symbol_memory())
+            .check(at.declared, builder.agg.resolver.symbol_memory())
             .err();
         failure.is_none()
     })?;
