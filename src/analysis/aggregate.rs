@@ -214,7 +214,15 @@ impl Aggregator {
 
     /// The records applied from now on belong to process `process` (0 at first); see the
     /// module doc. An index beyond [`MAX_PROCESSES`] counts as the last one.
+    #[inline]
     pub fn enter(&mut self, process: u32) {
+        if process == self.process {
+            return;
+        }
+        self.enter_another(process);
+    }
+
+    fn enter_another(&mut self, process: u32) {
         let process = process.min(MAX_PROCESSES as u32 - 1);
         if process as usize >= self.procs.len() {
             let rate = self.procs[0].rate;
@@ -415,6 +423,7 @@ impl Aggregator {
 
     /// Applies a sample that names a stack node of the current process's capture: the
     /// node's stack is resolved once per epoch (see [`NodeStacks`]), not for every sample.
+    #[inline]
     pub(crate) fn apply_sample(&mut self, b: &Brief, stacks: &Stacks) -> Change {
         let index = self.applied;
         self.applied += 1;
@@ -476,12 +485,7 @@ impl Aggregator {
             Some(origin) => StackId(self.resolver.graft(stack.0, origin)),
             None => stack,
         };
-        let block = Block {
-            stack,
-            tid,
-            size,
-            rate: self.procs[self.process as usize].rate,
-        };
+        let block = Block::new(stack, tid, size, self.procs[self.process as usize].rate);
         let allocator = self.allocator(stack);
         let sample = block.sample();
         let replaced = self.live[self.process as usize].insert(addr, block);
@@ -512,11 +516,13 @@ impl Aggregator {
     }
 
     /// Applies a free (of a packed run: see [`crate::capture::records::Event::Free`]).
+    #[inline]
     pub(crate) fn apply_free(&mut self, addr: u64) -> Change {
         self.applied += 1;
         self.free(addr)
     }
 
+    #[inline]
     fn free(&mut self, addr: u64) -> Change {
         match self.live[self.process as usize].remove(addr) {
             Some(old) => {
@@ -575,6 +581,7 @@ impl Aggregator {
     }
 
     /// Takes a block that is no longer live out of the live heap.
+    #[inline]
     fn take_live(&mut self, old: &Block) {
         let sample = old.sample();
         self.live_bytes -= sample.bytes;

@@ -184,6 +184,7 @@ impl Builder {
     }
 
     /// Feeds one event of `process`; `stacks` are its capture's nodes.
+    #[inline]
     pub(super) fn feed(&mut self, process: u32, event: &Event, stacks: &Stacks) {
         self.agg.enter(process);
         let change = match event {
@@ -236,6 +237,7 @@ impl Builder {
         self.agg.resolver.symbol_memory()
     }
 
+    #[inline]
     fn site(&mut self, stack: StackId, tid: u32) -> usize {
         let s = stack.0 as usize;
         match self.last_site.get(s) {
@@ -266,6 +268,7 @@ impl Builder {
         id as usize
     }
 
+    #[inline]
     fn touch(&mut self, site: usize) {
         if !self.is_dirty[site] {
             self.is_dirty[site] = true;
@@ -273,6 +276,7 @@ impl Builder {
         }
     }
 
+    #[inline]
     fn apply(&mut self, change: Change) {
         match change {
             Change::Alloc {
@@ -318,6 +322,7 @@ impl Builder {
         }
     }
 
+    #[inline]
     fn line_changed(&mut self, stack: StackId, bytes: f64) {
         if let Some(series) = &mut self.series {
             series.change(stack, bytes);
