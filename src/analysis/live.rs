@@ -30,7 +30,7 @@ pub(crate) struct Block {
 }
 
 impl Block {
-    #[inline]
+    #[inline(always)]
     pub fn new(stack: StackId, tid: u32, size: u64, rate: u64) -> Block {
         Block {
             stack,
@@ -42,7 +42,7 @@ impl Block {
     }
 
     /// What the block stands for.
-    #[inline]
+    #[inline(always)]
     pub fn sample(&self) -> Sample {
         self.sample
     }
@@ -131,25 +131,25 @@ impl LiveTable {
 
     /// The home slot of `addr`: its 64-byte group's line (the group scattered by the high
     /// bits of a multiplicative hash), and in it the slot of its 16-byte granule.
-    #[inline]
+    #[inline(always)]
     fn home(&self, addr: u64) -> usize {
         let line = ((addr >> 6).wrapping_mul(GOLDEN) >> self.shift) as usize;
         (line * 4 + (addr >> 4 & 3) as usize) & self.mask
     }
 
-    #[inline]
+    #[inline(always)]
     fn slot(&self, i: usize) -> &Entry {
         &self.lines[i / 4].0[i % 4]
     }
 
-    #[inline]
+    #[inline(always)]
     fn slot_mut(&mut self, i: usize) -> &mut Entry {
         &mut self.lines[i / 4].0[i % 4]
     }
 
     /// Brings the table's line where `addr` would be into the cache, without waiting for it
     /// (for an address a later call will look up: see `crate::capture::records::Records::upcoming`).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn prefetch(&self, addr: u64) {
         #[cfg(target_arch = "x86_64")]
         {
@@ -162,7 +162,7 @@ impl LiveTable {
     }
 
     /// The slot holding `addr`, or the free slot where it would go.
-    #[inline]
+    #[inline(always)]
     fn find(&self, addr: u64) -> (usize, bool) {
         let mut i = self.home(addr);
         loop {
@@ -212,6 +212,7 @@ impl LiveTable {
     }
 
     /// The block `packed` stands for at `addr`.
+    #[inline(always)]
     fn block_of(&self, addr: u64, packed: u64) -> Block {
         let site = self.sites[(packed >> 32) as usize];
         let mut size = packed as u32 as u64;

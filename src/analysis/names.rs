@@ -181,6 +181,7 @@ impl Names {
     }
 
     /// The allocator the blocks of the stack ending at `node` came from.
+    #[inline(always)]
     pub(crate) fn allocator(&self, node: u32) -> Allocator {
         Allocator::ALL[self.allocators[node as usize] as usize]
     }

@@ -241,6 +241,7 @@ impl<'a> Records<'a> {
     }
 
     /// The capture's stack nodes, as far as it was read.
+    #[inline(always)]
     pub fn stacks(&self) -> &Stacks {
         &self.stacks
     }
@@ -252,6 +253,7 @@ impl<'a> Records<'a> {
 
     /// The live blocks the frame being read declares at most (None outside frames: a record
     /// of an older format, which declares nothing).
+    #[inline(always)]
     pub fn live_declared(&self) -> Option<u32> {
         self.framed.as_ref().map(|f| f.declared.live)
     }
@@ -259,7 +261,7 @@ impl<'a> Records<'a> {
     /// The address of a block that a sample or free a few events from now will name, when it
     /// is known already (samples and frees of a packed run are read [`AHEAD`] entries ahead):
     /// a reader can bring the memory where it keeps that block into the cache meanwhile.
-    #[inline]
+    #[inline(always)]
     pub fn upcoming(&self) -> Option<u64> {
         let a = &self.ahead;
         let last = a.len.checked_sub(1)?;
@@ -274,7 +276,7 @@ impl<'a> Records<'a> {
     /// The next event; `None` at the end of the file or at a damaged tail (then
     /// [`Records::finish`] says why). A read error, or a frame holding more than it declares
     /// ([`Undeclared`]), is an error.
-    #[inline]
+    #[inline(always)]
     pub fn next_event(&mut self) -> Result<Option<Event>> {
         if self.ahead.left() <= AHEAD && self.unpacking.is_some() {
             self.decode_ahead();

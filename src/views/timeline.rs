@@ -141,7 +141,7 @@ fn from_series(
     keys: &[(String, String, u32)],
     by: Grouping,
 ) -> Vec<Point> {
-    let mut memo = Memo::new();
+    let mut memo = Memo::default();
     let key_of: Vec<Option<usize>> = series
         .lines
         .iter()
@@ -199,23 +199,23 @@ fn read_again(
         };
         let mut site = |agg: &Aggregator, stack: StackId| {
             *key_of.entry(stack).or_insert_with(|| {
-                let key = by.stack_key(p.focus(), &mut Memo::new(), agg.frames_with_origin(stack));
+                let key = by.stack_key(
+                    p.focus(),
+                    &mut Memo::default(),
+                    agg.frames_with_origin(stack),
+                );
                 site_of(keys, key)
             })
         };
         match change {
-            Change::Alloc {
-                block,
-                sample,
-                replaced,
-            } => {
+            Change::Alloc { block, replaced } => {
                 if let Some(old) = replaced {
                     if let Some(k) = site(&builder.agg, old.stack) {
                         builder.live[k] -= old.sample().bytes();
                     }
                 }
                 if let Some(k) = site(&builder.agg, block.stack) {
-                    builder.live[k] += sample.bytes();
+                    builder.live[k] += block.sample().bytes();
                 }
             }
             Change::Free(old) => {

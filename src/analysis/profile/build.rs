@@ -184,7 +184,7 @@ impl Builder {
     }
 
     /// Feeds one event of `process`; `stacks` are its capture's nodes.
-    #[inline]
+    #[inline(always)]
     pub(super) fn feed(&mut self, process: u32, event: &Event, stacks: &Stacks) {
         self.agg.enter(process);
         let change = match event {
@@ -213,6 +213,7 @@ impl Builder {
     }
 
     /// Whether it is time to check the memory (every [`CHECK_EVERY`] events).
+    #[inline(always)]
     pub(super) fn due(&mut self) -> bool {
         if self.until_check == 0 {
             self.until_check = CHECK_EVERY;
@@ -223,11 +224,13 @@ impl Builder {
     }
 
     /// See [`Aggregator::prefetch`].
+    #[inline(always)]
     pub(super) fn prefetch(&self, process: u32, addr: u64) {
         self.agg.prefetch(process, addr);
     }
 
     /// Live sampled blocks of the process fed last.
+    #[inline(always)]
     pub(super) fn live_blocks(&self) -> usize {
         self.agg.live_here()
     }
@@ -237,7 +240,7 @@ impl Builder {
         self.agg.resolver.symbol_memory()
     }
 
-    #[inline]
+    #[inline(always)]
     fn site(&mut self, stack: StackId, tid: u32) -> usize {
         let s = stack.0 as usize;
         match self.last_site.get(s) {
@@ -268,7 +271,7 @@ impl Builder {
         id as usize
     }
 
-    #[inline]
+    #[inline(always)]
     fn touch(&mut self, site: usize) {
         if !self.is_dirty[site] {
             self.is_dirty[site] = true;
@@ -276,14 +279,11 @@ impl Builder {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn apply(&mut self, change: Change) {
         match change {
-            Change::Alloc {
-                block,
-                sample,
-                replaced,
-            } => {
+            Change::Alloc { block, replaced } => {
+                let sample = block.sample();
                 if let Some(old) = replaced {
                     let s = self.site(old.stack, old.tid);
                     self.live[s].remove(&old.sample());
@@ -322,7 +322,7 @@ impl Builder {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn line_changed(&mut self, stack: StackId, bytes: f64) {
         if let Some(series) = &mut self.series {
             series.change(stack, bytes);
