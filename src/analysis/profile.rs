@@ -276,7 +276,7 @@ impl Profile {
                 if let Some(addr) = at.records.upcoming() {
                     builder.prefetch(at.process, addr);
                 }
-                builder.feed(at.process, &event, at.records.stacks());
+                builder.feed(at.process, event, at.records.stacks());
                 if let Some(declared) = at.records.live_declared() {
                     if builder.live_blocks() > declared as usize {
                         failure = Some(LoadError::LiveUndeclared { declared });

@@ -249,7 +249,7 @@ impl CaptureSet {
     /// `f` gets each event with where it was read ([`Reading`]: its process, the index in
     /// [`CaptureSet::members`], and its capture's reader), until it returns false. Returns
     /// each capture's [`Pass`].
-    pub fn for_each(&self, mut f: impl FnMut(Event, &Reading) -> bool) -> Result<Vec<Pass>> {
+    pub fn for_each(&self, mut f: impl FnMut(&Event, &Reading) -> bool) -> Result<Vec<Pass>> {
         if let [only] = &self.members[..] {
             return Ok(vec![for_each_alone(&only.file, f)?]);
         }
@@ -293,7 +293,7 @@ impl CaptureSet {
                 declared: &declared,
                 read,
             };
-            if !f(event, &at) {
+            if !f(&event, &at) {
                 break;
             }
             if let Some(key) = head.fetch()? {
@@ -309,11 +309,11 @@ impl CaptureSet {
 }
 
 /// [`CaptureSet::for_each`] of a set of one capture: no interleaving.
-fn for_each_alone(file: &CaptureFile, mut f: impl FnMut(Event, &Reading) -> bool) -> Result<Pass> {
+fn for_each_alone(file: &CaptureFile, mut f: impl FnMut(&Event, &Reading) -> bool) -> Result<Pass> {
     let mut records = file.records(1 << 20)?;
     let mut events = 0u64;
     let mut read = 0;
-    while let Some(event) = records.next_event()? {
+    while records.advance()? {
         events += 1;
         if events.is_multiple_of(PROGRESS_EVERY) {
             read = records.position();
@@ -324,7 +324,7 @@ fn for_each_alone(file: &CaptureFile, mut f: impl FnMut(Event, &Reading) -> bool
             declared: records.declared(),
             read,
         };
-        if !f(event, &at) {
+        if !f(records.current(), &at) {
             break;
         }
     }

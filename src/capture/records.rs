@@ -31,22 +31,6 @@ const AHEAD: usize = 16;
 /// loop of their own, rather than one at a time between the reader's work on each.
 const BATCH: usize = 64;
 
-/// An entry of a packed run, decoded.
-#[derive(Clone, Copy)]
-enum Entry {
-    Sample(Brief),
-    Free(u64),
-}
-
-impl Entry {
-    fn addr(&self) -> u64 {
-        match self {
-            Entry::Sample(b) => b.addr,
-            Entry::Free(addr) => *addr,
-        }
-    }
-}
-
 /// Why a packed run stopped before its end: said once the entries before it are handed on.
 enum Stop {
     /// A malformed entry: the capture's damaged tail starts there.
@@ -55,11 +39,12 @@ enum Stop {
     Undeclared(Undeclared),
 }
 
-/// The entries of a packed run decoded ahead of the one handed on (see [`BATCH`]).
+/// The entries of a packed run decoded ahead of the one handed on (see [`BATCH`]): a ring of
+/// events, handed on in place ([`Records::current`]).
 struct Ahead {
-    entries: [Entry; BATCH],
-    /// The next entry to hand on, and the end of those decoded.
-    at: usize,
+    entries: [Event; BATCH],
+    /// The next entry to hand on (an index into the ring, unwrapped), and how many follow.
+    head: usize,
     len: usize,
     stop: Option<Stop>,
 }
@@ -67,8 +52,8 @@ struct Ahead {
 impl Default for Ahead {
     fn default() -> Ahead {
         Ahead {
-            entries: [Entry::Free(0); BATCH],
-            at: 0,
+            entries: std::array::from_fn(|_| Event::Free(0)),
+            head: 0,
             len: 0,
             stop: None,
         }
@@ -76,18 +61,32 @@ impl Default for Ahead {
 }
 
 impl Ahead {
-    #[inline]
-    fn pop(&mut self) -> Option<Entry> {
-        let entry = self.entries[..self.len].get(self.at).copied();
-        self.at += entry.is_some() as usize;
-        entry
+    /// Where the next entry is in the ring, taken off it.
+    #[inline(always)]
+    fn pop(&mut self) -> Option<usize> {
+        if self.len == 0 {
+            return None;
+        }
+        let at = self.head % BATCH;
+        self.head += 1;
+        self.len -= 1;
+        Some(at)
     }
 
-    /// Entries decoded and not handed on yet.
-    #[inline]
-    fn left(&self) -> usize {
-        self.len - self.at
+    #[inline(always)]
+    fn push(&mut self, event: Event) {
+        self.entries[(self.head + self.len) % BATCH] = event;
+        self.len += 1;
     }
+}
+
+/// Where the event handed on last is.
+#[derive(Clone, Copy)]
+enum Current {
+    /// In the ring of entries decoded ahead, at this index.
+    Ahead(usize),
+    /// In [`Records::own`].
+    Own,
 }
 
 /// One thing read from a capture.
@@ -204,6 +203,10 @@ pub struct Records<'a> {
     /// The entries of that run decoded ahead of the one handed on (see
     /// [`Records::upcoming`]).
     ahead: Ahead,
+    /// The event handed on last ([`Records::current`]), and the one that is not an entry of
+    /// a packed run.
+    current: Current,
+    own: Event,
     stacks: Stacks,
     unresolved: Unresolved,
     pub(super) pass: Pass,
@@ -229,6 +232,8 @@ impl<'a> Records<'a> {
             framed: None,
             unpacking: None,
             ahead: Ahead::default(),
+            current: Current::Own,
+            own: Event::Free(0),
             stacks: Stacks::default(),
             unresolved: Unresolved::default(),
             pass,
@@ -265,7 +270,11 @@ impl<'a> Records<'a> {
     pub fn upcoming(&self) -> Option<u64> {
         let a = &self.ahead;
         let last = a.len.checked_sub(1)?;
-        (a.at <= last).then(|| a.entries[(a.at + AHEAD - 1).min(last)].addr())
+        match &a.entries[(a.head + (AHEAD - 1).min(last)) % BATCH] {
+            Event::Sample(b) => Some(b.addr),
+            Event::Free(addr) => Some(*addr),
+            Event::Record(_) => None,
+        }
     }
 
     /// Bytes of the file read so far.
@@ -273,37 +282,56 @@ impl<'a> Records<'a> {
         self.at
     }
 
-    /// The next event; `None` at the end of the file or at a damaged tail (then
-    /// [`Records::finish`] says why). A read error, or a frame holding more than it declares
-    /// ([`Undeclared`]), is an error.
+    /// Moves on to the next event, [`Records::current`]; false at the end of the file or at
+    /// a damaged tail (then [`Records::finish`] says why). A read error, or a frame holding
+    /// more than it declares ([`Undeclared`]), is an error. Entries of packed runs (most
+    /// events) are handed on where they were decoded, not moved.
     #[inline(always)]
-    pub fn next_event(&mut self) -> Result<Option<Event>> {
-        if self.ahead.left() <= AHEAD && self.unpacking.is_some() {
+    pub fn advance(&mut self) -> Result<bool> {
+        if self.ahead.len <= AHEAD && self.unpacking.is_some() {
             self.decode_ahead();
         }
-        if let Some(entry) = self.ahead.pop() {
-            return Ok(Some(match entry {
-                Entry::Sample(b) => Event::Sample(b),
-                Entry::Free(addr) => Event::Free(addr),
-            }));
+        if let Some(at) = self.ahead.pop() {
+            self.current = Current::Ahead(at);
+            return Ok(true);
         }
-        self.next_unpacked()
+        self.advance_past_entries()
     }
 
-    /// [`Records::next_event`] past the entries decoded ahead.
-    fn next_unpacked(&mut self) -> Result<Option<Event>> {
+    /// [`Records::advance`] past the entries decoded ahead.
+    fn advance_past_entries(&mut self) -> Result<bool> {
         while !self.done {
             if let Some(event) = self.step()? {
-                return Ok(Some(event));
+                self.own = event;
+                self.current = Current::Own;
+                return Ok(true);
             }
-            if let Some(entry) = self.ahead.pop() {
-                return Ok(Some(match entry {
-                    Entry::Sample(b) => Event::Sample(b),
-                    Entry::Free(addr) => Event::Free(addr),
-                }));
+            if let Some(at) = self.ahead.pop() {
+                self.current = Current::Ahead(at);
+                return Ok(true);
             }
         }
-        Ok(None)
+        Ok(false)
+    }
+
+    /// The event [`Records::advance`] moved on to.
+    #[inline(always)]
+    pub fn current(&self) -> &Event {
+        match self.current {
+            Current::Ahead(at) => &self.ahead.entries[at],
+            Current::Own => &self.own,
+        }
+    }
+
+    /// The next event, taken out; `None` at the end (see [`Records::advance`]).
+    pub fn next_event(&mut self) -> Result<Option<Event>> {
+        if !self.advance()? {
+            return Ok(None);
+        }
+        Ok(Some(match self.current {
+            Current::Ahead(at) => self.ahead.entries[at].clone(),
+            Current::Own => std::mem::replace(&mut self.own, Event::Free(0)),
+        }))
     }
 
     /// The next record, samples expanded into the ALLOC records they stand for (for tools and
@@ -354,7 +382,7 @@ impl<'a> Records<'a> {
     fn step(&mut self) -> Result<Option<Event>> {
         if self.unpacking.is_some() {
             self.decode_ahead();
-            if self.ahead.left() > 0 {
+            if self.ahead.len > 0 {
                 return Ok(None);
             }
         }
@@ -387,9 +415,6 @@ impl<'a> Records<'a> {
         // A copy the loop can keep in registers, written back after it.
         let mut unpacker = *run;
         let a = &mut self.ahead;
-        a.entries.copy_within(a.at..a.len, 0);
-        a.len -= a.at;
-        a.at = 0;
         let mut expansion = 0;
         let mut over = false;
         while a.len < BATCH {
@@ -407,10 +432,7 @@ impl<'a> Records<'a> {
             };
             expansion += item.unpacked_len().saturating_sub(size);
             match item {
-                Item::Free(addr) => {
-                    a.entries[a.len] = Entry::Free(addr);
-                    a.len += 1;
-                }
+                Item::Free(addr) => a.push(Event::Free(addr)),
                 Item::Brief {
                     aux,
                     size,
@@ -430,10 +452,7 @@ impl<'a> Records<'a> {
                         }
                     }
                     match self.stacks.brief(addr, size, node, aux) {
-                        Ok(b) => {
-                            a.entries[a.len] = Entry::Sample(b);
-                            a.len += 1;
-                        }
+                        Ok(b) => a.push(Event::Sample(b)),
                         Err(why) => self.unresolved.note(why),
                     }
                 }

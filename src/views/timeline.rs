@@ -192,7 +192,7 @@ fn read_again(
     let mut failure = None;
     set.for_each(|event, at| {
         builder.agg.enter(at.process);
-        let change = match &event {
+        let change = match event {
             Event::Sample(b) => builder.agg.apply_sample(b, at.records.stacks()),
             Event::Free(addr) => builder.agg.apply_free(*addr),
             Event::Record(r) => builder.agg.apply(r),
