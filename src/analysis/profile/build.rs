@@ -139,6 +139,20 @@ impl Budget {
 /// Events between two checks of the memory.
 const CHECK_EVERY: u32 = 256;
 
+/// What the builder keeps per site (one place: every event updates several of them).
+#[derive(Clone, Copy, Default)]
+struct Site {
+    allocated: Estimate,
+    /// The live heap now.
+    live: Estimate,
+    /// Blocks of processes whose records ended: live at their end, out of the live heap.
+    ended: Estimate,
+    /// At the highest live heap so far.
+    at_peak: Estimate,
+    /// Whether `live` changed since the last high (the site is in [`Builder::dirty`]).
+    dirty: bool,
+}
+
 /// Builds a [`Profile`] from events fed in file order.
 pub(super) struct Builder {
     agg: Aggregator,
@@ -148,16 +162,9 @@ pub(super) struct Builder {
     site_ids: FastMap<(StackId, u32), u32>,
     last_site: Vec<(u32, u32)>,
     keys: Vec<(StackId, u32)>,
-    allocated: Vec<Estimate>,
-    /// The live heap now, per site.
-    live: Vec<Estimate>,
-    /// Blocks of processes whose records ended: live at their end, out of the live heap.
-    ended: Vec<Estimate>,
-    /// Per site, at the highest live heap so far.
-    at_peak: Vec<Estimate>,
-    /// Sites whose live estimate changed since the last high, and a flag per site.
+    sites: Vec<Site>,
+    /// Sites whose live estimate changed since the last high.
     dirty: Vec<u32>,
-    is_dirty: Vec<bool>,
     series: Option<Series>,
     until_check: u32,
 }
@@ -172,12 +179,8 @@ impl Builder {
             site_ids: FastMap::default(),
             last_site: Vec::new(),
             keys: Vec::new(),
-            allocated: Vec::new(),
-            live: Vec::new(),
-            ended: Vec::new(),
-            at_peak: Vec::new(),
+            sites: Vec::new(),
             dirty: Vec::new(),
-            is_dirty: Vec::new(),
             series: (keep == Keep::Series).then(Series::default),
             until_check: 0,
         }
@@ -258,23 +261,15 @@ impl Builder {
         let id = *self.site_ids.entry((stack, tid)).or_insert(next);
         if id == next {
             self.keys.push((stack, tid));
-            for v in [
-                &mut self.allocated,
-                &mut self.live,
-                &mut self.ended,
-                &mut self.at_peak,
-            ] {
-                v.push(Estimate::default());
-            }
-            self.is_dirty.push(false);
+            self.sites.push(Site::default());
         }
         id as usize
     }
 
     #[inline(always)]
     fn touch(&mut self, site: usize) {
-        if !self.is_dirty[site] {
-            self.is_dirty[site] = true;
+        if !self.sites[site].dirty {
+            self.sites[site].dirty = true;
             self.dirty.push(site as u32);
         }
     }
@@ -286,25 +281,27 @@ impl Builder {
                 let sample = block.sample();
                 if let Some(old) = replaced {
                     let s = self.site(old.stack, old.tid);
-                    self.live[s].remove(&old.sample());
+                    self.sites[s].live.remove(&old.sample());
                     self.touch(s);
                     self.line_changed(old.stack, -old.sample().bytes());
                 }
                 let s = self.site(block.stack, block.tid);
-                self.allocated[s].add(&sample);
-                self.live[s].add(&sample);
+                let site = &mut self.sites[s];
+                site.allocated.add(&sample);
+                site.live.add(&sample);
                 self.touch(s);
                 self.line_changed(block.stack, sample.bytes());
                 if self.agg.peak_is_latest() {
                     for d in self.dirty.drain(..) {
-                        self.at_peak[d as usize] = self.live[d as usize];
-                        self.is_dirty[d as usize] = false;
+                        let site = &mut self.sites[d as usize];
+                        site.at_peak = site.live;
+                        site.dirty = false;
                     }
                 }
             }
             Change::Free(old) => {
                 let s = self.site(old.stack, old.tid);
-                self.live[s].remove(&old.sample());
+                self.sites[s].live.remove(&old.sample());
                 self.touch(s);
                 self.line_changed(old.stack, -old.sample().bytes());
             }
@@ -312,8 +309,8 @@ impl Builder {
                 let blocks: Vec<_> = self.agg.ended.drain(range).collect();
                 for old in blocks {
                     let s = self.site(old.stack, old.tid);
-                    self.live[s].remove(&old.sample());
-                    self.ended[s].add(&old.sample());
+                    self.sites[s].live.remove(&old.sample());
+                    self.sites[s].ended.add(&old.sample());
                     self.touch(s);
                     self.line_changed(old.stack, -old.sample().bytes());
                 }
@@ -338,13 +335,14 @@ impl Builder {
         let peaked = agg.peak().is_some();
         let mut sites = Vec::with_capacity(self.keys.len());
         for (i, &(stack, tid)) in self.keys.iter().enumerate() {
-            let mut live = self.live[i];
-            live.merge(&self.ended[i]);
+            let site = &self.sites[i];
+            let mut live = site.live;
+            live.merge(&site.ended);
             let f = Figures {
-                allocated: self.allocated[i],
+                allocated: site.allocated,
                 live,
                 peak: if peaked {
-                    self.at_peak[i]
+                    site.at_peak
                 } else {
                     Estimate::default()
                 },
