@@ -28,7 +28,28 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Whether a file (by name) is yours, remembered per file while a grouping walks its stacks.
-pub type Memo<'a> = FastMap<&'a str, bool>;
+pub type Memo<'a> = FastMap<Named<'a>, bool>;
+
+/// A file's name as a key of [`Memo`], known by where its bytes are rather than by the bytes:
+/// the profile interns names (one copy each), so a look-up hashes two words, not a path,
+/// for every frame of every stack. The same name at two places is two keys with one answer.
+#[derive(Clone, Copy, Debug)]
+pub struct Named<'a>(&'a str);
+
+impl PartialEq for Named<'_> {
+    fn eq(&self, other: &Named<'_>) -> bool {
+        std::ptr::eq(self.0, other.0)
+    }
+}
+
+impl Eq for Named<'_> {}
+
+impl std::hash::Hash for Named<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_usize(self.0.as_ptr() as usize);
+        state.write_usize(self.0.len());
+    }
+}
 
 /// The rules that say which files are yours.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -175,7 +196,7 @@ impl Focus {
             return self.focused(loc.file);
         }
         *memo
-            .entry(loc.file)
+            .entry(Named(loc.file))
             .or_insert_with(|| self.is_your_file(loc.file))
     }
 

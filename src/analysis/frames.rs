@@ -62,12 +62,18 @@ const PACKAGE_DIRS: [&str; 2] = ["/site-packages/", "/dist-packages/"];
 /// Where the standard library starts in a path (`…/lib/python3.12/`), and where its
 /// module path begins.
 fn stdlib_start(file: &str) -> Option<usize> {
-    let at = file.find("/lib/python3")?;
-    let rest = &file[at + "/lib/python3".len()..];
+    // Compared in place rather than with `str::find`, whose searcher costs more to set up than
+    // a path takes to scan: views ask this of every frame of every stack.
+    const MARK: &[u8] = b"/lib/python3";
+    let at = file
+        .as_bytes()
+        .windows(MARK.len())
+        .position(|w| w == MARK)?;
+    let rest = &file[at + MARK.len()..];
     let slash = rest.find('/')?;
     let version = &rest[..slash];
     (version.starts_with('.') && version[1..].chars().all(|c| c.is_ascii_digit()))
-        .then_some(at + "/lib/python3".len() + slash + 1)
+        .then_some(at + MARK.len() + slash + 1)
 }
 
 /// The kind of code in `file`.

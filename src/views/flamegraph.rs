@@ -24,7 +24,7 @@
 
 use crate::analysis::allocators::Allocators;
 use crate::analysis::frames::{self, Kind};
-use crate::analysis::names::Location;
+use crate::analysis::names::{FastMap, Location};
 use crate::analysis::profile::{Estimate, Profile, View};
 use crate::base::text::xml_escape;
 use crate::base::units::human_bytes;
@@ -35,7 +35,7 @@ use crate::views::formats::{check_output, write_file, Format};
 use anyhow::{bail, Result};
 pub use boxes::fitted_label;
 use boxes::{layout, Placed};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::rc::Rc;
@@ -253,7 +253,7 @@ fn width(bytes: f64, unit: f64) -> u64 {
 /// The stacks of `p` as drawn, by their labels (the order they are laid out in).
 fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<Rc<str>>, Drawn> {
     let mut out: BTreeMap<Vec<Rc<str>>, Drawn> = BTreeMap::new();
-    let mut seen: HashMap<Location, DrawnFrame> = HashMap::new();
+    let mut seen: FastMap<Location, DrawnFrame> = FastMap::default();
     for (id, figures) in p.stacks_of(settings.thread) {
         let estimate = *figures.get(settings.view);
         if estimate.samples == 0 {
