@@ -494,7 +494,7 @@ mod tests {
         ];
         let mut memo = Memo::default();
         assert_eq!(f.first_yours(stack.into_iter(), &mut memo), Some(stack[1]));
-        assert_eq!(memo.get(JSON), Some(&false));
+        assert_eq!(memo.get(&Named(stack[0].file)), Some(&false));
         assert_eq!(f.first_yours([loc(JSON, 1)].into_iter(), &mut memo), None);
     }
 
