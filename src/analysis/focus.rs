@@ -23,33 +23,12 @@
 //! alone then decide.
 
 use crate::analysis::frames::{kind, Kind};
-use crate::analysis::names::{FastMap, Location};
+use crate::analysis::names::{FastMap, Location, Named};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Whether a file (by name) is yours, remembered per file while a grouping walks its stacks.
 pub type Memo<'a> = FastMap<Named<'a>, bool>;
-
-/// A file's name as a key of [`Memo`], known by where its bytes are rather than by the bytes:
-/// the profile interns names (one copy each), so a look-up hashes two words, not a path,
-/// for every frame of every stack. The same name at two places is two keys with one answer.
-#[derive(Clone, Copy, Debug)]
-pub struct Named<'a>(&'a str);
-
-impl PartialEq for Named<'_> {
-    fn eq(&self, other: &Named<'_>) -> bool {
-        std::ptr::eq(self.0, other.0)
-    }
-}
-
-impl Eq for Named<'_> {}
-
-impl std::hash::Hash for Named<'_> {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write_usize(self.0.as_ptr() as usize);
-        state.write_usize(self.0.len());
-    }
-}
 
 /// The rules that say which files are yours.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
