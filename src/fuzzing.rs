@@ -11,7 +11,8 @@
 //! - cargo-fuzz (long runs, nightly): `fuzz/fuzz_targets/capture.rs` (see `fuzz/README.md`).
 
 use crate::analysis::grouping::Grouping;
-use crate::analysis::profile::{Profile, View, MEMORY_FIXED, MEMORY_PER_BYTE};
+use crate::analysis::profile::{Keep, Profile, View, MEMORY_FIXED, MEMORY_PER_BYTE};
+use crate::capture::processes::{CaptureSet, Pick};
 use crate::views::export::folded;
 use crate::views::report::render;
 use std::path::Path;
@@ -65,7 +66,11 @@ pub fn check_some(bytes: &[u8], path: &Path, views: bool) -> Cost {
     crate::base::memory::reset_peak();
     let unpacked = crate::capture::file::expansion();
     crate::analysis::profile::reset_last_limit();
-    let loaded = Profile::read(path).map(|(p, _warnings)| p);
+    // With the timeline's series, as `timeline` and `html` read (the other views read the
+    // same figures without it).
+    let loaded = CaptureSet::open(path, Pick::All)
+        .and_then(|set| Profile::read_set_keeping(&set, Keep::Series))
+        .map(|(p, _warnings)| p);
     let peak_memory = (crate::base::memory::peak() - base).max(0) as usize;
     // Packed records count at the size of what they stand for, and frames at what they
     // declare, as the reader's allowance does (whose checks keep a third of it, see
@@ -158,9 +163,7 @@ fn other_views(p: &Profile, path: &Path) {
         let svg = crate::views::flamegraph::svg(p, &settings, Some(p)).expect("flamegraph");
         outputs.push(("flamegraph", svg.into_bytes()));
     }
-    let set =
-        crate::capture::processes::CaptureSet::open(path, crate::capture::processes::Pick::All)
-            .expect("the input is still there");
+    let set = CaptureSet::open(path, Pick::All).expect("the input is still there");
     let timeline = crate::views::timeline::load(&set, p, 5, Grouping::YourCode).expect("timeline");
     outputs.push((
         "timeline",

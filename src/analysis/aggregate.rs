@@ -15,7 +15,7 @@
 //! most [`MAX_META_KEYS`] keys of `MAX_META_KEY` bytes, values and thread names elided to
 //! [`MAX_META_VALUE`] and [`MAX_NAME`] bytes.
 
-use crate::analysis::estimate::{Estimate, Sample};
+use crate::analysis::estimate::Estimate;
 pub(crate) use crate::analysis::live::Block;
 use crate::analysis::live::LiveTable;
 use crate::analysis::names::{Location, StackId, StackResolver, MAX_NAME};
@@ -85,10 +85,10 @@ pub struct ProcessFigures {
 
 /// What applying one record changed, for callers that keep their own tables.
 pub(crate) enum Change {
-    /// A sampled allocation; `replaced` is the live block it overwrote (its free was lost).
+    /// A sampled allocation (what it stands for: `block.sample()`); `replaced` is the live
+    /// block it overwrote (its free was lost).
     Alloc {
         block: Block,
-        sample: Sample,
         replaced: Option<Block>,
     },
     /// A sampled block was freed.
@@ -230,7 +230,15 @@ impl Aggregator {
 
     /// The records applied from now on belong to process `process` (0 at first); see the
     /// module doc. An index beyond [`MAX_PROCESSES`] counts as the last one.
+    #[inline(always)]
     pub fn enter(&mut self, process: u32) {
+        if process == self.process {
+            return;
+        }
+        self.enter_another(process);
+    }
+
+    fn enter_another(&mut self, process: u32) {
         let process = process.min(MAX_PROCESSES as u32 - 1);
         if process as usize >= self.procs.len() {
             let rate = self.procs[0].rate;
@@ -303,6 +311,7 @@ impl Aggregator {
     }
 
     /// The current process's figures.
+    #[inline(always)]
     fn proc(&mut self) -> &mut ProcessFigures {
         &mut self.procs[self.process as usize]
     }
@@ -431,6 +440,7 @@ impl Aggregator {
 
     /// Applies a sample that names a stack node of the current process's capture: the
     /// node's stack is resolved once per epoch (see [`NodeStacks`]), not for every sample.
+    #[inline(always)]
     pub(crate) fn apply_sample(&mut self, b: &Brief, stacks: &Stacks) -> Change {
         let index = self.applied;
         self.applied += 1;
@@ -492,12 +502,7 @@ impl Aggregator {
             Some(origin) => StackId(self.resolver.graft(stack.0, origin)),
             None => stack,
         };
-        let block = Block {
-            stack,
-            tid,
-            size,
-            rate: self.procs[self.process as usize].rate,
-        };
+        let block = Block::new(stack, tid, size, self.procs[self.process as usize].rate);
         let allocator = self.allocator(stack);
         let sample = block.sample();
         let replaced = self.live[self.process as usize].insert(addr, block);
@@ -520,19 +525,17 @@ impl Aggregator {
         if self.peak.is_none_or(|(_, best, _)| self.live_bytes > best) {
             self.peak = Some((index, self.live_bytes, time_ns));
         }
-        Change::Alloc {
-            block,
-            sample,
-            replaced,
-        }
+        Change::Alloc { block, replaced }
     }
 
     /// Applies a free (of a packed run: see [`crate::capture::records::Event::Free`]).
+    #[inline(always)]
     pub(crate) fn apply_free(&mut self, addr: u64) -> Change {
         self.applied += 1;
         self.free(addr)
     }
 
+    #[inline(always)]
     fn free(&mut self, addr: u64) -> Change {
         match self.live[self.process as usize].remove(addr) {
             Some(old) => {
@@ -549,6 +552,7 @@ impl Aggregator {
 
     /// Brings where the live blocks of `process` would keep `addr` into the cache, for a
     /// sample or free to come (see [`LiveTable::prefetch`]).
+    #[inline(always)]
     pub(crate) fn prefetch(&self, process: u32, addr: u64) {
         if let Some(live) = self.live.get(process as usize) {
             live.prefetch(addr);
@@ -556,6 +560,7 @@ impl Aggregator {
     }
 
     /// Live sampled blocks of the current process.
+    #[inline(always)]
     pub(crate) fn live_here(&self) -> usize {
         self.live[self.process as usize].len()
     }
@@ -584,6 +589,7 @@ impl Aggregator {
     }
 
     /// Takes a block that is no longer live out of the live heap.
+    #[inline(always)]
     fn take_live(&mut self, old: &Block) {
         let sample = old.sample();
         self.live_bytes -= sample.bytes;
@@ -592,11 +598,13 @@ impl Aggregator {
     }
 
     /// The allocator the blocks of a stack came from.
+    #[inline(always)]
     pub fn allocator(&self, stack: StackId) -> Allocator {
         self.resolver.names.allocator(stack.0)
     }
 
     /// Notes the time of a timed record.
+    #[inline(always)]
     fn saw_time(&mut self, time_ns: u64) {
         self.first_ns.get_or_insert(time_ns);
         self.last_ns = self.last_ns.max(Some(time_ns));
@@ -608,6 +616,7 @@ impl Aggregator {
     }
 
     /// Whether the record applied last reached the peak.
+    #[inline(always)]
     pub(crate) fn peak_is_latest(&self) -> bool {
         self.peak.is_some_and(|(i, _, _)| i + 1 == self.applied)
     }

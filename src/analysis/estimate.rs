@@ -53,6 +53,7 @@ impl Estimate {
     }
 
     /// Counts one more sample.
+    #[inline(always)]
     pub(crate) fn add(&mut self, s: &Sample) {
         self.bytes += s.bytes;
         self.count += s.count;
@@ -62,6 +63,7 @@ impl Estimate {
 
     /// Takes back a sample counted before (a live block that was freed). The sums are exactly
     /// zero again once the last sample is gone, so no rounding residue is left behind.
+    #[inline(always)]
     pub(crate) fn remove(&mut self, s: &Sample) {
         self.samples = self.samples.saturating_sub(1);
         if self.samples == 0 {

@@ -23,12 +23,12 @@
 //! alone then decide.
 
 use crate::analysis::frames::{kind, Kind};
-use crate::analysis::names::Location;
-use std::collections::{BTreeMap, HashMap};
+use crate::analysis::names::{FastMap, Location, Named};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Whether a file (by name) is yours, remembered per file while a grouping walks its stacks.
-pub type Memo<'a> = HashMap<&'a str, bool>;
+pub type Memo<'a> = FastMap<Named<'a>, bool>;
 
 /// The rules that say which files are yours.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -175,7 +175,7 @@ impl Focus {
             return self.focused(loc.file);
         }
         *memo
-            .entry(loc.file)
+            .entry(Named(loc.file))
             .or_insert_with(|| self.is_your_file(loc.file))
     }
 
@@ -418,7 +418,7 @@ mod tests {
             line: 0,
             firstline: 0,
         };
-        assert!(!f.is_yours(&pseudo, &mut Memo::new()));
+        assert!(!f.is_yours(&pseudo, &mut Memo::default()));
     }
 
     #[test]
@@ -471,9 +471,9 @@ mod tests {
             loc("/srv/app/app.py", 9),
             loc("/srv/app/app.py", 30),
         ];
-        let mut memo = Memo::new();
+        let mut memo = Memo::default();
         assert_eq!(f.first_yours(stack.into_iter(), &mut memo), Some(stack[1]));
-        assert_eq!(memo.get(JSON), Some(&false));
+        assert_eq!(memo.get(&Named(stack[0].file)), Some(&false));
         assert_eq!(f.first_yours([loc(JSON, 1)].into_iter(), &mut memo), None);
     }
 

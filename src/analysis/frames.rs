@@ -62,12 +62,17 @@ const PACKAGE_DIRS: [&str; 2] = ["/site-packages/", "/dist-packages/"];
 /// Where the standard library starts in a path (`…/lib/python3.12/`), and where its
 /// module path begins.
 fn stdlib_start(file: &str) -> Option<usize> {
-    let at = file.find("/lib/python3")?;
-    let rest = &file[at + "/lib/python3".len()..];
+    // Compared in place, at each slash, rather than with `str::find`, whose searcher costs more
+    // to set up than a path takes to scan: views ask this of every frame of every stack.
+    const MARK: &[u8] = b"/lib/python3";
+    let bytes = file.as_bytes();
+    let at = (0..(bytes.len() + 1).saturating_sub(MARK.len()))
+        .find(|&i| bytes[i] == b'/' && &bytes[i..i + MARK.len()] == MARK)?;
+    let rest = &file[at + MARK.len()..];
     let slash = rest.find('/')?;
     let version = &rest[..slash];
     (version.starts_with('.') && version[1..].chars().all(|c| c.is_ascii_digit()))
-        .then_some(at + "/lib/python3".len() + slash + 1)
+        .then_some(at + MARK.len() + slash + 1)
 }
 
 /// The kind of code in `file`.
@@ -165,6 +170,35 @@ pub fn label(loc: &Location) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The scan finds the first `/lib/python3` as `str::find` does: at the start, at the end,
+    /// twice, after multi-byte characters, and not at all.
+    #[test]
+    fn the_standard_library_is_found_where_find_finds_it() {
+        let by_find = |file: &str| {
+            let at = file.find("/lib/python3")?;
+            let rest = &file[at + "/lib/python3".len()..];
+            let slash = rest.find('/')?;
+            let version = &rest[..slash];
+            (version.starts_with('.') && version[1..].chars().all(|c| c.is_ascii_digit()))
+                .then_some(at + "/lib/python3".len() + slash + 1)
+        };
+        for file in [
+            "",
+            "/",
+            "/lib/python3",
+            "/lib/python3.1/",
+            "/lib/python3.11/x.py",
+            "é/lib/python3.12/json/decoder.py",
+            "/x/lib/python3/lib/python3.11/os.py",
+            "/usr/lib/python3.11x/os.py",
+            "/usr/lib/python3.11/lib/python3.12/os.py",
+            "/usr/lib/python",
+            "lib/python3.11/os.py",
+        ] {
+            assert_eq!(stdlib_start(file), by_find(file), "{file}");
+        }
+    }
 
     #[test]
     fn files_are_shortened_the_way_python_users_name_them() {

@@ -167,7 +167,7 @@ impl<'a, 'f, F: Default> YourCodeGroups<'a, 'f, F> {
     pub fn new(focus: &'f Focus) -> Self {
         YourCodeGroups {
             focus,
-            memo: Memo::new(),
+            memo: Memo::default(),
             groups: HashMap::new(),
         }
     }

@@ -25,12 +25,26 @@ pub(crate) struct Block {
     pub tid: u32,
     pub(crate) size: u64,
     pub(crate) rate: u64,
+    /// What it stands for, worked out once: every table a block is in takes it back.
+    sample: Sample,
 }
 
 impl Block {
+    #[inline(always)]
+    pub fn new(stack: StackId, tid: u32, size: u64, rate: u64) -> Block {
+        Block {
+            stack,
+            tid,
+            size,
+            rate,
+            sample: Sample::new(size, rate),
+        }
+    }
+
     /// What the block stands for.
+    #[inline(always)]
     pub fn sample(&self) -> Sample {
-        Sample::new(self.size, self.rate)
+        self.sample
     }
 }
 
@@ -65,6 +79,8 @@ pub(crate) struct LiveTable {
     lines: Vec<Line>,
     /// Slots minus one (slots are a power of two).
     mask: usize,
+    /// 64 minus the bits of a line's index: the shift that takes them from a hash.
+    shift: u32,
     len: usize,
     /// The block at address 0, which a real capture never has.
     zero: Option<u64>,
@@ -83,6 +99,11 @@ impl Default for LiveTable {
     }
 }
 
+/// [`LiveTable::shift`] for a table of `slots` slots.
+fn line_shift(slots: usize) -> u32 {
+    64 - (slots / 4).trailing_zeros()
+}
+
 /// The multiplier of Fibonacci hashing (2^64 over the golden ratio).
 const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
 
@@ -93,6 +114,7 @@ impl LiveTable {
         LiveTable {
             lines: vec![Line::default(); slots / 4],
             mask: slots - 1,
+            shift: line_shift(slots),
             len: 0,
             zero: None,
             big: FastMap::default(),
@@ -109,26 +131,25 @@ impl LiveTable {
 
     /// The home slot of `addr`: its 64-byte group's line (the group scattered by the high
     /// bits of a multiplicative hash), and in it the slot of its 16-byte granule.
-    #[inline]
+    #[inline(always)]
     fn home(&self, addr: u64) -> usize {
-        let lines = (self.mask + 1) / 4;
-        let line = ((addr >> 6).wrapping_mul(GOLDEN) >> (64 - lines.trailing_zeros())) as usize;
+        let line = ((addr >> 6).wrapping_mul(GOLDEN) >> self.shift) as usize;
         (line * 4 + (addr >> 4 & 3) as usize) & self.mask
     }
 
-    #[inline]
+    #[inline(always)]
     fn slot(&self, i: usize) -> &Entry {
         &self.lines[i / 4].0[i % 4]
     }
 
-    #[inline]
+    #[inline(always)]
     fn slot_mut(&mut self, i: usize) -> &mut Entry {
         &mut self.lines[i / 4].0[i % 4]
     }
 
     /// Brings the table's line where `addr` would be into the cache, without waiting for it
     /// (for an address a later call will look up: see `crate::capture::records::Records::upcoming`).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn prefetch(&self, addr: u64) {
         #[cfg(target_arch = "x86_64")]
         {
@@ -141,7 +162,7 @@ impl LiveTable {
     }
 
     /// The slot holding `addr`, or the free slot where it would go.
-    #[inline]
+    #[inline(always)]
     fn find(&self, addr: u64) -> (usize, bool) {
         let mut i = self.home(addr);
         loop {
@@ -191,18 +212,14 @@ impl LiveTable {
     }
 
     /// The block `packed` stands for at `addr`.
+    #[inline(always)]
     fn block_of(&self, addr: u64, packed: u64) -> Block {
         let site = self.sites[(packed >> 32) as usize];
         let mut size = packed as u32 as u64;
         if size == BIG as u64 {
             size = self.big.get(&addr).copied().unwrap_or(size);
         }
-        Block {
-            stack: StackId(site.stack),
-            tid: site.tid,
-            size,
-            rate: site.rate,
-        }
+        Block::new(StackId(site.stack), site.tid, size, site.rate)
     }
 
     /// The block `packed` stands for at `addr`, which leaves the table.
@@ -279,6 +296,7 @@ impl LiveTable {
         let slots = (self.mask + 1) * 2;
         let old = std::mem::replace(&mut self.lines, vec![Line::default(); slots / 4]);
         self.mask = slots - 1;
+        self.shift = line_shift(slots);
         for e in old.iter().flat_map(|line| line.0).filter(|e| e.addr != 0) {
             let (i, _) = self.find(e.addr);
             *self.slot_mut(i) = e;
@@ -331,12 +349,12 @@ mod tests {
                 3 if i < 200_000 => 0x5500_0000_0000 + i * 16,
                 _ => (x >> 8) % 100,
             };
-            let block = Block {
-                stack: StackId((i % 1000) as u32),
-                tid: (x >> 40) as u32 % 3,
-                size: i << (i % 40),
-                rate: 1 + i % 3 * 4096,
-            };
+            let block = Block::new(
+                StackId((i % 1000) as u32),
+                (x >> 40) as u32 % 3,
+                i << (i % 40),
+                1 + i % 3 * 4096,
+            );
             let key = |b: Block| (b.stack, b.tid, b.size, b.rate);
             if x.is_multiple_of(3) {
                 assert_eq!(t.remove(addr).map(key), m.remove(&addr).map(key), "{i}");

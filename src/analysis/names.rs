@@ -29,7 +29,7 @@ use mprof_common::record::{Allocator, Frame, Module, NativeStack};
 use native::NativeResolver;
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 /// File name of the pseudo-frame for allocations made while no Python code ran.
 pub const NO_PYTHON_FRAME: &str = "<no Python frame>";
@@ -136,6 +136,27 @@ impl Hasher for FastHasher {
 /// A hash map with [`FastHasher`], for integer keys.
 pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
 
+/// A name of the profile as a key, known by where its bytes are rather than by the bytes:
+/// [`Names`] keeps one copy of each, so a look-up hashes two words, not a path, for every
+/// frame of every stack. The same text at two places is two keys (with the same answer).
+#[derive(Clone, Copy, Debug)]
+pub struct Named<'a>(pub &'a str);
+
+impl PartialEq for Named<'_> {
+    fn eq(&self, other: &Named<'_>) -> bool {
+        std::ptr::eq(self.0, other.0)
+    }
+}
+
+impl Eq for Named<'_> {}
+
+impl Hash for Named<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_usize(self.0.as_ptr() as usize);
+        state.write_usize(self.0.len());
+    }
+}
+
 /// Interned strings, code objects, frames and the stack trie.
 #[derive(Default)]
 pub(crate) struct Names {
@@ -181,6 +202,7 @@ impl Names {
     }
 
     /// The allocator the blocks of the stack ending at `node` came from.
+    #[inline(always)]
     pub(crate) fn allocator(&self, node: u32) -> Allocator {
         Allocator::ALL[self.allocators[node as usize] as usize]
     }

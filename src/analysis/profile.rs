@@ -117,6 +117,17 @@ pub struct Lens<'a> {
     pub pick: Pick,
 }
 
+/// What a read keeps beside the figures that every view needs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Keep {
+    /// The figures alone.
+    #[default]
+    Figures,
+    /// The figures and the timeline's series ([`Profile::series`]): for the views that draw
+    /// the timeline (`timeline`, `html`). Recording it costs a read about a tenth more.
+    Series,
+}
+
 /// Warnings about the other processes' captures shown at most (then how many more).
 const MAX_PROCESS_WARNINGS: usize = 8;
 
@@ -248,8 +259,14 @@ impl Source {
 
     /// The profile, and the warnings about it.
     pub fn read(&self) -> Result<(Profile, Vec<String>)> {
+        self.read_keeping(Keep::Figures)
+    }
+
+    /// [`Source::read`] that keeps what `keep` says (interval profiles always carry their
+    /// series: one point an interval).
+    pub fn read_keeping(&self, keep: Keep) -> Result<(Profile, Vec<String>)> {
         match self {
-            Source::Captures(set) => Profile::read_set(set),
+            Source::Captures(set) => Profile::read_set_keeping(set, keep),
             Source::Intervals {
                 listing,
                 range,
@@ -260,7 +277,12 @@ impl Source {
 
     /// The profile; its warnings printed to stderr as `mprof: warning: ...` lines.
     pub fn load(&self) -> Result<Profile> {
-        let (profile, warnings) = self.read()?;
+        self.load_keeping(Keep::Figures)
+    }
+
+    /// [`Source::load`] that keeps what `keep` says.
+    pub fn load_keeping(&self, keep: Keep) -> Result<Profile> {
+        let (profile, warnings) = self.read_keeping(keep)?;
         for w in warnings {
             crate::say!("mprof: warning: {w}");
         }
@@ -292,7 +314,12 @@ impl Profile {
     /// [`Profile::load`] of captures already open (to read them again afterwards, as the
     /// timeline does).
     pub fn load_set(set: &CaptureSet) -> Result<Profile> {
-        let (profile, warnings) = Profile::read_set(set)?;
+        Profile::load_set_keeping(set, Keep::Figures)
+    }
+
+    /// [`Profile::load_set`] that keeps what `keep` says.
+    pub fn load_set_keeping(set: &CaptureSet, keep: Keep) -> Result<Profile> {
+        let (profile, warnings) = Profile::read_set_keeping(set, keep)?;
         for w in warnings {
             crate::say!("mprof: warning: {w}");
         }
@@ -306,6 +333,11 @@ impl Profile {
 
     /// [`Profile::load_set`] that returns its warnings instead of printing them.
     pub fn read_set(set: &CaptureSet) -> Result<(Profile, Vec<String>)> {
+        Profile::read_set_keeping(set, Keep::Figures)
+    }
+
+    /// [`Profile::read_set`] that keeps what `keep` says.
+    pub fn read_set_keeping(set: &CaptureSet, keep: Keep) -> Result<(Profile, Vec<String>)> {
         let context = || format!("cannot read {}", set.root().path().display());
         let mut first_rate = None;
         set.root().for_each(|r| {
@@ -316,14 +348,14 @@ impl Profile {
         })?;
         let budget = Budget::new(Some(set.size()));
         let mut progress = Progress::new("reading", set.size());
-        let mut builder = Builder::new(first_rate);
+        let mut builder = Builder::new(first_rate, keep);
         let mut failure = None;
         let passes = set
             .for_each(|event, at| {
                 if let Some(addr) = at.records.upcoming() {
                     builder.prefetch(at.process, addr);
                 }
-                builder.feed(at.process, &event, at.records.stacks());
+                builder.feed(at.process, event, at.records.stacks());
                 if let Some(declared) = at.records.live_declared() {
                     if builder.live_blocks() > declared as usize {
                         failure = Some(LoadError::LiveUndeclared { declared });
@@ -332,7 +364,7 @@ impl Profile {
                 }
                 if builder.due() {
                     progress.update(at.read);
-                    failure = budget.check(&at.declared, builder.apart()).err();
+                    failure = budget.check(at.declared, builder.apart()).err();
                 }
                 failure.is_none()
             })
@@ -458,15 +490,16 @@ impl Profile {
             Record::Meta { text } => meta_rate(text),
             _ => None,
         });
-        let mut builder = Builder::new(first_rate);
+        let mut builder = Builder::new(first_rate, Keep::Figures);
         for r in records {
             builder.feed_record(0, r);
         }
         builder.finish()
     }
 
-    /// The timeline's series, recorded in the same pass as the figures (None when there were
-    /// too many lines changing too often to keep them: the timeline reads the capture again).
+    /// The timeline's series, recorded in the same pass as the figures when the read was
+    /// asked to keep it ([`Keep::Series`]; None otherwise, and when there were too many lines
+    /// changing too often to keep them: the timeline reads the capture again).
     pub fn series(&self) -> Option<&series::Recorded> {
         self.series.as_ref()
     }

@@ -247,7 +247,7 @@ impl CaptureSet {
     /// `f` gets each event with where it was read ([`Reading`]: its process, the index in
     /// [`CaptureSet::members`], and its capture's reader), until it returns false. Returns
     /// each capture's [`Pass`].
-    pub fn for_each(&self, mut f: impl FnMut(Event, &Reading) -> bool) -> Result<Vec<Pass>> {
+    pub fn for_each(&self, mut f: impl FnMut(&Event, &Reading) -> bool) -> Result<Vec<Pass>> {
         if let [only] = &self.members[..] {
             return Ok(vec![for_each_alone(&only.file, f)?]);
         }
@@ -288,10 +288,10 @@ impl CaptureSet {
             let at = Reading {
                 process: i as u32,
                 records: &head.records,
-                declared,
+                declared: &declared,
                 read,
             };
-            if !f(event, &at) {
+            if !f(&event, &at) {
                 break;
             }
             if let Some(key) = head.fetch()? {
@@ -307,11 +307,11 @@ impl CaptureSet {
 }
 
 /// [`CaptureSet::for_each`] of a set of one capture: no interleaving.
-fn for_each_alone(file: &CaptureFile, mut f: impl FnMut(Event, &Reading) -> bool) -> Result<Pass> {
+fn for_each_alone(file: &CaptureFile, mut f: impl FnMut(&Event, &Reading) -> bool) -> Result<Pass> {
     let mut records = file.records(1 << 20)?;
     let mut events = 0u64;
     let mut read = 0;
-    while let Some(event) = records.next_event()? {
+    while records.advance()? {
         events += 1;
         if events.is_multiple_of(PROGRESS_EVERY) {
             read = records.position();
@@ -319,10 +319,10 @@ fn for_each_alone(file: &CaptureFile, mut f: impl FnMut(Event, &Reading) -> bool
         let at = Reading {
             process: 0,
             records: &records,
-            declared: *records.declared(),
+            declared: records.declared(),
             read,
         };
-        if !f(event, &at) {
+        if !f(records.current(), &at) {
             break;
         }
     }
@@ -341,7 +341,7 @@ pub struct Reading<'r, 'a> {
     /// Its capture's reader (its stack nodes, its frame's declarations).
     pub records: &'r Records<'a>,
     /// What the frames of all the captures read so far declare.
-    pub declared: Totals,
+    pub declared: &'r Totals,
     /// Bytes of all the captures read so far, updated every [`PROGRESS_EVERY`] events.
     pub read: u64,
 }

@@ -23,41 +23,70 @@ use mprof_common::stacks::{KIND_BRIEF, KIND_CONTEXT, KIND_SAMPLE, KIND_STACK};
 use std::fs::File;
 use std::io::{BufReader, Read, Take};
 
-/// How many entries of a packed run are read ahead of the one handed on: about as many as
-/// the memory misses a reader of the live blocks can have under way while it works through
-/// them (see [`Records::upcoming`]).
+/// How many entries of a packed run are read ahead of the one handed on, at least: about as
+/// many as the memory misses a reader of the live blocks can have under way while it works
+/// through them (see [`Records::upcoming`]).
 const AHEAD: usize = 16;
+/// Entries of a packed run decoded at a time: a run's entries are decoded in batches, in a
+/// loop of their own, rather than one at a time between the reader's work on each.
+const BATCH: usize = 64;
 
-/// The entries of a packed run read ahead: a ring of [`AHEAD`], and the error that ended the
-/// run early, said once the entries before it are handed on.
-#[derive(Default)]
+/// Why a packed run stopped before its end: said once the entries before it are handed on.
+enum Stop {
+    /// A malformed entry: the capture's damaged tail starts there.
+    Damaged(&'static str),
+    /// More samples than the frame declares.
+    Undeclared(Undeclared),
+}
+
+/// The entries of a packed run decoded ahead of the one handed on (see [`BATCH`]): a ring of
+/// events, handed on in place ([`Records::current`]).
 struct Ahead {
-    entries: [(Item, usize); AHEAD],
-    first: usize,
+    entries: [Event; BATCH],
+    /// The next entry to hand on (an index into the ring, unwrapped), and how many follow.
+    head: usize,
     len: usize,
-    error: Option<&'static str>,
+    stop: Option<Stop>,
+}
+
+impl Default for Ahead {
+    fn default() -> Ahead {
+        Ahead {
+            entries: std::array::from_fn(|_| Event::Free(0)),
+            head: 0,
+            len: 0,
+            stop: None,
+        }
+    }
 }
 
 impl Ahead {
-    fn push(&mut self, entry: (Item, usize)) {
-        self.entries[(self.first + self.len) % AHEAD] = entry;
-        self.len += 1;
-    }
-
-    fn pop(&mut self) -> Option<(Item, usize)> {
+    /// Where the next entry is in the ring, taken off it.
+    #[inline(always)]
+    fn pop(&mut self) -> Option<usize> {
         if self.len == 0 {
             return None;
         }
-        let entry = self.entries[self.first];
-        self.first = (self.first + 1) % AHEAD;
+        let at = self.head % BATCH;
+        self.head += 1;
         self.len -= 1;
-        Some(entry)
+        Some(at)
     }
 
-    /// The entry read last.
-    fn last(&self) -> Option<&(Item, usize)> {
-        (self.len > 0).then(|| &self.entries[(self.first + self.len - 1) % AHEAD])
+    #[inline(always)]
+    fn push(&mut self, event: Event) {
+        self.entries[(self.head + self.len) % BATCH] = event;
+        self.len += 1;
     }
+}
+
+/// Where the event handed on last is.
+#[derive(Clone, Copy)]
+enum Current {
+    /// In the ring of entries decoded ahead, at this index.
+    Ahead(usize),
+    /// In [`Records::own`].
+    Own,
 }
 
 /// One thing read from a capture.
@@ -168,11 +197,16 @@ pub struct Records<'a> {
     chunk_origin: u64,
     framed: Option<Framed>,
     /// The PACKED run being read from `chunk`, and whether it is a top-level one (whose
-    /// expansion counts towards the size-based allowance, see [`EXPANSION`]).
+    /// expansion counts towards the size-based allowance, see [`EXPANSION`]); None once its
+    /// last entry is decoded.
     unpacking: Option<(Unpacker, bool)>,
-    /// The entries of that run read ahead of the one handed on, [`AHEAD`] at most (see
+    /// The entries of that run decoded ahead of the one handed on (see
     /// [`Records::upcoming`]).
     ahead: Ahead,
+    /// The event handed on last ([`Records::current`]), and the one that is not an entry of
+    /// a packed run.
+    current: Current,
+    own: Event,
     stacks: Stacks,
     unresolved: Unresolved,
     pub(super) pass: Pass,
@@ -198,6 +232,8 @@ impl<'a> Records<'a> {
             framed: None,
             unpacking: None,
             ahead: Ahead::default(),
+            current: Current::Own,
+            own: Event::Free(0),
             stacks: Stacks::default(),
             unresolved: Unresolved::default(),
             pass,
@@ -210,6 +246,7 @@ impl<'a> Records<'a> {
     }
 
     /// The capture's stack nodes, as far as it was read.
+    #[inline(always)]
     pub fn stacks(&self) -> &Stacks {
         &self.stacks
     }
@@ -221,6 +258,7 @@ impl<'a> Records<'a> {
 
     /// The live blocks the frame being read declares at most (None outside frames: a record
     /// of an older format, which declares nothing).
+    #[inline(always)]
     pub fn live_declared(&self) -> Option<u32> {
         self.framed.as_ref().map(|f| f.declared.live)
     }
@@ -228,8 +266,15 @@ impl<'a> Records<'a> {
     /// The address of a block that a sample or free a few events from now will name, when it
     /// is known already (samples and frees of a packed run are read [`AHEAD`] entries ahead):
     /// a reader can bring the memory where it keeps that block into the cache meanwhile.
+    #[inline(always)]
     pub fn upcoming(&self) -> Option<u64> {
-        self.ahead.last().map(|(item, _)| item.addr())
+        let a = &self.ahead;
+        let last = a.len.checked_sub(1)?;
+        match &a.entries[(a.head + (AHEAD - 1).min(last)) % BATCH] {
+            Event::Sample(b) => Some(b.addr),
+            Event::Free(addr) => Some(*addr),
+            Event::Record(_) => None,
+        }
     }
 
     /// Bytes of the file read so far.
@@ -237,16 +282,56 @@ impl<'a> Records<'a> {
         self.at
     }
 
-    /// The next event; `None` at the end of the file or at a damaged tail (then
-    /// [`Records::finish`] says why). A read error, or a frame holding more than it declares
-    /// ([`Undeclared`]), is an error.
-    pub fn next_event(&mut self) -> Result<Option<Event>> {
+    /// Moves on to the next event, [`Records::current`]; false at the end of the file or at
+    /// a damaged tail (then [`Records::finish`] says why). A read error, or a frame holding
+    /// more than it declares ([`Undeclared`]), is an error. Entries of packed runs (most
+    /// events) are handed on where they were decoded, not moved.
+    #[inline(always)]
+    pub fn advance(&mut self) -> Result<bool> {
+        if self.ahead.len <= AHEAD && self.unpacking.is_some() {
+            self.decode_ahead();
+        }
+        if let Some(at) = self.ahead.pop() {
+            self.current = Current::Ahead(at);
+            return Ok(true);
+        }
+        self.advance_past_entries()
+    }
+
+    /// [`Records::advance`] past the entries decoded ahead.
+    fn advance_past_entries(&mut self) -> Result<bool> {
         while !self.done {
             if let Some(event) = self.step()? {
-                return Ok(Some(event));
+                self.own = event;
+                self.current = Current::Own;
+                return Ok(true);
+            }
+            if let Some(at) = self.ahead.pop() {
+                self.current = Current::Ahead(at);
+                return Ok(true);
             }
         }
-        Ok(None)
+        Ok(false)
+    }
+
+    /// The event [`Records::advance`] moved on to.
+    #[inline(always)]
+    pub fn current(&self) -> &Event {
+        match self.current {
+            Current::Ahead(at) => &self.ahead.entries[at],
+            Current::Own => &self.own,
+        }
+    }
+
+    /// The next event, taken out; `None` at the end (see [`Records::advance`]).
+    pub fn next_event(&mut self) -> Result<Option<Event>> {
+        if !self.advance()? {
+            return Ok(None);
+        }
+        Ok(Some(match self.current {
+            Current::Ahead(at) => self.ahead.entries[at].clone(),
+            Current::Own => std::mem::replace(&mut self.own, Event::Free(0)),
+        }))
     }
 
     /// The next record, samples expanded into the ALLOC records they stand for (for tools and
@@ -294,33 +379,21 @@ impl<'a> Records<'a> {
     }
 
     /// Reads one thing: an event, or None for a record that makes none (or the end, then
-    /// `done` is set).
+    /// `done` is set; or the start of a packed run, whose entries are then decoded ahead).
     fn step(&mut self) -> Result<Option<Event>> {
-        if let Some((unpacker, plain)) = &mut self.unpacking {
-            let ahead = &mut self.ahead;
-            while ahead.len < AHEAD && ahead.error.is_none() {
-                match unpacker.next_item(&self.chunk) {
-                    Some(Ok(entry)) => ahead.push(entry),
-                    Some(Err(why)) => ahead.error = Some(why),
-                    None => break,
-                }
+        if self.unpacking.is_some() {
+            self.decode_ahead();
+            if self.ahead.len > 0 {
+                return Ok(None);
             }
-            match ahead.pop() {
-                Some((item, packed)) => {
-                    if *plain {
-                        let more = item.unpacked_len().saturating_sub(packed) as u64;
-                        EXPANSION.with(|e| e.set(e.get() + more));
-                    }
-                    return self.unpacked(item);
-                }
-                None => {
-                    self.unpacking = None;
-                    if let Some(why) = ahead.error.take() {
-                        self.damaged(&DecodeError::Corrupt(why.into()), self.chunk_origin);
-                        return Ok(None);
-                    }
-                }
+        }
+        match self.ahead.stop.take() {
+            Some(Stop::Damaged(why)) => {
+                self.damaged(&DecodeError::Corrupt(why.into()), self.chunk_origin);
+                return Ok(None);
             }
+            Some(Stop::Undeclared(e)) => return Err(e.into()),
+            None => {}
         }
         if self.chunk_at < self.chunk.len() && self.framed.is_some() {
             return self.framed_record();
@@ -331,25 +404,67 @@ impl<'a> Records<'a> {
         self.top_level()
     }
 
-    /// An entry of a PACKED run.
-    fn unpacked(&mut self, item: Item) -> Result<Option<Event>> {
-        match item {
-            Item::Free(addr) => Ok(Some(Event::Free(addr))),
-            Item::Brief {
-                aux,
-                size,
-                addr,
-                node,
-            } => {
-                self.count(Counts::Sample(addr))?;
-                match self.stacks.brief(addr, size, node, aux) {
-                    Ok(b) => Ok(Some(Event::Sample(b))),
-                    Err(why) => {
-                        self.unresolved.note(why);
-                        Ok(None)
+    /// Decodes the next entries of the packed run being read, up to [`BATCH`] ahead; at its
+    /// end (or at an entry that stops it early, [`Stop`]) the run is over. Samples are counted
+    /// against what the frame declares and resolved here ([`Stacks::brief`]): no record of
+    /// the run's can change the stacks meanwhile.
+    #[inline(never)]
+    fn decode_ahead(&mut self) {
+        let Some((run, plain)) = &mut self.unpacking else {
+            return;
+        };
+        // A copy the loop can keep in registers, written back after it.
+        let mut unpacker = *run;
+        let a = &mut self.ahead;
+        let mut expansion = 0;
+        let mut over = false;
+        while a.len < BATCH {
+            let (item, size) = match unpacker.next_item(&self.chunk) {
+                Some(Ok(entry)) => entry,
+                Some(Err(why)) => {
+                    a.stop = Some(Stop::Damaged(why));
+                    over = true;
+                    break;
+                }
+                None => {
+                    over = true;
+                    break;
+                }
+            };
+            expansion += item.unpacked_len().saturating_sub(size);
+            match item {
+                Item::Free(addr) => a.push(Event::Free(addr)),
+                Item::Brief {
+                    aux,
+                    size,
+                    addr,
+                    node,
+                } => {
+                    if let Some(f) = &mut self.framed {
+                        f.samples += 1;
+                        if f.samples > f.declared.samples {
+                            a.stop = Some(Stop::Undeclared(Undeclared {
+                                at: self.chunk_origin,
+                                what: "samples",
+                                declared: f.declared.samples,
+                            }));
+                            over = true;
+                            break;
+                        }
+                    }
+                    match self.stacks.brief(addr, size, node, aux) {
+                        Ok(b) => a.push(Event::Sample(b)),
+                        Err(why) => self.unresolved.note(why),
                     }
                 }
             }
+        }
+        *run = unpacker;
+        if *plain {
+            EXPANSION.with(|e| e.set(e.get() + expansion as u64));
+        }
+        if over {
+            self.unpacking = None;
         }
     }
 

@@ -82,6 +82,7 @@ impl Stacks {
 
     /// Checks that the chain from `id` is defined and exactly `depth` deep (remembered per
     /// epoch, so a node seen before costs one look).
+    #[inline]
     fn check(&mut self, id: u32, depth: usize) -> Result<(), &'static str> {
         if depth > MAX_STACK_DEPTH {
             return Err("a sample is deeper than any stack");
@@ -90,6 +91,12 @@ impl Stacks {
         if id != 0 && self.checked.get(id as usize) == Some(&stamp) {
             return Ok(());
         }
+        self.walk(id, depth, stamp)
+    }
+
+    /// [`Stacks::check`] of a chain not checked in this epoch: walks it.
+    #[inline(never)]
+    fn walk(&mut self, id: u32, depth: usize, stamp: (u32, u16)) -> Result<(), &'static str> {
         let (mut at, mut n) = (id, 0);
         while at != 0 && n <= depth {
             at = self
@@ -128,6 +135,7 @@ impl Stacks {
 
     /// A BRIEF record, with the thread and time of the last CONTEXT. `aux` is its aux (see
     /// `mprof_common::stacks`), `body` its 16 bytes or a packed entry's, rebuilt.
+    #[inline]
     pub fn brief(
         &mut self,
         addr: u64,

@@ -24,7 +24,7 @@
 
 use crate::analysis::allocators::Allocators;
 use crate::analysis::frames::{self, Kind};
-use crate::analysis::names::Location;
+use crate::analysis::names::{FastMap, Location, Named};
 use crate::analysis::profile::{Estimate, Profile, Source, View};
 use crate::base::text::xml_escape;
 use crate::base::units::human_bytes;
@@ -35,7 +35,7 @@ use crate::views::formats::{check_output, write_file, Format};
 use anyhow::{bail, Result};
 pub use boxes::fitted_label;
 use boxes::{layout, Placed};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::rc::Rc;
@@ -253,7 +253,9 @@ fn width(bytes: f64, unit: f64) -> u64 {
 /// The stacks of `p` as drawn, by their labels (the order they are laid out in).
 fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<Rc<str>>, Drawn> {
     let mut out: BTreeMap<Vec<Rc<str>>, Drawn> = BTreeMap::new();
-    let mut seen: HashMap<Location, DrawnFrame> = HashMap::new();
+    let mut seen: FastMap<Location, DrawnFrame> = FastMap::default();
+    // Per file: whether it is the import system's, and whether it is site.py.
+    let mut files: FastMap<Named, (bool, bool)> = FastMap::default();
     for (id, figures) in p.stacks_of(settings.thread) {
         let estimate = *figures.get(settings.view);
         if estimate.samples == 0 {
@@ -263,10 +265,12 @@ fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<Rc<str>>, Drawn> {
         let all: Vec<_> = p.frames(id).collect(); // innermost first
         let mut caller_is_site = false;
         for loc in all.iter().rev() {
+            let (import_file, site) = *files
+                .entry(Named(loc.file))
+                .or_insert_with(|| (frames::is_import_file(loc.file), frames::is_site(loc.file)));
             // A `.pth` line runs as `<string>` code called from site.py: import system too.
-            let import = frames::is_import(loc) || (caller_is_site && loc.file == "<string>");
-            caller_is_site =
-                frames::is_site(loc.file) || (caller_is_site && loc.file == "<string>");
+            let import = import_file || (caller_is_site && loc.file == "<string>");
+            caller_is_site = site || (caller_is_site && loc.file == "<string>");
             if !settings.keep_imports && import {
                 continue;
             }

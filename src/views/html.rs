@@ -8,7 +8,7 @@
 
 use crate::analysis::allocators::split_text;
 use crate::analysis::grouping::Grouping;
-use crate::analysis::profile::{Completeness, Profile, Source, View};
+use crate::analysis::profile::{Completeness, Keep, Profile, Source, View};
 use crate::analysis::sites::{rows, whole};
 use crate::base::text::xml_escape;
 use crate::views::about::{
@@ -32,7 +32,7 @@ pub fn run(path: &Path, out: &Path, sites: &timeline::Sites) -> Result<()> {
     check_output(out, Format::Html)?;
     let by = timeline::check_grouping(sites.by)?;
     let source = Source::open(path, sites.pick)?;
-    let mut p = source.load()?;
+    let mut p = source.load_keeping(Keep::Series)?;
     p.set_focus(sites.focus);
     let t = timeline::load_source(&source, &p, 5, by)?;
     write_file(out, "HTML report", page(&p, &t, by)?.as_bytes())

@@ -2,7 +2,7 @@
 //! process alone, and a children's directory that is damaged or hostile.
 
 use crate::analysis::grouping::Grouping;
-use crate::analysis::profile::{Profile, View};
+use crate::analysis::profile::{Keep, Profile, View};
 use crate::capture::processes::{CaptureSet, Pick};
 use crate::capture::testing::CaptureBuilder;
 use crate::views::{about, process_table, report, timeline};
@@ -220,7 +220,7 @@ fn a_symlinked_or_missing_directory_is_a_warning_and_the_program_alone() {
 fn the_timeline_adds_up_the_processes() {
     let dir = tempfile::tempdir().unwrap();
     let set = CaptureSet::open(&family(dir.path()), Pick::All).unwrap();
-    let p = Profile::load_set(&set).unwrap();
+    let p = Profile::load_set_keeping(&set, Keep::Series).unwrap();
     let t = timeline::load(&set, &p, 5, crate::analysis::grouping::Grouping::Line).unwrap();
     let heap_at = |s: f64| {
         t.points

@@ -18,7 +18,7 @@ use crate::analysis::focus::Memo;
 use crate::analysis::grouping::{Grouping, Key};
 use crate::analysis::names::StackId;
 use crate::analysis::profile::series::{HeapRange, Recorded};
-use crate::analysis::profile::{Budget, FastMap, Profile, Source, View};
+use crate::analysis::profile::{Budget, FastMap, Keep, Profile, Source, View};
 use crate::analysis::sites::rows;
 use crate::base::units::human_bytes;
 use crate::capture::processes::{CaptureSet, Pick};
@@ -158,7 +158,7 @@ fn from_series(
     keys: &[(String, String, u32)],
     by: Grouping,
 ) -> Vec<Point> {
-    let mut memo = Memo::new();
+    let mut memo = Memo::default();
     let key_of: Vec<Option<usize>> = series
         .lines
         .iter()
@@ -209,30 +209,30 @@ fn read_again(
     let mut failure = None;
     set.for_each(|event, at| {
         builder.agg.enter(at.process);
-        let change = match &event {
+        let change = match event {
             Event::Sample(b) => builder.agg.apply_sample(b, at.records.stacks()),
             Event::Free(addr) => builder.agg.apply_free(*addr),
             Event::Record(r) => builder.agg.apply(r),
         };
         let mut site = |agg: &Aggregator, stack: StackId| {
             *key_of.entry(stack).or_insert_with(|| {
-                let key = by.stack_key(p.focus(), &mut Memo::new(), agg.frames_with_origin(stack));
+                let key = by.stack_key(
+                    p.focus(),
+                    &mut Memo::default(),
+                    agg.frames_with_origin(stack),
+                );
                 site_of(keys, key)
             })
         };
         match change {
-            Change::Alloc {
-                block,
-                sample,
-                replaced,
-            } => {
+            Change::Alloc { block, replaced } => {
                 if let Some(old) = replaced {
                     if let Some(k) = site(&builder.agg, old.stack) {
                         builder.live[k] -= old.sample().bytes();
                     }
                 }
                 if let Some(k) = site(&builder.agg, block.stack) {
-                    builder.live[k] += sample.bytes();
+                    builder.live[k] += block.sample().bytes();
                 }
             }
             Change::Free(old) => {
@@ -256,7 +256,7 @@ fn read_again(
         // The debug information of the files on this machine that the native frames need is
         // not the capture's (as in `Profile::build`).
         failure = budget
-            .check(&at.declared, builder.agg.resolver.symbol_memory())
+            .check(at.declared, builder.agg.resolver.symbol_memory())
             .err();
         failure.is_none()
     })?;
@@ -628,7 +628,7 @@ pub fn run(path: &Path, out: &Path, top: usize, sites: &Sites) -> Result<()> {
     check_output(out, if csv { Format::Csv } else { Format::Svg })?;
     let by = check_grouping(sites.by)?;
     let source = Source::open(path, sites.pick)?;
-    let mut p = source.load()?;
+    let mut p = source.load_keeping(Keep::Series)?;
     p.set_focus(sites.focus);
     let t = load_source(&source, &p, top, by)?;
     if t.points.is_empty() {
@@ -710,7 +710,7 @@ mod tests {
         c.alloc(4, 10, 2_000_000_000, &[(1, 4)]);
         let path = c.write(dir.path(), "t.mprof");
         let set = CaptureSet::open(&path, Pick::All).unwrap();
-        let p = Profile::load_set(&set).unwrap();
+        let p = Profile::load_set_keeping(&set, Keep::Series).unwrap();
         let t = load(&set, &p, 5, Grouping::Line).unwrap();
         let last = t.points.last().unwrap();
         assert_eq!(last.seconds, 1.0);
@@ -753,7 +753,7 @@ mod tests {
         c.alloc(3, 100, 3_000_000_000, &[(2, 6)]);
         let path = c.write(dir.path(), "t.mprof");
         let set = CaptureSet::open(&path, Pick::All).unwrap();
-        let p = Profile::load_set(&set).unwrap();
+        let p = Profile::load_set_keeping(&set, Keep::Series).unwrap();
         let t = load(&set, &p, 5, Grouping::Line).unwrap();
         assert_eq!(t.sites, ["f (a.py:2)", "g (a.py:6)"]);
         let at = |s: f64| {
@@ -788,7 +788,7 @@ mod tests {
         c.alloc(2, 500, 2_000_000_000, &[(2, 105), (1, 20)]);
         let path = c.write(dir.path(), "t.mprof");
         let set = CaptureSet::open(&path, Pick::All).unwrap();
-        let p = Profile::load_set(&set).unwrap();
+        let p = Profile::load_set_keeping(&set, Keep::Series).unwrap();
         let t = load(&set, &p, 5, Grouping::YourCode).unwrap();
         assert_eq!(t.sites, ["main (/srv/app.py:10)", "main (/srv/app.py:20)"]);
         assert_eq!(t.points.last().unwrap().sites, [1000.0, 500.0]);

@@ -9,7 +9,7 @@
 //! sites. The same pass records the timeline's series ([`super::series`]).
 
 use super::series::Series;
-use super::{Completeness, LoadError, Process, Profile, MEMORY_FIXED, MEMORY_PER_BYTE};
+use super::{Completeness, Keep, LoadError, Process, Profile, MEMORY_FIXED, MEMORY_PER_BYTE};
 use crate::analysis::aggregate::{Aggregator, Change};
 use crate::analysis::allocators::{Allocators, ByAllocator};
 use crate::analysis::estimate::{Estimate, Figures};
@@ -139,6 +139,20 @@ impl Budget {
 /// Events between two checks of the memory.
 const CHECK_EVERY: u32 = 256;
 
+/// What the builder keeps per site (one place: every event updates several of them).
+#[derive(Clone, Copy, Default)]
+struct Site {
+    allocated: Estimate,
+    /// The live heap now.
+    live: Estimate,
+    /// Blocks of processes whose records ended: live at their end, out of the live heap.
+    ended: Estimate,
+    /// At the highest live heap so far.
+    at_peak: Estimate,
+    /// Whether `live` changed since the last high (the site is in [`Builder::dirty`]).
+    dirty: bool,
+}
+
 /// Builds a [`Profile`] from events fed in file order.
 pub(super) struct Builder {
     agg: Aggregator,
@@ -148,42 +162,32 @@ pub(super) struct Builder {
     site_ids: FastMap<(StackId, u32), u32>,
     last_site: Vec<(u32, u32)>,
     keys: Vec<(StackId, u32)>,
-    allocated: Vec<Estimate>,
-    /// The live heap now, per site.
-    live: Vec<Estimate>,
-    /// Blocks of processes whose records ended: live at their end, out of the live heap.
-    ended: Vec<Estimate>,
-    /// Per site, at the highest live heap so far.
-    at_peak: Vec<Estimate>,
-    /// Sites whose live estimate changed since the last high, and a flag per site.
+    sites: Vec<Site>,
+    /// Sites whose live estimate changed since the last high.
     dirty: Vec<u32>,
-    is_dirty: Vec<bool>,
     series: Option<Series>,
     until_check: u32,
 }
 
 impl Builder {
     /// A builder; `first_rate` is the first rate the records announce (it applies to samples
-    /// that come before any announcement).
-    pub(super) fn new(first_rate: Option<u64>) -> Builder {
+    /// that come before any announcement); it records the series if `keep` says so.
+    pub(super) fn new(first_rate: Option<u64>, keep: Keep) -> Builder {
         Builder {
             agg: Aggregator::new(first_rate.unwrap_or(1)),
             first_rate,
             site_ids: FastMap::default(),
             last_site: Vec::new(),
             keys: Vec::new(),
-            allocated: Vec::new(),
-            live: Vec::new(),
-            ended: Vec::new(),
-            at_peak: Vec::new(),
+            sites: Vec::new(),
             dirty: Vec::new(),
-            is_dirty: Vec::new(),
-            series: Some(Series::default()),
+            series: (keep == Keep::Series).then(Series::default),
             until_check: 0,
         }
     }
 
     /// Feeds one event of `process`; `stacks` are its capture's nodes.
+    #[inline(always)]
     pub(super) fn feed(&mut self, process: u32, event: &Event, stacks: &Stacks) {
         self.agg.enter(process);
         let change = match event {
@@ -212,6 +216,7 @@ impl Builder {
     }
 
     /// Whether it is time to check the memory (every [`CHECK_EVERY`] events).
+    #[inline(always)]
     pub(super) fn due(&mut self) -> bool {
         if self.until_check == 0 {
             self.until_check = CHECK_EVERY;
@@ -222,11 +227,13 @@ impl Builder {
     }
 
     /// See [`Aggregator::prefetch`].
+    #[inline(always)]
     pub(super) fn prefetch(&self, process: u32, addr: u64) {
         self.agg.prefetch(process, addr);
     }
 
     /// Live sampled blocks of the process fed last.
+    #[inline(always)]
     pub(super) fn live_blocks(&self) -> usize {
         self.agg.live_here()
     }
@@ -236,6 +243,7 @@ impl Builder {
         self.agg.resolver.symbol_memory()
     }
 
+    #[inline(always)]
     fn site(&mut self, stack: StackId, tid: u32) -> usize {
         let s = stack.0 as usize;
         match self.last_site.get(s) {
@@ -253,54 +261,47 @@ impl Builder {
         let id = *self.site_ids.entry((stack, tid)).or_insert(next);
         if id == next {
             self.keys.push((stack, tid));
-            for v in [
-                &mut self.allocated,
-                &mut self.live,
-                &mut self.ended,
-                &mut self.at_peak,
-            ] {
-                v.push(Estimate::default());
-            }
-            self.is_dirty.push(false);
+            self.sites.push(Site::default());
         }
         id as usize
     }
 
+    #[inline(always)]
     fn touch(&mut self, site: usize) {
-        if !self.is_dirty[site] {
-            self.is_dirty[site] = true;
+        if !self.sites[site].dirty {
+            self.sites[site].dirty = true;
             self.dirty.push(site as u32);
         }
     }
 
+    #[inline(always)]
     fn apply(&mut self, change: Change) {
         match change {
-            Change::Alloc {
-                block,
-                sample,
-                replaced,
-            } => {
+            Change::Alloc { block, replaced } => {
+                let sample = block.sample();
                 if let Some(old) = replaced {
                     let s = self.site(old.stack, old.tid);
-                    self.live[s].remove(&old.sample());
+                    self.sites[s].live.remove(&old.sample());
                     self.touch(s);
                     self.line_changed(old.stack, -old.sample().bytes());
                 }
                 let s = self.site(block.stack, block.tid);
-                self.allocated[s].add(&sample);
-                self.live[s].add(&sample);
+                let site = &mut self.sites[s];
+                site.allocated.add(&sample);
+                site.live.add(&sample);
                 self.touch(s);
                 self.line_changed(block.stack, sample.bytes());
                 if self.agg.peak_is_latest() {
                     for d in self.dirty.drain(..) {
-                        self.at_peak[d as usize] = self.live[d as usize];
-                        self.is_dirty[d as usize] = false;
+                        let site = &mut self.sites[d as usize];
+                        site.at_peak = site.live;
+                        site.dirty = false;
                     }
                 }
             }
             Change::Free(old) => {
                 let s = self.site(old.stack, old.tid);
-                self.live[s].remove(&old.sample());
+                self.sites[s].live.remove(&old.sample());
                 self.touch(s);
                 self.line_changed(old.stack, -old.sample().bytes());
             }
@@ -308,8 +309,8 @@ impl Builder {
                 let blocks: Vec<_> = self.agg.ended.drain(range).collect();
                 for old in blocks {
                     let s = self.site(old.stack, old.tid);
-                    self.live[s].remove(&old.sample());
-                    self.ended[s].add(&old.sample());
+                    self.sites[s].live.remove(&old.sample());
+                    self.sites[s].ended.add(&old.sample());
                     self.touch(s);
                     self.line_changed(old.stack, -old.sample().bytes());
                 }
@@ -318,6 +319,7 @@ impl Builder {
         }
     }
 
+    #[inline(always)]
     fn line_changed(&mut self, stack: StackId, bytes: f64) {
         if let Some(series) = &mut self.series {
             series.change(stack, bytes);
@@ -333,13 +335,14 @@ impl Builder {
         let peaked = agg.peak().is_some();
         let mut sites = Vec::with_capacity(self.keys.len());
         for (i, &(stack, tid)) in self.keys.iter().enumerate() {
-            let mut live = self.live[i];
-            live.merge(&self.ended[i]);
+            let site = &self.sites[i];
+            let mut live = site.live;
+            live.merge(&site.ended);
             let f = Figures {
-                allocated: self.allocated[i],
+                allocated: site.allocated,
                 live,
                 peak: if peaked {
-                    self.at_peak[i]
+                    site.at_peak
                 } else {
                     Estimate::default()
                 },

@@ -10,11 +10,10 @@
 //! meta goes in the profile's comments as `key=value` (`go tool pprof -comments`). The
 //! messages are declared in `crate::capture::pprof`.
 
-use crate::analysis::profile::{Location, Profile, View};
+use crate::analysis::profile::{FastMap, Location, Profile, View};
 use anyhow::Result;
 use flate2::write::GzEncoder;
 use prost::Message;
-use std::collections::HashMap;
 use std::io::Write;
 
 /// The messages, and the bounded reader of a file, are the capture stage's: mprof reads them
@@ -50,14 +49,14 @@ pub fn gzipped(message: &PprofProfile) -> Result<Vec<u8>> {
 /// The string table under construction (index 0 is the empty string, as the format wants).
 pub(super) struct Strings {
     table: Vec<String>,
-    index: HashMap<String, i64>,
+    index: FastMap<String, i64>,
 }
 
 impl Strings {
     pub(super) fn new() -> Strings {
         Strings {
             table: vec![String::new()],
-            index: HashMap::from([(String::new(), 0)]),
+            index: FastMap::from_iter([(String::new(), 0)]),
         }
     }
 
@@ -91,26 +90,54 @@ impl Strings {
 /// (function, line), one function per distinct (file, name, first line); ids from 1.
 #[derive(Default)]
 pub(super) struct Code {
-    functions: HashMap<(String, String, u32), u64>,
+    /// By (file, name) as indices in the string table, and first line.
+    functions: FastMap<(i64, i64, u32), u64>,
     pub(super) function: Vec<Function>,
-    locations: HashMap<(u64, u32), u64>,
+    locations: FastMap<(u64, u32), u64>,
     pub(super) location: Vec<PprofLocation>,
+    /// The location of each frame seen, by where its names are (the profile interns them):
+    /// a frame met again, in another stack, costs one look-up of a few words.
+    seen: FastMap<Place, u64>,
 }
+
+/// A frame by where its file and function names are, its first line and line.
+type Place = (usize, usize, usize, usize, u32, u32);
 
 impl Code {
     /// The id of the location of `loc`, its strings in `strings`.
     pub(super) fn location(&mut self, strings: &mut Strings, loc: &Location) -> u64 {
-        let key = (loc.file.to_owned(), loc.function.to_owned(), loc.firstline);
+        let place = (
+            loc.file.as_ptr() as usize,
+            loc.file.len(),
+            loc.function.as_ptr() as usize,
+            loc.function.len(),
+            loc.firstline,
+            loc.line,
+        );
+        if let Some(&id) = self.seen.get(&place) {
+            return id;
+        }
+        let id = self.location_of(strings, loc);
+        self.seen.insert(place, id);
+        id
+    }
+
+    /// [`Code::location`] of a frame not seen yet.
+    fn location_of(&mut self, strings: &mut Strings, loc: &Location) -> u64 {
+        // The name first, then the file: the order a new function's strings join the table.
+        let name = strings.id(loc.function);
+        let filename = strings.id(loc.file);
         let next = self.functions.len() as u64 + 1;
         let function = &mut self.function;
+        let key = (filename, name, loc.firstline);
         let function_id = *self.functions.entry(key).or_insert_with(|| {
             function.push(Function {
                 id: next,
-                name: strings.id(loc.function),
+                name,
                 // pprof demangles a system name as C++, turning `<module>` into
                 // nothing: Python names have no system form.
                 system_name: 0,
-                filename: strings.id(loc.file),
+                filename,
                 start_line: loc.firstline as i64,
             });
             next

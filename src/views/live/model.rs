@@ -252,15 +252,12 @@ impl Model {
             self.thread(*tid).name = Some(crate::base::text::printable(name).into_owned());
         }
         match self.agg.apply(record) {
-            Change::Alloc {
-                block,
-                sample,
-                replaced,
-            } => {
+            Change::Alloc { block, replaced } => {
                 if let Some(old) = replaced {
                     self.site(old.stack, old.tid).live.remove(&old.sample());
                 }
                 self.thread(block.tid);
+                let sample = block.sample();
                 let site = self.site(block.stack, block.tid);
                 site.allocated.add(&sample);
                 site.live.add(&sample);
@@ -528,7 +525,7 @@ fn frame_rows<'a, 's>(
 ) -> Vec<Row<'a>> {
     let mut groups: HashMap<(&str, &str, u32), SiteFigures> = HashMap::new();
     let mut keys = Vec::new();
-    let mut memo = Memo::new();
+    let mut memo = Memo::default();
     for (stack, _, figures) in sites {
         keys.clear();
         if settings.inclusive {
