@@ -14,7 +14,7 @@ pub mod rolling;
 pub mod sender;
 
 use crate::sessions::children::Event;
-use crate::views::export::interval::{Frame, Interval, Site};
+use crate::views::export::interval::{Frame, Interval, Names, Site};
 use crate::views::export::otlp;
 use crate::views::live::model::Model;
 use anyhow::{bail, Result};
@@ -22,6 +22,7 @@ use rolling::{Bounds, Rolling};
 use sender::Sender;
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The shortest interval.
@@ -297,6 +298,8 @@ impl Continuous {
             .iter()
             .map(|t| (t.tid, (t.pid, t.name.as_deref())))
             .collect();
+        let mut stacks: HashMap<_, Arc<[Frame]>> = HashMap::new();
+        let mut names = Names::default();
         let sites = snap
             .sites
             .iter()
@@ -304,7 +307,13 @@ impl Continuous {
             .map(|&(stack, tid, f)| {
                 let (pid, name) = threads.get(&tid).copied().unwrap_or((self.pid, None));
                 Site {
-                    frames: self.model.frames(stack).map(|l| Frame::of(&l)).collect(),
+                    frames: stacks
+                        .entry(stack)
+                        .or_insert_with(|| {
+                            let frames = self.model.frames(stack);
+                            frames.map(|l| Frame::of(&l, &mut names)).collect()
+                        })
+                        .clone(),
                     pid: if pid == 0 { self.pid } else { pid },
                     tid,
                     thread_name: name.map(str::to_owned),
@@ -314,6 +323,8 @@ impl Continuous {
                 }
             })
             .collect();
+        // What the next intervals need is the live blocks' sites: the rest goes.
+        self.model.forget_idle();
         self.seq += 1;
         let interval = Interval {
             seq: self.seq,

@@ -8,23 +8,41 @@ use super::pprof::{self, number_label, text_label, whole, Code, PprofProfile, Sa
 use crate::analysis::estimate::Estimate;
 use crate::analysis::profile::Location;
 use anyhow::Result;
+use std::collections::HashSet;
+use std::sync::Arc;
 
 /// A frame of a stack, owned (an interval outlives the session's tables only as long as it
-/// waits to be sent).
+/// waits to be sent). Its names are shared by every frame of the interval that has them
+/// ([`Names`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Frame {
-    pub function: String,
-    pub file: String,
+    pub function: Arc<str>,
+    pub file: Arc<str>,
     pub line: u32,
     pub firstline: u32,
 }
 
+/// The names of one interval's frames, each held once.
+#[derive(Default)]
+pub struct Names(HashSet<Arc<str>>);
+
+impl Names {
+    fn get(&mut self, name: &str) -> Arc<str> {
+        if let Some(held) = self.0.get(name) {
+            return held.clone();
+        }
+        let held: Arc<str> = Arc::from(name);
+        self.0.insert(held.clone());
+        held
+    }
+}
+
 impl Frame {
-    /// The frame of `loc`.
-    pub fn of(loc: &Location) -> Frame {
+    /// The frame of `loc`, its names held in `names`.
+    pub fn of(loc: &Location, names: &mut Names) -> Frame {
         Frame {
-            function: loc.function.to_owned(),
-            file: loc.file.to_owned(),
+            function: names.get(loc.function),
+            file: names.get(loc.file),
             line: loc.line,
             firstline: loc.firstline,
         }
@@ -44,8 +62,8 @@ impl Frame {
 /// A stack in a thread of a process, and its figures over the interval.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Site {
-    /// Innermost first.
-    pub frames: Vec<Frame>,
+    /// Innermost first; shared by the sites of the interval that have the same stack.
+    pub frames: Arc<[Frame]>,
     pub pid: u32,
     pub tid: u32,
     pub thread_name: Option<String>,

@@ -18,6 +18,10 @@ const HISTORY: usize = 256;
 /// Longest command line kept per process, in bytes.
 const MAX_COMMAND: usize = 512;
 
+/// Thread names kept past [`Model::forget_idle`] for threads it forgot (their names come once,
+/// when they start): beyond it, only the names of the threads still kept.
+const MAX_IDLE_NAMES: usize = 4096;
+
 /// Figures of one stack in one thread, or of a row of the table.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SiteFigures {
@@ -107,6 +111,8 @@ pub struct Model {
     agg: Aggregator,
     sites: FastMap<(StackId, u32), SiteFigures>,
     threads: Vec<Thread>,
+    /// Where each thread is in `threads`.
+    thread_at: FastMap<u32, usize>,
     /// The processes seen (index = the aggregator's process), and the one records come from.
     processes: Vec<Process>,
     current: usize,
@@ -129,6 +135,7 @@ impl Model {
             agg: Aggregator::new(rate),
             sites: FastMap::default(),
             threads: Vec::new(),
+            thread_at: FastMap::default(),
             processes: Vec::new(),
             current: 0,
             skipped: 0,
@@ -285,19 +292,43 @@ impl Model {
     }
 
     fn thread(&mut self, tid: u32) -> &mut Thread {
-        let at = match self.threads.iter().position(|t| t.tid == tid) {
-            Some(at) => at,
+        let at = match self.thread_at.get(&tid) {
+            Some(&at) => at,
             None => {
                 let pid = self.current_pid();
-                self.threads.push(Thread {
-                    tid,
-                    name: None,
-                    pid,
-                });
+                // A thread forgotten while idle has its name back.
+                let name = (self.agg.threads.get(&tid))
+                    .map(|n| crate::base::text::printable(n).into_owned());
+                self.threads.push(Thread { tid, name, pid });
+                self.thread_at.insert(tid, self.threads.len() - 1);
                 self.threads.len() - 1
             }
         };
         &mut self.threads[at]
+    }
+
+    /// Forgets the sites with no live sampled block and nothing allocated in the interval under
+    /// way, and the threads left with no site: what a continuous session (`--every`) holds then
+    /// grows with distinct stacks and live blocks, not with the threads a server started and
+    /// ended over days. A forgotten site's figures since the start are lost: call it only where
+    /// they are not shown (intervals show the interval's allocations and the live blocks).
+    pub fn forget_idle(&mut self) {
+        self.sites
+            .retain(|_, f| f.live.samples > 0 || f.recent.samples > 0);
+        let kept: FastMap<u32, ()> = self.sites.keys().map(|&(_, tid)| (tid, ())).collect();
+        self.threads.retain(|t| kept.contains_key(&t.tid));
+        self.thread_at = self
+            .threads
+            .iter()
+            .enumerate()
+            .map(|(at, t)| (t.tid, at))
+            .collect();
+        if self.agg.threads.len() > MAX_IDLE_NAMES {
+            self.agg.threads.retain(|tid, _| kept.contains_key(tid));
+        }
+        self.sites.shrink_to(self.sites.len() * 2);
+        self.threads.shrink_to(self.threads.len() * 2);
+        self.thread_at.shrink_to(self.thread_at.len() * 2);
     }
 
     /// What the agent's ring says besides records: its drop counter and the Python version.

@@ -22,13 +22,13 @@ fn estimate(bytes: f64, count: f64, variance: f64) -> Estimate {
 /// thread 6 allocates 4 MiB and keeps none.
 fn interval(seq: u64) -> Interval {
     let frame = |function: &str, line| Frame {
-        function: function.to_owned(),
-        file: "/srv/app.py".to_owned(),
+        function: function.into(),
+        file: "/srv/app.py".into(),
         line,
         firstline: 1,
     };
     let site = |name: &str, line, tid, allocated, live| Site {
-        frames: vec![frame(name, line), frame("<module>", 20)],
+        frames: vec![frame(name, line), frame("<module>", 20)].into(),
         pid: 900,
         tid,
         thread_name: Some(format!("T{tid}")),
