@@ -630,3 +630,53 @@ fn a_thread_per_request_server_costs_mprof_no_more_memory_than_a_pool() {
         "a thread per request: {peak} KiB, a pool: {pool_peak} KiB"
     );
 }
+
+#[test]
+fn a_continuous_sessions_capture_stops_at_its_limit_and_the_intervals_go_on() {
+    // Left on for days, the capture would grow with the samples: with `--every` it stops at
+    // `--capture-bytes`, whole frames kept, and only the intervals go on.
+    let py = main_python(&pythons());
+    let dir = common::tempdir();
+    let profiles = dir.path().join("p");
+    let capture = dir.path().join("c.mprof");
+    let out = run_with_timeout(
+        mprof()
+            .args([
+                "record",
+                "--rate",
+                "256",
+                "--every",
+                "1s",
+                "--capture-bytes",
+            ])
+            .arg("512KiB")
+            .arg("--profiles-dir")
+            .arg(&profiles)
+            .arg("-o")
+            .arg(&capture)
+            .arg("--")
+            .arg(&py.path)
+            .arg(script("thread_churn.py"))
+            .args(["pool", "4"]),
+        LIMIT,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("reached its limit (512.00 KiB"), "{err}");
+    let size = std::fs::metadata(&capture).unwrap().len();
+    assert!(size <= 512 * 1024, "the capture holds {size} bytes");
+    // What it holds reads: the samples before the limit.
+    let report = run_with_timeout(mprof().args(["report", "--json"]).arg(&capture), LIMIT);
+    let json: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    let samples = json["samples"].as_u64().unwrap();
+    assert!(samples > 1000, "{samples} samples in the capture");
+    // The last interval, long after the capture stopped, still has the requests' samples.
+    let files = common::interval_files(&profiles);
+    assert!(files.len() >= 3, "{files:?}\n{err}");
+    let last = decode(&std::fs::read(&files[files.len() - 2]).unwrap()).unwrap();
+    let allocated: i64 = last.sample.iter().map(|s| s.value[0]).sum();
+    assert!(
+        allocated > 1000,
+        "the interval after the limit: {allocated} allocations"
+    );
+}

@@ -29,6 +29,8 @@ pub struct CaptureWriter {
     /// and the bytes lost since: from the first failed write on, nothing more is written (a
     /// file with a hole in it would read as corrupt), and the session goes on without it.
     stopped: Option<Stopped>,
+    /// The most bytes the file may hold ([`CaptureWriter::limit`]).
+    limit: Option<u64>,
 }
 
 /// A capture that could no longer be written.
@@ -67,7 +69,15 @@ impl CaptureWriter {
             packer: Packer::default(),
             frame: FrameBuilder::default(),
             stopped: None,
+            limit: None,
         })
+    }
+
+    /// The file holds `limit` bytes at most (`--capture-bytes` of a continuous session): the
+    /// frame that would take it past is not written, and the capture stops there as after a
+    /// failed write, whole frames only, while the session goes on.
+    pub fn limit(&mut self, limit: Option<u64>) {
+        self.limit = limit;
     }
 
     /// Puts the capture at its final name (once the session has started); from then on it is
@@ -147,6 +157,25 @@ impl CaptureWriter {
         let Some(frame) = self.frame.take().context("compressing the capture")? else {
             return Ok(());
         };
+        if let Some(limit) = self
+            .limit
+            .filter(|&l| self.written + frame.len() as u64 > l)
+        {
+            crate::say!(
+                "mprof: the capture reached its limit ({}, --capture-bytes) and ends here: \
+                 the intervals go on",
+                crate::base::units::human_bytes(limit as f64)
+            );
+            self.stopped = Some(Stopped {
+                why: format!(
+                    "it reached --capture-bytes {}",
+                    crate::base::units::human_bytes(limit as f64)
+                ),
+                kept: self.written,
+                lost: frame.len() as u64,
+            });
+            return Ok(());
+        }
         self.written += frame.len() as u64;
         self.out.write_all(&frame).context("writing capture file")
     }

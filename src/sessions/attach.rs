@@ -389,10 +389,12 @@ pub fn run(o: Options) -> Result<ExitCode> {
     if live {
         live::Live::check_terminal()?;
     }
+    let capture_limit = continuous.capture_limit();
     let continuous = Continuous::prepare(continuous, sampling.rate)?;
     // Every check that needs no change to the target comes before the capture file exists.
     let injector = hints::noting_a_stale_session(pid, || Injector::new(pid))?;
     let mut capture = CaptureWriter::create(output)?;
+    capture.limit(capture_limit);
     let rendezvous = follow_children.then(Rendezvous::listen).transpose()?;
     let children_dir = follow_children
         .then(|| Children::prepare_dir(output))
@@ -439,6 +441,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
                 text: crate::capture::processes::children_dir_meta(output),
             })?;
             let mut children = Children::new(children_dir, pid, command, sampling);
+            children.limit_captures(capture_limit);
             attach_descendants(
                 &mut children,
                 pid,
@@ -526,13 +529,22 @@ pub fn run(o: Options) -> Result<ExitCode> {
         crate::say!("mprof: warning: {note}");
     }
     if !quiet {
-        let profile = Profile::load(output)?;
-        crate::say!("{}", report::summary(&profile));
-        crate::say!("mprof: capture written to {}", output.display());
-        let allocated = profile.totals().allocated.bytes;
-        let children = hints::python_children(pid);
-        if let Some(hint) = hints::children_hint(pid, profile.samples, allocated, &children) {
-            crate::say!("{hint}");
+        // The capture is written: a summary that cannot be made is said, not an error.
+        match Profile::load(output) {
+            Ok(profile) => {
+                crate::say!("{}", report::summary(&profile));
+                crate::say!("mprof: capture written to {}", output.display());
+                let allocated = profile.totals().allocated.bytes;
+                let children = hints::python_children(pid);
+                if let Some(hint) = hints::children_hint(pid, profile.samples, allocated, &children)
+                {
+                    crate::say!("{hint}");
+                }
+            }
+            Err(e) => {
+                crate::say!("mprof: warning: no summary: {e:#}");
+                crate::say!("mprof: capture written to {}", output.display());
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

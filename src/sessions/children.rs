@@ -99,6 +99,8 @@ pub struct Children {
     images: std::collections::HashMap<u32, u32>,
     /// When children without a pidfd were last looked up in /proc.
     last_proc_check: Option<Instant>,
+    /// The most bytes each child's capture may hold (`--capture-bytes`).
+    capture_limit: Option<u64>,
 }
 
 /// Most children one recording follows.
@@ -162,7 +164,13 @@ impl Children {
             // The program's own capture is its first program's.
             images: [(root, 1)].into(),
             last_proc_check: None,
+            capture_limit: None,
         }
+    }
+
+    /// Each child's capture holds `limit` bytes at most (see [`CaptureWriter::limit`]).
+    pub fn limit_captures(&mut self, limit: Option<u64>) {
+        self.capture_limit = limit;
     }
 
     /// Takes the rings children handed over, drains every child's ring, and finishes the
@@ -404,6 +412,7 @@ impl Children {
         let image = self.images.get(&pid).map_or(1, |n| n + 1);
         let name = crate::capture::processes::capture_name(pid, image);
         let mut capture = CaptureWriter::create_in(&self.dir, &name)?;
+        capture.limit(self.capture_limit);
         capture.place()?;
         self.images.insert(pid, image);
         Ok((capture, name))

@@ -52,6 +52,11 @@ pub struct ContinuousArgs {
     #[arg(long, value_name = "SIZE", default_value = "256MiB",
           value_parser = crate::base::units::parse_size)]
     pub keep_bytes: u64,
+    /// With `--every`: each capture file (`-o`, a followed child's) stops growing at SIZE,
+    /// whole frames kept, and the session goes on with its intervals (0: no limit).
+    #[arg(long, value_name = "SIZE", default_value = "256MiB",
+          value_parser = crate::base::units::parse_size)]
+    pub capture_bytes: u64,
     /// With `--every`: send each interval to an OpenTelemetry Collector (OTLP over HTTP,
     /// protobuf), e.g. `http://127.0.0.1:4318`; the profiles path is added to a URL without
     /// one.
@@ -66,6 +71,14 @@ pub struct ContinuousArgs {
     /// else `unknown_service:` and the program's name).
     #[arg(long, value_name = "NAME")]
     pub service_name: Option<String>,
+}
+
+impl ContinuousArgs {
+    /// The most bytes a capture file of the session may hold: `--capture-bytes` with
+    /// `--every`, none without.
+    pub fn capture_limit(&self) -> Option<u64> {
+        (self.every.is_some() && self.capture_bytes > 0).then_some(self.capture_bytes)
+    }
 }
 
 /// Parses `--every`: a number with `ms`, `s`, `m` or `h` (plain numbers are seconds).

@@ -82,7 +82,7 @@ fn rss_in_statm(text: &str, page: u64) -> Option<u64> {
 const RESIDENT_EVERY: Duration = Duration::from_secs(5);
 const RESIDENT_COST_SHARE: u32 = 100;
 
-/// Threads whose names the reader looks up at most.
+/// Threads the reader remembers having named (then it forgets them all and starts again).
 const MAX_THREAD_NAMES: usize = 4096;
 
 /// Drains a ring into a capture file.
@@ -223,9 +223,14 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
                             matches!(kind, KIND_ALLOC | KIND_SAMPLE | stacks::KIND_CONTEXT);
                         if names_thread && bytes.len() >= 12 {
                             let tid = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
-                            // A hostile target can invent tids: names are looked up for
-                            // a bounded number of them.
-                            if tids.len() < MAX_THREAD_NAMES && tids.insert(tid) {
+                            // The set of threads named is bounded (a hostile target can
+                            // invent tids, a server start a thread per request for days):
+                            // once full it starts again, and a thread still running is
+                            // named again.
+                            if tids.len() >= MAX_THREAD_NAMES {
+                                tids.clear();
+                            }
+                            if new_tids.len() < MAX_THREAD_NAMES && tids.insert(tid) {
                                 new_tids.push(tid);
                             }
                         }

@@ -279,6 +279,7 @@ pub fn run(
         crate::base::limits::SESSION_DESCRIPTORS,
         "mprof record",
     )?;
+    let capture_limit = continuous.capture_limit();
     let continuous = Continuous::prepare(continuous, sampling.rate)?;
     if live {
         Live::check_terminal()?;
@@ -288,6 +289,7 @@ pub fn run(
         .transpose()?;
     let program_output = live.then(|| program_output_path(output));
     let mut capture = CaptureWriter::create(output)?;
+    capture.limit(capture_limit);
     let children_dir = rendezvous
         .as_ref()
         .map(|_| crate::sessions::children::Children::prepare_dir(output))
@@ -330,7 +332,10 @@ pub fn run(
     }
     let command_text = command.join(" ");
     let children = children_dir.map(|dir| {
-        crate::sessions::children::Children::new(dir, pid, command_text.clone(), sampling)
+        let mut children =
+            crate::sessions::children::Children::new(dir, pid, command_text.clone(), sampling);
+        children.limit_captures(capture_limit);
+        children
     });
     let cwd = std::env::current_dir().ok();
     let yours = crate::analysis::focus::meta_lines(command, cwd.as_deref(), &sampling.focus);
@@ -449,8 +454,12 @@ pub fn run(
         );
     }
     if !quiet && !no_python {
-        let profile = Profile::load(output)?;
-        crate::say!("{}", report::summary(&profile));
+        // The capture is written: a summary that cannot be made (a capture too dense for the
+        // reader's allowance) is said, and the program's status still passed on.
+        match Profile::load(output) {
+            Ok(profile) => crate::say!("{}", report::summary(&profile)),
+            Err(e) => crate::say!("mprof: warning: no summary: {e:#}"),
+        }
         crate::say!("mprof: capture written to {}", output.display());
         if let Some(note) = children_note {
             crate::say!("{note}");
