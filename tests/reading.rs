@@ -402,3 +402,114 @@ fn a_capture_of_another_format_version_is_refused_or_read_with_a_warning() {
         "{err}"
     );
 }
+
+/// A thread-per-request server's capture: 100,000 threads, each with 30 samples at 30 of 3,000
+/// stacks, frees following. Its sites (stack and thread) would be 3 million: the threads past
+/// the first 4,096 are read together, so it opens by default within the memory bound, exact.
+#[test]
+fn a_capture_of_a_hundred_thousand_threads_opens_within_the_memory_bound() {
+    const THREADS: u32 = 100_000;
+    const PER_THREAD: u32 = 30;
+    let dir = common::tempdir();
+    let path = dir.path().join("threads.mprof");
+    let mut first = encode_record(&Record::Meta {
+        text: "rate=1\npid=4242\ncommand=generated\n".into(),
+    });
+    first.extend(encode_record(&Record::Code {
+        code: 0x1000,
+        firstline: 1,
+        filename: "/srv/app/handler.py".into(),
+        name: "handle".into(),
+    }));
+    for s in 0..3_000u32 {
+        let node = Node {
+            parent: 0,
+            code: 0x1000,
+            line: 10 + s,
+            entry: false,
+        };
+        first.extend(encode_stack(1 + s, &node));
+    }
+    let mut file = header();
+    file.extend(frame_of(&first));
+    let aux = brief_aux(1, 0).unwrap();
+    let mut records = Vec::new();
+    let mut packer = Packer::default();
+    let mut samples = 0u64;
+    for t in 0..THREADS {
+        if let Some(run) = packer.take() {
+            records.extend(run);
+        }
+        records.extend(encode_context(10 + t, 1_000_000_000 + t as u64 * 10_000));
+        for i in 0..PER_THREAD {
+            let node = 1 + (t * 7 + i * 101) % 3_000;
+            let addr = 0x7f00_0000_0000 + (i as u64) * 64;
+            packer.add(&encode_brief(addr, 100, node, aux));
+            packer.add(&encode_record(&Record::Free { addr }));
+            samples += 1;
+        }
+        if records.len() >= 512 << 10 {
+            if let Some(run) = packer.take() {
+                records.extend(run);
+            }
+            file.extend(frame_of(&records));
+            records.clear();
+        }
+    }
+    if let Some(run) = packer.take() {
+        records.extend(run);
+    }
+    records.extend(encode_record(&Record::End {
+        reason: 1,
+        time_ns: 2_000_000_000,
+    }));
+    records.extend(encode_record(&Record::Stats {
+        samples,
+        dropped: 0,
+    }));
+    file.extend(frame_of(&records));
+    std::fs::write(&path, &file).unwrap();
+    let out = run_with_timeout(
+        mprof()
+            .arg("report")
+            .arg(&path)
+            .args(["--by", "thread", "--top", "3"])
+            .env_remove("MPROF_READ_MEMORY_MIB"),
+        Duration::from_secs(300),
+    );
+    let (rss, _) = children_usage();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    eprintln!(
+        "{} KiB, peak RSS {} MiB\n{stdout}",
+        file.len() >> 10,
+        rss >> 20
+    );
+    assert!(
+        stdout.contains(&format!("{samples} samples")),
+        "{stdout}\n{stderr}"
+    );
+    // Every allocation is counted, the threads past the first 4,096 together.
+    let together = (THREADS - 4_096) as u64 * PER_THREAD as u64 * 100;
+    assert!(stdout.contains("thread 0 (other threads)"), "{stdout}");
+    // 95,904 came after; they are counted up to 65,536.
+    assert!(
+        stderr.contains("65536 or more threads came after the first 4096"),
+        "{stderr}"
+    );
+    let json = run_with_timeout(
+        mprof()
+            .args(["report", "--json", "--by", "thread"])
+            .arg(&path)
+            .env_remove("MPROF_READ_MEMORY_MIB"),
+        Duration::from_secs(300),
+    );
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let total = json["totals"]["allocated"]["bytes"].as_f64().unwrap();
+    assert_eq!(total, samples as f64 * 100.0);
+    let top = &json["locations"][0];
+    assert_eq!(top["thread"], 0, "{top}");
+    assert_eq!(top["alloc_bytes"].as_f64().unwrap(), together as f64, "{top}");
+    assert!(rss <= BOUND, "peak RSS {} MiB", rss >> 20);
+}

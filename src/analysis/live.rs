@@ -52,6 +52,8 @@ impl Block {
 const BIG: u32 = u32::MAX;
 /// Slots of the first table.
 const FIRST_SLOTS: usize = 1 << 10;
+/// Sites interned before the first compaction ([`LiveTable::compact_sites`]).
+const FIRST_SITES: usize = 1 << 16;
 
 /// An entry: an address (0: the slot is free; a block at address 0 is kept apart) and its
 /// block, the site in the high half of `block` and the size in the low half.
@@ -189,6 +191,9 @@ impl LiveTable {
                 return last - 1;
             }
         }
+        if self.sites.len() >= FIRST_SITES.max(self.len * 4) && !self.site_ids.contains_key(&site) {
+            self.compact_sites();
+        }
         let sites = &mut self.sites;
         let id = *self.site_ids.entry(site).or_insert_with(|| {
             sites.push(site);
@@ -199,6 +204,39 @@ impl LiveTable {
         }
         self.last_site[at] = id + 1;
         id
+    }
+
+    /// Keeps only the sites of blocks still live, renumbered: a session that starts a thread
+    /// per request for days interns a site per stack and thread, most of them with no block
+    /// left. Run when the sites outnumber four times the blocks, so its cost is spread over
+    /// the sites interned since the last one.
+    #[cold]
+    fn compact_sites(&mut self) {
+        let mut renumbered: FastMap<u32, u32> = FastMap::default();
+        let mut sites = Vec::new();
+        let mut keep = |packed: u64| -> u64 {
+            let old = (packed >> 32) as u32;
+            let new = *renumbered.entry(old).or_insert_with(|| {
+                sites.push(self.sites[old as usize]);
+                sites.len() as u32 - 1
+            });
+            (new as u64) << 32 | (packed & 0xffff_ffff)
+        };
+        for line in &mut self.lines {
+            for e in line.0.iter_mut().filter(|e| e.addr != 0) {
+                e.block = keep(e.block);
+            }
+        }
+        if let Some(p) = self.zero {
+            self.zero = Some(keep(p));
+        }
+        self.site_ids = sites
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| (s, i as u32))
+            .collect();
+        self.sites = sites;
+        self.last_site.clear();
     }
 
     fn pack(&mut self, addr: u64, b: &Block) -> u64 {
@@ -374,6 +412,34 @@ mod tests {
         let mut taken: Vec<_> = t.into_values().map(key).collect();
         taken.sort_unstable();
         assert_eq!(taken, want);
+    }
+
+    /// A thread per request: a million threads, each with a block that lives a while. The
+    /// sites interned stay a few times the blocks live, and every block keeps its own.
+    #[test]
+    fn sites_of_blocks_gone_are_forgotten() {
+        let mut t = LiveTable::default();
+        let mut m = std::collections::HashMap::new();
+        let key = |b: Block| (b.stack, b.tid, b.size, b.rate);
+        for tid in 0..1_000_000u32 {
+            let addr = 0x5500_0000_0000 + (tid as u64 % 5_000) * 64;
+            let block = Block::new(StackId(tid % 7), tid, 100 + tid as u64 % 9, 4096);
+            assert_eq!(
+                t.insert(addr, block).map(key),
+                m.insert(addr, block).map(key),
+                "{tid}"
+            );
+            if tid % 3 == 0 {
+                let gone = 0x5500_0000_0000 + (tid as u64 * 7 % 5_000) * 64;
+                assert_eq!(t.remove(gone).map(key), m.remove(&gone).map(key), "{tid}");
+            }
+            assert!(t.sites.len() <= FIRST_SITES.max(t.len() * 4) + 1, "{tid}");
+        }
+        let mut got: Vec<_> = t.values().map(key).collect();
+        let mut want: Vec<_> = m.values().copied().map(key).collect();
+        got.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(got, want);
     }
 
     /// An entry takes 16 bytes, four to a cache line.

@@ -136,6 +136,21 @@ impl Budget {
     }
 }
 
+/// Memory per site of the builder (its figures, key and place in the map, the map grown).
+const MEMORY_PER_SITE: usize = 256;
+/// Sites allowed per stack node past the first of each stack (a thread-per-request server's
+/// capture at `--rate 1` has about 13).
+const FURTHER_SITES_PER_NODE: usize = 64;
+
+/// Threads whose figures are kept apart; the figures of threads seen after them are shown
+/// together, as the pseudo-thread [`OTHER_THREADS`]: a server that started a thread per
+/// request for hours is read within the memory of its stacks, not of its threads.
+pub const MAX_THREADS_APART: usize = 4096;
+/// The thread id that stands for the threads past [`MAX_THREADS_APART`] (no thread has id 0).
+pub const OTHER_THREADS: u32 = 0;
+/// Its name.
+const OTHER_NAME: &str = "(other threads)";
+
 /// Events between two checks of the memory.
 const CHECK_EVERY: u32 = 256;
 
@@ -163,6 +178,9 @@ pub(super) struct Builder {
     last_site: Vec<(u32, u32)>,
     keys: Vec<(StackId, u32)>,
     sites: Vec<Site>,
+    /// The threads kept apart ([`MAX_THREADS_APART`]), and how many more were shown together.
+    apart: FastMap<u32, ()>,
+    together: FastMap<u32, ()>,
     /// Sites whose live estimate changed since the last high.
     dirty: Vec<u32>,
     series: Option<Series>,
@@ -179,6 +197,8 @@ impl Builder {
             site_ids: FastMap::default(),
             last_site: Vec::new(),
             keys: Vec::new(),
+            apart: FastMap::default(),
+            together: FastMap::default(),
             sites: Vec::new(),
             dirty: Vec::new(),
             series: (keep == Keep::Series).then(Series::default),
@@ -238,9 +258,18 @@ impl Builder {
         self.agg.live_here()
     }
 
-    /// Memory held apart from the capture's allowance (native symbols).
+    /// Memory held apart from the capture's allowance: native symbols, and the sites of a
+    /// stack past its first, one per further thread that allocated there ([`MEMORY_PER_SITE`]
+    /// each), which no frame declares: they are bounded by the samples that made them and by
+    /// [`MAX_THREADS_APART`] threads per stack.
+    /// At most [`FURTHER_SITES_PER_NODE`] per stack node and a quarter of [`MEMORY_CEILING`]:
+    /// a crafted capture gets no more.
     pub(super) fn apart(&self) -> isize {
-        self.agg.resolver.symbol_memory()
+        let nodes = self.agg.resolver.names.nodes.len();
+        let further = (self.keys.len().saturating_sub(self.last_site.len()))
+            .min(nodes.saturating_mul(FURTHER_SITES_PER_NODE))
+            .min(MEMORY_CEILING as usize / 4 / MEMORY_PER_SITE);
+        self.agg.resolver.symbol_memory() + (further * MEMORY_PER_SITE) as isize
     }
 
     #[inline(always)]
@@ -257,6 +286,7 @@ impl Builder {
     }
 
     fn new_site(&mut self, stack: StackId, tid: u32) -> usize {
+        let tid = self.kept_apart(tid);
         let next = self.keys.len() as u32;
         let id = *self.site_ids.entry((stack, tid)).or_insert(next);
         if id == next {
@@ -264,6 +294,22 @@ impl Builder {
             self.sites.push(Site::default());
         }
         id as usize
+    }
+
+    /// `tid`, or [`OTHER_THREADS`] when [`MAX_THREADS_APART`] threads came before it.
+    fn kept_apart(&mut self, tid: u32) -> u32 {
+        if self.apart.contains_key(&tid) {
+            return tid;
+        }
+        if self.apart.len() < MAX_THREADS_APART && tid != OTHER_THREADS {
+            self.apart.insert(tid, ());
+            return tid;
+        }
+        // Counted up to a bound: a capture can name any number of threads.
+        if self.together.len() < MAX_THREADS_APART * 16 {
+            self.together.insert(tid, ());
+        }
+        OTHER_THREADS
     }
 
     #[inline(always)]
@@ -329,7 +375,20 @@ impl Builder {
     /// The profile of what was fed.
     pub(super) fn finish(mut self) -> Profile {
         let agg = &mut self.agg;
-        let symbol_warnings = agg.resolver.symbol_warnings();
+        let mut symbol_warnings = agg.resolver.symbol_warnings();
+        if !self.together.is_empty() {
+            let more = self.together.len();
+            let more = if more >= MAX_THREADS_APART * 16 {
+                format!("{more} or more")
+            } else {
+                more.to_string()
+            };
+            symbol_warnings.push(format!(
+                "{more} threads came after the first {MAX_THREADS_APART}: their figures are \
+                 shown together, as thread {OTHER_THREADS} \"{OTHER_NAME}\""
+            ));
+            agg.threads.insert(OTHER_THREADS, OTHER_NAME.to_owned());
+        }
         let names = std::mem::take(&mut agg.resolver.names);
         let mut figures = vec![Figures::default(); names.nodes.len()];
         let peaked = agg.peak().is_some();
