@@ -510,6 +510,10 @@ fn a_capture_of_a_hundred_thousand_threads_opens_within_the_memory_bound() {
     assert_eq!(total, samples as f64 * 100.0);
     let top = &json["locations"][0];
     assert_eq!(top["thread"], 0, "{top}");
-    assert_eq!(top["alloc_bytes"].as_f64().unwrap(), together as f64, "{top}");
+    assert_eq!(
+        top["alloc_bytes"].as_f64().unwrap(),
+        together as f64,
+        "{top}"
+    );
     assert!(rss <= BOUND, "peak RSS {} MiB", rss >> 20);
 }

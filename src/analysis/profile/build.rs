@@ -128,7 +128,7 @@ impl Budget {
             .saturating_add(declared_memory)
             .max(self.allowed_by_user / 3);
         #[cfg(any(test, fuzzing))]
-        LAST_LIMIT.with(|l| l.set(l.get().max(limit)));
+        LAST_LIMIT.with(|l| l.set(l.get().max(limit + apart.max(0) as u64)));
         if crate::base::memory::in_use() - self.base - apart.max(0) > limit as isize {
             return Err(LoadError::TooDense { size, limit });
         }
