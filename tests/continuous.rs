@@ -680,3 +680,63 @@ fn a_continuous_sessions_capture_stops_at_its_limit_and_the_intervals_go_on() {
         "the interval after the limit: {allocated} allocations"
     );
 }
+
+#[test]
+fn otlp_headers_go_with_every_request() {
+    // A receiver of one request on loopback: what mprof sent, head and all.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let receiver = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8];
+        while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap_or(0) == 1 {
+            head.push(byte[0]);
+        }
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        String::from_utf8_lossy(&head).to_lowercase()
+    });
+    let py = main_python(&pythons());
+    let dir = common::tempdir();
+    let out = run_with_timeout(
+        mprof()
+            .args(["record", "-q", "--every", "1s", "--otlp", &url])
+            .args(["--otlp-header", "X-Scope-OrgID=team-a"])
+            .arg("-o")
+            .arg(dir.path().join("c.mprof"))
+            .arg("--")
+            .arg(&py.path)
+            .args([
+                "-c",
+                "import time; x = [bytes(1000) for _ in range(2000)]; time.sleep(1.5)",
+            ]),
+        LIMIT,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let head = receiver.join().unwrap();
+    assert!(head.starts_with("post /v1development/profiles "), "{head}");
+    assert!(head.contains("\r\nx-scope-orgid: team-a\r\n"), "{head}");
+    assert!(
+        head.contains("\r\ncontent-type: application/x-protobuf\r\n"),
+        "{head}"
+    );
+    // A header that would split the request is refused before anything starts.
+    let out = run_with_timeout(
+        mprof()
+            .args(["record", "--every", "1s", "--otlp", "http://127.0.0.1:9"])
+            .args(["--otlp-header", "X-A=1\r\nX-B: 2"])
+            .arg("--")
+            .arg(&py.path)
+            .args(["-c", "pass"]),
+        LIMIT,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("control character"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}

@@ -62,6 +62,11 @@ pub struct ContinuousArgs {
     /// one.
     #[arg(long, value_name = "URL", requires = "every")]
     pub otlp: Option<String>,
+    /// A header for every request to the collector, `NAME=VALUE` (e.g. a tenant's
+    /// `X-Scope-OrgID=team-a`); repeat for more. Default: $OTEL_EXPORTER_OTLP_HEADERS
+    /// (`name=value,name=value`).
+    #[arg(long, value_name = "NAME=VALUE", requires = "otlp")]
+    pub otlp_header: Vec<String>,
     /// Most bytes of profiles waiting for a collector that is down or slow; past it the
     /// oldest are dropped and counted.
     #[arg(long, value_name = "SIZE", default_value = "16MiB",
@@ -79,6 +84,68 @@ impl ContinuousArgs {
     pub fn capture_limit(&self) -> Option<u64> {
         (self.every.is_some() && self.capture_bytes > 0).then_some(self.capture_bytes)
     }
+}
+
+/// The headers of `--otlp-header` (else of `OTEL_EXPORTER_OTLP_HEADERS`, whose values may be
+/// percent-encoded), each a valid HTTP header: a token for its name, no control character in
+/// its value.
+pub fn otlp_headers(flags: &[String]) -> Result<Vec<(String, String)>> {
+    let from_env;
+    let (items, decode): (Vec<&str>, bool) = if flags.is_empty() {
+        from_env = std::env::var("OTEL_EXPORTER_OTLP_HEADERS").unwrap_or_default();
+        let items = from_env
+            .split(',')
+            .filter(|i| !i.trim().is_empty())
+            .collect();
+        (items, true)
+    } else {
+        (flags.iter().map(String::as_str).collect(), false)
+    };
+    let mut headers = Vec::new();
+    for item in items {
+        let Some((name, value)) = item.split_once('=') else {
+            bail!("an OTLP header is NAME=VALUE, not {:?}", item);
+        };
+        let name = name.trim();
+        let value = if decode {
+            percent_decoded(value.trim())
+        } else {
+            value.trim().to_owned()
+        };
+        let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+        if name.is_empty() || !name.chars().all(token) {
+            bail!("{name:?} is not an HTTP header name");
+        }
+        if value.chars().any(|c| c.is_control()) {
+            bail!("the value of the OTLP header {name} has a control character");
+        }
+        headers.push((name.to_owned(), value));
+    }
+    Ok(headers)
+}
+
+/// `%XX` sequences decoded (others left as they are).
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Parses `--every`: a number with `ms`, `s`, `m` or `h` (plain numbers are seconds).
@@ -171,9 +238,10 @@ impl Continuous {
             )?),
             None => None,
         };
+        let headers = otlp_headers(&args.otlp_header)?;
         let sender = otlp_url
             .as_deref()
-            .map(|url| Sender::start(url, args.otlp_buffer as usize));
+            .map(|url| Sender::start(url, headers, args.otlp_buffer as usize));
         let service = args.service_name.clone().or_else(|| {
             std::env::var("OTEL_SERVICE_NAME")
                 .ok()
@@ -439,6 +507,29 @@ fn host_name() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn otlp_headers_are_checked() {
+        let flags = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            otlp_headers(&flags(&[
+                "X-Scope-OrgID=team-a",
+                "Authorization=Bearer a=b"
+            ]))
+            .unwrap(),
+            vec![
+                ("X-Scope-OrgID".to_owned(), "team-a".to_owned()),
+                ("Authorization".to_owned(), "Bearer a=b".to_owned())
+            ]
+        );
+        for bad in ["novalue", "=v", "a b=c", "x:y=z", "ok=line\r\nInjected: 1"] {
+            assert!(otlp_headers(&flags(&[bad])).is_err(), "{bad}");
+        }
+        assert_eq!(
+            percent_decoded("Basic%20dXNlcg%3D%3D%zz%"),
+            "Basic dXNlcg==%zz%"
+        );
+    }
 
     #[test]
     fn intervals_and_urls_parse() {

@@ -56,7 +56,7 @@ pub struct Sender {
 
 impl Sender {
     /// A sender to `url` (the full OTLP/HTTP path) whose queue holds at most `capacity` bytes.
-    pub fn start(url: &str, capacity: usize) -> Sender {
+    pub fn start(url: &str, headers: Vec<(String, String)>, capacity: usize) -> Sender {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 queue: VecDeque::new(),
@@ -70,7 +70,7 @@ impl Sender {
             let url = url.to_owned();
             std::thread::Builder::new()
                 .name("mprof-otlp".into())
-                .spawn(move || send_loop(&shared, &url))
+                .spawn(move || send_loop(&shared, &url, &headers))
                 .ok()
         };
         Sender {
@@ -172,7 +172,7 @@ fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, State> {
 }
 
 /// The thread: sends the first request waiting, again and again until it is taken.
-fn send_loop(shared: &Shared, url: &str) {
+fn send_loop(shared: &Shared, url: &str, headers: &[(String, String)]) {
     let config = ureq::Agent::config_builder()
         .timeout_global(Some(REQUEST_TIMEOUT))
         .http_status_as_error(true)
@@ -192,10 +192,13 @@ fn send_loop(shared: &Shared, url: &str) {
                 s = shared.wake.wait(s).unwrap_or_else(|e| e.into_inner());
             }
         };
-        let outcome = agent
+        let mut post = agent
             .post(url)
-            .header("Content-Type", "application/x-protobuf")
-            .send(&request[..]);
+            .header("Content-Type", "application/x-protobuf");
+        for (name, value) in headers {
+            post = post.header(name.as_str(), value.as_str());
+        }
+        let outcome = post.send(&request[..]);
         let mut s = lock(shared);
         match outcome {
             Ok(_) => {
