@@ -2,7 +2,8 @@
 //! report and the live view.
 
 use crate::analysis::focus::{Focus, Memo};
-use crate::analysis::names::{Location, NEW_THREAD, THREAD_STARTED_AT};
+use crate::analysis::names::{Location, Names, StackId, NEW_THREAD, THREAD_STARTED_AT};
+use crate::analysis::profile::Profile;
 use std::collections::{BTreeMap, HashMap};
 
 /// How rows are grouped.
@@ -99,6 +100,96 @@ fn your_frame<'a>(
     Some((innermost, at.unwrap_or(innermost), at.is_some()))
 }
 
+/// What [`your_frame`] finds: the innermost frame, the frame the stack is grouped at, and
+/// whether that frame is yours.
+pub(crate) type Found<'a> = (Location<'a>, Location<'a>, bool);
+
+/// [`your_frame`] of the stacks of a profile, each node of its stack trie worked out once: a
+/// node's stack is grouped at the node's own frame when that is yours, else where its
+/// caller's stack is, so the stacks that share their callers (a deep server's, most of them)
+/// share the walk instead of each going through all its frames.
+pub(crate) struct YourNodes<'a> {
+    names: &'a Names,
+    files: Memo<'a>,
+    /// Per node: the frame id its stack is grouped at ([`NONE`]: no frame of yours) shifted
+    /// left by one, and in the low bit whether a [`NEW_THREAD`] frame lies between the node
+    /// and it; [`UNKNOWN`] until worked out.
+    at: Vec<u64>,
+    /// The nodes being worked out, innermost first.
+    path: Vec<u32>,
+}
+
+/// [`YourNodes::at`] of a node not worked out yet.
+const UNKNOWN: u64 = u64::MAX;
+/// [`YourNodes::at`]'s frame when the stack has no frame of yours.
+const NONE: u64 = u32::MAX as u64;
+
+impl<'a> YourNodes<'a> {
+    /// Nothing worked out yet, for the stacks of `p`.
+    pub(crate) fn new(p: &'a Profile) -> YourNodes<'a> {
+        let names = p.trie();
+        YourNodes {
+            names,
+            files: Memo::default(),
+            at: vec![UNKNOWN; names.nodes.len()],
+            path: Vec::new(),
+        }
+    }
+
+    /// What [`your_frame`] finds for the frames of `stack` with its origin
+    /// ([`Profile::frames_with_origin`]); None for an empty stack.
+    pub(crate) fn find(&mut self, focus: &Focus, stack: StackId) -> Option<Found<'a>> {
+        let names = self.names;
+        let (_, frame) = names.link(stack.0)?;
+        let innermost = names.location(frame);
+        let found = self.at_of(focus, stack.0);
+        let at = (found >> 1 != NONE).then(|| {
+            let loc = names.location((found >> 1) as u32);
+            match found & 1 {
+                0 => loc,
+                _ => Location {
+                    function: THREAD_STARTED_AT,
+                    firstline: loc.line,
+                    ..loc
+                },
+            }
+        });
+        Some((innermost, at.unwrap_or(innermost), at.is_some()))
+    }
+
+    /// [`YourNodes::at`] of `node`, working out its callers' first where they are not yet.
+    fn at_of(&mut self, focus: &Focus, node: u32) -> u64 {
+        let names = self.names;
+        self.path.clear();
+        let mut known = NONE << 1;
+        let mut n = node;
+        while let Some((parent, _)) = names.link(n) {
+            match self.at.get(n as usize) {
+                Some(&at) if at != UNKNOWN => {
+                    known = at;
+                    break;
+                }
+                _ => {}
+            }
+            self.path.push(n);
+            n = parent;
+        }
+        for &n in self.path.iter().rev() {
+            let (_, frame) = names.nodes[n as usize];
+            let loc = names.location(frame);
+            let started = is_new_thread(&loc) as u64;
+            known = match focus.is_yours(&loc, &mut self.files) {
+                true => (frame as u64) << 1 | started,
+                false => known | started,
+            };
+            if let Some(at) = self.at.get_mut(n as usize) {
+                *at = known;
+            }
+        }
+        known
+    }
+}
+
 /// Whether `loc` is the pseudo-frame between a thread's frames and its creator's.
 fn is_new_thread(loc: &Location) -> bool {
     loc.file == NEW_THREAD && loc.function == NEW_THREAD
@@ -180,9 +271,18 @@ impl<'a, 'f, F: Default> YourCodeGroups<'a, 'f, F> {
         figures: &F,
         merge: impl Fn(&mut F, &F),
     ) {
-        let Some((innermost, at, yours)) = your_frame(self.focus, &mut self.memo, frames) else {
-            return;
-        };
+        if let Some(found) = your_frame(self.focus, &mut self.memo, frames) {
+            self.add_found(found, figures, merge);
+        }
+    }
+
+    /// [`YourCodeGroups::add`] of a stack whose frame was found already ([`YourNodes::find`]).
+    pub(crate) fn add_found(
+        &mut self,
+        (innermost, at, yours): Found<'a>,
+        figures: &F,
+        merge: impl Fn(&mut F, &F),
+    ) {
         let group = self
             .groups
             .entry(Grouping::Line.frame_key(&at))

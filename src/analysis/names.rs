@@ -336,6 +336,12 @@ impl Names {
         })
     }
 
+    /// The node's caller (its parent in the trie) and its frame; None for a root.
+    #[inline]
+    pub(crate) fn link(&self, node: u32) -> Option<(u32, u32)> {
+        (node >= ROOTS).then(|| self.nodes[node as usize])
+    }
+
     /// The innermost frame of the stack ending at `node`.
     pub(crate) fn innermost(&self, node: u32) -> Location<'_> {
         self.location(self.nodes[node as usize].1)
