@@ -342,6 +342,12 @@ impl Names {
         (node >= ROOTS).then(|| self.nodes[node as usize])
     }
 
+    /// Whether `frame` is the [`NEW_THREAD`] pseudo-frame where [`Names::frames`] stops.
+    #[inline]
+    pub(crate) fn is_new_thread(&self, frame: u32) -> bool {
+        frame == self.new_thread
+    }
+
     /// The innermost frame of the stack ending at `node`.
     pub(crate) fn innermost(&self, node: u32) -> Location<'_> {
         self.location(self.nodes[node as usize].1)
