@@ -2,9 +2,8 @@
 //! report and the live view.
 
 use crate::analysis::focus::{Focus, Memo};
-use crate::analysis::names::{Location, Names, StackId, NEW_THREAD, THREAD_STARTED_AT};
+use crate::analysis::names::{FastMap, Location, Names, StackId, NEW_THREAD, THREAD_STARTED_AT};
 use crate::analysis::profile::Profile;
-use std::collections::{BTreeMap, HashMap};
 
 /// How rows are grouped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -242,7 +241,7 @@ struct Group<'a, F> {
     /// The figures of the stacks that end at the group's own frame.
     direct: F,
     yours: bool,
-    innermost: BTreeMap<Location<'a>, F>,
+    innermost: FastMap<Location<'a>, F>,
 }
 
 /// Stacks grouped by their innermost frame in your code ([`Grouping::YourCode`]), with
@@ -250,7 +249,7 @@ struct Group<'a, F> {
 pub struct YourCodeGroups<'a, 'f, F> {
     focus: &'f Focus,
     memo: Memo<'a>,
-    groups: HashMap<Key<'a>, Group<'a, F>>,
+    groups: FastMap<Key<'a>, Group<'a, F>>,
 }
 
 impl<'a, 'f, F: Default> YourCodeGroups<'a, 'f, F> {
@@ -259,7 +258,7 @@ impl<'a, 'f, F: Default> YourCodeGroups<'a, 'f, F> {
         YourCodeGroups {
             focus,
             memo: Memo::default(),
-            groups: HashMap::new(),
+            groups: FastMap::default(),
         }
     }
 
@@ -290,7 +289,7 @@ impl<'a, 'f, F: Default> YourCodeGroups<'a, 'f, F> {
                 figures: F::default(),
                 direct: F::default(),
                 yours,
-                innermost: BTreeMap::new(),
+                innermost: FastMap::default(),
             });
         merge(&mut group.figures, figures);
         if Grouping::Line.frame_key(&innermost) != Grouping::Line.frame_key(&at) {
@@ -310,7 +309,7 @@ impl<'a, 'f, F: Default> YourCodeGroups<'a, 'f, F> {
                 let mut top: Option<(&Location, u64)> = None;
                 for (loc, f) in &g.innermost {
                     let w = weight(f);
-                    if top.is_none_or(|(_, best)| w > best) {
+                    if top.is_none_or(|(at, best)| w > best || (w == best && loc < at)) {
                         top = Some((loc, w));
                     }
                 }
