@@ -2,7 +2,9 @@
 //! report and the live view.
 
 use crate::analysis::focus::{Focus, Memo};
-use crate::analysis::names::{FastMap, Location, Names, StackId, NEW_THREAD, THREAD_STARTED_AT};
+use crate::analysis::names::{
+    FastMap, Location, Names, StackId, TrieMemo, NEW_THREAD, THREAD_STARTED_AT,
+};
 use crate::analysis::profile::Profile;
 
 /// How rows are grouped.
@@ -110,18 +112,13 @@ pub(crate) type Found<'a> = (Location<'a>, Location<'a>, bool);
 pub(crate) struct YourNodes<'a> {
     names: &'a Names,
     files: Memo<'a>,
-    /// Per node: the frame id its stack is grouped at ([`NONE`]: no frame of yours) shifted
-    /// left by one, and in the low bit whether a [`NEW_THREAD`] frame lies between the node
-    /// and it; [`UNKNOWN`] until worked out.
-    at: Vec<u64>,
-    /// The nodes being worked out, innermost first.
-    path: Vec<u32>,
+    /// Per node: the frame its stack is grouped at ([`NONE`]: no frame of yours), and whether
+    /// a [`NEW_THREAD`] frame lies between the node and it.
+    memo: TrieMemo,
 }
 
-/// [`YourNodes::at`] of a node not worked out yet.
-const UNKNOWN: u64 = u64::MAX;
-/// [`YourNodes::at`]'s frame when the stack has no frame of yours.
-const NONE: u64 = u32::MAX as u64;
+/// The frame of [`YourNodes::memo`] when the stack has no frame of yours.
+const NONE: u32 = u32::MAX;
 
 impl<'a> YourNodes<'a> {
     /// Nothing worked out yet, for the stacks of `p`.
@@ -130,8 +127,7 @@ impl<'a> YourNodes<'a> {
         YourNodes {
             names,
             files: Memo::default(),
-            at: vec![UNKNOWN; names.nodes.len()],
-            path: Vec::new(),
+            memo: TrieMemo::new(names),
         }
     }
 
@@ -141,12 +137,26 @@ impl<'a> YourNodes<'a> {
         let names = self.names;
         let (_, frame) = names.link(stack.0)?;
         let innermost = names.location(frame);
-        let found = self.at_of(focus, stack.0);
-        let at = (found >> 1 != NONE).then(|| {
-            let loc = names.location((found >> 1) as u32);
-            match found & 1 {
-                0 => loc,
-                _ => Location {
+        let files = &mut self.files;
+        let (found, started) = self.memo.get(
+            names,
+            stack.0,
+            (NONE, false),
+            |_| false,
+            |(at, started), frame| {
+                let loc = names.location(frame);
+                let here = is_new_thread(&loc);
+                match focus.is_yours(&loc, files) {
+                    true => (frame, here),
+                    false => (at, started || here),
+                }
+            },
+        );
+        let at = (found != NONE).then(|| {
+            let loc = names.location(found);
+            match started {
+                false => loc,
+                true => Location {
                     function: THREAD_STARTED_AT,
                     firstline: loc.line,
                     ..loc
@@ -154,38 +164,6 @@ impl<'a> YourNodes<'a> {
             }
         });
         Some((innermost, at.unwrap_or(innermost), at.is_some()))
-    }
-
-    /// [`YourNodes::at`] of `node`, working out its callers' first where they are not yet.
-    fn at_of(&mut self, focus: &Focus, node: u32) -> u64 {
-        let names = self.names;
-        self.path.clear();
-        let mut known = NONE << 1;
-        let mut n = node;
-        while let Some((parent, _)) = names.link(n) {
-            match self.at.get(n as usize) {
-                Some(&at) if at != UNKNOWN => {
-                    known = at;
-                    break;
-                }
-                _ => {}
-            }
-            self.path.push(n);
-            n = parent;
-        }
-        for &n in self.path.iter().rev() {
-            let (_, frame) = names.nodes[n as usize];
-            let loc = names.location(frame);
-            let started = is_new_thread(&loc) as u64;
-            known = match focus.is_yours(&loc, &mut self.files) {
-                true => (frame as u64) << 1 | started,
-                false => known | started,
-            };
-            if let Some(at) = self.at.get_mut(n as usize) {
-                *at = known;
-            }
-        }
-        known
     }
 }
 

@@ -25,7 +25,7 @@
 use crate::analysis::allocators::Allocator;
 use crate::analysis::allocators::Allocators;
 use crate::analysis::frames::{self, Kind};
-use crate::analysis::names::{FastMap, Location, Named, Names};
+use crate::analysis::names::{FastMap, Location, Named, Names, TrieMemo};
 use crate::analysis::profile::{Estimate, Profile, Source, View};
 use crate::base::text::xml_escape;
 use crate::base::units::human_bytes;
@@ -318,8 +318,8 @@ struct DrawnNodes<'p> {
     names: &'p Names,
     keep_imports: bool,
     /// Per trie node: its drawn path ([`DrawnNodes::paths`]), and whether its frame is
-    /// site.py's (or a `.pth` line it runs); [`UNDRAWN`] until worked out.
-    at: Vec<(u32, bool)>,
+    /// site.py's (or a `.pth` line it runs).
+    memo: TrieMemo,
     /// Drawn paths: (caller's path, frame in [`DrawnNodes::frames`]); path 0 has no frame.
     paths: Vec<(u32, u32)>,
     path_ids: FastMap<(u32, u32), u32>,
@@ -330,12 +330,7 @@ struct DrawnNodes<'p> {
     files: FastMap<Named<'p>, (bool, bool)>,
     /// Each distinct label text, numbered.
     labels: std::collections::HashMap<Rc<str>, usize>,
-    /// The nodes being worked out, innermost first.
-    walk: Vec<u32>,
 }
-
-/// [`DrawnNodes::at`] of a node not worked out yet.
-const UNDRAWN: (u32, bool) = (u32::MAX, false);
 
 impl<'p> DrawnNodes<'p> {
     fn new(p: &'p Profile, keep_imports: bool) -> DrawnNodes<'p> {
@@ -343,45 +338,29 @@ impl<'p> DrawnNodes<'p> {
         DrawnNodes {
             names,
             keep_imports,
-            at: vec![UNDRAWN; names.nodes.len()],
+            memo: TrieMemo::new(names),
             paths: vec![(0, u32::MAX)],
             path_ids: FastMap::default(),
             frames: Vec::new(),
             frame_ids: FastMap::default(),
             files: FastMap::default(),
             labels: Default::default(),
-            walk: Vec::new(),
         }
     }
 
     /// The drawn path of the stack ending at `node` (its own frames, as [`Profile::frames`]).
     fn path_of(&mut self, node: u32) -> u32 {
         let names = self.names;
-        self.walk.clear();
-        let mut state = (0, false);
-        let mut n = node;
-        while let Some((parent, frame)) = names.link(n) {
-            if names.is_new_thread(frame) {
-                break;
-            }
-            match self.at.get(n as usize) {
-                Some(&at) if at != UNDRAWN => {
-                    state = at;
-                    break;
-                }
-                _ => {}
-            }
-            self.walk.push(n);
-            n = parent;
-        }
-        for i in (0..self.walk.len()).rev() {
-            let n = self.walk[i];
-            state = self.step(state, names.nodes[n as usize].1);
-            if let Some(at) = self.at.get_mut(n as usize) {
-                *at = state;
-            }
-        }
-        state.0
+        let mut memo = std::mem::take(&mut self.memo);
+        let (path, _) = memo.get(
+            names,
+            node,
+            (0, false),
+            |frame| names.is_new_thread(frame),
+            |state, frame| self.step(state, frame),
+        );
+        self.memo = memo;
+        path
     }
 
     /// The state after `frame`, called from a caller whose state is `(path, caller_is_site)`.
