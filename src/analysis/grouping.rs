@@ -426,6 +426,53 @@ mod tests {
         assert_eq!(shown.to_string(), "thread started at app.py:7");
     }
 
+    /// Worked out once per trie node, the frame of every stack is the one found by walking
+    /// its frames: stacks that share callers, of every depth, yours or not, across a
+    /// `<new thread>` frame, and stacks met again after their callers were worked out.
+    #[test]
+    fn each_node_worked_out_once_finds_what_the_walk_finds() {
+        use crate::capture::testing::{alloc, code, meta};
+        let lib = "/usr/lib/python3.11/json/encoder.py";
+        let mut records = vec![
+            meta("rate=1\ncwd=/app\nprogram_dir=/app\n"),
+            code(1, "/app/main.py", "main", 1),
+            code(2, lib, "encode", 10),
+            code(3, "/app/util.py", "helper", 5),
+            code(4, NEW_THREAD, NEW_THREAD, 0),
+            code(5, "/venv/lib/python3.11/site-packages/pool.py", "work", 3),
+        ];
+        let stacks: [&[(u64, u32)]; 8] = [
+            &[(2, 11), (3, 6), (1, 2)],
+            &[(2, 12), (2, 11), (3, 6), (1, 2)],
+            &[(3, 7), (1, 2)],
+            &[(2, 11), (5, 4), (4, 0), (1, 3)],
+            &[(5, 4), (4, 0), (3, 8), (1, 3)],
+            &[(2, 13), (5, 4), (4, 0), (5, 9)],
+            &[(2, 11)],
+            &[(1, 2)],
+        ];
+        for (i, frames) in stacks.iter().chain(stacks.iter().rev()).enumerate() {
+            records.push(alloc(1, 0x1000 + 16 * i as u64, 8, i as u64, frames));
+        }
+        let p = Profile::from_records(&records);
+        let focus = p.focus();
+        let mut nodes = YourNodes::new(&p);
+        let mut memo = Memo::default();
+        let mut seen = 0;
+        for (id, _) in p.stacks() {
+            let walked = your_frame(focus, &mut memo, p.frames_with_origin(id));
+            assert_eq!(nodes.find(focus, id), walked, "{id:?}");
+            seen += 1;
+        }
+        assert_eq!(seen, stacks.len());
+        let started = p
+            .stacks()
+            .filter_map(|(id, _)| nodes.find(focus, id))
+            .filter(|(_, at, _)| at.function == THREAD_STARTED_AT)
+            .count();
+        assert_eq!(started, 2);
+    }
+
     #[test]
     fn the_live_view_cycles_through_every_frame_grouping() {
         let mut g = Grouping::YourCode;
