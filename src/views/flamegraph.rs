@@ -25,7 +25,7 @@
 use crate::analysis::allocators::Allocator;
 use crate::analysis::allocators::Allocators;
 use crate::analysis::frames::{self, Kind};
-use crate::analysis::names::{FastMap, Location, Named, Names, TrieMemo};
+use crate::analysis::names::{FastMap, Named, Names, TrieMemo};
 use crate::analysis::profile::{Estimate, Profile, Source, View};
 use crate::base::text::xml_escape;
 use crate::base::units::human_bytes;
@@ -256,7 +256,8 @@ fn width(bytes: f64, unit: f64) -> u64 {
 /// labelled once: a stack's figures go to the entry of its labels, in the stacks' order.
 fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<Rc<str>>, Drawn> {
     let mut nodes = DrawnNodes::new(p, settings.keep_imports);
-    let mut entries: Vec<(Vec<Rc<str>>, Drawn)> = Vec::new();
+    // Per entry: the numbers of its labels, its labels, and the stack drawn.
+    let mut entries: Vec<(Vec<u32>, Vec<Rc<str>>, Drawn)> = Vec::new();
     // Per drawn path (and allocator, when drawn), its entry; per labels, their entry.
     let mut entry_of: FastMap<(u32, u8), usize> = FastMap::default();
     let mut by_labels: FastMap<Vec<u32>, usize> = FastMap::default();
@@ -279,9 +280,10 @@ fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<Rc<str>>, Drawn> {
             Some(&at) => at,
             None => {
                 let (frames, ids) = nodes.frames(path, allocator, settings);
-                let at = *by_labels.entry(ids).or_insert_with(|| {
+                let at = *by_labels.entry(ids.clone()).or_insert_with(|| {
                     let labels = labels_of(&frames);
                     entries.push((
+                        ids,
                         labels,
                         Drawn {
                             frames,
@@ -296,19 +298,21 @@ fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<Rc<str>>, Drawn> {
                 at
             }
         };
-        let entry = &mut entries[at].1;
+        let entry = &mut entries[at].2;
         entry.new.merge(&estimate);
         entry.split[allocator as usize].merge(&estimate);
     }
     // By labels: sorted by their ranks first (whole numbers, in the labels' order), which the
     // map then finds in order.
     let ranks = nodes.label_ranks();
-    let rank_of = |labels: &[Rc<str>]| -> Vec<u32> {
-        labels.iter().map(|l| ranks[nodes.labels[l]]).collect()
-    };
-    let mut keyed: Vec<_> = entries.into_iter().map(|e| (rank_of(&e.0), e)).collect();
-    keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    keyed.into_iter().map(|(_, e)| e).collect()
+    for (ids, _, _) in &mut entries {
+        ids.iter_mut().for_each(|id| *id = ranks[*id as usize]);
+    }
+    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    entries
+        .into_iter()
+        .map(|(_, labels, drawn)| (labels, drawn))
+        .collect()
 }
 
 /// The stacks of a profile as a flamegraph draws them, each node of its stack trie worked out
@@ -323,9 +327,10 @@ struct DrawnNodes<'p> {
     /// Drawn paths: (caller's path, frame in [`DrawnNodes::frames`]); path 0 has no frame.
     paths: Vec<(u32, u32)>,
     path_ids: FastMap<(u32, u32), u32>,
-    /// The frames drawn, each made once, by location, with the number of its label.
+    /// The frames drawn, each made once (by the profile's frame id: one per location), with
+    /// the number of its label.
     frames: Vec<(DrawnFrame, u32)>,
-    frame_ids: FastMap<Location<'p>, u32>,
+    frame_ids: FastMap<u32, u32>,
     /// Per file: whether it is the import system's, and whether it is site.py.
     files: FastMap<Named<'p>, (bool, bool)>,
     /// Each distinct label text, numbered.
@@ -378,7 +383,7 @@ impl<'p> DrawnNodes<'p> {
             return (path, site);
         }
         let next = self.frames.len() as u32;
-        let drawn = *self.frame_ids.entry(loc).or_insert(next);
+        let drawn = *self.frame_ids.entry(frame).or_insert(next);
         if drawn == next {
             let frame = DrawnFrame {
                 label: frame_name(&frames::label(&loc)).into(),
