@@ -2,8 +2,10 @@
 //! report and the live view.
 
 use crate::analysis::focus::{Focus, Memo};
-use crate::analysis::names::{Location, NEW_THREAD, THREAD_STARTED_AT};
-use std::collections::{BTreeMap, HashMap};
+use crate::analysis::names::{
+    FastMap, Location, Names, StackId, TrieMemo, NEW_THREAD, THREAD_STARTED_AT,
+};
+use crate::analysis::profile::Profile;
 
 /// How rows are grouped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -99,6 +101,72 @@ fn your_frame<'a>(
     Some((innermost, at.unwrap_or(innermost), at.is_some()))
 }
 
+/// What [`your_frame`] finds: the innermost frame, the frame the stack is grouped at, and
+/// whether that frame is yours.
+pub(crate) type Found<'a> = (Location<'a>, Location<'a>, bool);
+
+/// [`your_frame`] of the stacks of a profile, each node of its stack trie worked out once: a
+/// node's stack is grouped at the node's own frame when that is yours, else where its
+/// caller's stack is, so the stacks that share their callers (a deep server's, most of them)
+/// share the walk instead of each going through all its frames.
+pub(crate) struct YourNodes<'a> {
+    names: &'a Names,
+    files: Memo<'a>,
+    /// Per node: the frame its stack is grouped at ([`NONE`]: no frame of yours), and whether
+    /// a [`NEW_THREAD`] frame lies between the node and it.
+    memo: TrieMemo,
+}
+
+/// The frame of [`YourNodes::memo`] when the stack has no frame of yours.
+const NONE: u32 = u32::MAX;
+
+impl<'a> YourNodes<'a> {
+    /// Nothing worked out yet, for the stacks of `p`.
+    pub(crate) fn new(p: &'a Profile) -> YourNodes<'a> {
+        let names = p.trie();
+        YourNodes {
+            names,
+            files: Memo::default(),
+            memo: TrieMemo::new(names),
+        }
+    }
+
+    /// What [`your_frame`] finds for the frames of `stack` with its origin
+    /// ([`Profile::frames_with_origin`]); None for an empty stack.
+    pub(crate) fn find(&mut self, focus: &Focus, stack: StackId) -> Option<Found<'a>> {
+        let names = self.names;
+        let (_, frame) = names.link(stack.0)?;
+        let innermost = names.location(frame);
+        let files = &mut self.files;
+        let (found, started) = self.memo.get(
+            names,
+            stack.0,
+            (NONE, false),
+            |_| false,
+            |(at, started), frame| {
+                let loc = names.location(frame);
+                let here = is_new_thread(&loc);
+                match focus.is_yours(&loc, files) {
+                    true => (frame, here),
+                    false => (at, started || here),
+                }
+            },
+        );
+        let at = (found != NONE).then(|| {
+            let loc = names.location(found);
+            match started {
+                false => loc,
+                true => Location {
+                    function: THREAD_STARTED_AT,
+                    firstline: loc.line,
+                    ..loc
+                },
+            }
+        });
+        Some((innermost, at.unwrap_or(innermost), at.is_some()))
+    }
+}
+
 /// Whether `loc` is the pseudo-frame between a thread's frames and its creator's.
 fn is_new_thread(loc: &Location) -> bool {
     loc.file == NEW_THREAD && loc.function == NEW_THREAD
@@ -151,7 +219,7 @@ struct Group<'a, F> {
     /// The figures of the stacks that end at the group's own frame.
     direct: F,
     yours: bool,
-    innermost: BTreeMap<Location<'a>, F>,
+    innermost: FastMap<Location<'a>, F>,
 }
 
 /// Stacks grouped by their innermost frame in your code ([`Grouping::YourCode`]), with
@@ -159,7 +227,7 @@ struct Group<'a, F> {
 pub struct YourCodeGroups<'a, 'f, F> {
     focus: &'f Focus,
     memo: Memo<'a>,
-    groups: HashMap<Key<'a>, Group<'a, F>>,
+    groups: FastMap<Key<'a>, Group<'a, F>>,
 }
 
 impl<'a, 'f, F: Default> YourCodeGroups<'a, 'f, F> {
@@ -168,7 +236,7 @@ impl<'a, 'f, F: Default> YourCodeGroups<'a, 'f, F> {
         YourCodeGroups {
             focus,
             memo: Memo::default(),
-            groups: HashMap::new(),
+            groups: FastMap::default(),
         }
     }
 
@@ -180,9 +248,18 @@ impl<'a, 'f, F: Default> YourCodeGroups<'a, 'f, F> {
         figures: &F,
         merge: impl Fn(&mut F, &F),
     ) {
-        let Some((innermost, at, yours)) = your_frame(self.focus, &mut self.memo, frames) else {
-            return;
-        };
+        if let Some(found) = your_frame(self.focus, &mut self.memo, frames) {
+            self.add_found(found, figures, merge);
+        }
+    }
+
+    /// [`YourCodeGroups::add`] of a stack whose frame was found already ([`YourNodes::find`]).
+    pub(crate) fn add_found(
+        &mut self,
+        (innermost, at, yours): Found<'a>,
+        figures: &F,
+        merge: impl Fn(&mut F, &F),
+    ) {
         let group = self
             .groups
             .entry(Grouping::Line.frame_key(&at))
@@ -190,7 +267,7 @@ impl<'a, 'f, F: Default> YourCodeGroups<'a, 'f, F> {
                 figures: F::default(),
                 direct: F::default(),
                 yours,
-                innermost: BTreeMap::new(),
+                innermost: FastMap::default(),
             });
         merge(&mut group.figures, figures);
         if Grouping::Line.frame_key(&innermost) != Grouping::Line.frame_key(&at) {
@@ -210,7 +287,7 @@ impl<'a, 'f, F: Default> YourCodeGroups<'a, 'f, F> {
                 let mut top: Option<(&Location, u64)> = None;
                 for (loc, f) in &g.innermost {
                     let w = weight(f);
-                    if top.is_none_or(|(_, best)| w > best) {
+                    if top.is_none_or(|(at, best)| w > best || (w == best && loc < at)) {
                         top = Some((loc, w));
                     }
                 }
@@ -347,6 +424,53 @@ mod tests {
             ..loc("app.py", 7)
         };
         assert_eq!(shown.to_string(), "thread started at app.py:7");
+    }
+
+    /// Worked out once per trie node, the frame of every stack is the one found by walking
+    /// its frames: stacks that share callers, of every depth, yours or not, across a
+    /// `<new thread>` frame, and stacks met again after their callers were worked out.
+    #[test]
+    fn each_node_worked_out_once_finds_what_the_walk_finds() {
+        use crate::capture::testing::{alloc, code, meta};
+        let lib = "/usr/lib/python3.11/json/encoder.py";
+        let mut records = vec![
+            meta("rate=1\ncwd=/app\nprogram_dir=/app\n"),
+            code(1, "/app/main.py", "main", 1),
+            code(2, lib, "encode", 10),
+            code(3, "/app/util.py", "helper", 5),
+            code(4, NEW_THREAD, NEW_THREAD, 0),
+            code(5, "/venv/lib/python3.11/site-packages/pool.py", "work", 3),
+        ];
+        let stacks: [&[(u64, u32)]; 8] = [
+            &[(2, 11), (3, 6), (1, 2)],
+            &[(2, 12), (2, 11), (3, 6), (1, 2)],
+            &[(3, 7), (1, 2)],
+            &[(2, 11), (5, 4), (4, 0), (1, 3)],
+            &[(5, 4), (4, 0), (3, 8), (1, 3)],
+            &[(2, 13), (5, 4), (4, 0), (5, 9)],
+            &[(2, 11)],
+            &[(1, 2)],
+        ];
+        for (i, frames) in stacks.iter().chain(stacks.iter().rev()).enumerate() {
+            records.push(alloc(1, 0x1000 + 16 * i as u64, 8, i as u64, frames));
+        }
+        let p = Profile::from_records(&records);
+        let focus = p.focus();
+        let mut nodes = YourNodes::new(&p);
+        let mut memo = Memo::default();
+        let mut seen = 0;
+        for (id, _) in p.stacks() {
+            let walked = your_frame(focus, &mut memo, p.frames_with_origin(id));
+            assert_eq!(nodes.find(focus, id), walked, "{id:?}");
+            seen += 1;
+        }
+        assert_eq!(seen, stacks.len());
+        let started = p
+            .stacks()
+            .filter_map(|(id, _)| nodes.find(focus, id))
+            .filter(|(_, at, _)| at.function == THREAD_STARTED_AT)
+            .count();
+        assert_eq!(started, 2);
     }
 
     #[test]

@@ -179,21 +179,28 @@ impl LiveTable {
         }
     }
 
+    #[inline(always)]
     fn site(&mut self, b: &Block) -> u32 {
         let site = Site {
             stack: b.stack.0,
             tid: b.tid,
             rate: b.rate,
         };
-        let at = b.stack.0 as usize;
-        if let Some(&last) = self.last_site.get(at) {
-            if last != 0 && self.sites[last as usize - 1] == site {
+        if let Some(&last) = self.last_site.get(b.stack.0 as usize) {
+            if self.sites.get((last as usize).wrapping_sub(1)) == Some(&site) {
                 return last - 1;
             }
         }
+        self.new_site(site)
+    }
+
+    /// [`LiveTable::site`] of a site not the last of its stack.
+    #[inline(never)]
+    fn new_site(&mut self, site: Site) -> u32 {
         if self.sites.len() >= FIRST_SITES.max(self.len * 4) && !self.site_ids.contains_key(&site) {
             self.compact_sites();
         }
+        let at = site.stack as usize;
         let sites = &mut self.sites;
         let id = *self.site_ids.entry(site).or_insert_with(|| {
             sites.push(site);
@@ -239,14 +246,27 @@ impl LiveTable {
         self.last_site.clear();
     }
 
+    #[inline(always)]
     fn pack(&mut self, addr: u64, b: &Block) -> u64 {
         let size = if b.size >= BIG as u64 {
-            self.big.insert(addr, b.size);
-            BIG
+            self.keep_big(addr, b.size)
         } else {
             b.size as u32
         };
         (self.site(b) as u64) << 32 | size as u64
+    }
+
+    /// Keeps the size of a block of 4 GiB or more apart: [`BIG`].
+    #[cold]
+    fn keep_big(&mut self, addr: u64, size: u64) -> u32 {
+        self.big.insert(addr, size);
+        BIG
+    }
+
+    /// The size of a block of 4 GiB or more (see [`LiveTable::keep_big`]).
+    #[cold]
+    fn big_size(&self, addr: u64) -> u64 {
+        self.big.get(&addr).copied().unwrap_or(BIG as u64)
     }
 
     /// The block `packed` stands for at `addr`.
@@ -255,18 +275,25 @@ impl LiveTable {
         let site = self.sites[(packed >> 32) as usize];
         let mut size = packed as u32 as u64;
         if size == BIG as u64 {
-            size = self.big.get(&addr).copied().unwrap_or(size);
+            size = self.big_size(addr);
         }
         Block::new(StackId(site.stack), site.tid, size, site.rate)
     }
 
     /// The block `packed` stands for at `addr`, which leaves the table.
+    #[inline(always)]
     fn take(&mut self, addr: u64, packed: u64) -> Block {
         let block = self.block_of(addr, packed);
         if block.size >= BIG as u64 {
-            self.big.remove(&addr);
+            self.forget_big(addr);
         }
         block
+    }
+
+    /// Forgets the size kept apart for a block that leaves the table.
+    #[cold]
+    fn forget_big(&mut self, addr: u64) {
+        self.big.remove(&addr);
     }
 
     /// Inserts a block; returns the block it replaced at the same address.

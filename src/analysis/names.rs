@@ -336,6 +336,18 @@ impl Names {
         })
     }
 
+    /// The node's caller (its parent in the trie) and its frame; None for a root.
+    #[inline]
+    pub(crate) fn link(&self, node: u32) -> Option<(u32, u32)> {
+        (node >= ROOTS).then(|| self.nodes[node as usize])
+    }
+
+    /// Whether `frame` is the [`NEW_THREAD`] pseudo-frame where [`Names::frames`] stops.
+    #[inline]
+    pub(crate) fn is_new_thread(&self, frame: u32) -> bool {
+        frame == self.new_thread
+    }
+
     /// The innermost frame of the stack ending at `node`.
     pub(crate) fn innermost(&self, node: u32) -> Location<'_> {
         self.location(self.nodes[node as usize].1)
@@ -351,6 +363,61 @@ impl Names {
             firstline,
             module: (module != NOT_NATIVE).then(|| self.strings[module as usize].as_str()),
         }
+    }
+}
+
+/// A value per node of the stack trie that follows from its caller's and its own frame, each
+/// node worked out once: the stacks that share their callers share the work (a deep server's
+/// stacks, most of them), instead of each walking all its frames.
+#[derive(Default)]
+pub(crate) struct TrieMemo {
+    /// Per node: its value, once worked out.
+    at: Vec<Option<(u32, bool)>>,
+    /// The nodes being worked out, innermost first.
+    walk: Vec<u32>,
+}
+
+impl TrieMemo {
+    /// Nothing worked out yet, for the nodes of `names`.
+    pub(crate) fn new(names: &Names) -> TrieMemo {
+        TrieMemo {
+            at: vec![None; names.nodes.len()],
+            walk: Vec::new(),
+        }
+    }
+
+    /// The value of `node`: `top` above the outermost frame, or above a frame where `stop`
+    /// says the walk ends; below it, each node's from its caller's value and its frame by
+    /// `step`.
+    pub(crate) fn get(
+        &mut self,
+        names: &Names,
+        node: u32,
+        top: (u32, bool),
+        stop: impl Fn(u32) -> bool,
+        mut step: impl FnMut((u32, bool), u32) -> (u32, bool),
+    ) -> (u32, bool) {
+        self.walk.clear();
+        let mut value = top;
+        let mut n = node;
+        while let Some((parent, frame)) = names.link(n) {
+            if stop(frame) {
+                break;
+            }
+            if let Some(Some(known)) = self.at.get(n as usize) {
+                value = *known;
+                break;
+            }
+            self.walk.push(n);
+            n = parent;
+        }
+        for &n in self.walk.iter().rev() {
+            value = step(value, names.nodes[n as usize].1);
+            if let Some(at) = self.at.get_mut(n as usize) {
+                *at = Some(value);
+            }
+        }
+        value
     }
 }
 

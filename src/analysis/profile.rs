@@ -619,6 +619,11 @@ impl Profile {
         self.names.frames_with_origin(stack.0)
     }
 
+    /// The stack trie, for walks that share the work of stacks with the same callers.
+    pub(crate) fn trie(&self) -> &Names {
+        &self.names
+    }
+
     /// The innermost frame of a stack.
     pub fn innermost(&self, stack: StackId) -> Location<'_> {
         self.names.innermost(stack.0)

@@ -5,7 +5,7 @@
 //! Every location that has at least one sample is a row, in every view.
 
 use crate::analysis::allocators::ByAllocator;
-use crate::analysis::grouping::{Beside, Grouping, YourCodeGroups};
+use crate::analysis::grouping::{Beside, Grouping, YourCodeGroups, YourNodes};
 use crate::analysis::profile::{Figures, Location, Profile, View};
 use std::cmp::Reverse;
 use std::collections::HashMap;
@@ -184,10 +184,13 @@ pub fn rows(p: &Profile, view: View, by: Grouping) -> Vec<Row<'_>> {
         }
         Grouping::YourCode => {
             let mut groups = YourCodeGroups::new(p.focus());
+            let mut nodes = YourNodes::new(p);
             for (id, f) in p.stacks() {
                 let mut one = ByAllocator::default();
                 one.add(p.allocator(id), f);
-                groups.add(p.frames_with_origin(id), &one, ByAllocator::merge);
+                if let Some(found) = nodes.find(p.focus(), id) {
+                    groups.add_found(found, &one, ByAllocator::merge);
+                }
             }
             groups
                 .finish(|split| whole(sum(split).get(view).bytes))

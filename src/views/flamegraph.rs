@@ -22,9 +22,10 @@
 //! at all (e.g. `live` for a program that freed everything), a small valid SVG that says so is
 //! written, with a warning.
 
+use crate::analysis::allocators::Allocator;
 use crate::analysis::allocators::Allocators;
 use crate::analysis::frames::{self, Kind};
-use crate::analysis::names::{FastMap, Location, Named};
+use crate::analysis::names::{FastMap, Named, Names, TrieMemo};
 use crate::analysis::profile::{Estimate, Profile, Source, View};
 use crate::base::text::xml_escape;
 use crate::base::units::human_bytes;
@@ -250,73 +251,217 @@ fn width(bytes: f64, unit: f64) -> u64 {
     whole(bytes / unit)
 }
 
-/// The stacks of `p` as drawn, by their labels (the order they are laid out in).
+/// The stacks of `p` as drawn, by their labels (the order they are laid out in). Each node of
+/// the profile's stack trie is drawn once ([`DrawnNodes`]), and each distinct drawn stack
+/// labelled once: a stack's figures go to the entry of its labels, in the stacks' order.
 fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<Rc<str>>, Drawn> {
-    let mut out: BTreeMap<Vec<Rc<str>>, Drawn> = BTreeMap::new();
-    let mut seen: FastMap<Location, DrawnFrame> = FastMap::default();
-    // Per file: whether it is the import system's, and whether it is site.py.
-    let mut files: FastMap<Named, (bool, bool)> = FastMap::default();
+    let mut nodes = DrawnNodes::new(p, settings.keep_imports);
+    // Per entry: the numbers of its labels, its labels, and the stack drawn.
+    let mut entries: Vec<(Vec<u32>, Vec<Rc<str>>, Drawn)> = Vec::new();
+    // Per drawn path (and allocator, when drawn), its entry; per labels, their entry.
+    let mut entry_of: FastMap<(u32, u8), usize> = FastMap::default();
+    let mut by_labels: FastMap<Vec<u32>, usize> = FastMap::default();
     for (id, figures) in p.stacks_of(settings.thread) {
         let estimate = *figures.get(settings.view);
         if estimate.samples == 0 {
             continue;
         }
-        let mut frames: Vec<DrawnFrame> = Vec::new();
-        let all: Vec<_> = p.frames(id).collect(); // innermost first
-        let mut caller_is_site = false;
-        for loc in all.iter().rev() {
-            let (import_file, site) = *files
-                .entry(Named(loc.file))
-                .or_insert_with(|| (frames::is_import_file(loc.file), frames::is_site(loc.file)));
-            // A `.pth` line runs as `<string>` code called from site.py: import system too.
-            let import = import_file || (caller_is_site && loc.file == "<string>");
-            caller_is_site = site || (caller_is_site && loc.file == "<string>");
-            if !settings.keep_imports && import {
-                continue;
+        let path = nodes.path_of(id.0);
+        let allocator = p.allocator(id);
+        let key = (
+            path,
+            if settings.by_allocator {
+                allocator as u8
+            } else {
+                0
+            },
+        );
+        let at = match entry_of.get(&key) {
+            Some(&at) => at,
+            None => {
+                let (frames, ids) = nodes.frames(path, allocator, settings);
+                let at = *by_labels.entry(ids.clone()).or_insert_with(|| {
+                    let labels = labels_of(&frames);
+                    entries.push((
+                        ids,
+                        labels,
+                        Drawn {
+                            frames,
+                            new: Estimate::default(),
+                            split: Default::default(),
+                            base: None,
+                        },
+                    ));
+                    entries.len() - 1
+                });
+                entry_of.insert(key, at);
+                at
             }
-            let frame = seen.entry(*loc).or_insert_with(|| DrawnFrame {
-                label: frame_name(&frames::label(loc)).into(),
+        };
+        let entry = &mut entries[at].2;
+        entry.new.merge(&estimate);
+        entry.split[allocator as usize].merge(&estimate);
+    }
+    // By labels: sorted by their ranks first (whole numbers, in the labels' order), which the
+    // map then finds in order.
+    let ranks = nodes.label_ranks();
+    for (ids, _, _) in &mut entries {
+        ids.iter_mut().for_each(|id| *id = ranks[*id as usize]);
+    }
+    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    entries
+        .into_iter()
+        .map(|(_, labels, drawn)| (labels, drawn))
+        .collect()
+}
+
+/// The stacks of a profile as a flamegraph draws them, each node of its stack trie worked out
+/// once: a node's drawn frames are its caller's, and its own frame unless that is folded away
+/// (the import system's), so the stacks that share their callers share the work.
+struct DrawnNodes<'p> {
+    names: &'p Names,
+    keep_imports: bool,
+    /// Per trie node: its drawn path ([`DrawnNodes::paths`]), and whether its frame is
+    /// site.py's (or a `.pth` line it runs).
+    memo: TrieMemo,
+    /// Drawn paths: (caller's path, frame in [`DrawnNodes::frames`]); path 0 has no frame.
+    paths: Vec<(u32, u32)>,
+    path_ids: FastMap<(u32, u32), u32>,
+    /// The frames drawn, each made once (by the profile's frame id: one per location), with
+    /// the number of its label.
+    frames: Vec<(DrawnFrame, u32)>,
+    frame_ids: FastMap<u32, u32>,
+    /// Per file: whether it is the import system's, and whether it is site.py.
+    files: FastMap<Named<'p>, (bool, bool)>,
+    /// Each distinct label text, numbered.
+    labels: std::collections::HashMap<Rc<str>, usize>,
+}
+
+impl<'p> DrawnNodes<'p> {
+    fn new(p: &'p Profile, keep_imports: bool) -> DrawnNodes<'p> {
+        let names = p.trie();
+        DrawnNodes {
+            names,
+            keep_imports,
+            memo: TrieMemo::new(names),
+            paths: vec![(0, u32::MAX)],
+            path_ids: FastMap::default(),
+            frames: Vec::new(),
+            frame_ids: FastMap::default(),
+            files: FastMap::default(),
+            labels: Default::default(),
+        }
+    }
+
+    /// The drawn path of the stack ending at `node` (its own frames, as [`Profile::frames`]).
+    fn path_of(&mut self, node: u32) -> u32 {
+        let names = self.names;
+        let mut memo = std::mem::take(&mut self.memo);
+        let (path, _) = memo.get(
+            names,
+            node,
+            (0, false),
+            |frame| names.is_new_thread(frame),
+            |state, frame| self.step(state, frame),
+        );
+        self.memo = memo;
+        path
+    }
+
+    /// The state after `frame`, called from a caller whose state is `(path, caller_is_site)`.
+    fn step(&mut self, (path, caller_is_site): (u32, bool), frame: u32) -> (u32, bool) {
+        let loc = self.names.location(frame);
+        let (import_file, site) = *self
+            .files
+            .entry(Named(loc.file))
+            .or_insert_with(|| (frames::is_import_file(loc.file), frames::is_site(loc.file)));
+        // A `.pth` line runs as `<string>` code called from site.py: import system too.
+        let string = loc.file == "<string>";
+        let import = import_file || (caller_is_site && string);
+        let site = site || (caller_is_site && string);
+        if !self.keep_imports && import {
+            return (path, site);
+        }
+        let next = self.frames.len() as u32;
+        let drawn = *self.frame_ids.entry(frame).or_insert(next);
+        if drawn == next {
+            let frame = DrawnFrame {
+                label: frame_name(&frames::label(&loc)).into(),
                 place: if loc.file == loc.function {
                     loc.function.into()
                 } else {
                     format!("{}:{}", loc.file, loc.line).into()
                 },
-                kind: frames::kind_of(loc),
-            });
-            frames.push(frame.clone());
+                kind: frames::kind_of(&loc),
+            };
+            let label = self.label_id(&frame.label);
+            self.frames.push((frame, label));
         }
+        let next = self.paths.len() as u32;
+        let id = *self.path_ids.entry((path, drawn)).or_insert(next);
+        if id == next {
+            self.paths.push((path, drawn));
+        }
+        (id, site)
+    }
+
+    /// The frames of a stack drawn along `path` from `allocator`, from the bottom of the
+    /// picture up, and the numbers of their labels.
+    fn frames(
+        &mut self,
+        path: u32,
+        allocator: Allocator,
+        settings: &Settings,
+    ) -> (Vec<DrawnFrame>, Vec<u32>) {
+        let mut frames = Vec::new();
+        let mut at = path;
+        while at != 0 {
+            let (caller, frame) = self.paths[at as usize];
+            frames.push(self.frames[frame as usize].clone());
+            at = caller;
+        }
+        frames.reverse();
         if frames.is_empty() {
             // Only import frames: the allocation happened in the import system itself.
-            frames.push(DrawnFrame {
+            let frame = DrawnFrame {
                 label: "<import system>".into(),
                 place: "importlib".into(),
                 kind: Kind::Import,
-            });
+            };
+            let label = self.label_id(&frame.label);
+            frames.push((frame, label));
         }
         if settings.inverted {
             frames.reverse();
         }
-        let allocator = p.allocator(id);
         if settings.by_allocator {
-            frames.insert(
-                0,
-                DrawnFrame {
-                    label: allocator_frame(allocator).into(),
-                    place: format!("{} allocations", allocator.name()).into(),
-                    kind: Kind::Pseudo,
-                },
-            );
+            let frame = DrawnFrame {
+                label: allocator_frame(allocator).into(),
+                place: format!("{} allocations", allocator.name()).into(),
+                kind: Kind::Pseudo,
+            };
+            let label = self.label_id(&frame.label);
+            frames.insert(0, (frame, label));
         }
-        let entry = out.entry(labels_of(&frames)).or_insert_with(|| Drawn {
-            frames,
-            new: Estimate::default(),
-            split: Default::default(),
-            base: None,
-        });
-        entry.new.merge(&estimate);
-        entry.split[allocator as usize].merge(&estimate);
+        frames.into_iter().unzip()
     }
-    out
+
+    /// The number of a label's text.
+    fn label_id(&mut self, label: &Rc<str>) -> u32 {
+        let next = self.labels.len();
+        *self.labels.entry(label.clone()).or_insert(next) as u32
+    }
+
+    /// Per label number, its rank in the labels' order.
+    fn label_ranks(&self) -> Vec<u32> {
+        let mut sorted: Vec<(&Rc<str>, usize)> = self.labels.iter().map(|(l, &i)| (l, i)).collect();
+        sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let mut ranks = vec![0; sorted.len()];
+        for (rank, (_, i)) in sorted.into_iter().enumerate() {
+            ranks[i] = rank as u32;
+        }
+        ranks
+    }
 }
 
 /// The fill of a frame: its kind's colour, a little lighter or darker by name so that

@@ -15,7 +15,7 @@
 
 use crate::analysis::aggregate::{Aggregator, Change};
 use crate::analysis::focus::Memo;
-use crate::analysis::grouping::{Grouping, Key};
+use crate::analysis::grouping::{Grouping, Key, YourNodes};
 use crate::analysis::names::StackId;
 use crate::analysis::profile::series::{HeapRange, Recorded};
 use crate::analysis::profile::{Budget, FastMap, Keep, Profile, Source, View};
@@ -159,14 +159,18 @@ fn from_series(
     by: Grouping,
 ) -> Vec<Point> {
     let mut memo = Memo::default();
+    let mut nodes = YourNodes::new(p);
     let key_of: Vec<Option<usize>> = series
         .lines
         .iter()
         .map(|&stack| {
-            site_of(
-                keys,
-                by.stack_key(p.focus(), &mut memo, p.frames_with_origin(stack)),
-            )
+            let key = match by {
+                Grouping::YourCode => nodes
+                    .find(p.focus(), stack)
+                    .map(|(_, at, _)| Grouping::Line.frame_key(&at)),
+                _ => by.stack_key(p.focus(), &mut memo, p.frames_with_origin(stack)),
+            };
+            site_of(keys, key)
         })
         .collect();
     let start_ns = p.start_ns.unwrap_or(0);

@@ -127,7 +127,22 @@ impl HeapRange {
 
 impl Series {
     /// The live bytes of `stack` changed by `bytes`.
+    #[inline(always)]
     pub(super) fn change(&mut self, stack: StackId, bytes: f64) {
+        let line = match self.line_of.get(stack.0 as usize) {
+            Some(&line) if line != u32::MAX => line as usize,
+            _ => self.new_line(stack),
+        };
+        self.bytes[line] += bytes;
+        if !self.is_changed[line] {
+            self.is_changed[line] = true;
+            self.changed.push(line as u32);
+        }
+    }
+
+    /// The line of a stack met for the first time.
+    #[cold]
+    fn new_line(&mut self, stack: StackId) -> usize {
         let s = stack.0 as usize;
         if self.line_of.len() <= s {
             self.line_of.resize(s + 1, u32::MAX);
@@ -138,12 +153,7 @@ impl Series {
             self.bytes.push(0.0);
             self.is_changed.push(false);
         }
-        let line = self.line_of[s];
-        self.bytes[line as usize] += bytes;
-        if !self.is_changed[line as usize] {
-            self.is_changed[line as usize] = true;
-            self.changed.push(line);
-        }
+        self.line_of[s] as usize
     }
 
     /// After every event: the live heap now, for the range between points.
@@ -153,8 +163,21 @@ impl Series {
 
     /// After a timed record at `time_ns`: takes a point if it is time. False when the series
     /// is given up.
+    #[inline(always)]
     pub(super) fn at(&mut self, time_ns: u64, agg: &Aggregator) -> bool {
         self.last_ns = Some(time_ns);
+        if self
+            .last_point_ns
+            .is_some_and(|t| time_ns.saturating_sub(t) < self.step_ns)
+        {
+            return true;
+        }
+        self.take_point(time_ns, agg)
+    }
+
+    /// [`Series::at`] when it is time for a point.
+    #[inline(never)]
+    fn take_point(&mut self, time_ns: u64, agg: &Aggregator) -> bool {
         if self.step_ns == 0 {
             self.step_ns = FIRST_STEP_NS;
         }
