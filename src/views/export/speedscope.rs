@@ -123,7 +123,8 @@ pub fn file(p: &Profile, active: View, by_allocator: bool) -> File {
                 name: view_title(view).to_owned(),
                 unit: "bytes",
                 start_value: 0,
-                end_value: weights.iter().sum(),
+                // Saturating: a crafted capture's weights need not add up in a u64.
+                end_value: weights.iter().fold(0u64, |sum, &w| sum.saturating_add(w)),
                 samples,
                 weights,
             }
