@@ -401,6 +401,7 @@ fn a_capture_of_another_format_version_is_refused_or_read_with_a_warning() {
         err.contains("a newer mprof wrote it (capture format 99; this one reads up to 5)"),
         "{err}"
     );
+    assert!(!err.contains("  "), "a run of spaces: {err}");
 }
 
 /// A thread-per-request server's capture: 100,000 threads, each with 30 samples at 30 of 3,000

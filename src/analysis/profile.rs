@@ -86,7 +86,9 @@ impl fmt::Display for LoadError {
             ),
             LoadError::Newer { format, unreadable } => write!(
                 f,
-                "a newer mprof wrote it (capture format {format}; this one reads up to {}) and                  none of its {unreadable} records is of a kind this one reads: read it with                  that newer mprof",
+                "a newer mprof wrote it (capture format {format}; this one reads up to {}) and \
+                 none of its {unreadable} records is of a kind this one reads: read it with \
+                 that newer mprof",
                 crate::capture::file::FORMAT_VERSION
             ),
             LoadError::LiveUndeclared { declared } => write!(
