@@ -161,16 +161,13 @@ impl CaptureWriter {
             .limit
             .filter(|&l| self.written + frame.len() as u64 > l)
         {
+            let size = crate::base::units::human_bytes(limit as f64);
             crate::say!(
-                "mprof: the capture reached its limit ({}, --capture-bytes) and ends here: \
-                 the intervals go on",
-                crate::base::units::human_bytes(limit as f64)
+                "mprof: the capture reached its limit ({size}, --capture-bytes) and ends here: \
+                 the intervals go on"
             );
             self.stopped = Some(Stopped {
-                why: format!(
-                    "it reached --capture-bytes {}",
-                    crate::base::units::human_bytes(limit as f64)
-                ),
+                why: format!("it reached --capture-bytes {size}"),
                 kept: self.written,
                 lost: frame.len() as u64,
             });

@@ -4,7 +4,6 @@
 //! The injection itself lives in `mprof_injector::inject`; this module drives it, owns the ring
 //! (made in the target's own memory file), and runs the same reader as `record`.
 
-use crate::analysis::profile::Profile;
 use crate::base::signals::{self, Handler};
 use crate::capture::file::CaptureWriter;
 use crate::sessions::children::{Children, Rendezvous};
@@ -529,21 +528,13 @@ pub fn run(o: Options) -> Result<ExitCode> {
         crate::say!("mprof: warning: {note}");
     }
     if !quiet {
-        // The capture is written: a summary that cannot be made is said, not an error.
-        match Profile::load(output) {
-            Ok(profile) => {
-                crate::say!("{}", report::summary(&profile));
-                crate::say!("mprof: capture written to {}", output.display());
-                let allocated = profile.totals().allocated.bytes;
-                let children = hints::python_children(pid);
-                if let Some(hint) = hints::children_hint(pid, profile.samples, allocated, &children)
-                {
-                    crate::say!("{hint}");
-                }
-            }
-            Err(e) => {
-                crate::say!("mprof: warning: no summary: {e:#}");
-                crate::say!("mprof: capture written to {}", output.display());
+        let profile = report::say_summary(output);
+        crate::say!("mprof: capture written to {}", output.display());
+        if let Some(profile) = profile {
+            let allocated = profile.totals().allocated.bytes;
+            let children = hints::python_children(pid);
+            if let Some(hint) = hints::children_hint(pid, profile.samples, allocated, &children) {
+                crate::say!("{hint}");
             }
         }
     }

@@ -384,7 +384,7 @@ impl Continuous {
         let sites = snap
             .sites
             .iter()
-            .filter(|(_, _, f)| f.recent.samples > 0 || f.live.samples > 0)
+            .filter(|(_, _, f)| f.in_interval())
             .map(|&(stack, tid, f)| {
                 let (pid, name) = threads.get(&tid).copied().unwrap_or((self.pid, None));
                 Site {

@@ -1,6 +1,5 @@
 //! `mprof record`: run a command with the agent preloaded and profile it from its first line.
 
-use crate::analysis::profile::Profile;
 use crate::base::signals;
 use crate::capture::file::CaptureWriter;
 use crate::sessions::continuous::{Continuous, ContinuousArgs};
@@ -454,12 +453,7 @@ pub fn run(
         );
     }
     if !quiet && !no_python {
-        // The capture is written: a summary that cannot be made (a capture too dense for the
-        // reader's allowance) is said, and the program's status still passed on.
-        match Profile::load(output) {
-            Ok(profile) => crate::say!("{}", report::summary(&profile)),
-            Err(e) => crate::say!("mprof: warning: no summary: {e:#}"),
-        }
+        report::say_summary(output);
         crate::say!("mprof: capture written to {}", output.display());
         if let Some(note) = children_note {
             crate::say!("{note}");

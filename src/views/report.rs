@@ -152,6 +152,22 @@ pub fn text_report(p: &Profile, view: View, by: Grouping, top: usize) -> String 
     out
 }
 
+/// Says the [`summary`] of the capture a session has just written, and returns its profile;
+/// a capture that cannot be read (too dense for the reader's allowance) is said as a warning,
+/// not an error: it is written all the same.
+pub fn say_summary(capture: &Path) -> Option<Profile> {
+    match Profile::load(capture) {
+        Ok(profile) => {
+            crate::say!("{}", summary(&profile));
+            Some(profile)
+        }
+        Err(e) => {
+            crate::say!("mprof: warning: no summary: {e:#}");
+            None
+        }
+    }
+}
+
 /// The few lines `mprof record` prints at the end: samples, totals and the top five sites
 /// (no newline after the last line).
 pub fn summary(p: &Profile) -> String {

@@ -260,10 +260,10 @@ impl Builder {
 
     /// Memory held apart from the capture's allowance: native symbols, and the sites of a
     /// stack past its first, one per further thread that allocated there ([`MEMORY_PER_SITE`]
-    /// each), which no frame declares: they are bounded by the samples that made them and by
-    /// [`MAX_THREADS_APART`] threads per stack.
-    /// At most [`FURTHER_SITES_PER_NODE`] per stack node and a quarter of [`MEMORY_CEILING`]:
-    /// a crafted capture gets no more.
+    /// each), which no frame declares. They are bounded by the samples that made them and by
+    /// [`MAX_THREADS_APART`] threads per stack, and allowed for at most
+    /// [`FURTHER_SITES_PER_NODE`] per stack node and a quarter of [`MEMORY_CEILING`]: a
+    /// crafted capture gets no more.
     pub(super) fn apart(&self) -> isize {
         let nodes = self.agg.resolver.names.nodes.len();
         let further = (self.keys.len().saturating_sub(self.last_site.len()))

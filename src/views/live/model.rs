@@ -34,6 +34,12 @@ pub struct SiteFigures {
 }
 
 impl SiteFigures {
+    /// Whether a sampled block of the site is live or one was allocated in the interval:
+    /// what an interval's profile shows.
+    pub fn in_interval(&self) -> bool {
+        self.live.samples > 0 || self.recent.samples > 0
+    }
+
     fn merge(&mut self, other: &SiteFigures) {
         self.allocated.merge(&other.allocated);
         self.live.merge(&other.live);
@@ -313,8 +319,7 @@ impl Model {
     /// ended over days. A forgotten site's figures since the start are lost: call it only where
     /// they are not shown (intervals show the interval's allocations and the live blocks).
     pub fn forget_idle(&mut self) {
-        self.sites
-            .retain(|_, f| f.live.samples > 0 || f.recent.samples > 0);
+        self.sites.retain(|_, f| f.in_interval());
         let kept: FastMap<u32, ()> = self.sites.keys().map(|&(_, tid)| (tid, ())).collect();
         self.threads.retain(|t| kept.contains_key(&t.tid));
         self.thread_at = self
