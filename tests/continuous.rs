@@ -103,15 +103,50 @@ fn record_every_second(profiles: &Path, dir: &Path, extra: &[&str]) -> Command {
     cmd
 }
 
-/// Waits (at most [`LIMIT`]) for `child` to exit.
-fn wait(child: &mut std::process::Child) -> std::process::ExitStatus {
-    let end = Instant::now() + LIMIT;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
+/// An mprof session the test runs, its program's output read line by line.
+struct Recording {
+    guard: common::ChildGuard,
+    lines: std::sync::mpsc::Receiver<String>,
+    stderr: std::sync::mpsc::Receiver<String>,
+}
+
+impl Recording {
+    fn start(cmd: &mut Command) -> Recording {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        Recording {
+            lines: common::procs::lines(child.stdout.take().unwrap()),
+            stderr: common::procs::lines(child.stderr.take().unwrap()),
+            guard: common::ChildGuard(child),
         }
-        assert!(Instant::now() < end, "mprof did not end");
-        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    /// The program's next line that starts with `prefix` (waited for at most [`LIMIT`]).
+    fn line(&self, prefix: &str) -> String {
+        common::procs::wait_line(&self.lines, prefix, LIMIT, &mut Vec::new())
+            .unwrap_or_else(|| panic!("the program never said {prefix:?}"))
+    }
+
+    fn pid(&self) -> u32 {
+        self.guard.0.id()
+    }
+
+    /// Waits (at most [`LIMIT`]) for mprof to exit: its status and what it said.
+    fn end(mut self) -> (std::process::ExitStatus, String) {
+        let end = Instant::now() + LIMIT;
+        let status = loop {
+            if let Some(status) = self.guard.0.try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < end, "mprof did not end");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let err: Vec<String> =
+            std::iter::from_fn(|| self.stderr.recv_timeout(Duration::from_secs(2)).ok()).collect();
+        (status, err.join("\n"))
     }
 }
 
@@ -190,29 +225,20 @@ fn a_leaking_server_leaves_rolling_pprof_files_whose_leak_grows() {
     let py = main_python(&pythons());
     let dir = common::tempdir();
     let profiles = dir.path().join("profiles");
-    let mut child = record_every_second(&profiles, dir.path(), &["--keep", "5"])
-        .arg(&py.path)
-        .arg(script("leaky_server.py"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = common::procs::lines(child.stdout.take().unwrap());
-    let stderr = common::procs::lines(child.stderr.take().unwrap());
-    let mut guard = common::ChildGuard(child);
-    let ready = common::procs::wait_line(&lines, "ready", LIMIT, &mut Vec::new())
-        .expect("the server never said ready");
+    let recording = Recording::start(
+        record_every_second(&profiles, dir.path(), &["--keep", "5"])
+            .arg(&py.path)
+            .arg(script("leaky_server.py")),
+    );
+    let ready = recording.line("ready");
     let port: u16 = ready.split_whitespace().nth(2).unwrap().parse().unwrap();
     let load = Load::start(port);
     std::thread::sleep(Duration::from_secs(8));
     let (sent, failed, _) = load.finish();
     // SIGTERM to mprof: passed on to the server, which exits; the interval under way is
     // written.
-    signal(guard.0.id(), libc::SIGTERM);
-    let status = wait(&mut guard.0);
-    let err: Vec<String> =
-        std::iter::from_fn(|| stderr.recv_timeout(Duration::from_secs(2)).ok()).collect();
-    let err = err.join("\n");
+    signal(recording.pid(), libc::SIGTERM);
+    let (status, err) = recording.end();
     assert!(status.success(), "{}: {err}", py.label);
     assert_eq!(failed, 0, "{sent} requests");
     let files = common::interval_files(&profiles);
@@ -279,13 +305,7 @@ fn a_collector_that_is_down_costs_bounded_memory_and_never_holds_the_server_back
     attach.attached();
     let load = Load::start(port);
     std::thread::sleep(Duration::from_secs(6));
-    let mprof_pid = attach.guard.0.id();
-    let hwm_kib = std::fs::read_to_string(format!("/proc/{mprof_pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .unwrap();
+    let (_, hwm_kib) = rss_kib(attach.guard.0.id());
     let (sent, failed, slowest) = load.finish();
     let started = Instant::now();
     let err = attach.detach();
@@ -563,13 +583,13 @@ fn a_pre_fork_servers_workers_are_in_every_interval_with_their_pids() {
 
 /// mprof's RSS (VmRSS, KiB) and its peak (VmHWM).
 fn rss_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let field = |name: &str| {
         status
             .lines()
             .find_map(|l| l.strip_prefix(name))
             .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            .unwrap_or(0)
+            .unwrap_or_else(|| panic!("no {name} for mprof ({pid})"))
     };
     (field("VmRSS:"), field("VmHWM:"))
 }
@@ -578,33 +598,24 @@ fn rss_kib(pid: u32) -> (u64, u64) {
 /// RSS at 8 s and its peak at the end (KiB), and the requests handled.
 fn churn_memory(py: &Path, mode: &str) -> (u64, u64, u64) {
     let dir = common::tempdir();
-    let mut child = mprof()
-        .args(["record", "--rate", "256", "--every", "1s", "--profiles-dir"])
-        .arg(dir.path().join("p"))
-        .arg("-o")
-        .arg(dir.path().join("c.mprof"))
-        .arg("--")
-        .arg(py)
-        .arg(script("thread_churn.py"))
-        .args([mode, "16"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = common::procs::lines(child.stdout.take().unwrap());
-    let stderr = common::procs::lines(child.stderr.take().unwrap());
-    let mut guard = common::ChildGuard(child);
-    common::procs::wait_line(&lines, "ready", LIMIT, &mut Vec::new())
-        .expect("the program never said ready");
+    let recording = Recording::start(
+        mprof()
+            .args(["record", "--rate", "256", "--every", "1s", "--profiles-dir"])
+            .arg(dir.path().join("p"))
+            .arg("-o")
+            .arg(dir.path().join("c.mprof"))
+            .arg("--")
+            .arg(py)
+            .arg(script("thread_churn.py"))
+            .args([mode, "16"]),
+    );
+    recording.line("ready");
     std::thread::sleep(Duration::from_secs(8));
-    let (middle, _) = rss_kib(guard.0.id());
-    let done = common::procs::wait_line(&lines, "requests", LIMIT, &mut Vec::new())
-        .expect("the program never ended");
-    let (_, peak) = rss_kib(guard.0.id());
-    let status = wait(&mut guard.0);
-    let err: Vec<String> =
-        std::iter::from_fn(|| stderr.recv_timeout(Duration::from_secs(2)).ok()).collect();
-    assert!(status.success(), "{mode}: {}", err.join("\n"));
+    let (middle, _) = rss_kib(recording.pid());
+    let done = recording.line("requests");
+    let (_, peak) = rss_kib(recording.pid());
+    let (status, err) = recording.end();
+    assert!(status.success(), "{mode}: {err}");
     let requests = done.split_whitespace().nth(1).unwrap().parse().unwrap();
     (middle, peak, requests)
 }
