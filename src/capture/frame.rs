@@ -28,6 +28,7 @@
 //! records reach [`FRAME_TARGET`] bytes and at every flush (every 200 ms of a session), so a
 //! session that dies loses the records of its last frame at most.
 
+use super::live_bits::LiveBits;
 use super::pack::{Unpacker, KIND_PACKED};
 use mprof_common::record::{
     ALLOC_FIXED, KIND_ALLOC, KIND_CODE, KIND_FREE, KIND_META, KIND_MODULE, KIND_THREAD, PREAMBLE,
@@ -206,8 +207,8 @@ impl Hasher for GroupHasher {
 pub struct FrameBuilder {
     raw: Vec<u8>,
     declared: Declared,
-    /// The sampled blocks live now (addresses).
-    live: HashSet<u64, BuildHasherDefault<GroupHasher>>,
+    /// The sampled blocks live now.
+    live: LiveBits,
     /// The whole stacks of the capture so far.
     stacks: SeenStacks,
 }
@@ -223,12 +224,10 @@ impl FrameBuilder {
             Counts::Sample(addr) => {
                 d.samples += 1;
                 self.live.insert(addr);
-                d.live = d.live.max(self.live.len() as u32);
+                d.live = d.live.max(self.live.declared());
                 d.stacks = d.stacks.saturating_add(self.stacks.new_bytes(bytes));
             }
-            Counts::Free(addr) => {
-                self.live.remove(&addr);
-            }
+            Counts::Free(addr) => self.live.remove(addr),
             Counts::Nothing => {}
         }
     }
@@ -255,7 +254,7 @@ impl FrameBuilder {
         }
         let mut declared = std::mem::take(&mut self.declared);
         declared.raw = self.raw.len() as u32;
-        self.declared.live = self.live.len() as u32;
+        self.declared.live = self.live.declared();
         let mut compressor = zstd::bulk::Compressor::new(LEVEL)?;
         compressor.include_checksum(true)?;
         compressor.include_contentsize(true)?;

@@ -4,6 +4,7 @@
 //! - [`format`]: its constants, and what its readers share;
 //! - [`writer`] and [`records`]: writing it as records arrive, reading it back;
 //! - [`frame`]: records compressed in frames, each declaring what it holds;
+//! - [`live_bits`]: the writer's count of the sampled blocks live, for those declarations;
 //! - [`pack`]: runs of samples and frees written packed;
 //! - [`stacks`]: the interned stack nodes of a capture, as its reader keeps them;
 //! - [`meta`]: the `key=value` lines of the captures' Meta records;
@@ -19,6 +20,7 @@ pub mod directory;
 pub mod file;
 pub mod format;
 pub mod frame;
+pub mod live_bits;
 pub mod meta;
 pub mod pack;
 pub mod pprof;
