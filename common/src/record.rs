@@ -228,6 +228,7 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 }
 
 /// Reads the preamble at the start of `buf`: `(len, kind, aux)`.
+#[inline]
 pub fn preamble(buf: &[u8]) -> Result<(usize, u16, u16), DecodeError> {
     if buf.len() < PREAMBLE {
         return Err(DecodeError::Truncated {

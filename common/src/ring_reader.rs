@@ -128,6 +128,7 @@ impl RingReader {
     }
 
     /// The agent's latest request that the memory map be read (see `ring`'s map handshake).
+    #[inline]
     pub fn maps_wanted(&self) -> u32 {
         self.u32_at(offset_of!(RingHeader, maps_wanted))
             .load(Ordering::Acquire)

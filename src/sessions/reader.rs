@@ -350,6 +350,8 @@ impl<R: std::ops::Deref<Target = RingMem>> Reader<R> {
 /// The same request asks for the process's mappings (a RESIDENT record) when `resident_of`
 /// names the process: the agent asks as its session ends, and waits, so that they are read
 /// beside its last statistics of the allocators, before the program tears itself down.
+/// (Checked before every record the ring gives: the check is inlined, the serving is not.)
+#[inline(always)]
 fn serve_map_request(
     ring: &RingMem,
     modules: &mut ModuleTracker,
@@ -362,6 +364,20 @@ fn serve_map_request(
     if wanted == *served {
         return Ok(false);
     }
+    serve_maps(ring, modules, served, wanted, capture, resident_of, observe)
+}
+
+/// [`serve_map_request`] once the agent has asked.
+#[inline(never)]
+fn serve_maps(
+    ring: &RingMem,
+    modules: &mut ModuleTracker,
+    served: &mut u32,
+    wanted: u32,
+    capture: &mut CaptureWriter,
+    resident_of: Option<u32>,
+    observe: &mut impl FnMut(&[u8]),
+) -> Result<bool> {
     *served = wanted;
     let mut records = Vec::new();
     if ring.reader().native_stacks() {
