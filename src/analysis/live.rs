@@ -13,7 +13,9 @@
 //!   program allocates and frees in runs through the same pools, so a run of samples touches
 //!   few lines, and a block freed and allocated again finds its line in the cache.
 //!
-//! The table grows (doubles) at three quarters full.
+//! The table grows (doubles) at five eighths full: at three quarters, linear probes and the
+//! shifts of removals ran long enough to cost 9% more instructions per insertion, 18% per
+//! removal (callgrind, a `--rate 1` capture of 2 M samples).
 
 use crate::analysis::estimate::Sample;
 use crate::analysis::names::{FastMap, StackId};
@@ -310,7 +312,7 @@ impl LiveTable {
             Some(self.take(addr, p))
         } else {
             self.len += 1;
-            if self.len * 4 > (self.mask + 1) * 3 {
+            if self.len * 8 > (self.mask + 1) * 5 {
                 self.grow();
                 i = self.find(addr).0;
             }
