@@ -156,6 +156,32 @@ pub fn picture(p: &Profile, settings: &Settings, base: Option<&Profile>) -> Resu
             s.base.get_or_insert_with(Estimate::default);
         }
     }
+    draw_stacks(p, settings, &stacks, base.is_some())
+}
+
+/// The flamegraphs of `views` of `p`, drawn as `settings` says otherwise: the stacks are
+/// worked out once for all of them ([`drawn_views`]).
+pub fn pictures(p: &Profile, settings: &Settings, views: &[View]) -> Result<Vec<Picture>> {
+    drawn_views(p, settings, views)
+        .into_iter()
+        .zip(views)
+        .map(|(stacks, &view)| {
+            let settings = Settings {
+                view,
+                ..settings.clone()
+            };
+            draw_stacks(p, &settings, &stacks, false)
+        })
+        .collect()
+}
+
+/// The picture of `stacks` (a difference when `diff`: each has its base figures).
+fn draw_stacks(
+    p: &Profile,
+    settings: &Settings,
+    stacks: &BTreeMap<Vec<Rc<str>>, Drawn>,
+    diff: bool,
+) -> Result<Picture> {
     if stacks.values().all(|s| whole(s.new.bytes) == 0) {
         crate::say!(
             "mprof: warning: no {} in this capture; the flamegraph is empty",
@@ -166,20 +192,22 @@ pub fn picture(p: &Profile, settings: &Settings, base: Option<&Profile>) -> Resu
             height: EMPTY_HEIGHT,
         });
     }
-    let layout = layout(&stacks, unit_of(&stacks));
-    let title = match base {
-        Some(_) => format!(
+    let layout = layout(stacks, unit_of(stacks));
+    let title = if diff {
+        format!(
             "mprof: growth of {} since the base capture",
             view_title(settings.view)
-        ),
-        None => format!("mprof: {}", view_title(settings.view)),
+        )
+    } else {
+        format!("mprof: {}", view_title(settings.view))
     };
-    let legend: Vec<((u8, u8, u8), &str)> = match base {
-        Some(_) => vec![
+    let legend: Vec<((u8, u8, u8), &str)> = if diff {
+        vec![
             (GREW, "grew since the base"),
             (SHRANK, "shrank since the base"),
-        ],
-        None => Kind::ALL.iter().map(|k| (k.rgb(), k.name())).collect(),
+        ]
+    } else {
+        Kind::ALL.iter().map(|k| (k.rgb(), k.name())).collect()
     };
     let page = svg::Page {
         title: &title,
@@ -187,19 +215,18 @@ pub fn picture(p: &Profile, settings: &Settings, base: Option<&Profile>) -> Resu
         legend: &legend,
         inverted: settings.inverted,
     };
-    let (svg, height) = match base {
-        Some(_) => {
-            let largest = layout
-                .boxes
-                .iter()
-                .map(|b| b.own_change.abs())
-                .fold(0.0, f64::max);
-            svg::draw(&page, &layout, |b| growth_colour(b, largest))
-        }
-        None => svg::draw(&page, &layout, |b| match b.kind {
+    let (svg, height) = if diff {
+        let largest = layout
+            .boxes
+            .iter()
+            .map(|b| b.own_change.abs())
+            .fold(0.0, f64::max);
+        svg::draw(&page, &layout, |b| growth_colour(b, largest))
+    } else {
+        svg::draw(&page, &layout, |b| match b.kind {
             Some(kind) => colour(kind, &b.label),
             None => ROOT_COLOUR,
-        }),
+        })
     };
     Ok(Picture { svg, height })
 }
@@ -251,19 +278,31 @@ fn width(bytes: f64, unit: f64) -> u64 {
     whole(bytes / unit)
 }
 
-/// The stacks of `p` as drawn, by their labels (the order they are laid out in). Each node of
-/// the profile's stack trie is drawn once ([`DrawnNodes`]), and each distinct drawn stack
-/// labelled once: a stack's figures go to the entry of its labels, in the stacks' order.
+/// The stacks of `p` as drawn, by their labels (the order they are laid out in).
 fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<Rc<str>>, Drawn> {
+    let mut views = drawn_views(p, settings, &[settings.view]);
+    views.pop().unwrap_or_default()
+}
+
+/// [`drawn`] for each of `views` (`settings.view` aside). Each node of the profile's stack
+/// trie is drawn once ([`DrawnNodes`]), and each distinct drawn stack labelled once, for all
+/// the views: a stack's figures go to the entry of its labels, in the stacks' order, in each
+/// view where a sample is behind them.
+fn drawn_views(
+    p: &Profile,
+    settings: &Settings,
+    views: &[View],
+) -> Vec<BTreeMap<Vec<Rc<str>>, Drawn>> {
     let mut nodes = DrawnNodes::new(p, settings.keep_imports);
-    // Per entry: the numbers of its labels, its labels, and the stack drawn.
-    let mut entries: Vec<(Vec<u32>, Vec<Rc<str>>, Drawn)> = Vec::new();
+    // Per entry: the numbers of its labels, its labels, its frames, and per view its figures
+    // and their split by allocator (None: no sample in that view).
+    type PerView = Option<(Estimate, [Estimate; 3])>;
+    let mut entries: Vec<(Vec<u32>, Vec<Rc<str>>, Vec<DrawnFrame>, Vec<PerView>)> = Vec::new();
     // Per drawn path (and allocator, when drawn), its entry; per labels, their entry.
     let mut entry_of: FastMap<(u32, u8), usize> = FastMap::default();
     let mut by_labels: FastMap<Vec<u32>, usize> = FastMap::default();
     for (id, figures) in p.stacks_of(settings.thread) {
-        let estimate = *figures.get(settings.view);
-        if estimate.samples == 0 {
+        if views.iter().all(|&v| figures.get(v).samples == 0) {
             continue;
         }
         let path = nodes.path_of(id.0);
@@ -282,36 +321,46 @@ fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<Rc<str>>, Drawn> {
                 let (frames, ids) = nodes.frames(path, allocator, settings);
                 let at = *by_labels.entry(ids.clone()).or_insert_with(|| {
                     let labels = labels_of(&frames);
-                    entries.push((
-                        ids,
-                        labels,
-                        Drawn {
-                            frames,
-                            new: Estimate::default(),
-                            split: Default::default(),
-                            base: None,
-                        },
-                    ));
+                    entries.push((ids, labels, frames, vec![None; views.len()]));
                     entries.len() - 1
                 });
                 entry_of.insert(key, at);
                 at
             }
         };
-        let entry = &mut entries[at].2;
-        entry.new.merge(&estimate);
-        entry.split[allocator as usize].merge(&estimate);
+        for (&view, per_view) in views.iter().zip(&mut entries[at].3) {
+            let estimate = figures.get(view);
+            if estimate.samples == 0 {
+                continue;
+            }
+            let (new, split) = per_view.get_or_insert_with(Default::default);
+            new.merge(estimate);
+            split[allocator as usize].merge(estimate);
+        }
     }
     // By labels: sorted by their ranks first (whole numbers, in the labels' order), which the
-    // map then finds in order.
+    // maps then find in order.
     let ranks = nodes.label_ranks();
-    for (ids, _, _) in &mut entries {
+    for (ids, _, _, _) in &mut entries {
         ids.iter_mut().for_each(|id| *id = ranks[*id as usize]);
     }
     entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    entries
-        .into_iter()
-        .map(|(_, labels, drawn)| (labels, drawn))
+    (0..views.len())
+        .map(|v| {
+            entries
+                .iter()
+                .filter_map(|(_, labels, frames, per_view)| {
+                    let (new, split) = per_view[v]?;
+                    let drawn = Drawn {
+                        frames: frames.clone(),
+                        new,
+                        split,
+                        base: None,
+                    };
+                    Some((labels.clone(), drawn))
+                })
+                .collect()
+        })
         .collect()
 }
 
