@@ -339,12 +339,14 @@ fn drawn_views(
         }
     }
     // By labels: sorted by their ranks first (whole numbers, in the labels' order), which the
-    // maps then find in order.
+    // maps then find in order. The ranks are compared as big-endian bytes: the same order,
+    // one `memcmp` per pair of entries (no two entries have the same labels).
     let ranks = nodes.label_ranks();
-    for (ids, _, _, _) in &mut entries {
-        ids.iter_mut().for_each(|id| *id = ranks[*id as usize]);
-    }
-    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    entries.sort_by_cached_key(|(ids, _, _, _)| {
+        ids.iter()
+            .flat_map(|&id| ranks[id as usize].to_be_bytes())
+            .collect::<Vec<u8>>()
+    });
     (0..views.len())
         .map(|v| {
             entries
