@@ -162,15 +162,16 @@ pub fn picture(p: &Profile, settings: &Settings, base: Option<&Profile>) -> Resu
 /// The flamegraphs of `views` of `p`, drawn as `settings` says otherwise: the stacks are
 /// worked out once for all of them ([`drawn_views`]).
 pub fn pictures(p: &Profile, settings: &Settings, views: &[View]) -> Result<Vec<Picture>> {
-    drawn_views(p, settings, views)
-        .into_iter()
-        .zip(views)
-        .map(|(stacks, &view)| {
+    let entries = drawn_entries(p, settings, views);
+    views
+        .iter()
+        .enumerate()
+        .map(|(i, &view)| {
             let settings = Settings {
                 view,
                 ..settings.clone()
             };
-            draw_stacks(p, &settings, &stacks, false)
+            draw_stacks(p, &settings, &view_of(&entries, i), false)
         })
         .collect()
 }
@@ -179,7 +180,7 @@ pub fn pictures(p: &Profile, settings: &Settings, views: &[View]) -> Result<Vec<
 fn draw_stacks(
     p: &Profile,
     settings: &Settings,
-    stacks: &BTreeMap<Vec<Rc<str>>, Drawn>,
+    stacks: &BTreeMap<Labels, Drawn>,
     diff: bool,
 ) -> Result<Picture> {
     if stacks.values().all(|s| whole(s.new.bytes) == 0) {
@@ -241,10 +242,13 @@ struct DrawnFrame {
     kind: Kind,
 }
 
+/// The labels of a stack's frames as drawn, from the bottom of the picture up.
+type Labels = Rc<[Rc<str>]>;
+
 /// One stack as drawn: frames from the bottom of the picture up, and its figures.
 #[derive(Clone, Debug)]
 struct Drawn {
-    frames: Vec<DrawnFrame>,
+    frames: Rc<[DrawnFrame]>,
     new: Estimate,
     /// `new` per allocator.
     split: [Estimate; 3],
@@ -252,7 +256,7 @@ struct Drawn {
     base: Option<Estimate>,
 }
 
-fn labels_of(frames: &[DrawnFrame]) -> Vec<Rc<str>> {
+fn labels_of(frames: &[DrawnFrame]) -> Labels {
     frames.iter().map(|f| f.label.clone()).collect()
 }
 
@@ -265,7 +269,7 @@ const MAX_WIDTHS: f64 = (1u64 << 60) as f64;
 
 /// Bytes per unit of width: 1, unless the widths would not add up in a `u64` (only a crafted
 /// capture comes near; then every width is scaled down alike).
-fn unit_of(stacks: &BTreeMap<Vec<Rc<str>>, Drawn>) -> f64 {
+fn unit_of(stacks: &BTreeMap<Labels, Drawn>) -> f64 {
     let sum: f64 = stacks
         .values()
         .map(|s| s.new.bytes.max(s.base.map_or(0.0, |b| b.bytes)).max(0.0))
@@ -279,25 +283,39 @@ fn width(bytes: f64, unit: f64) -> u64 {
 }
 
 /// The stacks of `p` as drawn, by their labels (the order they are laid out in).
-fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<Rc<str>>, Drawn> {
-    let mut views = drawn_views(p, settings, &[settings.view]);
-    views.pop().unwrap_or_default()
+fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Labels, Drawn> {
+    view_of(&drawn_entries(p, settings, &[settings.view]), 0)
 }
 
-/// [`drawn`] for each of `views` (`settings.view` aside). Each node of the profile's stack
-/// trie is drawn once ([`DrawnNodes`]), and each distinct drawn stack labelled once, for all
-/// the views: a stack's figures go to the entry of its labels, in the stacks' order, in each
-/// view where a sample is behind them.
-fn drawn_views(
-    p: &Profile,
-    settings: &Settings,
-    views: &[View],
-) -> Vec<BTreeMap<Vec<Rc<str>>, Drawn>> {
+/// A stack as drawn in several views: its labels, its frames, and per view its figures and
+/// their split by allocator (None: no sample in that view).
+type Entry = (Labels, Rc<[DrawnFrame]>, Vec<Option<(Estimate, [Estimate; 3])>>);
+
+/// The stacks of [`drawn`] in the `i`th view of [`drawn_entries`].
+fn view_of(entries: &[Entry], i: usize) -> BTreeMap<Labels, Drawn> {
+    entries
+        .iter()
+        .filter_map(|(labels, frames, per_view)| {
+            let (new, split) = per_view[i]?;
+            let drawn = Drawn {
+                frames: frames.clone(),
+                new,
+                split,
+                base: None,
+            };
+            Some((labels.clone(), drawn))
+        })
+        .collect()
+}
+
+/// The stacks of `p` as drawn in each of `views` (`settings.view` aside), in the order they
+/// are laid out in. Each node of the profile's stack trie is drawn once ([`DrawnNodes`]), and
+/// each distinct drawn stack labelled once, for all the views: a stack's figures go to the
+/// entry of its labels, in the stacks' order, in each view where a sample is behind them.
+fn drawn_entries(p: &Profile, settings: &Settings, views: &[View]) -> Vec<Entry> {
     let mut nodes = DrawnNodes::new(p, settings.keep_imports);
-    // Per entry: the numbers of its labels, its labels, its frames, and per view its figures
-    // and their split by allocator (None: no sample in that view).
-    type PerView = Option<(Estimate, [Estimate; 3])>;
-    let mut entries: Vec<(Vec<u32>, Vec<Rc<str>>, Vec<DrawnFrame>, Vec<PerView>)> = Vec::new();
+    // Per entry: the numbers of its labels, and the entry.
+    let mut entries: Vec<(Vec<u32>, Entry)> = Vec::new();
     // Per drawn path (and allocator, when drawn), its entry; per labels, their entry.
     let mut entry_of: FastMap<(u32, u8), usize> = FastMap::default();
     let mut by_labels: FastMap<Vec<u32>, usize> = FastMap::default();
@@ -320,15 +338,15 @@ fn drawn_views(
             None => {
                 let (frames, ids) = nodes.frames(path, allocator, settings);
                 let at = *by_labels.entry(ids.clone()).or_insert_with(|| {
-                    let labels = labels_of(&frames);
-                    entries.push((ids, labels, frames, vec![None; views.len()]));
+                    let entry = (labels_of(&frames), frames.into(), vec![None; views.len()]);
+                    entries.push((ids, entry));
                     entries.len() - 1
                 });
                 entry_of.insert(key, at);
                 at
             }
         };
-        for (&view, per_view) in views.iter().zip(&mut entries[at].3) {
+        for (&view, per_view) in views.iter().zip(&mut entries[at].1 .2) {
             let estimate = figures.get(view);
             if estimate.samples == 0 {
                 continue;
@@ -342,28 +360,12 @@ fn drawn_views(
     // maps then find in order. The ranks are compared as big-endian bytes: the same order,
     // one `memcmp` per pair of entries (no two entries have the same labels).
     let ranks = nodes.label_ranks();
-    entries.sort_by_cached_key(|(ids, _, _, _)| {
+    entries.sort_by_cached_key(|(ids, _)| {
         ids.iter()
             .flat_map(|&id| ranks[id as usize].to_be_bytes())
             .collect::<Vec<u8>>()
     });
-    (0..views.len())
-        .map(|v| {
-            entries
-                .iter()
-                .filter_map(|(_, labels, frames, per_view)| {
-                    let (new, split) = per_view[v]?;
-                    let drawn = Drawn {
-                        frames: frames.clone(),
-                        new,
-                        split,
-                        base: None,
-                    };
-                    Some((labels.clone(), drawn))
-                })
-                .collect()
-        })
-        .collect()
+    entries.into_iter().map(|(_, entry)| entry).collect()
 }
 
 /// The stacks of a profile as a flamegraph draws them, each node of its stack trie worked out
