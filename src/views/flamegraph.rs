@@ -289,7 +289,8 @@ fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Labels, Drawn> {
 
 /// A stack as drawn in several views: its labels, its frames, and per view its figures and
 /// their split by allocator (None: no sample in that view).
-type Entry = (Labels, Rc<[DrawnFrame]>, Vec<Option<(Estimate, [Estimate; 3])>>);
+type Entry = (Labels, Rc<[DrawnFrame]>, [PerView; View::ALL.len()]);
+type PerView = Option<(Estimate, [Estimate; 3])>;
 
 /// The stacks of [`drawn`] in the `i`th view of [`drawn_entries`].
 fn view_of(entries: &[Entry], i: usize) -> BTreeMap<Labels, Drawn> {
@@ -313,6 +314,7 @@ fn view_of(entries: &[Entry], i: usize) -> BTreeMap<Labels, Drawn> {
 /// each distinct drawn stack labelled once, for all the views: a stack's figures go to the
 /// entry of its labels, in the stacks' order, in each view where a sample is behind them.
 fn drawn_entries(p: &Profile, settings: &Settings, views: &[View]) -> Vec<Entry> {
+    assert!(views.len() <= View::ALL.len(), "at most one entry per view");
     let mut nodes = DrawnNodes::new(p, settings.keep_imports);
     // Per entry: the numbers of its labels, and the entry.
     let mut entries: Vec<(Vec<u32>, Entry)> = Vec::new();
@@ -338,7 +340,7 @@ fn drawn_entries(p: &Profile, settings: &Settings, views: &[View]) -> Vec<Entry>
             None => {
                 let (frames, ids) = nodes.frames(path, allocator, settings);
                 let at = *by_labels.entry(ids.clone()).or_insert_with(|| {
-                    let entry = (labels_of(&frames), frames.into(), vec![None; views.len()]);
+                    let entry = (labels_of(&frames), frames.into(), Default::default());
                     entries.push((ids, entry));
                     entries.len() - 1
                 });
@@ -361,9 +363,11 @@ fn drawn_entries(p: &Profile, settings: &Settings, views: &[View]) -> Vec<Entry>
     // one `memcmp` per pair of entries (no two entries have the same labels).
     let ranks = nodes.label_ranks();
     entries.sort_by_cached_key(|(ids, _)| {
-        ids.iter()
-            .flat_map(|&id| ranks[id as usize].to_be_bytes())
-            .collect::<Vec<u8>>()
+        let mut key = Vec::with_capacity(ids.len() * 4);
+        for &id in ids {
+            key.extend_from_slice(&ranks[id as usize].to_be_bytes());
+        }
+        key
     });
     entries.into_iter().map(|(_, entry)| entry).collect()
 }
