@@ -124,12 +124,20 @@ fn sum(split: &ByAllocator) -> Figures {
 
 /// The profile's rows for `by`, sorted by `view` (see the module doc for the order).
 pub fn rows(p: &Profile, view: View, by: Grouping) -> Vec<Row<'_>> {
-    rows_by_views(p, &[view], by).pop().unwrap_or_default()
+    top_rows_by_views(p, &[view], by, usize::MAX)
+        .pop()
+        .unwrap_or_default()
 }
 
-/// [`rows`] for each of `views`: the stacks are grouped once for all of them when the groups
-/// do not depend on the view (all groupings but by thread).
-pub fn rows_by_views<'p>(p: &'p Profile, views: &[View], by: Grouping) -> Vec<Vec<Row<'p>>> {
+/// The first `top` of [`rows`] for each of `views`: the stacks are grouped once for all of
+/// them when the groups do not depend on the view (all groupings but by thread).
+pub fn top_rows_by_views<'p>(
+    p: &'p Profile,
+    views: &[View],
+    by: Grouping,
+    top: usize,
+) -> Vec<Vec<Row<'p>>> {
+    let sorted = |rows, view| sorted(rows, view, top);
     match by {
         Grouping::Thread => views
             .iter()
@@ -259,15 +267,21 @@ fn frame_rows(p: &Profile, by: Grouping) -> Vec<Row<'_>> {
         .collect()
 }
 
-/// `rows` sorted by `view` (see the module doc for the order).
-fn sorted(mut rows: Vec<Row<'_>>, view: View) -> Vec<Row<'_>> {
-    rows.sort_by(|a, b| {
+/// The first `top` of `rows` sorted by `view` (see the module doc for the order: no two rows
+/// are equal in it, so the first `top` are picked out before the rest is sorted).
+fn sorted(mut rows: Vec<Row<'_>>, view: View, top: usize) -> Vec<Row<'_>> {
+    let order = |a: &Row, b: &Row| {
         let bytes = |r: &Row| Reverse(whole(r.figures.get(view).bytes));
         bytes(a)
             .cmp(&bytes(b))
             .then_with(|| (a.file, a.function, a.line).cmp(&(b.file, b.function, b.line)))
             .then_with(|| a.thread.cmp(&b.thread))
             .then_with(|| a.stack.cmp(&b.stack))
-    });
+    };
+    if rows.len() > top {
+        rows.select_nth_unstable_by(top, order);
+        rows.truncate(top);
+    }
+    rows.sort_by(order);
     rows
 }

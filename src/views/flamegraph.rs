@@ -232,32 +232,56 @@ fn draw_stacks(
     Ok(Picture { svg, height })
 }
 
-/// One frame as drawn. Its texts are shared by every stack and box it appears in: a capture
-/// of tens of thousands of stacks forty frames deep has a few thousand distinct frames.
-#[derive(Clone, Debug)]
-struct DrawnFrame {
+/// One frame as drawn, shared by every stack and box it appears in: a capture of tens of
+/// thousands of stacks forty frames deep has a few thousand distinct frames.
+type DrawnFrame = Rc<FrameText>;
+
+/// What a frame shows.
+#[derive(Debug)]
+struct FrameText {
     label: Rc<str>,
     /// `/full/path.py:line` (or the pseudo-frame's name), for the tooltip.
     place: Rc<str>,
     kind: Kind,
 }
 
-/// The labels of a stack's frames as drawn, from the bottom of the picture up.
-type Labels = Rc<[Rc<str>]>;
+/// A stack's frames as drawn, from the bottom of the picture up, ordered by their labels (the
+/// order the stacks are laid out in).
+#[derive(Clone, Debug)]
+struct Labels(Rc<[DrawnFrame]>);
+
+impl Ord for Labels {
+    fn cmp(&self, other: &Labels) -> std::cmp::Ordering {
+        self.0
+            .iter()
+            .map(|f| &f.label)
+            .cmp(other.0.iter().map(|f| &f.label))
+    }
+}
+
+impl PartialOrd for Labels {
+    fn partial_cmp(&self, other: &Labels) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Labels {
+    fn eq(&self, other: &Labels) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for Labels {}
 
 /// One stack as drawn: frames from the bottom of the picture up, and its figures.
 #[derive(Clone, Debug)]
 struct Drawn {
-    frames: Rc<[DrawnFrame]>,
+    frames: Labels,
     new: Estimate,
     /// `new` per allocator.
     split: [Estimate; 3],
     /// The base capture's figures, when drawing a difference.
     base: Option<Estimate>,
-}
-
-fn labels_of(frames: &[DrawnFrame]) -> Labels {
-    frames.iter().map(|f| f.label.clone()).collect()
 }
 
 fn whole(x: f64) -> u64 {
@@ -289,17 +313,17 @@ fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Labels, Drawn> {
 
 /// A stack as drawn in several views: its labels, its frames, and per view its figures and
 /// their split by allocator (None: no sample in that view).
-type Entry = (Labels, Rc<[DrawnFrame]>, [PerView; View::ALL.len()]);
+type Entry = (Labels, [PerView; View::ALL.len()]);
 type PerView = Option<(Estimate, [Estimate; 3])>;
 
 /// The stacks of [`drawn`] in the `i`th view of [`drawn_entries`].
 fn view_of(entries: &[Entry], i: usize) -> BTreeMap<Labels, Drawn> {
     entries
         .iter()
-        .filter_map(|(labels, frames, per_view)| {
+        .filter_map(|(labels, per_view)| {
             let (new, split) = per_view[i]?;
             let drawn = Drawn {
-                frames: frames.clone(),
+                frames: labels.clone(),
                 new,
                 split,
                 base: None,
@@ -340,7 +364,7 @@ fn drawn_entries(p: &Profile, settings: &Settings, views: &[View]) -> Vec<Entry>
             None => {
                 let (frames, ids) = nodes.frames(path, allocator, settings);
                 let at = *by_labels.entry(ids.clone()).or_insert_with(|| {
-                    let entry = (labels_of(&frames), frames.into(), Default::default());
+                    let entry = (Labels(frames.into()), Default::default());
                     entries.push((ids, entry));
                     entries.len() - 1
                 });
@@ -348,7 +372,7 @@ fn drawn_entries(p: &Profile, settings: &Settings, views: &[View]) -> Vec<Entry>
                 at
             }
         };
-        for (&view, per_view) in views.iter().zip(&mut entries[at].1 .2) {
+        for (&view, per_view) in views.iter().zip(&mut entries[at].1 .1) {
             let estimate = figures.get(view);
             if estimate.samples == 0 {
                 continue;
@@ -442,7 +466,7 @@ impl<'p> DrawnNodes<'p> {
         let next = self.frames.len() as u32;
         let drawn = *self.frame_ids.entry(frame).or_insert(next);
         if drawn == next {
-            let frame = DrawnFrame {
+            let frame = Rc::new(FrameText {
                 label: frame_name(&frames::label(&loc)).into(),
                 place: if loc.file == loc.function {
                     loc.function.into()
@@ -450,7 +474,7 @@ impl<'p> DrawnNodes<'p> {
                     format!("{}:{}", loc.file, loc.line).into()
                 },
                 kind: frames::kind_of(&loc),
-            };
+            });
             let label = self.label_id(&frame.label);
             self.frames.push((frame, label));
         }
@@ -480,11 +504,11 @@ impl<'p> DrawnNodes<'p> {
         frames.reverse();
         if frames.is_empty() {
             // Only import frames: the allocation happened in the import system itself.
-            let frame = DrawnFrame {
+            let frame = Rc::new(FrameText {
                 label: "<import system>".into(),
                 place: "importlib".into(),
                 kind: Kind::Import,
-            };
+            });
             let label = self.label_id(&frame.label);
             frames.push((frame, label));
         }
@@ -492,11 +516,11 @@ impl<'p> DrawnNodes<'p> {
             frames.reverse();
         }
         if settings.by_allocator {
-            let frame = DrawnFrame {
+            let frame = Rc::new(FrameText {
                 label: allocator_frame(allocator).into(),
                 place: format!("{} allocations", allocator.name()).into(),
                 kind: Kind::Pseudo,
-            };
+            });
             let label = self.label_id(&frame.label);
             frames.insert(0, (frame, label));
         }

@@ -9,7 +9,7 @@
 use crate::analysis::allocators::split_text;
 use crate::analysis::grouping::Grouping;
 use crate::analysis::profile::{Completeness, Keep, Profile, Source, View};
-use crate::analysis::sites::{rows_by_views, whole, Row};
+use crate::analysis::sites::{top_rows_by_views, whole, Row};
 use crate::base::text::xml_escape;
 use crate::views::about::{
     peak_text, plus_minus, python_version, rate_text, target_text, view_title, NOT_NATIVE,
@@ -25,6 +25,9 @@ use std::path::Path;
 
 /// Rows of the sites table.
 pub const TOP_SITES: usize = 50;
+/// Sites the timeline draws: the first rows by the peak, which the table's rows include.
+const TIMELINE_SITES: usize = 5;
+const _: () = assert!(TIMELINE_SITES <= TOP_SITES);
 
 /// `mprof html`: writes the report of `path` to `out`, its timeline and top sites grouped as
 /// `sites` says (the processes it picks).
@@ -34,10 +37,10 @@ pub fn run(path: &Path, out: &Path, sites: &timeline::Sites) -> Result<()> {
     let source = Source::open(path, sites.pick)?;
     let mut p = source.load_keeping(Keep::Series)?;
     p.set_focus(sites.focus);
-    let rows = rows_by_views(&p, &View::ALL, by);
+    let rows = top_rows_by_views(&p, &View::ALL, by, TOP_SITES);
     let peak = View::ALL.iter().position(|&v| v == View::Peak);
     let peak_rows = peak.map_or(&[][..], |i| &rows[i][..]);
-    let t = timeline::load_source_with(&source, &p, 5, by, peak_rows)?;
+    let t = timeline::load_source_with(&source, &p, TIMELINE_SITES, by, peak_rows)?;
     write_file(out, "HTML report", page_with(&p, &t, by, &rows)?.as_bytes())
 }
 
@@ -51,10 +54,11 @@ struct SiteRow {
 
 /// The page.
 pub fn page(p: &Profile, t: &timeline::Timeline, by: Grouping) -> Result<String> {
-    page_with(p, t, by, &rows_by_views(p, &View::ALL, by))
+    page_with(p, t, by, &top_rows_by_views(p, &View::ALL, by, TOP_SITES))
 }
 
-/// [`page`], given the profile's rows for `by` sorted by each of [`View::ALL`].
+/// [`page`], given the profile's first [`TOP_SITES`] rows for `by` sorted by each of
+/// [`View::ALL`].
 fn page_with(
     p: &Profile,
     t: &timeline::Timeline,

@@ -101,7 +101,8 @@ pub fn load_source(source: &Source, p: &Profile, top: usize, by: Grouping) -> Re
 }
 
 /// [`load_source`] given the profile's rows for `by` sorted by the peak
-/// ([`crate::analysis::sites::rows`]), when the caller has them already.
+/// ([`crate::analysis::sites::rows`]; the first `top` of them are enough), when the caller
+/// has them already.
 pub fn load_source_with(
     source: &Source,
     p: &Profile,

@@ -83,11 +83,11 @@ pub(super) fn layout(stacks: &BTreeMap<Labels, Drawn>, unit: f64) -> Layout {
         }
         let shared = open
             .iter()
-            .zip(s.frames.iter())
+            .zip(s.frames.0.iter())
             .take_while(|(b, f)| b.label == f.label)
             .count();
         close(&mut open, &mut done, shared, t);
-        for f in &s.frames[shared..] {
+        for f in &s.frames.0[shared..] {
             open.push(Placed {
                 label: f.label.clone(),
                 kind: Some(f.kind),
