@@ -159,16 +159,7 @@ pub fn top_rows_by_views<'p>(
                     let rows = groups
                         .groups(|split| whole(sum(split).get(view).bytes))
                         .into_iter()
-                        .map(|((file, function, line), allocators, beside)| Row {
-                            file,
-                            function,
-                            line,
-                            thread: None,
-                            figures: sum(&allocators),
-                            allocators,
-                            stack: Vec::new(),
-                            beside: Some(beside),
-                        })
+                        .map(|(key, allocators, beside)| group_row(key, allocators, Some(beside)))
                         .collect();
                     sorted(rows, view)
                 })
@@ -254,17 +245,26 @@ fn frame_rows(p: &Profile, by: Grouping) -> Vec<Row<'_>> {
     }
     groups
         .into_iter()
-        .map(|((file, function, line), allocators)| Row {
-            file,
-            function,
-            line,
-            thread: None,
-            figures: sum(&allocators),
-            allocators,
-            stack: Vec::new(),
-            beside: None,
-        })
+        .map(|(key, allocators)| group_row(key, allocators, None))
         .collect()
+}
+
+/// The row of a group of stacks by a frame (file, function, line).
+fn group_row<'p>(
+    (file, function, line): (&'p str, &'p str, u32),
+    allocators: ByAllocator,
+    beside: Option<Beside<'p>>,
+) -> Row<'p> {
+    Row {
+        file,
+        function,
+        line,
+        thread: None,
+        figures: sum(&allocators),
+        allocators,
+        stack: Vec::new(),
+        beside,
+    }
 }
 
 /// The first `top` of `rows` sorted by `view` (see the module doc for the order: no two rows
