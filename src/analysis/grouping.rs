@@ -280,10 +280,21 @@ impl<'a, 'f, F: Default> YourCodeGroups<'a, 'f, F> {
     /// The groups: key, figures, and what goes beside; the innermost frame shown is the one
     /// with the largest `weight` (ties: the first in file, function, line order), if it
     /// outweighs what the group's own frame allocated.
-    pub fn finish(self, weight: impl Fn(&F) -> u64) -> Vec<(Key<'a>, F, Beside<'a>)> {
+    pub fn finish(self, weight: impl Fn(&F) -> u64) -> Vec<(Key<'a>, F, Beside<'a>)>
+    where
+        F: Clone,
+    {
+        self.groups(weight)
+    }
+
+    /// [`YourCodeGroups::finish`] keeping the groups, for another `weight` (another view).
+    pub fn groups(&self, weight: impl Fn(&F) -> u64) -> Vec<(Key<'a>, F, Beside<'a>)>
+    where
+        F: Clone,
+    {
         self.groups
-            .into_iter()
-            .map(|(key, g)| {
+            .iter()
+            .map(|(&key, g)| {
                 let mut top: Option<(&Location, u64)> = None;
                 for (loc, f) in &g.innermost {
                     let w = weight(f);
@@ -297,7 +308,7 @@ impl<'a, 'f, F: Default> YourCodeGroups<'a, 'f, F> {
                     innermost: top.map(|(loc, _)| *loc),
                     more: g.innermost.len() - top.is_some() as usize,
                 };
-                (key, g.figures, beside)
+                (key, g.figures.clone(), beside)
             })
             .collect()
     }

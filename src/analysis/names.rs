@@ -308,6 +308,12 @@ impl Names {
     /// The frames of the stack ending at `node`, innermost first: the thread's own, up to
     /// the [`NEW_THREAD`] pseudo-frame of a grafted stack.
     pub(crate) fn frames(&self, node: u32) -> impl Iterator<Item = Location<'_>> + '_ {
+        self.frame_ids(node).map(|frame| self.location(frame))
+    }
+
+    /// The frames of [`Names::frames`] as frame ids ([`Names::location`] names them), each
+    /// below [`Names::frame_count`].
+    pub(crate) fn frame_ids(&self, node: u32) -> impl Iterator<Item = u32> + '_ {
         let mut node = node;
         std::iter::from_fn(move || {
             if node < ROOTS {
@@ -318,8 +324,13 @@ impl Names {
                 return None;
             }
             node = parent;
-            Some(self.location(frame))
+            Some(frame)
         })
+    }
+
+    /// How many distinct frames there are (one per code and line).
+    pub(crate) fn frame_count(&self) -> usize {
+        self.frames.len()
     }
 
     /// The frames of the stack ending at `node`, innermost first, and for a grafted stack

@@ -124,8 +124,102 @@ fn sum(split: &ByAllocator) -> Figures {
 
 /// The profile's rows for `by`, sorted by `view` (see the module doc for the order).
 pub fn rows(p: &Profile, view: View, by: Grouping) -> Vec<Row<'_>> {
-    let mut rows: Vec<Row> = match by {
-        Grouping::Stack => p
+    top_rows_by_views(p, &[view], by, usize::MAX)
+        .pop()
+        .unwrap_or_default()
+}
+
+/// The first `top` of [`rows`] for each of `views`: the stacks are grouped once for all of
+/// them when the groups do not depend on the view (all groupings but by thread).
+pub fn top_rows_by_views<'p>(
+    p: &'p Profile,
+    views: &[View],
+    by: Grouping,
+    top: usize,
+) -> Vec<Vec<Row<'p>>> {
+    let sorted = |rows, view| sorted(rows, view, top);
+    match by {
+        Grouping::Thread => views
+            .iter()
+            .map(|&view| sorted(thread_rows(p, view), view))
+            .collect(),
+        Grouping::YourCode => {
+            let mut groups = YourCodeGroups::new(p.focus());
+            let mut nodes = YourNodes::new(p);
+            for (id, f) in p.stacks() {
+                let mut one = ByAllocator::default();
+                one.add(p.allocator(id), f);
+                if let Some(found) = nodes.find(p.focus(), id) {
+                    groups.add_found(found, &one, ByAllocator::merge);
+                }
+            }
+            views
+                .iter()
+                .map(|&view| {
+                    let rows = groups
+                        .groups(|split| whole(sum(split).get(view).bytes))
+                        .into_iter()
+                        .map(|(key, allocators, beside)| group_row(key, allocators, Some(beside)))
+                        .collect();
+                    sorted(rows, view)
+                })
+                .collect()
+        }
+        _ => {
+            let rows = frame_rows(p, by);
+            views
+                .iter()
+                .map(|&view| sorted(rows.clone(), view))
+                .collect()
+        }
+    }
+}
+
+/// The rows by thread: each thread's entry function is the one with the most bytes in `view`.
+fn thread_rows(p: &Profile, view: View) -> Vec<Row<'_>> {
+    // Per entry function: whether it is your code, and its bytes.
+    type Entries<'p> = HashMap<(&'p str, &'p str, u32), (bool, u64)>;
+    let mut threads: HashMap<u32, (ByAllocator, Entries)> = HashMap::new();
+    let mut memo = Default::default();
+    for ((id, tid), f) in p.sites() {
+        let (allocators, entries) = threads.entry(*tid).or_default();
+        allocators.add(p.allocator(*id), f);
+        if let Some(entry) = thread_entry(p.frames(*id)) {
+            let key = (entry.file, entry.function, entry.firstline);
+            let yours = p.focus().is_yours(&entry, &mut memo);
+            let e = entries.entry(key).or_insert((yours, 0));
+            e.1 += whole(f.get(view).bytes) + 1;
+        }
+    }
+    threads
+        .into_iter()
+        .map(|(tid, (allocators, entries))| {
+            // The function with the most bytes, your code's first (the main thread runs the
+            // program's `<module>`, however much the start-up imports allocated under
+            // `site`); ties: the first by name.
+            let entry = entries
+                .into_iter()
+                .max_by_key(|&(key, (yours, bytes))| (yours, bytes, Reverse(key)))
+                .map(|(key, _)| key);
+            let (file, function, line) = entry.unwrap_or(("", "", 0));
+            Row {
+                file,
+                function,
+                line,
+                thread: Some(tid),
+                figures: sum(&allocators),
+                allocators,
+                stack: Vec::new(),
+                beside: None,
+            }
+        })
+        .collect()
+}
+
+/// The rows by stack, or by a frame of each stack (line, function, file), unsorted.
+fn frame_rows(p: &Profile, by: Grouping) -> Vec<Row<'_>> {
+    if by == Grouping::Stack {
+        return p
             .stacks()
             .map(|(id, f)| {
                 let loc = p.innermost(id);
@@ -142,99 +236,52 @@ pub fn rows(p: &Profile, view: View, by: Grouping) -> Vec<Row<'_>> {
                     beside: None,
                 }
             })
-            .collect(),
-        Grouping::Thread => {
-            // Per entry function: whether it is your code, and its bytes.
-            type Entries<'p> = HashMap<(&'p str, &'p str, u32), (bool, u64)>;
-            let mut threads: HashMap<u32, (ByAllocator, Entries)> = HashMap::new();
-            let mut memo = Default::default();
-            for ((id, tid), f) in p.sites() {
-                let (allocators, entries) = threads.entry(*tid).or_default();
-                allocators.add(p.allocator(*id), f);
-                if let Some(entry) = thread_entry(p.frames(*id)) {
-                    let key = (entry.file, entry.function, entry.firstline);
-                    let yours = p.focus().is_yours(&entry, &mut memo);
-                    let e = entries.entry(key).or_insert((yours, 0));
-                    e.1 += whole(f.get(view).bytes) + 1;
-                }
-            }
-            threads
-                .into_iter()
-                .map(|(tid, (allocators, entries))| {
-                    // The function with the most bytes, your code's first (the main thread
-                    // runs the program's `<module>`, however much the start-up imports
-                    // allocated under `site`); ties: the first by name.
-                    let entry = entries
-                        .into_iter()
-                        .max_by_key(|&(key, (yours, bytes))| (yours, bytes, Reverse(key)))
-                        .map(|(key, _)| key);
-                    let (file, function, line) = entry.unwrap_or(("", "", 0));
-                    Row {
-                        file,
-                        function,
-                        line,
-                        thread: Some(tid),
-                        figures: sum(&allocators),
-                        allocators,
-                        stack: Vec::new(),
-                        beside: None,
-                    }
-                })
-                .collect()
-        }
-        Grouping::YourCode => {
-            let mut groups = YourCodeGroups::new(p.focus());
-            let mut nodes = YourNodes::new(p);
-            for (id, f) in p.stacks() {
-                let mut one = ByAllocator::default();
-                one.add(p.allocator(id), f);
-                if let Some(found) = nodes.find(p.focus(), id) {
-                    groups.add_found(found, &one, ByAllocator::merge);
-                }
-            }
-            groups
-                .finish(|split| whole(sum(split).get(view).bytes))
-                .into_iter()
-                .map(|((file, function, line), allocators, beside)| Row {
-                    file,
-                    function,
-                    line,
-                    thread: None,
-                    figures: sum(&allocators),
-                    allocators,
-                    stack: Vec::new(),
-                    beside: Some(beside),
-                })
-                .collect()
-        }
-        _ => {
-            let mut groups: HashMap<(&str, &str, u32), ByAllocator> = HashMap::new();
-            for (id, f) in p.stacks() {
-                let key = by.frame_key(&p.innermost(id));
-                groups.entry(key).or_default().add(p.allocator(id), f);
-            }
-            groups
-                .into_iter()
-                .map(|((file, function, line), allocators)| Row {
-                    file,
-                    function,
-                    line,
-                    thread: None,
-                    figures: sum(&allocators),
-                    allocators,
-                    stack: Vec::new(),
-                    beside: None,
-                })
-                .collect()
-        }
-    };
-    rows.sort_by(|a, b| {
+            .collect();
+    }
+    let mut groups: HashMap<(&str, &str, u32), ByAllocator> = HashMap::new();
+    for (id, f) in p.stacks() {
+        let key = by.frame_key(&p.innermost(id));
+        groups.entry(key).or_default().add(p.allocator(id), f);
+    }
+    groups
+        .into_iter()
+        .map(|(key, allocators)| group_row(key, allocators, None))
+        .collect()
+}
+
+/// The row of a group of stacks by a frame (file, function, line).
+fn group_row<'p>(
+    (file, function, line): (&'p str, &'p str, u32),
+    allocators: ByAllocator,
+    beside: Option<Beside<'p>>,
+) -> Row<'p> {
+    Row {
+        file,
+        function,
+        line,
+        thread: None,
+        figures: sum(&allocators),
+        allocators,
+        stack: Vec::new(),
+        beside,
+    }
+}
+
+/// The first `top` of `rows` sorted by `view` (see the module doc for the order: no two rows
+/// are equal in it, so the first `top` are picked out before the rest is sorted).
+fn sorted(mut rows: Vec<Row<'_>>, view: View, top: usize) -> Vec<Row<'_>> {
+    let order = |a: &Row, b: &Row| {
         let bytes = |r: &Row| Reverse(whole(r.figures.get(view).bytes));
         bytes(a)
             .cmp(&bytes(b))
             .then_with(|| (a.file, a.function, a.line).cmp(&(b.file, b.function, b.line)))
             .then_with(|| a.thread.cmp(&b.thread))
             .then_with(|| a.stack.cmp(&b.stack))
-    });
+    };
+    if rows.len() > top {
+        rows.select_nth_unstable_by(top, order);
+        rows.truncate(top);
+    }
+    rows.sort_by(order);
     rows
 }

@@ -156,6 +156,33 @@ pub fn picture(p: &Profile, settings: &Settings, base: Option<&Profile>) -> Resu
             s.base.get_or_insert_with(Estimate::default);
         }
     }
+    draw_stacks(p, settings, &stacks, base.is_some())
+}
+
+/// The flamegraphs of `views` of `p`, drawn as `settings` says otherwise: the stacks are
+/// worked out once for all of them ([`drawn_views`]).
+pub fn pictures(p: &Profile, settings: &Settings, views: &[View]) -> Result<Vec<Picture>> {
+    let entries = drawn_entries(p, settings, views);
+    views
+        .iter()
+        .enumerate()
+        .map(|(i, &view)| {
+            let settings = Settings {
+                view,
+                ..settings.clone()
+            };
+            draw_stacks(p, &settings, &view_of(&entries, i), false)
+        })
+        .collect()
+}
+
+/// The picture of `stacks` (a difference when `diff`: each has its base figures).
+fn draw_stacks(
+    p: &Profile,
+    settings: &Settings,
+    stacks: &BTreeMap<Labels, Drawn>,
+    diff: bool,
+) -> Result<Picture> {
     if stacks.values().all(|s| whole(s.new.bytes) == 0) {
         crate::say!(
             "mprof: warning: no {} in this capture; the flamegraph is empty",
@@ -166,20 +193,22 @@ pub fn picture(p: &Profile, settings: &Settings, base: Option<&Profile>) -> Resu
             height: EMPTY_HEIGHT,
         });
     }
-    let layout = layout(&stacks, unit_of(&stacks));
-    let title = match base {
-        Some(_) => format!(
+    let layout = layout(stacks, unit_of(stacks));
+    let title = if diff {
+        format!(
             "mprof: growth of {} since the base capture",
             view_title(settings.view)
-        ),
-        None => format!("mprof: {}", view_title(settings.view)),
+        )
+    } else {
+        format!("mprof: {}", view_title(settings.view))
     };
-    let legend: Vec<((u8, u8, u8), &str)> = match base {
-        Some(_) => vec![
+    let legend: Vec<((u8, u8, u8), &str)> = if diff {
+        vec![
             (GREW, "grew since the base"),
             (SHRANK, "shrank since the base"),
-        ],
-        None => Kind::ALL.iter().map(|k| (k.rgb(), k.name())).collect(),
+        ]
+    } else {
+        Kind::ALL.iter().map(|k| (k.rgb(), k.name())).collect()
     };
     let page = svg::Page {
         title: &title,
@@ -187,46 +216,72 @@ pub fn picture(p: &Profile, settings: &Settings, base: Option<&Profile>) -> Resu
         legend: &legend,
         inverted: settings.inverted,
     };
-    let (svg, height) = match base {
-        Some(_) => {
-            let largest = layout
-                .boxes
-                .iter()
-                .map(|b| b.own_change.abs())
-                .fold(0.0, f64::max);
-            svg::draw(&page, &layout, |b| growth_colour(b, largest))
-        }
-        None => svg::draw(&page, &layout, |b| match b.kind {
+    let (svg, height) = if diff {
+        let largest = layout
+            .boxes
+            .iter()
+            .map(|b| b.own_change.abs())
+            .fold(0.0, f64::max);
+        svg::draw(&page, &layout, |b| growth_colour(b, largest))
+    } else {
+        svg::draw(&page, &layout, |b| match b.kind {
             Some(kind) => colour(kind, &b.label),
             None => ROOT_COLOUR,
-        }),
+        })
     };
     Ok(Picture { svg, height })
 }
 
-/// One frame as drawn. Its texts are shared by every stack and box it appears in: a capture
-/// of tens of thousands of stacks forty frames deep has a few thousand distinct frames.
-#[derive(Clone, Debug)]
-struct DrawnFrame {
+/// One frame as drawn, shared by every stack and box it appears in: a capture of tens of
+/// thousands of stacks forty frames deep has a few thousand distinct frames.
+type DrawnFrame = Rc<FrameText>;
+
+/// What a frame shows.
+#[derive(Debug)]
+struct FrameText {
     label: Rc<str>,
     /// `/full/path.py:line` (or the pseudo-frame's name), for the tooltip.
     place: Rc<str>,
     kind: Kind,
 }
 
+/// A stack's frames as drawn, from the bottom of the picture up, ordered by their labels (the
+/// order the stacks are laid out in).
+#[derive(Clone, Debug)]
+struct Labels(Rc<[DrawnFrame]>);
+
+impl Ord for Labels {
+    fn cmp(&self, other: &Labels) -> std::cmp::Ordering {
+        self.0
+            .iter()
+            .map(|f| &f.label)
+            .cmp(other.0.iter().map(|f| &f.label))
+    }
+}
+
+impl PartialOrd for Labels {
+    fn partial_cmp(&self, other: &Labels) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Labels {
+    fn eq(&self, other: &Labels) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for Labels {}
+
 /// One stack as drawn: frames from the bottom of the picture up, and its figures.
 #[derive(Clone, Debug)]
 struct Drawn {
-    frames: Vec<DrawnFrame>,
+    frames: Labels,
     new: Estimate,
     /// `new` per allocator.
     split: [Estimate; 3],
     /// The base capture's figures, when drawing a difference.
     base: Option<Estimate>,
-}
-
-fn labels_of(frames: &[DrawnFrame]) -> Vec<Rc<str>> {
-    frames.iter().map(|f| f.label.clone()).collect()
 }
 
 fn whole(x: f64) -> u64 {
@@ -238,7 +293,7 @@ const MAX_WIDTHS: f64 = (1u64 << 60) as f64;
 
 /// Bytes per unit of width: 1, unless the widths would not add up in a `u64` (only a crafted
 /// capture comes near; then every width is scaled down alike).
-fn unit_of(stacks: &BTreeMap<Vec<Rc<str>>, Drawn>) -> f64 {
+fn unit_of(stacks: &BTreeMap<Labels, Drawn>) -> f64 {
     let sum: f64 = stacks
         .values()
         .map(|s| s.new.bytes.max(s.base.map_or(0.0, |b| b.bytes)).max(0.0))
@@ -251,19 +306,47 @@ fn width(bytes: f64, unit: f64) -> u64 {
     whole(bytes / unit)
 }
 
-/// The stacks of `p` as drawn, by their labels (the order they are laid out in). Each node of
-/// the profile's stack trie is drawn once ([`DrawnNodes`]), and each distinct drawn stack
-/// labelled once: a stack's figures go to the entry of its labels, in the stacks' order.
-fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<Rc<str>>, Drawn> {
+/// The stacks of `p` as drawn, by their labels (the order they are laid out in).
+fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Labels, Drawn> {
+    view_of(&drawn_entries(p, settings, &[settings.view]), 0)
+}
+
+/// A stack as drawn in several views: its labels, its frames, and per view its figures and
+/// their split by allocator (None: no sample in that view).
+type Entry = (Labels, [PerView; View::ALL.len()]);
+type PerView = Option<(Estimate, [Estimate; 3])>;
+
+/// The stacks of [`drawn`] in the `i`th view of [`drawn_entries`].
+fn view_of(entries: &[Entry], i: usize) -> BTreeMap<Labels, Drawn> {
+    entries
+        .iter()
+        .filter_map(|(labels, per_view)| {
+            let (new, split) = per_view[i]?;
+            let drawn = Drawn {
+                frames: labels.clone(),
+                new,
+                split,
+                base: None,
+            };
+            Some((labels.clone(), drawn))
+        })
+        .collect()
+}
+
+/// The stacks of `p` as drawn in each of `views` (`settings.view` aside), in the order they
+/// are laid out in. Each node of the profile's stack trie is drawn once ([`DrawnNodes`]), and
+/// each distinct drawn stack labelled once, for all the views: a stack's figures go to the
+/// entry of its labels, in the stacks' order, in each view where a sample is behind them.
+fn drawn_entries(p: &Profile, settings: &Settings, views: &[View]) -> Vec<Entry> {
+    assert!(views.len() <= View::ALL.len(), "at most one entry per view");
     let mut nodes = DrawnNodes::new(p, settings.keep_imports);
-    // Per entry: the numbers of its labels, its labels, and the stack drawn.
-    let mut entries: Vec<(Vec<u32>, Vec<Rc<str>>, Drawn)> = Vec::new();
+    // Per entry: the numbers of its labels, and the entry.
+    let mut entries: Vec<(Vec<u32>, Entry)> = Vec::new();
     // Per drawn path (and allocator, when drawn), its entry; per labels, their entry.
     let mut entry_of: FastMap<(u32, u8), usize> = FastMap::default();
     let mut by_labels: FastMap<Vec<u32>, usize> = FastMap::default();
     for (id, figures) in p.stacks_of(settings.thread) {
-        let estimate = *figures.get(settings.view);
-        if estimate.samples == 0 {
+        if views.iter().all(|&v| figures.get(v).samples == 0) {
             continue;
         }
         let path = nodes.path_of(id.0);
@@ -281,38 +364,36 @@ fn drawn(p: &Profile, settings: &Settings) -> BTreeMap<Vec<Rc<str>>, Drawn> {
             None => {
                 let (frames, ids) = nodes.frames(path, allocator, settings);
                 let at = *by_labels.entry(ids.clone()).or_insert_with(|| {
-                    let labels = labels_of(&frames);
-                    entries.push((
-                        ids,
-                        labels,
-                        Drawn {
-                            frames,
-                            new: Estimate::default(),
-                            split: Default::default(),
-                            base: None,
-                        },
-                    ));
+                    let entry = (Labels(frames.into()), Default::default());
+                    entries.push((ids, entry));
                     entries.len() - 1
                 });
                 entry_of.insert(key, at);
                 at
             }
         };
-        let entry = &mut entries[at].2;
-        entry.new.merge(&estimate);
-        entry.split[allocator as usize].merge(&estimate);
+        for (&view, per_view) in views.iter().zip(&mut entries[at].1 .1) {
+            let estimate = figures.get(view);
+            if estimate.samples == 0 {
+                continue;
+            }
+            let (new, split) = per_view.get_or_insert_with(Default::default);
+            new.merge(estimate);
+            split[allocator as usize].merge(estimate);
+        }
     }
     // By labels: sorted by their ranks first (whole numbers, in the labels' order), which the
-    // map then finds in order.
+    // maps then find in order. The ranks are compared as big-endian bytes: the same order,
+    // one `memcmp` per pair of entries (no two entries have the same labels).
     let ranks = nodes.label_ranks();
-    for (ids, _, _) in &mut entries {
-        ids.iter_mut().for_each(|id| *id = ranks[*id as usize]);
-    }
-    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    entries
-        .into_iter()
-        .map(|(_, labels, drawn)| (labels, drawn))
-        .collect()
+    entries.sort_by_cached_key(|(ids, _)| {
+        let mut key = Vec::with_capacity(ids.len() * 4);
+        for &id in ids {
+            key.extend_from_slice(&ranks[id as usize].to_be_bytes());
+        }
+        key
+    });
+    entries.into_iter().map(|(_, entry)| entry).collect()
 }
 
 /// The stacks of a profile as a flamegraph draws them, each node of its stack trie worked out
@@ -385,7 +466,7 @@ impl<'p> DrawnNodes<'p> {
         let next = self.frames.len() as u32;
         let drawn = *self.frame_ids.entry(frame).or_insert(next);
         if drawn == next {
-            let frame = DrawnFrame {
+            let frame = Rc::new(FrameText {
                 label: frame_name(&frames::label(&loc)).into(),
                 place: if loc.file == loc.function {
                     loc.function.into()
@@ -393,7 +474,7 @@ impl<'p> DrawnNodes<'p> {
                     format!("{}:{}", loc.file, loc.line).into()
                 },
                 kind: frames::kind_of(&loc),
-            };
+            });
             let label = self.label_id(&frame.label);
             self.frames.push((frame, label));
         }
@@ -423,11 +504,11 @@ impl<'p> DrawnNodes<'p> {
         frames.reverse();
         if frames.is_empty() {
             // Only import frames: the allocation happened in the import system itself.
-            let frame = DrawnFrame {
+            let frame = Rc::new(FrameText {
                 label: "<import system>".into(),
                 place: "importlib".into(),
                 kind: Kind::Import,
-            };
+            });
             let label = self.label_id(&frame.label);
             frames.push((frame, label));
         }
@@ -435,11 +516,11 @@ impl<'p> DrawnNodes<'p> {
             frames.reverse();
         }
         if settings.by_allocator {
-            let frame = DrawnFrame {
+            let frame = Rc::new(FrameText {
                 label: allocator_frame(allocator).into(),
                 place: format!("{} allocations", allocator.name()).into(),
                 kind: Kind::Pseudo,
-            };
+            });
             let label = self.label_id(&frame.label);
             frames.insert(0, (frame, label));
         }

@@ -9,7 +9,7 @@
 use crate::analysis::allocators::split_text;
 use crate::analysis::grouping::Grouping;
 use crate::analysis::profile::{Completeness, Keep, Profile, Source, View};
-use crate::analysis::sites::{rows, whole};
+use crate::analysis::sites::{top_rows_by_views, whole, Row};
 use crate::base::text::xml_escape;
 use crate::views::about::{
     peak_text, plus_minus, python_version, rate_text, target_text, view_title, NOT_NATIVE,
@@ -25,6 +25,9 @@ use std::path::Path;
 
 /// Rows of the sites table.
 pub const TOP_SITES: usize = 50;
+/// Sites the timeline draws: the first rows by the peak, which the table's rows include.
+const TIMELINE_SITES: usize = 5;
+const _: () = assert!(TIMELINE_SITES <= TOP_SITES);
 
 /// `mprof html`: writes the report of `path` to `out`, its timeline and top sites grouped as
 /// `sites` says (the processes it picks).
@@ -34,8 +37,11 @@ pub fn run(path: &Path, out: &Path, sites: &timeline::Sites) -> Result<()> {
     let source = Source::open(path, sites.pick)?;
     let mut p = source.load_keeping(Keep::Series)?;
     p.set_focus(sites.focus);
-    let t = timeline::load_source(&source, &p, 5, by)?;
-    write_file(out, "HTML report", page(&p, &t, by)?.as_bytes())
+    let rows = top_rows_by_views(&p, &View::ALL, by, TOP_SITES);
+    let peak = View::ALL.iter().position(|&v| v == View::Peak);
+    let peak_rows = peak.map_or(&[][..], |i| &rows[i][..]);
+    let t = timeline::load_source_with(&source, &p, TIMELINE_SITES, by, peak_rows)?;
+    write_file(out, "HTML report", page_with(&p, &t, by, &rows)?.as_bytes())
 }
 
 #[derive(Serialize)]
@@ -48,6 +54,17 @@ struct SiteRow {
 
 /// The page.
 pub fn page(p: &Profile, t: &timeline::Timeline, by: Grouping) -> Result<String> {
+    page_with(p, t, by, &top_rows_by_views(p, &View::ALL, by, TOP_SITES))
+}
+
+/// [`page`], given the profile's first [`TOP_SITES`] rows for `by` sorted by each of
+/// [`View::ALL`].
+fn page_with(
+    p: &Profile,
+    t: &timeline::Timeline,
+    by: Grouping,
+    rows: &[Vec<Row>],
+) -> Result<String> {
     let mut html = String::new();
     let title = match target_text(p) {
         Some(target) => format!("mprof report: {target}"),
@@ -82,7 +99,7 @@ pub fn page(p: &Profile, t: &timeline::Timeline, by: Grouping) -> Result<String>
         );
     }
     flamegraphs(&mut html, p)?;
-    sites(&mut html, p, by)?;
+    sites(&mut html, p, by, rows)?;
     html.push_str("</body></html>\n");
     Ok(html)
 }
@@ -164,9 +181,8 @@ fn flamegraphs(html: &mut String, p: &Profile) -> Result<()> {
         );
     }
     html.push_str("</select></label>\n");
-    for (i, view) in View::ALL.into_iter().enumerate() {
-        let settings = Settings::of(view);
-        let picture = flamegraph::picture(p, &settings, None)?;
+    let pictures = flamegraph::pictures(p, &Settings::of(View::ALL[0]), &View::ALL)?;
+    for (i, (view, picture)) in View::ALL.into_iter().zip(pictures).enumerate() {
         let height = picture.height;
         let data = base64::engine::general_purpose::STANDARD.encode(picture.svg.as_bytes());
         let _ = writeln!(
@@ -187,10 +203,10 @@ fn flamegraphs(html: &mut String, p: &Profile) -> Result<()> {
 }
 
 /// The top sites table: JSON in the page, rows built by a script, sorted by the chosen view.
-fn sites(html: &mut String, p: &Profile, by: Grouping) -> Result<()> {
+fn sites(html: &mut String, p: &Profile, by: Grouping, rows: &[Vec<Row>]) -> Result<()> {
     let mut data: Vec<SiteRow> = Vec::new();
-    for view in View::ALL {
-        for row in rows(p, view, by).iter().take(TOP_SITES) {
+    for rows in rows {
+        for row in rows.iter().take(TOP_SITES) {
             // As the text report labels it: the row, the innermost frame beside it (by your
             // code), the allocators.
             let mut location = row.label_in(p);

@@ -19,7 +19,7 @@ use crate::analysis::grouping::{Grouping, Key, YourNodes};
 use crate::analysis::names::StackId;
 use crate::analysis::profile::series::{HeapRange, Recorded};
 use crate::analysis::profile::{Budget, FastMap, Keep, Profile, Source, View};
-use crate::analysis::sites::rows;
+use crate::analysis::sites::{rows, Row};
 use crate::base::units::human_bytes;
 use crate::capture::processes::{CaptureSet, Pick};
 use crate::capture::records::Event;
@@ -100,9 +100,32 @@ pub fn load_source(source: &Source, p: &Profile, top: usize, by: Grouping) -> Re
     load_from(source.captures(), p, top, by)
 }
 
+/// [`load_source`] given the profile's rows for `by` sorted by the peak
+/// ([`crate::analysis::sites::rows`]; the first `top` of them are enough), when the caller
+/// has them already.
+pub fn load_source_with(
+    source: &Source,
+    p: &Profile,
+    top: usize,
+    by: Grouping,
+    peak_rows: &[Row],
+) -> Result<Timeline> {
+    load_rows(source.captures(), p, top, check_grouping(by)?, peak_rows)
+}
+
 fn load_from(set: Option<&CaptureSet>, p: &Profile, top: usize, by: Grouping) -> Result<Timeline> {
     let by = check_grouping(by)?;
-    let keys: Vec<(String, String, u32)> = rows(p, View::Peak, by)
+    load_rows(set, p, top, by, &rows(p, View::Peak, by))
+}
+
+fn load_rows(
+    set: Option<&CaptureSet>,
+    p: &Profile,
+    top: usize,
+    by: Grouping,
+    peak_rows: &[Row],
+) -> Result<Timeline> {
+    let keys: Vec<(String, String, u32)> = peak_rows
         .iter()
         .filter(|r| r.figures.peak.bytes >= 0.5)
         .take(top)

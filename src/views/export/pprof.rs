@@ -198,28 +198,57 @@ pub fn profile(p: &Profile) -> PprofProfile {
     let period_type = Some(strings.value_type("space", "bytes"));
     let mut code = Code::default();
     let mut sample = Vec::new();
+    // Per frame id of the profile, its location (0: not met yet); per thread, allocator and
+    // for the meta, their labels. Each is made where it is first met, so the string table
+    // keeps the order of a walk that makes them all anew.
+    let names = p.trie();
+    let mut by_frame = vec![0u64; names.frame_count()];
+    let mut thread_labels: FastMap<u32, Vec<Label>> = FastMap::default();
+    let mut allocator_labels: FastMap<&str, Label> = FastMap::default();
+    let mut meta_labels: Option<Vec<Label>> = None;
     for ((stack, tid), figures) in p.sites() {
-        let ids = p
-            .frames(*stack)
-            .map(|loc| code.location(&mut strings, &loc))
+        let ids = names
+            .frame_ids(stack.0)
+            .map(|frame| {
+                let id = &mut by_frame[frame as usize];
+                if *id == 0 {
+                    *id = code.location(&mut strings, &names.location(frame));
+                }
+                *id
+            })
             .collect();
-        let mut value = Vec::new();
+        let mut value = Vec::with_capacity(6);
         for view in [View::Allocated, View::Live, View::Peak] {
             let e = figures.get(view);
             value.push(whole(e.count));
             value.push(whole(e.bytes));
         }
-        let mut label = vec![number_label(&mut strings, "thread", *tid as i64, "")];
-        if let Some(name) = p.threads.get(tid) {
-            label.push(text_label(&mut strings, "thread_name", name));
-        }
+        let mut label = thread_labels
+            .entry(*tid)
+            .or_insert_with(|| {
+                let mut label = vec![number_label(&mut strings, "thread", *tid as i64, "")];
+                if let Some(name) = p.threads.get(tid) {
+                    label.push(text_label(&mut strings, "thread_name", name));
+                }
+                label
+            })
+            .clone();
         let allocator = p.allocator(*stack).name();
-        label.push(text_label(&mut strings, "allocator", allocator));
-        for key in META_LABELS {
-            if let Some(value) = p.meta.get(key) {
-                label.push(text_label(&mut strings, key, value));
-            }
-        }
+        label.push(
+            allocator_labels
+                .entry(allocator)
+                .or_insert_with(|| text_label(&mut strings, "allocator", allocator))
+                .clone(),
+        );
+        label.extend_from_slice(meta_labels.get_or_insert_with(|| {
+            META_LABELS
+                .iter()
+                .filter_map(|&key| {
+                    let value = p.meta.get(key)?;
+                    Some(text_label(&mut strings, key, value))
+                })
+                .collect()
+        }));
         sample.push(Sample {
             location_id: ids,
             value,

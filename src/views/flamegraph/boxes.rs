@@ -1,7 +1,7 @@
 //! The flamegraph's layout, computed once: where each box of the picture goes and what it
 //! stands for (its frame, its figures, its tooltip), and the label that fits it.
 
-use super::{whole, width, Drawn};
+use super::{whole, width, Drawn, Labels};
 use crate::analysis::allocators::{self, Allocator};
 use crate::analysis::frames::Kind;
 use crate::analysis::profile::Estimate;
@@ -59,7 +59,7 @@ impl Layout {
 /// a prefix are neighbours and share its boxes), each `width(bytes, unit)` units wide, under a
 /// root box `all`. Stacks of zero width, and boxes narrower than [`MIN_SHARE`] of the root, are
 /// left out.
-pub(super) fn layout(stacks: &BTreeMap<Vec<Rc<str>>, Drawn>, unit: f64) -> Layout {
+pub(super) fn layout(stacks: &BTreeMap<Labels, Drawn>, unit: f64) -> Layout {
     let mut root = Placed {
         label: "all".into(),
         kind: None,
@@ -83,11 +83,11 @@ pub(super) fn layout(stacks: &BTreeMap<Vec<Rc<str>>, Drawn>, unit: f64) -> Layou
         }
         let shared = open
             .iter()
-            .zip(&s.frames)
+            .zip(s.frames.0.iter())
             .take_while(|(b, f)| b.label == f.label)
             .count();
         close(&mut open, &mut done, shared, t);
-        for f in &s.frames[shared..] {
+        for f in &s.frames.0[shared..] {
             open.push(Placed {
                 label: f.label.clone(),
                 kind: Some(f.kind),

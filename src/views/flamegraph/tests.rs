@@ -165,7 +165,7 @@ fn inverted_puts_the_allocation_site_at_the_root() {
         ..settings(View::Allocated)
     };
     let stacks = drawn(&p, &s);
-    let first: Vec<_> = stacks.keys().map(|k| k[0].clone()).collect();
+    let first: Vec<_> = stacks.keys().map(|k| k.0[0].label.clone()).collect();
     assert!(first.contains(&"f (a,b.py:4)".into()), "{first:?}");
 }
 
