@@ -266,8 +266,17 @@ fn open_mapped(pid: u32, m: &Mapping) -> Option<MappedFile> {
 mod tests {
     use super::*;
 
+    /// Held by the tests that read this process's map and expect nothing new in it: one of
+    /// them loads a library, which the others, on threads of the same process, would see.
+    static MAP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn map_unchanged() -> std::sync::MutexGuard<'static, ()> {
+        MAP.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     #[test]
     fn this_process_s_modules_are_described_with_their_build_ids() {
+        let _map = map_unchanged();
         let me = std::process::id();
         let mut t = ModuleTracker::new(me);
         assert!(t.tick(false).is_empty(), "inactive until a native sample");
@@ -295,6 +304,7 @@ mod tests {
 
     #[test]
     fn a_library_loaded_just_after_a_read_is_described_before_its_first_sample() {
+        let _map = map_unchanged();
         let mut t = ModuleTracker::new(std::process::id());
         let here = a_library_loaded_just_after_a_read_is_described_before_its_first_sample
             as *const () as u64;
@@ -316,6 +326,7 @@ mod tests {
 
     #[test]
     fn a_read_the_agent_asks_for_describes_everything_mapped_within_the_budget() {
+        let _map = map_unchanged();
         let mut t = ModuleTracker::new(std::process::id());
         let records = t.read_now();
         assert!(t.active, "native samples are on their way");
