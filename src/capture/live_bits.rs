@@ -19,7 +19,6 @@
 //! declare the most a declaration can say, and a reader asks for the user's say-so to read
 //! them.
 
-use super::frame::GroupHasher;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -34,8 +33,8 @@ pub const MAX_PAGES: usize = 1 << 22;
 /// The live granules of one page.
 type Page = [u64; WORDS];
 
-/// Hashes a page number: pages are looked up one by one, so a multiplicative hash whose high
-/// bits (hashbrown takes its tag from them) and low bits (the bucket) are both mixed.
+/// Hashes a page number (or an odd address): a multiplicative hash whose high bits (hashbrown
+/// takes its tag from them) and low bits (the bucket) are both mixed.
 #[derive(Default)]
 struct PageHasher(u64);
 
@@ -58,7 +57,7 @@ impl Hasher for PageHasher {
 pub struct LiveBits {
     pages: HashMap<u64, Page, BuildHasherDefault<PageHasher>>,
     /// Addresses that are not 8-byte aligned.
-    odd: HashSet<u64, BuildHasherDefault<GroupHasher>>,
+    odd: HashSet<u64, BuildHasherDefault<PageHasher>>,
     len: usize,
     /// The most pages followed ([`MAX_PAGES`]; fewer in tests).
     max_pages: usize,
