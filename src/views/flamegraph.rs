@@ -145,7 +145,6 @@ pub fn picture(p: &Profile, settings: &Settings, base: Option<&Profile>) -> Resu
     if let Some(base) = base {
         for (labels, b) in drawn(base, settings) {
             let entry = stacks.entry(labels).or_insert_with(|| Drawn {
-                frames: b.frames.clone(),
                 new: Estimate::default(),
                 split: Default::default(),
                 base: None,
@@ -273,10 +272,9 @@ impl PartialEq for Labels {
 
 impl Eq for Labels {}
 
-/// One stack as drawn: frames from the bottom of the picture up, and its figures.
+/// The figures of one stack as drawn (its frames are its key, [`Labels`]).
 #[derive(Clone, Debug)]
 struct Drawn {
-    frames: Labels,
     new: Estimate,
     /// `new` per allocator.
     split: [Estimate; 3],
@@ -323,7 +321,6 @@ fn view_of(entries: &[Entry], i: usize) -> BTreeMap<Labels, Drawn> {
         .filter_map(|(labels, per_view)| {
             let (new, split) = per_view[i]?;
             let drawn = Drawn {
-                frames: labels.clone(),
                 new,
                 split,
                 base: None,

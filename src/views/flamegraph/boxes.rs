@@ -76,18 +76,18 @@ pub(super) fn layout(stacks: &BTreeMap<Labels, Drawn>, unit: f64) -> Layout {
     // The boxes of the previous stack, still open to the next one that shares their frames.
     let mut open: Vec<Placed> = Vec::new();
     let mut t = 0u64;
-    for s in stacks.values() {
+    for (frames, s) in stacks {
         let width = width(s.new.bytes, unit);
         if width == 0 {
             continue;
         }
         let shared = open
             .iter()
-            .zip(s.frames.0.iter())
+            .zip(frames.0.iter())
             .take_while(|(b, f)| b.label == f.label)
             .count();
         close(&mut open, &mut done, shared, t);
-        for f in &s.frames.0[shared..] {
+        for f in &frames.0[shared..] {
             open.push(Placed {
                 label: f.label.clone(),
                 kind: Some(f.kind),
