@@ -279,15 +279,8 @@ impl<'a, 'f, F: Default> YourCodeGroups<'a, 'f, F> {
 
     /// The groups: key, figures, and what goes beside; the innermost frame shown is the one
     /// with the largest `weight` (ties: the first in file, function, line order), if it
-    /// outweighs what the group's own frame allocated.
-    pub fn finish(self, weight: impl Fn(&F) -> u64) -> Vec<(Key<'a>, F, Beside<'a>)>
-    where
-        F: Clone,
-    {
-        self.groups(weight)
-    }
-
-    /// [`YourCodeGroups::finish`] keeping the groups, for another `weight` (another view).
+    /// outweighs what the group's own frame allocated. The groups stay, for another `weight`
+    /// (another view).
     pub fn groups(&self, weight: impl Fn(&F) -> u64) -> Vec<(Key<'a>, F, Beside<'a>)>
     where
         F: Clone,
@@ -368,7 +361,7 @@ mod tests {
         add(&mut g, &[loc(json, 258), loc("app.py", 30)], 9);
         add(&mut g, &[loc(json, 200), loc("app.py", 30)], 1);
         add(&mut g, &[loc(json, 7)], 1);
-        let mut rows = g.finish(|n| *n);
+        let mut rows = g.groups(|n| *n);
         rows.sort_by_key(|(k, _, _)| *k);
         let app9 = &rows[1];
         assert_eq!(app9.0, ("app.py", "f", 9));
@@ -416,7 +409,7 @@ mod tests {
         g.add(own.iter().copied(), &10u64, |a, b| *a += b);
         // The line itself allocating on its own thread: a row of its own.
         g.add([loc("app.py", 7)], &1u64, |a, b| *a += b);
-        let mut rows = g.finish(|n| *n);
+        let mut rows = g.groups(|n| *n);
         rows.sort_by_key(|(k, _, _)| *k);
         let keys: Vec<_> = rows.iter().map(|(k, n, _)| (*k, *n)).collect();
         assert_eq!(

@@ -530,7 +530,7 @@ pub fn rows<'a>(model: &'a Model, snap: &Snapshot, settings: &Settings) -> Vec<R
         }
         let sort = settings.sort;
         groups
-            .finish(|f| sort.key(f))
+            .groups(|f| sort.key(f))
             .into_iter()
             .map(|((file, function, line), figures, beside)| Row {
                 file,
