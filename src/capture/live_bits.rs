@@ -13,9 +13,9 @@
 //! process, which is not trusted) is kept in a set of its own.
 //!
 //! Its memory is bounded: a page's entry goes once its last block is freed, so the table
-//! holds at most one page per live block, and past [`MAX_PAGES`] pages (a program with more
-//! than 16 GiB of small live blocks sampled at `--rate 1`, or a target sending scattered
-//! addresses) the count stops and says so ([`LiveBits::count`] is `None`): the frames then
+//! holds at most one page per live block, and past [`MAX_PAGES`] pages and odd addresses (a
+//! program with more than 16 GiB of small live blocks sampled at `--rate 1`, or a target
+//! sending scattered or odd addresses) the count stops and says so ([`LiveBits::count`] is `None`): the frames then
 //! declare the most a declaration can say, and a reader asks for the user's say-so to read
 //! them.
 
@@ -27,7 +27,8 @@ const PAGE_SHIFT: u32 = 12;
 const GRANULE_SHIFT: u32 = 3;
 const WORDS: usize = 1 << (PAGE_SHIFT - GRANULE_SHIFT - 6);
 
-/// The most pages the count follows (about 80 bytes each in the table: 320 MiB at most).
+/// The most pages (and odd addresses) the count follows (about 80 bytes each in the table:
+/// 320 MiB at most).
 pub const MAX_PAGES: usize = 1 << 22;
 
 /// The live granules of one page.
@@ -59,7 +60,7 @@ pub struct LiveBits {
     /// Addresses that are not 8-byte aligned.
     odd: HashSet<u64, BuildHasherDefault<PageHasher>>,
     len: usize,
-    /// The most pages followed ([`MAX_PAGES`]; fewer in tests).
+    /// The most pages and odd addresses followed ([`MAX_PAGES`]; fewer in tests).
     max_pages: usize,
     /// The count went past `max_pages` and stopped.
     overflowed: bool,
@@ -88,14 +89,21 @@ impl LiveBits {
         if self.overflowed {
             return;
         }
-        if addr & ((1 << GRANULE_SHIFT) - 1) != 0 {
-            self.len += self.odd.insert(addr) as usize;
-            return;
+        let odd = addr & ((1 << GRANULE_SHIFT) - 1) != 0;
+        if self.pages.len() + self.odd.len() >= self.max_pages {
+            let known = match odd {
+                true => self.odd.contains(&addr),
+                false => self.pages.contains_key(&(addr >> PAGE_SHIFT)),
+            };
+            if !known {
+                self.overflowed = true;
+                self.pages = HashMap::default();
+                self.odd = HashSet::default();
+                return;
+            }
         }
-        if self.pages.len() >= self.max_pages && !self.pages.contains_key(&(addr >> PAGE_SHIFT)) {
-            self.overflowed = true;
-            self.pages = HashMap::default();
-            self.odd = HashSet::default();
+        if odd {
+            self.len += self.odd.insert(addr) as usize;
             return;
         }
         let (word, bit) = granule(addr);
@@ -190,22 +198,33 @@ mod tests {
         assert!(bits.pages.is_empty() && bits.odd.is_empty());
     }
 
-    /// Scattered addresses, a page each, stop the count at its bound instead of growing it.
+    /// Scattered addresses, a page each, and odd addresses stop the count at its bound instead
+    /// of growing it; what it knows already still counts there.
     #[test]
     fn scattered_addresses_stop_the_count_at_its_bound() {
         const MAX: usize = 1000;
         let mut bits = LiveBits::bounded(MAX);
-        for page in 0..MAX as u64 {
+        for page in 0..MAX as u64 - 1 {
             bits.insert(page << PAGE_SHIFT);
         }
+        assert_eq!(bits.count(), Some(MAX - 1));
+        bits.insert(7 << PAGE_SHIFT | 5);
         assert_eq!(bits.count(), Some(MAX));
         bits.insert(5 << PAGE_SHIFT | 8);
         bits.insert(7 << PAGE_SHIFT | 5);
-        assert_eq!(bits.count(), Some(MAX + 2));
+        assert_eq!(bits.count(), Some(MAX + 1));
         bits.insert((MAX as u64) << PAGE_SHIFT);
         assert_eq!(bits.count(), None);
-        assert!(bits.pages.capacity() == 0);
+        assert!(bits.pages.capacity() == 0 && bits.odd.capacity() == 0);
         bits.remove(0);
         assert_eq!(bits.count(), None);
+        let mut odd = LiveBits::bounded(MAX);
+        for i in 0..MAX as u64 {
+            odd.insert(i << 4 | 1);
+        }
+        assert_eq!(odd.count(), Some(MAX));
+        odd.insert(1 << 40 | 3);
+        assert_eq!(odd.count(), None);
+        assert!(odd.odd.capacity() == 0);
     }
 }
